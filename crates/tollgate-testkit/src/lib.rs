@@ -1,0 +1,24 @@
+//! Test kit for tollgate: real Redis processes for integration tests.
+//!
+//! Tests in this workspace run against real `redis-server` processes, never mocks, and never
+//! skip silently: if `redis-server` is missing, starting a server panics and says how to install
+//! it (or run `scripts/test`, which installs it when it can).
+//!
+//! ```no_run
+//! use tollgate_testkit::RedisServer;
+//!
+//! let server = RedisServer::start();
+//! let url = server.url(); // "redis://127.0.0.1:<port>/"
+//! # let _ = url;
+//! // ... the process is killed and its directory removed when `server` is dropped.
+//! ```
+//!
+//! # Layout
+//!
+//! - [`server`](RedisServer): [`RedisServer`] and [`RedisServerBuilder`], one standalone
+//!   `redis-server` child process on a free loopback port, with kill and restart on the same port
+//!   for failure tests.
+
+mod server;
+
+pub use server::{RedisServer, RedisServerBuilder};
