@@ -1,0 +1,1 @@
+//! Redis store for tollgate (in progress).

@@ -1,0 +1,66 @@
+//! Time sources for the memory store. Redis-backed checks read the Redis server's clock instead.
+
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+/// A source of wall-clock time in microseconds since the Unix epoch.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Microseconds since the Unix epoch.
+    fn now_us(&self) -> u64;
+}
+
+/// The system clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_us(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    }
+}
+
+/// A clock that moves only when told to; clones share the same time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(Duration::from_secs(1_000));
+/// let seen_by_store = clock.clone();
+/// clock.advance(Duration::from_millis(1500));
+/// assert_eq!(seen_by_store.now_us(), 1_001_500_000);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock showing `since_epoch`.
+    pub fn new(since_epoch: Duration) -> ManualClock {
+        ManualClock(Arc::new(AtomicU64::new(since_epoch.as_micros() as u64)))
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Sets the clock (also backwards, to test clock steps).
+    pub fn set(&self, since_epoch: Duration) {
+        self.0
+            .store(since_epoch.as_micros() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_us(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}

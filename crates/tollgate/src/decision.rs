@@ -1,0 +1,119 @@
+//! Decisions: allowed or denied, why, and what every rule says.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use serde::Serialize;
+
+use crate::rule::Rule;
+
+/// Why a request was allowed or denied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Reason {
+    /// Every rule admitted the request.
+    Ok,
+    /// At least one rule denied it.
+    RateLimited,
+    /// The identity is on the blocklist.
+    Blocked,
+    /// The policy's bypass let the request through without counting.
+    Bypassed,
+    /// The store failed; the decision follows the policy's `on_error`.
+    StoreUnavailable,
+    /// The cost is larger than some rule's limit: it can never be admitted.
+    CostExceedsLimit,
+}
+
+impl Reason {
+    /// The snake_case name used in APIs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Ok => "ok",
+            Reason::RateLimited => "rate_limited",
+            Reason::Blocked => "blocked",
+            Reason::Bypassed => "bypassed",
+            Reason::StoreUnavailable => "store_unavailable",
+            Reason::CostExceedsLimit => "cost_exceeds_limit",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one rule of one limiter said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleDecision {
+    /// The limiter's name.
+    pub limiter: Arc<str>,
+    /// The rule.
+    pub rule: Rule,
+    /// This rule admitted the request.
+    pub allowed: bool,
+    /// Units left in the window: after this request if it was admitted, otherwise now.
+    pub remaining: u64,
+    /// Time until the rule's full quota is available again.
+    pub reset_after: Duration,
+}
+
+/// The answer to a check. Being denied is a value, not an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) allowed: bool,
+    pub(crate) reason: Reason,
+    pub(crate) retry_after: Option<Duration>,
+    pub(crate) rules: Vec<RuleDecision>,
+    pub(crate) message: Option<Arc<str>>,
+}
+
+impl Decision {
+    pub(crate) fn without_rules(allowed: bool, reason: Reason) -> Decision {
+        Decision {
+            allowed,
+            reason,
+            retry_after: None,
+            rules: Vec::new(),
+            message: None,
+        }
+    }
+
+    /// The request may proceed.
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Why.
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+
+    /// When denied: how long until the same request would be admitted, if nothing else
+    /// happens meanwhile. `None` when allowed, or when waiting cannot help.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Every rule of every limiter, in policy order.
+    pub fn rules(&self) -> &[RuleDecision] {
+        &self.rules
+    }
+
+    /// The rules that denied the request.
+    pub fn denied_rules(&self) -> impl Iterator<Item = &RuleDecision> {
+        self.rules.iter().filter(|r| !r.allowed)
+    }
+
+    /// The message of the first limiter that denied the request, if it has one.
+    pub fn message(&self) -> Option<&str> {
+        self.message.as_deref()
+    }
+
+    /// The smallest `remaining` over all rules: how many more units the policy admits now.
+    pub fn remaining(&self) -> Option<u64> {
+        self.rules.iter().map(|r| r.remaining).min()
+    }
+}

@@ -1,0 +1,301 @@
+//! The engine: turns a policy and an identity into keys, asks the store, and decides.
+
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use crate::{
+    decision::{Decision, Reason, RuleDecision},
+    error::CheckError,
+    identity::{Dimension, Identity},
+    key,
+    memory::MemoryStore,
+    policy::{Limiter, OnError, Policy},
+    rule::Rule,
+    store::{CheckPlan, PlanLimiter, Store, Verdict},
+};
+
+/// Checks policies against a [`Store`].
+///
+/// ```
+/// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Reason, Tollgate};
+///
+/// # tokio_test();
+/// # fn tokio_test() { tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let gate = Tollgate::new(MemoryStore::new());
+/// let sms = Policy::builder("sms_code")
+///     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?, "10/1h".parse()?]))
+///     .build()?;
+/// let who = Identity::new().with_ip("203.0.113.7".parse()?);
+///
+/// let first = gate.check(&sms, &who, 1).await?;
+/// assert!(first.allowed());
+/// let second = gate.check(&sms, &who, 1).await?;
+/// assert_eq!(second.reason(), Reason::RateLimited);
+/// assert!(second.retry_after().unwrap() <= std::time::Duration::from_secs(60));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap() }
+/// ```
+#[derive(Debug)]
+pub struct Tollgate<S> {
+    store: S,
+    prefix: Arc<str>,
+    on_error: OnError,
+    local: OnceLock<MemoryStore>,
+}
+
+impl<S: Store> Tollgate<S> {
+    /// An engine over `store`, with key prefix `tg` and `on_error = allow`.
+    pub fn new(store: S) -> Tollgate<S> {
+        Tollgate {
+            store,
+            prefix: "tg".into(),
+            on_error: OnError::Allow,
+            local: OnceLock::new(),
+        }
+    }
+
+    /// The prefix of every key (default `tg`); lets several applications share one Redis.
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl AsRef<str>) -> Tollgate<S> {
+        let mut escaped = String::new();
+        key::push_part(&mut escaped, prefix.as_ref());
+        self.prefix = escaped.into();
+        self
+    }
+
+    /// What to do when the store fails, for policies that do not say (default: allow).
+    #[must_use]
+    pub fn with_on_error(mut self, on_error: OnError) -> Tollgate<S> {
+        self.on_error = on_error;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Checks `policy` for `identity` and records `cost` units in every rule if all admit.
+    ///
+    /// Errors only when the identity lacks a dimension a limiter needs; a store failure is
+    /// answered by `on_error` with reason [`Reason::StoreUnavailable`].
+    pub async fn check(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
+        self.evaluate(policy, identity, cost, true).await
+    }
+
+    /// The decision [`check`](Self::check) would return now, recording nothing.
+    pub async fn peek(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+    ) -> Result<Decision, CheckError> {
+        self.evaluate(policy, identity, cost, false).await
+    }
+
+    /// Forgets every counter of `policy` for `identity`.
+    pub async fn reset(&self, policy: &Policy, identity: &Identity) -> Result<(), CheckError> {
+        let plan = self.plan(policy, identity, 0, false)?;
+        self.store.reset(&plan).await?;
+        Ok(())
+    }
+
+    /// The seed's group check: all `rules` counted on one key `name`.
+    ///
+    /// Sliding-log rules share one log, so `10/1m` and `100/1h` on one key cost one entry per
+    /// request. Store failures follow the engine's `on_error`.
+    pub async fn check_group(&self, name: &str, rules: &[Rule], cost: u64) -> Decision {
+        let mut unique: Vec<Rule> = Vec::with_capacity(rules.len());
+        for rule in rules {
+            if !unique.contains(rule) {
+                unique.push(*rule);
+            }
+        }
+        let limiter = Limiter::new(Dimension::Global, unique).with_name(name);
+        let key = key::group_key(&self.prefix, name);
+        self.run_limiters(&[limiter], vec![key], cost, self.on_error)
+            .await
+    }
+
+    /// The seed's single check: every rule counted on a key of its own (`name` + the rule).
+    pub async fn check_single(&self, name: &str, rules: &[Rule], cost: u64) -> Decision {
+        let mut limiters = Vec::with_capacity(rules.len());
+        let mut keys = Vec::with_capacity(rules.len());
+        let base = key::group_key(&self.prefix, name);
+        for rule in rules {
+            let text = format!("{rule}");
+            if limiters.iter().any(|l: &Limiter| l.name() == text) {
+                continue;
+            }
+            keys.push(format!(
+                "{base}:r{}/{}:{}",
+                rule.limit(),
+                rule.window_ms(),
+                rule.algorithm()
+            ));
+            limiters.push(Limiter::new(Dimension::Global, [*rule]).with_name(text));
+        }
+        self.run_limiters(&limiters, keys, cost, self.on_error)
+            .await
+    }
+
+    async fn evaluate(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+        consume: bool,
+    ) -> Result<Decision, CheckError> {
+        let plan = self.plan(policy, identity, cost, consume)?;
+        if cost > policy.max_units {
+            return Ok(cost_exceeds_limit(&policy.limiters, cost));
+        }
+        let on_error = policy.on_error.unwrap_or(self.on_error);
+        Ok(self.run(&policy.limiters, plan, on_error).await)
+    }
+
+    fn plan(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+        consume: bool,
+    ) -> Result<CheckPlan, CheckError> {
+        let limiters = policy
+            .limiters
+            .iter()
+            .map(|l| {
+                let value =
+                    l.dimension
+                        .value(identity)
+                        .ok_or_else(|| CheckError::MissingDimension {
+                            limiter: l.name.to_string(),
+                            dimension: l.dimension.to_string(),
+                        })?;
+                Ok(PlanLimiter {
+                    key: key::limiter_key(&self.prefix, &policy.scope, &l.name, &value),
+                    rules: l.rules.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, CheckError>>()?;
+        Ok(CheckPlan::new(cost, consume, limiters))
+    }
+
+    async fn run_limiters(
+        &self,
+        limiters: &[Limiter],
+        keys: Vec<String>,
+        cost: u64,
+        on_error: OnError,
+    ) -> Decision {
+        let min_limit = limiters
+            .iter()
+            .flat_map(|l| l.rules.iter())
+            .map(Rule::limit)
+            .min();
+        if min_limit.is_some_and(|m| cost > m) {
+            return cost_exceeds_limit(limiters, cost);
+        }
+        let plan_limiters = limiters
+            .iter()
+            .zip(keys)
+            .map(|(l, key)| PlanLimiter {
+                key,
+                rules: l.rules.clone(),
+            })
+            .collect();
+        self.run(
+            limiters,
+            CheckPlan::new(cost, true, plan_limiters),
+            on_error,
+        )
+        .await
+    }
+
+    async fn run(&self, limiters: &[Limiter], plan: CheckPlan, on_error: OnError) -> Decision {
+        match self.store.check(&plan).await {
+            Ok(verdict) => decide(limiters, verdict, Reason::RateLimited),
+            Err(_) => match on_error {
+                OnError::Allow => Decision::without_rules(true, Reason::StoreUnavailable),
+                OnError::Deny => Decision::without_rules(false, Reason::StoreUnavailable),
+                OnError::Local => {
+                    let local = self.local.get_or_init(MemoryStore::new);
+                    match local.check_now(&plan) {
+                        Ok(verdict) => {
+                            let mut d = decide(limiters, verdict, Reason::StoreUnavailable);
+                            d.reason = Reason::StoreUnavailable;
+                            d
+                        }
+                        Err(_) => Decision::without_rules(false, Reason::StoreUnavailable),
+                    }
+                }
+            },
+        }
+    }
+}
+
+fn decide(limiters: &[Limiter], verdict: Verdict, denied: Reason) -> Decision {
+    let mut outcomes = verdict.rules.into_iter();
+    let mut rules = Vec::with_capacity(outcomes.len());
+    let mut retry_after = None::<u64>;
+    let mut message = None;
+    for limiter in limiters {
+        for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
+            if !outcome.allowed {
+                if message.is_none() {
+                    message.clone_from(&limiter.message);
+                }
+                retry_after = retry_after.max(outcome.retry_after_us);
+            }
+            rules.push(RuleDecision {
+                limiter: limiter.name.clone(),
+                rule: *rule,
+                allowed: outcome.allowed,
+                remaining: outcome.remaining,
+                reset_after: Duration::from_micros(outcome.reset_after_us),
+            });
+        }
+    }
+    Decision {
+        allowed: verdict.allowed,
+        reason: if verdict.allowed { Reason::Ok } else { denied },
+        retry_after: if verdict.allowed {
+            None
+        } else {
+            retry_after.map(Duration::from_micros)
+        },
+        rules,
+        message: if verdict.allowed { None } else { message },
+    }
+}
+
+fn cost_exceeds_limit(limiters: &[Limiter], cost: u64) -> Decision {
+    let mut decision = Decision::without_rules(false, Reason::CostExceedsLimit);
+    for limiter in limiters {
+        for rule in limiter.rules.iter().filter(|r| r.limit() < cost) {
+            if decision.message.is_none() {
+                decision.message.clone_from(&limiter.message);
+            }
+            decision.rules.push(RuleDecision {
+                limiter: limiter.name.clone(),
+                rule: *rule,
+                allowed: false,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+            });
+        }
+    }
+    decision
+}

@@ -1,0 +1,139 @@
+//! Errors: a store that failed, a policy that cannot be built, a check that lacks a fact.
+
+use std::{error::Error as StdError, fmt};
+
+type Source = Box<dyn StdError + Send + Sync>;
+
+/// A store could not answer. Ask with the predicates rather than matching kinds.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: String,
+    source: Option<Source>,
+}
+
+/// The broad kind of a [`StoreError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// No answer within the configured timeout.
+    Timeout,
+    /// The store cannot be reached (refused, dropped, not yet reconnected).
+    Unavailable,
+    /// The store is full (memory store key cap).
+    Capacity,
+    /// The store answered something unexpected.
+    Protocol,
+}
+
+impl StoreError {
+    /// A new error of `kind`.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying cause.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<Source>) -> StoreError {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// No answer in time.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == StoreErrorKind::Timeout
+    }
+
+    /// The store could not be reached.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == StoreErrorKind::Unavailable
+    }
+
+    /// The store refused to grow.
+    pub fn is_capacity(&self) -> bool {
+        self.kind == StoreErrorKind::Capacity
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            StoreErrorKind::Timeout => "store timed out",
+            StoreErrorKind::Unavailable => "store unavailable",
+            StoreErrorKind::Capacity => "store full",
+            StoreErrorKind::Protocol => "unexpected store reply",
+        };
+        write!(f, "{kind}: {}", self.message)?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+/// A check that could not be decided.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// A limiter counts by a dimension the identity lacks (no user id for `user_id`).
+    #[error("limiter {limiter:?} needs {dimension}, which the request does not carry")]
+    MissingDimension {
+        /// The limiter's name.
+        limiter: String,
+        /// The dimension it counts by.
+        dimension: String,
+    },
+    /// The store failed during an operation that has no `on_error` answer (reset, admin calls).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl CheckError {
+    /// The request lacks what a limiter counts by (HTTP 401 for user dimensions).
+    pub fn is_missing_dimension(&self) -> bool {
+        matches!(self, CheckError::MissingDimension { .. })
+    }
+}
+
+/// A policy that cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The scope is empty.
+    #[error("a policy needs a non-empty scope (the action name)")]
+    EmptyScope,
+    /// No limiters.
+    #[error("policy {0:?} has no limiters")]
+    NoLimiters(String),
+    /// A limiter without rules.
+    #[error("limiter {0:?} has no rules")]
+    NoRules(String),
+    /// Two limiters with one name would share their counters.
+    #[error("two limiters are named {0:?}; give one a distinct name")]
+    DuplicateLimiter(String),
+    /// The same rule twice in one limiter.
+    #[error("limiter {limiter:?} lists rule {rule} twice")]
+    DuplicateRule {
+        /// The limiter's name.
+        limiter: String,
+        /// The repeated rule.
+        rule: String,
+    },
+}

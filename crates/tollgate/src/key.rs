@@ -1,0 +1,142 @@
+//! Store keys: `prefix:{limiter identity}:suffix`.
+//!
+//! Invariant 7: every part a user can influence is escaped, so two different identities never
+//! share a key and no text breaks out of its part. Escaping is percent-encoding of `%`, the
+//! separators `:` and `|`, the hash-tag braces, `#` and every byte outside printable ASCII;
+//! an escaped part longer than [`MAX_PART`] bytes is replaced by `#` and 32 hex digits of its
+//! SHA-256 (a `#` never appears in an escaped part, so a hashed part never equals a literal one).
+//! The braces make the limiter identity the Redis Cluster hash tag: all keys of one limiter
+//! live in one slot.
+
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
+
+use crate::rule::{Algorithm, Rule};
+
+/// The longest escaped key part kept as text; longer parts are hashed.
+pub const MAX_PART: usize = 128;
+
+/// Appends `part` to `out`, escaped (and hashed if long).
+pub fn push_part(out: &mut String, part: &str) {
+    let start = out.len();
+    for &b in part.as_bytes() {
+        if needs_escape(b) {
+            let _ = write!(out, "%{b:02X}");
+        } else {
+            out.push(b as char);
+        }
+        if out.len() - start > MAX_PART {
+            out.truncate(start);
+            push_hashed(out, part.as_bytes());
+            return;
+        }
+    }
+}
+
+fn needs_escape(b: u8) -> bool {
+    !(0x21..0x7f).contains(&b) || matches!(b, b'%' | b':' | b'|' | b'{' | b'}' | b'#')
+}
+
+fn push_hashed(out: &mut String, bytes: &[u8]) {
+    let digest = Sha256::digest(bytes);
+    out.push('#');
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+}
+
+/// The base key of one limiter of a policy for one dimension value:
+/// `prefix:{scope:limiter:value}`.
+pub fn limiter_key(prefix: &str, scope: &str, limiter: &str, value: &str) -> String {
+    let mut key =
+        String::with_capacity(prefix.len() + scope.len() + limiter.len() + value.len() + 8);
+    key.push_str(prefix);
+    key.push_str(":{");
+    push_part(&mut key, scope);
+    key.push(':');
+    push_part(&mut key, limiter);
+    key.push(':');
+    push_part(&mut key, value);
+    key.push('}');
+    key
+}
+
+/// The base key of a caller-named group (`check_group` / `check_single`): `prefix:{k:name}`.
+pub fn group_key(prefix: &str, name: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + name.len() + 6);
+    key.push_str(prefix);
+    key.push_str(":{k:");
+    push_part(&mut key, name);
+    key.push('}');
+    key
+}
+
+/// The key holding one rule's state under a limiter's base key.
+///
+/// All sliding-log rules of a limiter share one log (`base:l`); a fixed-window rule has its
+/// counter (`base:f<limit>/<window ms>`), a GCRA rule its timestamp (`base:g<limit>/<window ms>`).
+pub fn rule_key(base: &str, rule: &Rule) -> String {
+    match rule.algorithm() {
+        Algorithm::SlidingLog => format!("{base}:l"),
+        Algorithm::FixedWindow => format!("{base}:f{}/{}", rule.limit(), rule.window_ms()),
+        Algorithm::Gcra => format!("{base}:g{}/{}", rule.limit(), rule.window_ms()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn separators_and_braces_cannot_break_out() {
+        let a = limiter_key("tg", "login", "user_name", "a:b");
+        let b = limiter_key("tg", "login:user_name:a", "b", "");
+        assert_ne!(a, b);
+        assert_eq!(a, "tg:{login:user_name:a%3Ab}");
+        let k = limiter_key("tg", "s", "l", "}x{");
+        assert_eq!(k.matches('{').count(), 1);
+        assert_eq!(k.matches('}').count(), 1);
+        assert!(k.ends_with('}'));
+    }
+
+    #[test]
+    fn escape_is_injective_on_tricky_inputs() {
+        let inputs = [
+            "", "%", "%25", "a b", "a\u{0}b", "é", "#abc", "|", ":", "{}",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for i in inputs {
+            let mut s = String::new();
+            push_part(&mut s, i);
+            assert!(seen.insert(s.clone()), "{i:?} -> {s}");
+        }
+    }
+
+    #[test]
+    fn long_parts_are_hashed() {
+        let long = "x".repeat(1000);
+        let mut s = String::new();
+        push_part(&mut s, &long);
+        assert_eq!(s.len(), 33);
+        assert!(s.starts_with('#'));
+        let mut t = String::new();
+        push_part(&mut t, &format!("{long}y"));
+        assert_ne!(s, t);
+        // Escaping can make a short input long: still hashed, still bounded.
+        let mut u = String::new();
+        push_part(&mut u, &"\u{1}".repeat(50));
+        assert_eq!(u.len(), 33);
+    }
+
+    #[test]
+    fn rule_keys_share_the_log_and_separate_counters() {
+        let base = limiter_key("tg", "s", "ip", "1.2.3.4");
+        let r = |t: &str| t.parse::<Rule>().unwrap();
+        assert_eq!(rule_key(&base, &r("1/1m")), rule_key(&base, &r("10/1h")));
+        let f = r("1/1m").with_algorithm(Algorithm::FixedWindow);
+        let g = r("1/1m").with_algorithm(Algorithm::Gcra);
+        assert_eq!(rule_key(&base, &f), "tg:{s:ip:1.2.3.4}:f1/60000");
+        assert_eq!(rule_key(&base, &g), "tg:{s:ip:1.2.3.4}:g1/60000");
+    }
+}

@@ -1,0 +1,63 @@
+//! tollgate: several rate rules at once on one action ("1 per minute AND 10 per hour AND 60 per
+//! day, per IP and per user"), checked atomically, on an embedded store or on Redis.
+//!
+//! ```
+//! use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let gate = Tollgate::new(MemoryStore::new());
+//! let policy = Policy::builder("sms_code")
+//!     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?, "10/1h".parse()?, "60/1d".parse()?]))
+//!     .limiter(Limiter::new(Dimension::UserId, ["20/1d".parse()?]))
+//!     .build()?;
+//! let who = Identity::new().with_ip("198.51.100.4".parse()?).with_user_id("42");
+//!
+//! assert!(gate.check(&policy, &who, 1).await?.allowed());
+//! let again = gate.check(&policy, &who, 1).await?;
+//! assert!(!again.allowed());
+//! // The denied request cost nothing: the user's daily quota still shows 19 left.
+//! let user_rule = again.rules().iter().find(|r| &*r.limiter == "user_id").unwrap();
+//! assert_eq!(user_rule.remaining, 19);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! # Layout
+//! - `rule`: [`Rule`] (`limit` per `window`, its [`Algorithm`]) and the `N/DURATION` text form.
+//! - [`algorithm`]: the algorithms as pure functions, shared by the memory store and mirrored
+//!   by the Redis scripts.
+//! - `identity`: [`Identity`] (who is asking) and [`Dimension`] (what a limiter counts by).
+//! - `policy`: [`Limiter`] (a dimension and its rules) and [`Policy`] (the limiters of one
+//!   action), and [`OnError`].
+//! - `decision`: [`Decision`], [`Reason`], [`RuleDecision`].
+//! - [`key`]: store keys; escaping and hash tags (no collisions, one Cluster slot per limiter).
+//! - `store`: the [`Store`] contract ([`CheckPlan`] in, [`Verdict`] out) and [`AnyStore`].
+//! - `memory`: [`MemoryStore`], the embedded store.
+//! - `clock`: [`Clock`], [`SystemClock`], [`ManualClock`].
+//! - `engine`: [`Tollgate`], which checks policies against a store.
+//! - `error`: [`StoreError`], [`CheckError`], [`PolicyError`].
+
+pub mod algorithm;
+mod clock;
+mod decision;
+mod engine;
+mod error;
+mod identity;
+pub mod key;
+mod memory;
+mod policy;
+mod rule;
+mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decision::{Decision, Reason, RuleDecision};
+pub use engine::Tollgate;
+pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
+pub use identity::{Dimension, Extractor, Identity};
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use policy::{Limiter, OnError, Policy, PolicyBuilder};
+pub use rule::{
+    Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,
+    parse_duration,
+};
+pub use store::{AnyStore, CheckPlan, PlanLimiter, Store, Verdict};

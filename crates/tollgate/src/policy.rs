@@ -1,0 +1,245 @@
+//! Limiters and policies: what guards one action.
+
+use std::{collections::HashSet, sync::Arc};
+
+use crate::{error::PolicyError, identity::Dimension, rule::Rule};
+
+/// What to do when the store cannot answer.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: admit the request.
+    #[default]
+    Allow,
+    /// Fail closed: deny the request.
+    Deny,
+    /// Decide with an in-process memory store holding the same rules (per-instance limits).
+    Local,
+}
+
+/// One dimension and its rules, e.g. "per IP: 1/1m, 10/1h, 60/1d".
+///
+/// ```
+/// use tollgate::{Dimension, Limiter};
+///
+/// let per_ip = Limiter::new(Dimension::Ip, ["1/1m".parse()?, "10/1h".parse()?])
+///     .with_message("too many codes from this address");
+/// assert_eq!(per_ip.name(), "ip");
+/// # Ok::<(), tollgate::RuleError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Limiter {
+    pub(crate) name: Arc<str>,
+    pub(crate) dimension: Dimension,
+    pub(crate) rules: Arc<[Rule]>,
+    pub(crate) message: Option<Arc<str>>,
+}
+
+impl Limiter {
+    /// A limiter named after its dimension.
+    pub fn new(dimension: Dimension, rules: impl IntoIterator<Item = Rule>) -> Limiter {
+        Limiter {
+            name: dimension.to_string().into(),
+            dimension,
+            rules: rules.into_iter().collect(),
+            message: None,
+        }
+    }
+
+    /// Renames the limiter; names appear in keys, decisions and headers, and must be unique
+    /// within a policy.
+    #[must_use]
+    pub fn with_name(mut self, name: impl AsRef<str>) -> Limiter {
+        self.name = name.as_ref().into();
+        self
+    }
+
+    /// The message shown when this limiter denies.
+    #[must_use]
+    pub fn with_message(mut self, message: impl AsRef<str>) -> Limiter {
+        self.message = Some(message.as_ref().into());
+        self
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The dimension.
+    pub fn dimension(&self) -> &Dimension {
+        &self.dimension
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The message, if any.
+    pub fn message(&self) -> Option<&str> {
+        self.message.as_deref()
+    }
+}
+
+/// The limiters guarding one action, checked together: all of them admit, or nothing is
+/// recorded.
+///
+/// ```
+/// use tollgate::{Dimension, Limiter, Policy};
+///
+/// let sms = Policy::builder("sms_code")
+///     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?, "10/1h".parse()?, "60/1d".parse()?]))
+///     .limiter(Limiter::new(Dimension::UserId, ["20/1d".parse()?]))
+///     .build()?;
+/// assert_eq!(sms.limiters().len(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Policy {
+    pub(crate) scope: Arc<str>,
+    pub(crate) limiters: Vec<Limiter>,
+    pub(crate) on_error: Option<OnError>,
+    pub(crate) max_units: u64,
+}
+
+impl Policy {
+    /// Starts a policy for the action `scope`.
+    pub fn builder(scope: impl AsRef<str>) -> PolicyBuilder {
+        PolicyBuilder {
+            scope: scope.as_ref().into(),
+            limiters: Vec::new(),
+            on_error: None,
+        }
+    }
+
+    /// The action this policy guards; part of every key.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The limiters, in check order.
+    pub fn limiters(&self) -> &[Limiter] {
+        &self.limiters
+    }
+
+    /// The policy's own `on_error`, overriding the engine's.
+    pub fn on_error(&self) -> Option<OnError> {
+        self.on_error
+    }
+
+    /// The largest cost this policy can ever admit: the smallest limit of its rules.
+    pub fn max_cost(&self) -> u64 {
+        self.max_units
+    }
+}
+
+/// Builds a [`Policy`]; see [`Policy::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct PolicyBuilder {
+    scope: Arc<str>,
+    limiters: Vec<Limiter>,
+    on_error: Option<OnError>,
+}
+
+impl PolicyBuilder {
+    /// Adds a limiter.
+    pub fn limiter(mut self, limiter: Limiter) -> PolicyBuilder {
+        self.limiters.push(limiter);
+        self
+    }
+
+    /// Sets what this policy does when the store fails.
+    pub fn on_error(mut self, on_error: OnError) -> PolicyBuilder {
+        self.on_error = Some(on_error);
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        if self.scope.is_empty() {
+            return Err(PolicyError::EmptyScope);
+        }
+        if self.limiters.is_empty() {
+            return Err(PolicyError::NoLimiters(self.scope.to_string()));
+        }
+        let mut names = HashSet::new();
+        for limiter in &self.limiters {
+            if !names.insert(limiter.name.clone()) {
+                return Err(PolicyError::DuplicateLimiter(limiter.name.to_string()));
+            }
+            if limiter.rules.is_empty() {
+                return Err(PolicyError::NoRules(limiter.name.to_string()));
+            }
+            let mut rules = HashSet::new();
+            for rule in limiter.rules.iter() {
+                if !rules.insert(rule) {
+                    return Err(PolicyError::DuplicateRule {
+                        limiter: limiter.name.to_string(),
+                        rule: rule.to_string(),
+                    });
+                }
+            }
+        }
+        let max_units = self
+            .limiters
+            .iter()
+            .flat_map(|l| l.rules.iter())
+            .map(Rule::limit)
+            .min()
+            .unwrap_or(0);
+        Ok(Policy {
+            scope: self.scope,
+            limiters: self.limiters,
+            on_error: self.on_error,
+            max_units,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_rejects_what_would_share_or_lose_state() {
+        let r = |t: &str| t.parse::<Rule>().unwrap();
+        let ip = || Limiter::new(Dimension::Ip, [r("1/1m")]);
+        assert_eq!(
+            Policy::builder("a")
+                .limiter(ip())
+                .limiter(ip())
+                .build()
+                .unwrap_err(),
+            PolicyError::DuplicateLimiter("ip".into())
+        );
+        assert!(
+            Policy::builder("a")
+                .limiter(ip())
+                .limiter(ip().with_name("ip2"))
+                .build()
+                .is_ok()
+        );
+        assert_eq!(
+            Policy::builder("").limiter(ip()).build().unwrap_err(),
+            PolicyError::EmptyScope
+        );
+        assert!(matches!(
+            Policy::builder("a").build(),
+            Err(PolicyError::NoLimiters(_))
+        ));
+        let empty = Limiter::new(Dimension::Ip, []);
+        assert!(matches!(
+            Policy::builder("a").limiter(empty).build(),
+            Err(PolicyError::NoRules(_))
+        ));
+        let twice = Limiter::new(Dimension::Ip, [r("1/1m"), r("1/60s")]);
+        assert!(matches!(
+            Policy::builder("a").limiter(twice).build(),
+            Err(PolicyError::DuplicateRule { .. })
+        ));
+    }
+}
