@@ -6,14 +6,16 @@ use std::{
 };
 
 use crate::{
+    blocklist::{BanEntry, BanTarget, ban_index_key},
     decision::{Decision, Reason, RuleDecision},
-    error::CheckError,
+    duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
+    error::{CheckError, StoreError},
     identity::{Dimension, Identity},
     key,
     memory::MemoryStore,
     policy::{Limiter, OnError, Policy},
     rule::Rule,
-    store::{CheckPlan, PlanLimiter, Store, Verdict},
+    store::{CheckPlan, LockReply, PlanBan, PlanLimiter, Store, Verdict},
 };
 
 /// Checks policies against a [`Store`].
@@ -42,6 +44,8 @@ pub struct Tollgate<S> {
     store: S,
     prefix: Arc<str>,
     on_error: OnError,
+    blocklist: bool,
+    max_stored_response: usize,
     local: OnceLock<MemoryStore>,
 }
 
@@ -52,8 +56,25 @@ impl<S: Store> Tollgate<S> {
             store,
             prefix: "tg".into(),
             on_error: OnError::Allow,
+            blocklist: true,
+            max_stored_response: 1 << 20,
             local: OnceLock::new(),
         }
+    }
+
+    /// Whether checks consult the blocklist (default: yes). Turning it off saves the ban
+    /// look-up where no limiter bans and nobody bans by hand.
+    #[must_use]
+    pub fn with_blocklist(mut self, enabled: bool) -> Tollgate<S> {
+        self.blocklist = enabled;
+        self
+    }
+
+    /// The largest response [`complete`](Self::complete) stores for replay (default 1 MiB).
+    #[must_use]
+    pub fn with_max_stored_response(mut self, bytes: usize) -> Tollgate<S> {
+        self.max_stored_response = bytes;
+        self
     }
 
     /// The prefix of every key (default `tg`); lets several applications share one Redis.
@@ -151,6 +172,84 @@ impl<S: Store> Tollgate<S> {
             .await
     }
 
+    /// Every active ban, with the time left.
+    pub async fn blocklist(&self) -> Result<Vec<BanEntry>, StoreError> {
+        self.store.bans(&self.prefix).await
+    }
+
+    /// Bans `target` for `duration` from now, on every policy of this engine's prefix.
+    pub async fn ban(&self, target: &BanTarget, duration: Duration) -> Result<(), StoreError> {
+        self.store.ban(&self.prefix, target, duration).await
+    }
+
+    /// Lifts the ban on `target` and forgets its strikes; true if it was banned.
+    pub async fn unban(&self, target: &BanTarget) -> Result<bool, StoreError> {
+        self.store.unban(&self.prefix, target).await
+    }
+
+    /// Tries to take the duplicate-guard lock for this submission.
+    ///
+    /// Errors when the identity lacks the guard's dimension, or when the store fails: a
+    /// duplicate guard has no safe default answer, so the caller decides.
+    pub async fn acquire(
+        &self,
+        guard: &DuplicateGuard,
+        identity: &Identity,
+        fingerprint: &Fingerprint,
+    ) -> Result<Acquire, CheckError> {
+        let key = guard
+            .key(&self.prefix, identity, fingerprint)
+            .ok_or_else(|| CheckError::MissingDimension {
+                limiter: format!("duplicate guard of {}", guard.scope),
+                dimension: guard.by.to_string(),
+            })?;
+        let token = new_token();
+        let fingerprint = fingerprint.to_string();
+        match self
+            .store
+            .lock_acquire(&key, &token, &fingerprint, guard.ttl)
+            .await?
+        {
+            LockReply::Acquired => Ok(Acquire::Acquired(Lease { key, token })),
+            LockReply::Held(held) => Ok(Acquire::Duplicate(Duplicate {
+                state: if held.completed {
+                    DuplicateState::Completed
+                } else {
+                    DuplicateState::InProgress
+                },
+                retry_after: Duration::from_micros(held.ttl_left_us),
+                response: held.response,
+                fingerprint_matches: held.fingerprint == fingerprint,
+            })),
+        }
+    }
+
+    /// Frees the lock early so the client can retry at once (e.g. the submission failed).
+    /// Only the holder's lease frees it: false if it expired or was taken by someone else.
+    pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
+        self.store.lock_release(&lease.key, &lease.token).await
+    }
+
+    /// Records the submission's outcome: for `keep_for`, duplicates are answered with
+    /// `response` (replay). False if the lease no longer holds the lock.
+    pub async fn complete(
+        &self,
+        lease: &Lease,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> Result<bool, CheckError> {
+        if response.len() > self.max_stored_response {
+            return Err(CheckError::ResponseTooLarge {
+                size: response.len(),
+                cap: self.max_stored_response,
+            });
+        }
+        Ok(self
+            .store
+            .lock_complete(&lease.key, &lease.token, response, keep_for)
+            .await?)
+    }
+
     async fn evaluate(
         &self,
         policy: &Policy,
@@ -158,6 +257,9 @@ impl<S: Store> Tollgate<S> {
         cost: u64,
         consume: bool,
     ) -> Result<Decision, CheckError> {
+        if policy.bypass.as_ref().is_some_and(|b| b.matches(identity)) {
+            return Ok(Decision::without_rules(true, Reason::Bypassed));
+        }
         let plan = self.plan(policy, identity, cost, consume)?;
         if cost > policy.max_units {
             return Ok(cost_exceeds_limit(&policy.limiters, cost));
@@ -187,10 +289,26 @@ impl<S: Store> Tollgate<S> {
                 Ok(PlanLimiter {
                     key: key::limiter_key(&self.prefix, &policy.scope, &l.name, &value),
                     rules: l.rules.clone(),
+                    ban: l.ban,
                 })
             })
             .collect::<Result<Vec<_>, CheckError>>()?;
-        Ok(CheckPlan::new(cost, consume, limiters))
+        let plan = CheckPlan::new(cost, consume, limiters);
+        if !self.blocklist {
+            return Ok(plan);
+        }
+        let targets = identity.ip().map(BanTarget::Ip).into_iter().chain(
+            identity
+                .user_id()
+                .map(|id| BanTarget::UserId(id.to_owned())),
+        );
+        let bans = targets
+            .map(|target| PlanBan {
+                key: target.key(&self.prefix),
+                target,
+            })
+            .collect();
+        Ok(plan.with_bans(bans, ban_index_key(&self.prefix)))
     }
 
     async fn run_limiters(
@@ -214,6 +332,7 @@ impl<S: Store> Tollgate<S> {
             .map(|(l, key)| PlanLimiter {
                 key,
                 rules: l.rules.clone(),
+                ban: None,
             })
             .collect();
         self.run(
@@ -247,6 +366,11 @@ impl<S: Store> Tollgate<S> {
 }
 
 fn decide(limiters: &[Limiter], verdict: Verdict, denied: Reason) -> Decision {
+    if let Some(left) = verdict.blocked_us {
+        let mut d = Decision::without_rules(false, Reason::Blocked);
+        d.retry_after = Some(Duration::from_micros(left));
+        return d;
+    }
     let mut outcomes = verdict.rules.into_iter();
     let mut rules = Vec::with_capacity(outcomes.len());
     let mut retry_after = None::<u64>;
@@ -279,6 +403,12 @@ fn decide(limiters: &[Limiter], verdict: Verdict, denied: Reason) -> Decision {
         rules,
         message: if verdict.allowed { None } else { message },
     }
+}
+
+/// 128 random bits, hex: a lease token nobody can guess.
+fn new_token() -> String {
+    let bits: u128 = rand::random();
+    format!("{bits:032x}")
 }
 
 fn cost_exceeds_limit(limiters: &[Limiter], cost: u64) -> Decision {

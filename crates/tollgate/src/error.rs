@@ -100,6 +100,14 @@ pub enum CheckError {
         /// The dimension it counts by.
         dimension: String,
     },
+    /// A response to store for replay is larger than the engine's cap.
+    #[error("the response to store is {size} bytes; the cap is {cap} bytes")]
+    ResponseTooLarge {
+        /// The response's size.
+        size: usize,
+        /// The cap ([`Tollgate::with_max_stored_response`](crate::Tollgate::with_max_stored_response)).
+        cap: usize,
+    },
     /// The store failed during an operation that has no `on_error` answer (reset, admin calls).
     #[error(transparent)]
     Store(#[from] StoreError),

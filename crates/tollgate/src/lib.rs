@@ -32,14 +32,22 @@
 //! - `decision`: [`Decision`], [`Reason`], [`RuleDecision`].
 //! - [`key`]: store keys; escaping and hash tags (no collisions, one Cluster slot per limiter).
 //! - `store`: the [`Store`] contract ([`CheckPlan`] in, [`Verdict`] out) and [`AnyStore`].
+//! - `blocklist`: [`BanRule`] (ban offenders after a violation, with escalation), [`BanTarget`],
+//!   [`BanEntry`].
+//! - `bypass`: [`Bypass`] (allowlisted networks, users, predicates) and [`IpNet`].
+//! - `duplicate`: [`DuplicateGuard`] (refuse the second click), [`Fingerprint`], [`Lease`],
+//!   [`Acquire`].
 //! - `memory`: [`MemoryStore`], the embedded store.
 //! - `clock`: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - `engine`: [`Tollgate`], which checks policies against a store.
 //! - `error`: [`StoreError`], [`CheckError`], [`PolicyError`].
 
 pub mod algorithm;
+mod blocklist;
+mod bypass;
 mod clock;
 mod decision;
+mod duplicate;
 mod engine;
 mod error;
 mod identity;
@@ -49,8 +57,13 @@ mod policy;
 mod rule;
 mod store;
 
+pub use blocklist::{BanEntry, BanRule, BanTarget, ban_index_key};
+pub use bypass::{Bypass, IpNet};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Reason, RuleDecision};
+pub use duplicate::{
+    Acquire, Duplicate, DuplicateBy, DuplicateGuard, DuplicateState, Fingerprint, Lease,
+};
 pub use engine::Tollgate;
 pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity};
@@ -60,4 +73,4 @@ pub use rule::{
     Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,
     parse_duration,
 };
-pub use store::{AnyStore, CheckPlan, PlanLimiter, Store, Verdict};
+pub use store::{AnyStore, CheckPlan, HeldLock, LockReply, PlanBan, PlanLimiter, Store, Verdict};

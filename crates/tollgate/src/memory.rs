@@ -5,7 +5,10 @@ use std::{
     fmt,
     future::Future,
     hash::BuildHasher,
-    sync::{Arc, Weak},
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
     thread,
     time::Duration,
 };
@@ -14,10 +17,11 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::{
     algorithm::{self, FixedWindowState, RuleOutcome},
+    blocklist::{BanEntry, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
     rule::Algorithm,
-    store::{CheckPlan, Store, Verdict},
+    store::{CheckPlan, HeldLock, LockReply, Store, Verdict},
 };
 
 type Hasher = foldhash::fast::RandomState;
@@ -53,6 +57,8 @@ struct Inner {
     hasher: Hasher,
     clock: Arc<dyn Clock>,
     max_keys_per_shard: usize,
+    /// The latest end of any ban ever written: before it, checks must look at ban keys.
+    ban_horizon: AtomicU64,
 }
 
 #[derive(Default)]
@@ -70,6 +76,21 @@ enum State {
     Log(VecDeque<u64>),
     Window(FixedWindowState),
     Tat(u64),
+    Ban(BanState),
+    Lock(LockState),
+}
+
+struct BanState {
+    target: BanTarget,
+    until: u64,
+    strikes: u32,
+}
+
+struct LockState {
+    token: String,
+    fingerprint: String,
+    completed: bool,
+    response: Option<Vec<u8>>,
 }
 
 impl MemoryStore {
@@ -170,6 +191,7 @@ impl MemoryStoreBuilder {
             hasher: Hasher::default(),
             clock: self.clock,
             max_keys_per_shard: (self.max_keys / self.shards).max(1),
+            ban_horizon: AtomicU64::new(0),
         });
         if let Some(interval) = self.purge_interval {
             spawn_sweeper(Arc::downgrade(&inner), interval);
@@ -311,7 +333,22 @@ impl Inner {
                 key,
             })
             .collect();
-        let mut order: Vec<usize> = slots.iter().map(|s| s.shard).collect();
+        // Ban keys are locked with the rest only when a ban may be live or may be written:
+        // without bans a check touches nothing but its own counters.
+        let check_bans = !plan.bans.is_empty()
+            && (plan.may_ban() || self.clock.now_us() < self.ban_horizon.load(Ordering::Acquire));
+        let ban_slots: Vec<Slot> = if check_bans {
+            plan.bans
+                .iter()
+                .map(|b| Slot {
+                    shard: self.shard_of(&b.key),
+                    key: b.key.clone(),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut order: Vec<usize> = slots.iter().chain(&ban_slots).map(|s| s.shard).collect();
         order.sort_unstable();
         order.dedup();
         // Locked in ascending order, so no two checks can wait on each other.
@@ -322,6 +359,20 @@ impl Inner {
             order: &order,
         };
         let now = self.clock.now_us();
+
+        let blocked = ban_slots
+            .iter()
+            .filter_map(|s| match guards[locked.guard(s.shard)].live(&s.key, now) {
+                Some(Entry {
+                    state: State::Ban(ban),
+                    ..
+                }) if ban.until > now => Some(ban.until - now),
+                _ => None,
+            })
+            .max();
+        if let Some(left) = blocked {
+            return Ok(Verdict::blocked(left));
+        }
 
         let (mut outcomes, updates) = locked.evaluate(&mut guards, plan, now, plan.cost);
         let allowed = outcomes.iter().all(|o| o.allowed);
@@ -335,11 +386,14 @@ impl Inner {
                 }
             }
         }
+        if !allowed && plan.may_ban() {
+            let mut verdict = Verdict::new(false, outcomes);
+            verdict.banned_us =
+                self.ban_offender(plan, &verdict.rules, &ban_slots, &locked, &mut guards, now);
+            return Ok(verdict);
+        }
         if !(allowed && plan.consume && plan.cost > 0) {
-            return Ok(Verdict {
-                allowed,
-                rules: outcomes,
-            });
+            return Ok(Verdict::new(allowed, outcomes));
         }
 
         // Room for the keys this admission creates, before anything is written.
@@ -393,9 +447,200 @@ impl Inner {
                 }
             }
         }
-        Ok(Verdict {
-            allowed,
-            rules: outcomes,
+        Ok(Verdict::new(allowed, outcomes))
+    }
+
+    /// Bans every target of the plan after a denial by a limiter with a ban rule; returns the
+    /// longest ban written.
+    fn ban_offender(
+        &self,
+        plan: &CheckPlan,
+        outcomes: &[RuleOutcome],
+        ban_slots: &[Slot],
+        locked: &Locked<'_>,
+        guards: &mut [MutexGuard<'_, Shard>],
+        now: u64,
+    ) -> Option<u64> {
+        let mut first = 0;
+        let mut rules = Vec::new();
+        for limiter in &plan.limiters {
+            let mine = &outcomes[first..first + limiter.rules.len()];
+            first += limiter.rules.len();
+            if let Some(rule) = limiter.ban {
+                if mine.iter().any(|o| !o.allowed) {
+                    rules.push(rule);
+                }
+            }
+        }
+        if rules.is_empty() {
+            return None;
+        }
+        let mut longest = None;
+        for (slot, ban) in ban_slots.iter().zip(&plan.bans) {
+            let shard = &mut guards[locked.guard(slot.shard)];
+            let strikes = match shard.live(&slot.key, now) {
+                Some(Entry {
+                    state: State::Ban(b),
+                    ..
+                }) => b.strikes + 1,
+                _ => 1,
+            };
+            let duration = rules
+                .iter()
+                .map(|r| r.duration_for(strikes))
+                .max()
+                .unwrap_or_default();
+            let memory = rules.iter().map(|r| r.memory()).max().unwrap_or_default();
+            let until = now + duration.as_micros() as u64;
+            let entry = Entry {
+                state: State::Ban(BanState {
+                    target: ban.target.clone(),
+                    until,
+                    strikes,
+                }),
+                expires_at: until + memory.as_micros() as u64,
+            };
+            // Bans are written even past the key cap: forgetting an offender is worse.
+            shard.map.insert(slot.key.as_str().into(), entry);
+            self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+            longest = longest.max(Some(until - now));
+        }
+        longest
+    }
+
+    fn with_shard<T>(&self, key: &str, f: impl FnOnce(&mut Shard, u64) -> T) -> T {
+        let mut shard = self.shards[self.shard_of(key)].lock();
+        let now = self.clock.now_us();
+        f(&mut shard, now)
+    }
+
+    fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<LockReply, StoreError> {
+        self.with_shard(key, |shard, now| {
+            if let Some(Entry {
+                state: State::Lock(lock),
+                expires_at,
+            }) = shard.live(key, now)
+            {
+                return Ok(LockReply::Held(HeldLock {
+                    completed: lock.completed,
+                    ttl_left_us: *expires_at - now,
+                    fingerprint: lock.fingerprint.clone(),
+                    response: lock.response.clone(),
+                }));
+            }
+            if !shard.map.contains_key(key) && shard.map.len() >= self.max_keys_per_shard {
+                shard.purge(now);
+                if shard.map.len() >= self.max_keys_per_shard {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Capacity,
+                        "memory store shard is full",
+                    ));
+                }
+            }
+            let entry = Entry {
+                state: State::Lock(LockState {
+                    token: token.to_owned(),
+                    fingerprint: fingerprint.to_owned(),
+                    completed: false,
+                    response: None,
+                }),
+                expires_at: now + ttl.as_micros() as u64,
+            };
+            shard.map.insert(key.into(), entry);
+            Ok(LockReply::Acquired)
+        })
+    }
+
+    fn lock_release(&self, key: &str, token: &str) -> bool {
+        self.with_shard(key, |shard, now| {
+            let holds = matches!(
+                shard.live(key, now),
+                Some(Entry { state: State::Lock(lock), .. }) if lock.token == token
+            );
+            if holds {
+                shard.map.remove(key);
+            }
+            holds
+        })
+    }
+
+    fn lock_complete(&self, key: &str, token: &str, response: &[u8], keep_for: Duration) -> bool {
+        self.with_shard(key, |shard, now| match shard.live(key, now) {
+            Some(Entry {
+                state: State::Lock(lock),
+                expires_at,
+            }) if lock.token == token && !lock.completed => {
+                lock.completed = true;
+                lock.response = Some(response.to_vec());
+                *expires_at = now + keep_for.as_micros() as u64;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    fn bans(&self, prefix: &str) -> Vec<BanEntry> {
+        let now = self.clock.now_us();
+        let mut bans = Vec::new();
+        let ban_keys = format!("{prefix}:{{ban}}:");
+        for shard in self.shards.iter() {
+            for (key, entry) in &shard.lock().map {
+                if let State::Ban(ban) = &entry.state {
+                    if ban.until > now && key.starts_with(&ban_keys) {
+                        bans.push(BanEntry {
+                            target: ban.target.clone(),
+                            expires_in: Duration::from_micros(ban.until - now),
+                            strikes: ban.strikes,
+                        });
+                    }
+                }
+            }
+        }
+        bans.sort_by(|a, b| a.target.cmp(&b.target));
+        bans
+    }
+
+    fn ban(&self, prefix: &str, target: &BanTarget, duration: Duration) {
+        let key = target.key(prefix);
+        self.with_shard(&key, |shard, now| {
+            let until = now + duration.as_micros() as u64;
+            let (strikes, expires_at) = match shard.live(&key, now) {
+                Some(Entry {
+                    state: State::Ban(b),
+                    expires_at,
+                }) => (b.strikes, (*expires_at).max(until)),
+                _ => (1, until),
+            };
+            let state = State::Ban(BanState {
+                target: target.clone(),
+                until,
+                strikes,
+            });
+            shard
+                .map
+                .insert(key.as_str().into(), Entry { state, expires_at });
+            self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+        });
+    }
+
+    fn unban(&self, prefix: &str, target: &BanTarget) -> bool {
+        let key = target.key(prefix);
+        self.with_shard(&key, |shard, now| match shard.map.get(key.as_str()) {
+            Some(Entry {
+                state: State::Ban(b),
+                ..
+            }) => {
+                let active = b.until > now;
+                shard.map.remove(key.as_str());
+                active
+            }
+            _ => false,
         })
     }
 
@@ -451,6 +696,56 @@ impl Store for MemoryStore {
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
     }
+
+    fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
+        std::future::ready(self.inner.lock_acquire(key, token, fingerprint, ttl))
+    }
+
+    fn lock_release(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.lock_release(key, token)))
+    }
+
+    fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.lock_complete(key, token, response, keep_for)))
+    }
+
+    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.bans(prefix)))
+    }
+
+    fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.ban(prefix, target, duration);
+        std::future::ready(Ok(()))
+    }
+
+    fn unban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.unban(prefix, target)))
+    }
 }
 
 #[cfg(test)]
@@ -466,6 +761,7 @@ mod tests {
             vec![PlanLimiter {
                 key: base.into(),
                 rules,
+                ban: None,
             }],
         )
     }

@@ -2,7 +2,9 @@
 
 use std::{collections::HashSet, sync::Arc};
 
-use crate::{error::PolicyError, identity::Dimension, rule::Rule};
+use crate::{
+    blocklist::BanRule, bypass::Bypass, error::PolicyError, identity::Dimension, rule::Rule,
+};
 
 /// What to do when the store cannot answer.
 #[derive(
@@ -35,6 +37,7 @@ pub struct Limiter {
     pub(crate) dimension: Dimension,
     pub(crate) rules: Arc<[Rule]>,
     pub(crate) message: Option<Arc<str>>,
+    pub(crate) ban: Option<BanRule>,
 }
 
 impl Limiter {
@@ -45,7 +48,20 @@ impl Limiter {
             dimension,
             rules: rules.into_iter().collect(),
             message: None,
+            ban: None,
         }
+    }
+
+    /// Bans the offender's IP and user id when this limiter denies (see [`BanRule`]).
+    #[must_use]
+    pub fn with_blocklist(mut self, ban: BanRule) -> Limiter {
+        self.ban = Some(ban);
+        self
+    }
+
+    /// The ban this limiter imposes, if any.
+    pub fn blocklist(&self) -> Option<&BanRule> {
+        self.ban.as_ref()
     }
 
     /// Renames the limiter; names appear in keys, decisions and headers, and must be unique
@@ -102,6 +118,7 @@ pub struct Policy {
     pub(crate) scope: Arc<str>,
     pub(crate) limiters: Vec<Limiter>,
     pub(crate) on_error: Option<OnError>,
+    pub(crate) bypass: Option<Bypass>,
     pub(crate) max_units: u64,
 }
 
@@ -112,6 +129,7 @@ impl Policy {
             scope: scope.as_ref().into(),
             limiters: Vec::new(),
             on_error: None,
+            bypass: None,
         }
     }
 
@@ -130,6 +148,11 @@ impl Policy {
         self.on_error
     }
 
+    /// Who passes without being counted.
+    pub fn bypass(&self) -> Option<&Bypass> {
+        self.bypass.as_ref()
+    }
+
     /// The largest cost this policy can ever admit: the smallest limit of its rules.
     pub fn max_cost(&self) -> u64 {
         self.max_units
@@ -143,9 +166,16 @@ pub struct PolicyBuilder {
     scope: Arc<str>,
     limiters: Vec<Limiter>,
     on_error: Option<OnError>,
+    bypass: Option<Bypass>,
 }
 
 impl PolicyBuilder {
+    /// Lets some identities through without counting them (checked before the blocklist).
+    pub fn bypass(mut self, bypass: Bypass) -> PolicyBuilder {
+        self.bypass = Some(bypass);
+        self
+    }
+
     /// Adds a limiter.
     pub fn limiter(mut self, limiter: Limiter) -> PolicyBuilder {
         self.limiters.push(limiter);
@@ -195,6 +225,7 @@ impl PolicyBuilder {
             scope: self.scope,
             limiters: self.limiters,
             on_error: self.on_error,
+            bypass: self.bypass,
             max_units,
         })
     }

@@ -2,9 +2,12 @@
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
+use std::time::Duration;
+
 use crate::{
     algorithm::RuleOutcome,
-    error::StoreError,
+    blocklist::{BanEntry, BanRule, BanTarget},
+    error::{StoreError, StoreErrorKind},
     key,
     rule::{Algorithm, Rule},
 };
@@ -12,8 +15,13 @@ use crate::{
 /// One atomic check as a store sees it: every limiter's base key and rules, the cost, and
 /// whether to record an admission or only look.
 ///
-/// A store must evaluate every rule of every limiter against one instant, and record the
-/// admission in all of them only if all of them admit (invariant 2).
+/// A store must, atomically and against one instant:
+/// 1. deny with `blocked_us` if any of `bans` holds a ban that has not ended, evaluating nothing;
+/// 2. evaluate every rule of every limiter, and record the admission in all of them only if all
+///    of them admit (invariant 2);
+/// 3. when consuming and a limiter with a [`BanRule`] denies, ban every target of `bans`
+///    (strike count + 1, the longest duration of the denying limiters' rules) and report it in
+///    `banned_us`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct CheckPlan {
@@ -23,6 +31,20 @@ pub struct CheckPlan {
     pub consume: bool,
     /// The limiters, in policy order.
     pub limiters: Vec<PlanLimiter>,
+    /// The identity's ban keys, checked first (see [`BanTarget::key`]).
+    pub bans: Vec<PlanBan>,
+    /// The key of the ban index (see [`crate::blocklist::ban_index_key`]), for stores that
+    /// keep one.
+    pub ban_index: String,
+}
+
+/// One ban key of a [`CheckPlan`].
+#[derive(Clone, Debug)]
+pub struct PlanBan {
+    /// Where the ban lives.
+    pub key: String,
+    /// Whom it bans.
+    pub target: BanTarget,
 }
 
 impl CheckPlan {
@@ -32,7 +54,22 @@ impl CheckPlan {
             cost,
             consume,
             limiters,
+            bans: Vec::new(),
+            ban_index: String::new(),
         }
+    }
+
+    /// Adds the identity's ban keys.
+    #[must_use]
+    pub fn with_bans(mut self, bans: Vec<PlanBan>, ban_index: String) -> CheckPlan {
+        self.bans = bans;
+        self.ban_index = ban_index;
+        self
+    }
+
+    /// Whether a denial by some limiter bans the identity.
+    pub fn may_ban(&self) -> bool {
+        self.consume && !self.bans.is_empty() && self.limiters.iter().any(|l| l.ban.is_some())
     }
 
     /// How many rules the plan holds, over all limiters.
@@ -48,6 +85,8 @@ pub struct PlanLimiter {
     pub key: String,
     /// The rules, in policy order.
     pub rules: Arc<[Rule]>,
+    /// Ban the identity when this limiter denies.
+    pub ban: Option<BanRule>,
 }
 
 impl PlanLimiter {
@@ -97,11 +136,67 @@ impl PlanLimiter {
 /// as it would be). When it is denied, nothing is recorded and each rule that would have
 /// admitted describes the state as it stays (its outcome for a cost of zero).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Verdict {
     /// Every rule admitted; the admission was recorded if the plan consumes.
     pub allowed: bool,
-    /// One outcome per rule, limiters in plan order, rules in limiter order.
+    /// One outcome per rule, limiters in plan order, rules in limiter order; empty when blocked.
     pub rules: Vec<RuleOutcome>,
+    /// The identity is banned for this many more microseconds; nothing was evaluated.
+    pub blocked_us: Option<u64>,
+    /// This denial banned the identity for this many microseconds.
+    pub banned_us: Option<u64>,
+}
+
+impl Verdict {
+    /// A verdict from rule outcomes.
+    pub fn new(allowed: bool, rules: Vec<RuleOutcome>) -> Verdict {
+        Verdict {
+            allowed,
+            rules,
+            blocked_us: None,
+            banned_us: None,
+        }
+    }
+
+    /// The identity is banned for `us` more microseconds.
+    pub fn blocked(us: u64) -> Verdict {
+        Verdict {
+            allowed: false,
+            rules: Vec::new(),
+            blocked_us: Some(us),
+            banned_us: None,
+        }
+    }
+}
+
+/// What a store holds for a duplicate-guard key that someone else acquired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The holder completed it.
+    pub completed: bool,
+    /// Microseconds until the key expires.
+    pub ttl_left_us: u64,
+    /// The fingerprint the holder acquired with.
+    pub fingerprint: String,
+    /// The stored response, if completed with one.
+    pub response: Option<Vec<u8>>,
+}
+
+/// A store's answer to a lock request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockReply {
+    /// The key was free and is now held with the given token.
+    Acquired,
+    /// Someone holds it.
+    Held(HeldLock),
+}
+
+fn unsupported<T>(what: &str) -> Result<T, StoreError> {
+    Err(StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("this store does not support {what} yet"),
+    ))
 }
 
 /// Where rate-limit state lives. Implemented by [`MemoryStore`](crate::MemoryStore) and by
@@ -115,6 +210,69 @@ pub trait Store: Send + Sync + 'static {
 
     /// Answers when the store is reachable.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Takes the lock `key` with `token` for `ttl` if it is free (set-if-absent), remembering
+    /// the fingerprint; otherwise describes who holds it.
+    fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
+        let _ = (key, token, fingerprint, ttl);
+        std::future::ready(unsupported("duplicate guards"))
+    }
+
+    /// Deletes the lock if `token` holds it (compare-and-delete); true if deleted.
+    fn lock_release(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (key, token);
+        std::future::ready(unsupported("duplicate guards"))
+    }
+
+    /// Marks the lock completed with `response`, kept for `keep_for`, if `token` holds it and
+    /// it is still in progress; true if done.
+    fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (key, token, response, keep_for);
+        std::future::ready(unsupported("duplicate guards"))
+    }
+
+    /// Every ban under `prefix` that has not ended.
+    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
+        let _ = prefix;
+        std::future::ready(unsupported("blocklists"))
+    }
+
+    /// Bans `target` for `duration` from now (replacing a shorter or longer ban).
+    fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (prefix, target, duration);
+        std::future::ready(unsupported("blocklists"))
+    }
+
+    /// Lifts the ban on `target` (and forgets its strikes); true if it was banned.
+    fn unban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = (prefix, target);
+        std::future::ready(unsupported("blocklists"))
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -129,14 +287,95 @@ impl<S: Store> Store for Arc<S> {
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).ping()
     }
+
+    fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
+        (**self).lock_acquire(key, token, fingerprint, ttl)
+    }
+
+    fn lock_release(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).lock_release(key, token)
+    }
+
+    fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).lock_complete(key, token, response, keep_for)
+    }
+
+    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
+        (**self).bans(prefix)
+    }
+
+    fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).ban(prefix, target, duration)
+    }
+
+    fn unban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).unban(prefix, target)
+    }
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The object-safe mirror of [`Store`], implemented for every store.
 trait DynStore: Send + Sync + 'static {
     fn check<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<Verdict, StoreError>>;
     fn reset<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn lock_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        fingerprint: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockReply, StoreError>>;
+    fn lock_release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn lock_complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        response: &'a [u8],
+        keep_for: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn bans<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<BanEntry>, StoreError>>;
+    fn ban<'a>(
+        &'a self,
+        prefix: &'a str,
+        target: &'a BanTarget,
+        duration: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn unban<'a>(
+        &'a self,
+        prefix: &'a str,
+        target: &'a BanTarget,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -150,6 +389,55 @@ impl<S: Store> DynStore for S {
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(Store::ping(self))
+    }
+
+    fn lock_acquire<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        fingerprint: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<LockReply, StoreError>> {
+        Box::pin(Store::lock_acquire(self, key, token, fingerprint, ttl))
+    }
+
+    fn lock_release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::lock_release(self, key, token))
+    }
+
+    fn lock_complete<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        response: &'a [u8],
+        keep_for: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::lock_complete(self, key, token, response, keep_for))
+    }
+
+    fn bans<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<BanEntry>, StoreError>> {
+        Box::pin(Store::bans(self, prefix))
+    }
+
+    fn ban<'a>(
+        &'a self,
+        prefix: &'a str,
+        target: &'a BanTarget,
+        duration: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::ban(self, prefix, target, duration))
+    }
+
+    fn unban<'a>(
+        &'a self,
+        prefix: &'a str,
+        target: &'a BanTarget,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::unban(self, prefix, target))
     }
 }
 
@@ -189,5 +477,46 @@ impl Store for AnyStore {
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.0.ping()
+    }
+
+    async fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<LockReply, StoreError> {
+        self.0.lock_acquire(key, token, fingerprint, ttl).await
+    }
+
+    async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
+        self.0.lock_release(key, token).await
+    }
+
+    async fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        self.0.lock_complete(key, token, response, keep_for).await
+    }
+
+    async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
+        self.0.bans(prefix).await
+    }
+
+    async fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.ban(prefix, target, duration).await
+    }
+
+    async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
+        self.0.unban(prefix, target).await
     }
 }

@@ -1,0 +1,326 @@
+//! The duplicate-submission guard: the first submission proceeds, repeats are refused or
+//! answered with the first response.
+
+use std::{fmt, str::FromStr, sync::Arc, time::Duration};
+
+use sha2::{Digest, Sha256};
+
+use crate::{
+    identity::{Dimension, Identity},
+    key,
+};
+
+/// A SHA-256 fingerprint of a submission's canonical arguments.
+///
+/// Arguments are fingerprinted, never stored: a huge argument list never makes a huge key,
+/// and different argument lists never share one.
+///
+/// ```
+/// use tollgate::Fingerprint;
+///
+/// let a = Fingerprint::of_args([("phone", "123"), ("code", "9")]);
+/// let b = Fingerprint::of_args([("phone", "1"), ("code", "239")]);
+/// assert_ne!(a, b);
+/// assert_eq!(a.to_string().len(), 64);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// The fingerprint of some bytes (e.g. a canonical JSON body).
+    pub fn of(bytes: impl AsRef<[u8]>) -> Fingerprint {
+        Fingerprint(Sha256::digest(bytes.as_ref()).into())
+    }
+
+    /// The fingerprint of named arguments, each length-prefixed so no two lists collide.
+    pub fn of_args<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        args: impl IntoIterator<Item = (K, V)>,
+    ) -> Fingerprint {
+        let mut hash = Sha256::new();
+        for (k, v) in args {
+            for part in [k.as_ref(), v.as_ref()] {
+                hash.update((part.len() as u64).to_be_bytes());
+                hash.update(part);
+            }
+        }
+        Fingerprint(hash.finalize().into())
+    }
+
+    /// The fingerprint of nothing (for guards that do not look at arguments).
+    pub fn empty() -> Fingerprint {
+        Fingerprint::of([])
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+/// What makes two submissions "the same".
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum DuplicateBy {
+    /// The same value of a dimension: `ip`, `user_id`, `user_name`, or an explicit idempotency
+    /// key (`Dimension::Header("idempotency-key")`). The fingerprint is remembered, so a reused
+    /// key with other arguments is reported as a mismatch.
+    Dimension(Dimension),
+    /// The same arguments: the key is the fingerprint itself.
+    Args,
+}
+
+impl FromStr for DuplicateBy {
+    type Err = String;
+
+    /// `args`, `key` (the `Idempotency-Key` header), or any dimension text (`ip`, `user_id`,
+    /// `user_name`, `header:<name>`, `arg:<name>`).
+    fn from_str(s: &str) -> Result<DuplicateBy, String> {
+        match s {
+            "args" => Ok(DuplicateBy::Args),
+            "key" => Ok(DuplicateBy::Dimension(Dimension::Header(
+                "idempotency-key".into(),
+            ))),
+            "global" => Err("duplicate guards need a per-request value; use args, key, ip, user_id or user_name".into()),
+            other => other
+                .parse()
+                .map(DuplicateBy::Dimension)
+                .map_err(|e| format!("{e}; or args, key")),
+        }
+    }
+}
+
+impl fmt::Display for DuplicateBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DuplicateBy::Args => f.write_str("args"),
+            DuplicateBy::Dimension(d) => d.fmt(f),
+        }
+    }
+}
+
+/// A short lock per (action, what makes submissions the same): the first submission
+/// acquires it, repeats within the TTL are refused.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Acquire, DuplicateBy, DuplicateGuard, Fingerprint, Identity, MemoryStore, Tollgate};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let gate = Tollgate::new(MemoryStore::new());
+/// let guard = DuplicateGuard::new("submit_order", "args".parse()?).with_ttl(Duration::from_secs(5));
+/// let who = Identity::new().with_user_id("42");
+/// let args = Fingerprint::of(br#"{"item":7,"qty":1}"#);
+///
+/// let Acquire::Acquired(lease) = gate.acquire(&guard, &who, &args).await? else { panic!() };
+/// assert!(matches!(gate.acquire(&guard, &who, &args).await?, Acquire::Duplicate(_)));
+/// gate.release(&lease).await?; // the submission failed: let the client retry at once
+/// assert!(matches!(gate.acquire(&guard, &who, &args).await?, Acquire::Acquired(_)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct DuplicateGuard {
+    pub(crate) scope: Arc<str>,
+    pub(crate) by: DuplicateBy,
+    pub(crate) ttl: Duration,
+    pub(crate) global: bool,
+}
+
+impl DuplicateGuard {
+    /// A guard for the action `scope`, with the seed's TTL of one second.
+    pub fn new(scope: impl AsRef<str>, by: DuplicateBy) -> DuplicateGuard {
+        DuplicateGuard {
+            scope: scope.as_ref().into(),
+            by,
+            ttl: Duration::from_secs(1),
+            global: false,
+        }
+    }
+
+    /// How long the lock lives if the holder neither releases nor completes it.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> DuplicateGuard {
+        self.ttl = ttl.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Share the lock across every action (the seed's `global = true`).
+    #[must_use]
+    pub fn global(mut self, global: bool) -> DuplicateGuard {
+        self.global = global;
+        self
+    }
+
+    /// The lock's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// What makes submissions the same.
+    pub fn by(&self) -> &DuplicateBy {
+        &self.by
+    }
+
+    /// The lock key for this identity and fingerprint, or `None` if the identity lacks the
+    /// dimension: `prefix:{d:scope:by:value}` (scope empty when global).
+    pub(crate) fn key(
+        &self,
+        prefix: &str,
+        identity: &Identity,
+        fingerprint: &Fingerprint,
+    ) -> Option<String> {
+        let value = match &self.by {
+            DuplicateBy::Args => fingerprint.to_string(),
+            DuplicateBy::Dimension(d) => d.value(identity)?.into_owned(),
+        };
+        let scope = if self.global { "" } else { &self.scope };
+        let mut k = format!("{prefix}:{{d:");
+        key::push_part(&mut k, scope);
+        k.push(':');
+        key::push_part(&mut k, &self.by.to_string());
+        k.push(':');
+        key::push_part(&mut k, &value);
+        k.push('}');
+        Some(k)
+    }
+}
+
+/// Proof of holding a duplicate-guard lock; only its holder can release or complete it.
+///
+/// Its text form (`Display` / `FromStr`) carries it across an API.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub(crate) key: String,
+    pub(crate) token: String,
+}
+
+impl fmt::Display for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.token, self.key)
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a credential: never in logs.
+        write!(f, "Lease({})", self.key)
+    }
+}
+
+impl FromStr for Lease {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Lease, String> {
+        match s.split_once('.') {
+            Some((token, key))
+                if token.len() == 32
+                    && token.bytes().all(|b| b.is_ascii_hexdigit())
+                    && !key.is_empty() =>
+            {
+                Ok(Lease {
+                    key: key.to_owned(),
+                    token: token.to_owned(),
+                })
+            }
+            _ => Err("not a lease (expected the text returned by acquire)".to_owned()),
+        }
+    }
+}
+
+/// Whether a refused duplicate's first submission is still running or done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DuplicateState {
+    /// The first submission has not completed ("operation in progress").
+    InProgress,
+    /// The first submission completed ("repeated request").
+    Completed,
+}
+
+/// A refused duplicate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Duplicate {
+    /// Still running, or done.
+    pub state: DuplicateState,
+    /// When the lock (or stored response) expires.
+    pub retry_after: Duration,
+    /// The first submission's stored response, if it completed with one.
+    pub response: Option<Vec<u8>>,
+    /// The first submission had the same fingerprint (false: a reused key with other arguments).
+    pub fingerprint_matches: bool,
+}
+
+impl Duplicate {
+    /// The seed's message for this duplicate: "operation in progress" for an argument match
+    /// still running, "repeated request" otherwise.
+    pub fn message(&self, by: &DuplicateBy) -> &'static str {
+        match (by, self.state) {
+            (DuplicateBy::Args, DuplicateState::InProgress) => "operation in progress",
+            _ => "repeated request",
+        }
+    }
+}
+
+/// The answer to [`Tollgate::acquire`](crate::Tollgate::acquire).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquire {
+    /// This is the first submission: proceed, then complete or release the lease.
+    Acquired(Lease),
+    /// A repeat.
+    Duplicate(Duplicate),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_text_round_trips_and_rejects_junk() {
+        let lease = Lease {
+            key: "tg:{d:s:args:ab}".into(),
+            token: "0123456789abcdef0123456789abcdef".into(),
+        };
+        assert_eq!(lease.to_string().parse::<Lease>(), Ok(lease.clone()));
+        assert!(!format!("{lease:?}").contains("0123"));
+        assert!("x.y".parse::<Lease>().is_err());
+        assert!("".parse::<Lease>().is_err());
+    }
+
+    #[test]
+    fn args_fingerprints_are_length_prefixed() {
+        assert_ne!(
+            Fingerprint::of_args([("ab", "c")]),
+            Fingerprint::of_args([("a", "bc")])
+        );
+        assert_eq!(
+            Fingerprint::of_args([("a", "b")]),
+            Fingerprint::of_args([("a", "b")])
+        );
+    }
+
+    #[test]
+    fn keys_separate_scope_mode_and_value() {
+        let who = Identity::new().with_user_id("7");
+        let fp = Fingerprint::of("x");
+        let by_user = DuplicateGuard::new("a", "user_id".parse().unwrap());
+        let k = by_user.key("tg", &who, &fp).unwrap();
+        assert_eq!(k, "tg:{d:a:user_id:7}");
+        let global = by_user.clone().global(true).key("tg", &who, &fp).unwrap();
+        assert_eq!(global, "tg:{d::user_id:7}");
+        assert!(by_user.key("tg", &Identity::new(), &fp).is_none());
+        let args = DuplicateGuard::new("a", DuplicateBy::Args)
+            .key("tg", &who, &fp)
+            .unwrap();
+        assert!(args.contains(&fp.to_string()));
+    }
+}
