@@ -398,7 +398,10 @@ fn decide(limiters: &[Limiter], verdict: Verdict, denied: Reason) -> Decision {
         retry_after: if verdict.allowed {
             None
         } else {
-            retry_after.map(Duration::from_micros)
+            // A ban written by this denial outlasts the rule's own wait.
+            retry_after
+                .max(verdict.banned_us)
+                .map(Duration::from_micros)
         },
         rules,
         message: if verdict.allowed { None } else { message },
