@@ -18,7 +18,13 @@
 //! - [`server`](RedisServer): [`RedisServer`] and [`RedisServerBuilder`], one standalone
 //!   `redis-server` child process on a free loopback port, with kill and restart on the same port
 //!   for failure tests.
+//! - [`guards`]: conformance scenarios for the duplicate guard, blocklist and bypass, and
+//!   [`guard_suite!`].
+//! - [`conformance`]: the store conformance suite, scenarios every [`tollgate::Store`] must
+//!   pass with the same numbers, and [`conformance_suite!`] that turns them into one test each.
 
+pub mod conformance;
+pub mod guards;
 mod server;
 
 pub use server::{RedisServer, RedisServerBuilder};

@@ -1,0 +1,1218 @@
+//! The store conformance suite: the same scenarios, with the same numbers, on every store.
+//!
+//! A store passes when every scenario passes against it. Each scenario is an `async fn` taking
+//! a fresh [`Subject`]: an engine over the store under test and the [`ManualClock`] that store
+//! reads (the memory store takes it as its clock; the Redis store, built for tests, passes its
+//! time to the script instead of Redis `TIME`). Scenarios move that clock and assert exact
+//! decisions, so a store that rounds, drifts by a millisecond or records a denied request
+//! fails by name.
+//!
+//! [`conformance_suite!`](crate::conformance_suite) expands to one `#[tokio::test]` per
+//! scenario:
+//!
+//! ```ignore
+//! tollgate_testkit::conformance_suite!(|| async { tollgate_testkit::conformance::memory_subject() });
+//! ```
+
+use std::{net::IpAddr, sync::Arc, time::Duration};
+
+use tokio::sync::Barrier;
+use tollgate::{
+    Algorithm, CheckError, Clock, Decision, Dimension, Identity, Limiter, ManualClock, MemoryStore,
+    Policy, Reason, Rule, Store, Tollgate,
+};
+
+/// The instant every scenario starts at: 2100-01-01T00:00:00Z.
+///
+/// It is a whole number of days (so of every window the scenarios use) since the epoch, which
+/// pins fixed-window boundaries to known offsets. It lies in the future so that a store which
+/// turns the test clock into absolute expiry times (`PEXPIREAT`) keeps its keys for the whole
+/// scenario.
+pub const START: Duration = Duration::from_secs(4_102_444_800);
+
+/// What a scenario runs against: a fresh engine and the clock its store reads.
+///
+/// The engine must be fresh: no state visible under its key prefix, so a shared Redis needs a
+/// distinct prefix per subject ([`Tollgate::with_prefix`]).
+#[derive(Debug)]
+pub struct Subject<S> {
+    gate: Tollgate<S>,
+    clock: ManualClock,
+}
+
+impl<S: Store> Subject<S> {
+    /// A subject over `gate`, whose store reads `clock`.
+    pub fn new(gate: Tollgate<S>, clock: ManualClock) -> Subject<S> {
+        Subject { gate, clock }
+    }
+
+    /// The engine under test.
+    pub fn gate(&self) -> &Tollgate<S> {
+        &self.gate
+    }
+
+    /// The clock the store reads.
+    pub fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    /// Sets the clock to [`START`] + `offset`.
+    fn at(&self, offset: Duration) {
+        self.clock.set(START + offset);
+    }
+
+    async fn check(&self, policy: &Policy, who: &Identity, cost: u64) -> Decision {
+        let d = self
+            .gate
+            .check(policy, who, cost)
+            .await
+            .expect("the identity carries every dimension");
+        assert_ne!(d.reason(), Reason::StoreUnavailable, "the store failed");
+        d
+    }
+
+    async fn peek(&self, policy: &Policy, who: &Identity, cost: u64) -> Decision {
+        let d = self
+            .gate
+            .peek(policy, who, cost)
+            .await
+            .expect("the identity carries every dimension");
+        assert_ne!(d.reason(), Reason::StoreUnavailable, "the store failed");
+        d
+    }
+}
+
+/// A subject over a [`MemoryStore`] with a manual clock and no background sweep.
+pub fn memory_subject() -> Subject<MemoryStore> {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .purge_interval(None)
+        .build();
+    Subject::new(Tollgate::new(store), clock)
+}
+
+/// Expands to one `#[tokio::test]` per conformance scenario, each named after it.
+///
+/// `$make` is an expression callable with no arguments that returns a future of a fresh
+/// [`Subject`](crate::conformance::Subject); it is called once per test. The calling crate
+/// needs `tokio` (with `macros` and `rt-multi-thread`) among its dev-dependencies.
+///
+/// ```ignore
+/// tollgate_testkit::conformance_suite!(|| async { tollgate_testkit::conformance::memory_subject() });
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        $crate::conformance_suite!(@each $make;
+            multi_rule_limits,
+            sliding_log_entries_leave_one_by_one,
+            fixed_window_resets_at_the_aligned_boundary,
+            gcra_spaces_requests_after_the_burst,
+            mixed_algorithms_strictest_decides,
+            cost_is_counted_in_units,
+            peek_consumes_nothing_and_reset_forgets_one_identity,
+            all_or_nothing_across_limiters,
+            missing_dimension_records_nothing,
+            retry_after_is_exact,
+            keys_never_collide,
+            check_group_and_check_single,
+            check_single_keeps_rules_that_differ_only_in_algorithm,
+            quota_refills_after_a_quiet_window,
+            denial_names_the_first_denying_limiter,
+            store_answers_ping,
+        );
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn concurrent_checks_never_over_admit() {
+            let subject = ($make)().await;
+            $crate::conformance::concurrent_checks_never_over_admit(subject).await;
+        }
+    };
+    (@each $make:expr; $($scenario:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $scenario() {
+                let subject = ($make)().await;
+                $crate::conformance::$scenario(subject).await;
+            }
+        )+
+    };
+}
+
+fn rule(text: &str) -> Rule {
+    text.parse().expect("scenario rules are valid")
+}
+
+fn fixed(text: &str) -> Rule {
+    rule(text).with_algorithm(Algorithm::FixedWindow)
+}
+
+fn gcra(text: &str) -> Rule {
+    rule(text).with_algorithm(Algorithm::Gcra)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn policy(scope: &str, limiters: impl IntoIterator<Item = Limiter>) -> Policy {
+    limiters
+        .into_iter()
+        .fold(Policy::builder(scope), |b, l| b.limiter(l))
+        .build()
+        .expect("scenario policies are valid")
+}
+
+fn ip(n: u8) -> Identity {
+    Identity::new().with_ip(IpAddr::from([192, 0, 2, n]))
+}
+
+fn user(id: &str) -> Identity {
+    Identity::new().with_user_id(id)
+}
+
+/// Asserts a decision: allowed (`retry_after_ms == None`) or rate limited with that
+/// `retry_after`, and per rule, in policy order, `(allowed, remaining, reset_after in ms)`.
+#[track_caller]
+fn expect(d: &Decision, retry_after_ms: Option<u64>, rules: &[(bool, u64, u64)]) {
+    let got: Vec<(bool, u64, Duration)> = d
+        .rules()
+        .iter()
+        .map(|r| (r.allowed, r.remaining, r.reset_after))
+        .collect();
+    let want: Vec<(bool, u64, Duration)> = rules
+        .iter()
+        .map(|&(allowed, remaining, reset)| (allowed, remaining, ms(reset)))
+        .collect();
+    assert_eq!(
+        got, want,
+        "per-rule (allowed, remaining, reset_after) of {d:#?}"
+    );
+    match retry_after_ms {
+        None => {
+            assert!(d.allowed(), "expected admission: {d:#?}");
+            assert_eq!(d.reason(), Reason::Ok);
+            assert_eq!(d.retry_after(), None);
+        }
+        Some(retry) => {
+            assert!(!d.allowed(), "expected denial: {d:#?}");
+            assert_eq!(d.reason(), Reason::RateLimited);
+            assert_eq!(d.retry_after(), Some(ms(retry)), "retry_after of {d:#?}");
+        }
+    }
+    assert_eq!(
+        d.allowed(),
+        d.rules().iter().all(|r| r.allowed),
+        "a decision is allowed exactly when every rule is"
+    );
+}
+
+fn denied_rules(d: &Decision) -> Vec<String> {
+    d.denied_rules()
+        .map(|r| format!("{}:{}/{}", r.limiter, r.rule, r.rule.algorithm()))
+        .collect()
+}
+
+/// Scenario 1: two sliding-log rules on one limiter (3/2s and 5/10s); each denies in turn, with
+/// exact `retry_after`, `remaining` and `reset_after` per rule.
+pub async fn multi_rule_limits<S: Store>(s: Subject<S>) {
+    let p = policy(
+        "multi",
+        [Limiter::new(Dimension::Ip, [rule("3/2s"), rule("5/10s")])],
+    );
+    let who = ip(1);
+    s.at(ms(0));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 2, 2000), (true, 4, 10_000)],
+    );
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 1, 2000), (true, 3, 10_000)],
+    );
+    let third = s.check(&p, &who, 1).await;
+    expect(&third, None, &[(true, 0, 2000), (true, 2, 10_000)]);
+    assert_eq!(third.remaining(), Some(0));
+
+    // The 2 s rule is full until its entries leave at 2 s; the 10 s rule would admit and
+    // reports its state as it stays.
+    let fourth = s.check(&p, &who, 1).await;
+    expect(&fourth, Some(2000), &[(false, 0, 2000), (true, 2, 10_000)]);
+    assert_eq!(denied_rules(&fourth), ["ip:3/2s/sliding_log"]);
+
+    s.at(ms(2000));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 2, 2000), (true, 1, 10_000)],
+    );
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 1, 2000), (true, 0, 10_000)],
+    );
+    // Now the 10 s rule is full; its oldest entry (t = 0) leaves at 10 s.
+    let sixth = s.check(&p, &who, 1).await;
+    expect(&sixth, Some(8000), &[(true, 1, 2000), (false, 0, 10_000)]);
+    assert_eq!(denied_rules(&sixth), ["ip:5/10s/sliding_log"]);
+
+    s.at(ms(9999));
+    expect(
+        &s.peek(&p, &who, 1).await,
+        Some(1),
+        &[(true, 3, 0), (false, 0, 2001)],
+    );
+    // The three entries of t = 0 leave together.
+    s.at(ms(10_000));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 2, 2000), (true, 2, 10_000)],
+    );
+}
+
+/// Scenario 2: a sliding log forgets each entry exactly `window` after it was recorded, one by
+/// one, not in batches.
+pub async fn sliding_log_entries_leave_one_by_one<S: Store>(s: Subject<S>) {
+    let p = policy("slide", [Limiter::new(Dimension::UserId, [rule("3/10s")])]);
+    let who = user("u");
+    for (i, at) in [0, 1000, 2000].into_iter().enumerate() {
+        s.at(ms(at));
+        expect(
+            &s.check(&p, &who, 1).await,
+            None,
+            &[(true, 2 - i as u64, 10_000)],
+        );
+    }
+    s.at(ms(3000));
+    expect(&s.check(&p, &who, 1).await, Some(7000), &[(false, 0, 9000)]);
+
+    // (offset ms, remaining, reset_after ms) seen by a free look: entries at 0, 1 s and 2 s
+    // leave at 10 s, 11 s and 12 s, not a millisecond earlier.
+    let walk = [
+        (9_999, 0, 2_001),
+        (10_000, 1, 2_000),
+        (10_999, 1, 1_001),
+        (11_000, 2, 1_000),
+        (11_999, 2, 1),
+        (12_000, 3, 0),
+    ];
+    for (at, remaining, reset) in walk {
+        s.at(ms(at));
+        let d = s.peek(&p, &who, 0).await;
+        expect(&d, None, &[(true, remaining, reset)]);
+    }
+
+    // The same walk, consuming: each freed slot admits exactly one request at its boundary.
+    let other = user("v");
+    for at in [20_000, 21_000, 22_000] {
+        s.at(ms(at));
+        assert!(s.check(&p, &other, 1).await.allowed());
+    }
+    // (boundary ms, reset_after 1 ms before it, wait for the next slot after it)
+    for (boundary, reset_before, next_gap) in [
+        (30_000, 2001, 1000),
+        (31_000, 9001, 1000),
+        (32_000, 9001, 8000),
+    ] {
+        s.at(ms(boundary - 1));
+        expect(
+            &s.check(&p, &other, 1).await,
+            Some(1),
+            &[(false, 0, reset_before)],
+        );
+        s.at(ms(boundary));
+        expect(&s.check(&p, &other, 1).await, None, &[(true, 0, 10_000)]);
+        expect(
+            &s.check(&p, &other, 1).await,
+            Some(next_gap),
+            &[(false, 0, 10_000)],
+        );
+    }
+}
+
+/// Scenario 3: a fixed window admits `limit` per epoch-aligned window and starts over at the
+/// boundary, which lets a burst straddle it (the known cost of fixed windows).
+pub async fn fixed_window_resets_at_the_aligned_boundary<S: Store>(s: Subject<S>) {
+    let p = policy("fixed", [Limiter::new(Dimension::Ip, [fixed("3/10s")])]);
+    let who = ip(1);
+    s.at(ms(7000));
+    expect(&s.peek(&p, &who, 0).await, None, &[(true, 3, 0)]);
+    for remaining in [2, 1, 0] {
+        expect(
+            &s.check(&p, &who, 1).await,
+            None,
+            &[(true, remaining, 3000)],
+        );
+    }
+    expect(&s.check(&p, &who, 1).await, Some(3000), &[(false, 0, 3000)]);
+    s.at(ms(9999));
+    expect(&s.check(&p, &who, 1).await, Some(1), &[(false, 0, 1)]);
+    // Three more at the boundary: six admitted within 3 s under a 3/10s rule.
+    s.at(ms(10_000));
+    for remaining in [2, 1, 0] {
+        expect(
+            &s.check(&p, &who, 1).await,
+            None,
+            &[(true, remaining, 10_000)],
+        );
+    }
+    expect(
+        &s.check(&p, &who, 1).await,
+        Some(10_000),
+        &[(false, 0, 10_000)],
+    );
+}
+
+/// Scenario 4: GCRA admits a burst of `limit`, then one request per `window / limit`, and says
+/// exactly when the next one fits.
+pub async fn gcra_spaces_requests_after_the_burst<S: Store>(s: Subject<S>) {
+    // One unit every 500 ms, bursts of up to 4.
+    let p = policy("gcra", [Limiter::new(Dimension::Ip, [gcra("4/2s")])]);
+    let who = ip(1);
+    s.at(ms(0));
+    for (remaining, reset) in [(3, 500), (2, 1000), (1, 1500), (0, 2000)] {
+        expect(
+            &s.check(&p, &who, 1).await,
+            None,
+            &[(true, remaining, reset)],
+        );
+    }
+    expect(&s.check(&p, &who, 1).await, Some(500), &[(false, 0, 2000)]);
+    s.at(ms(499));
+    expect(&s.check(&p, &who, 1).await, Some(1), &[(false, 0, 1501)]);
+    for at in [500, 1000, 1500] {
+        s.at(ms(at));
+        expect(&s.check(&p, &who, 1).await, None, &[(true, 0, 2000)]);
+        expect(&s.check(&p, &who, 1).await, Some(500), &[(false, 0, 2000)]);
+    }
+    s.at(ms(1750));
+    expect(&s.check(&p, &who, 1).await, Some(250), &[(false, 0, 1750)]);
+    // Quiet time earns units back, one per interval, up to the burst.
+    s.at(ms(2500));
+    expect(&s.peek(&p, &who, 0).await, None, &[(true, 2, 1000)]);
+    s.at(ms(3500));
+    expect(&s.peek(&p, &who, 0).await, None, &[(true, 4, 0)]);
+    for (remaining, reset) in [(3, 500), (2, 1000), (1, 1500), (0, 2000)] {
+        expect(
+            &s.check(&p, &who, 1).await,
+            None,
+            &[(true, remaining, reset)],
+        );
+    }
+    expect(&s.check(&p, &who, 1).await, Some(500), &[(false, 0, 2000)]);
+}
+
+/// Scenario 5: sliding log, fixed window and GCRA in one limiter; whichever is strictest at the
+/// moment denies, `retry_after` is the longest wait among the denying rules, and a denial
+/// records nothing in the rules that would have admitted.
+pub async fn mixed_algorithms_strictest_decides<S: Store>(s: Subject<S>) {
+    let p = policy(
+        "mixed",
+        [Limiter::new(
+            Dimension::Ip,
+            [rule("5/10s"), fixed("2/1s"), gcra("3/6s")],
+        )],
+    );
+    let who = ip(1);
+    s.at(ms(0));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 4, 10_000), (true, 1, 1000), (true, 2, 2000)],
+    );
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 3, 10_000), (true, 0, 1000), (true, 1, 4000)],
+    );
+    let d = s.check(&p, &who, 1).await;
+    expect(
+        &d,
+        Some(1000),
+        &[(true, 3, 10_000), (false, 0, 1000), (true, 1, 4000)],
+    );
+    assert_eq!(denied_rules(&d), ["ip:2/1s/fixed_window"]);
+
+    s.at(ms(1000));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 2, 10_000), (true, 1, 1000), (true, 0, 5000)],
+    );
+    s.at(ms(1500));
+    let d = s.check(&p, &who, 1).await;
+    expect(
+        &d,
+        Some(500),
+        &[(true, 2, 9500), (true, 1, 500), (false, 0, 4500)],
+    );
+    assert_eq!(denied_rules(&d), ["ip:3/6s/gcra"]);
+
+    s.at(ms(2000));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 1, 10_000), (true, 1, 1000), (true, 0, 6000)],
+    );
+    expect(
+        &s.check(&p, &who, 1).await,
+        Some(2000),
+        &[(true, 1, 10_000), (true, 1, 1000), (false, 0, 6000)],
+    );
+
+    // The sliding log holds 0, 0, 1 s, 2 s: had any denial above been recorded, this would fail.
+    s.at(ms(4000));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 0, 10_000), (true, 1, 1000), (true, 0, 6000)],
+    );
+    // Two rules deny: the log until its oldest entry leaves (6 s), GCRA for 2 s.
+    let d = s.check(&p, &who, 1).await;
+    expect(
+        &d,
+        Some(6000),
+        &[(false, 0, 10_000), (true, 1, 1000), (false, 0, 6000)],
+    );
+    assert_eq!(denied_rules(&d), ["ip:5/10s/sliding_log", "ip:3/6s/gcra"]);
+}
+
+/// Scenario 6: a request of cost `n` counts `n` units in every algorithm; a cost above a limit
+/// is refused without touching the store; a cost of zero is a free look.
+pub async fn cost_is_counted_in_units<S: Store>(s: Subject<S>) {
+    let p = policy("cost", [Limiter::new(Dimension::Ip, [rule("5/10s")])]);
+    let who = ip(1);
+    s.at(ms(0));
+    expect(&s.check(&p, &who, 0).await, None, &[(true, 5, 0)]);
+    expect(&s.check(&p, &who, 3).await, None, &[(true, 2, 10_000)]);
+    expect(
+        &s.check(&p, &who, 3).await,
+        Some(10_000),
+        &[(false, 2, 10_000)],
+    );
+
+    let d = s.check(&p, &who, 6).await;
+    assert!(!d.allowed());
+    assert_eq!(d.reason(), Reason::CostExceedsLimit);
+    assert_eq!(d.retry_after(), None, "waiting cannot help");
+    assert_eq!(denied_rules(&d), ["ip:5/10s/sliding_log"]);
+    let d = s.peek(&p, &who, 6).await;
+    assert_eq!(d.reason(), Reason::CostExceedsLimit);
+    // Neither the refused cost 3 nor the cost 6 was recorded.
+    expect(&s.peek(&p, &who, 0).await, None, &[(true, 2, 10_000)]);
+
+    s.at(ms(1000));
+    expect(&s.check(&p, &who, 2).await, None, &[(true, 0, 10_000)]);
+    // A cost of zero is admitted even when the rule is full, and records nothing.
+    expect(&s.check(&p, &who, 0).await, None, &[(true, 0, 10_000)]);
+    // The log holds 0, 0, 0, 1 s, 1 s; four must leave for 4 more units: the fourth leaves at 11 s.
+    s.at(ms(2000));
+    expect(&s.check(&p, &who, 4).await, Some(9000), &[(false, 0, 9000)]);
+    s.at(ms(10_999));
+    expect(&s.peek(&p, &who, 4).await, Some(1), &[(false, 3, 1)]);
+    s.at(ms(11_000));
+    expect(&s.check(&p, &who, 4).await, None, &[(true, 1, 10_000)]);
+
+    // Counters count units too (GCRA: one unit every 2 s, so 3 units push the tat 6 s out).
+    let q = policy(
+        "cost_counters",
+        [Limiter::new(Dimension::Ip, [fixed("5/10s"), gcra("5/10s")])],
+    );
+    let who = ip(2);
+    s.at(ms(20_000));
+    expect(
+        &s.check(&q, &who, 3).await,
+        None,
+        &[(true, 2, 10_000), (true, 2, 6000)],
+    );
+    expect(
+        &s.check(&q, &who, 3).await,
+        Some(10_000),
+        &[(false, 2, 10_000), (false, 2, 6000)],
+    );
+    expect(
+        &s.check(&q, &who, 0).await,
+        None,
+        &[(true, 2, 10_000), (true, 2, 6000)],
+    );
+    expect(
+        &s.check(&q, &who, 2).await,
+        None,
+        &[(true, 0, 10_000), (true, 0, 10_000)],
+    );
+
+    // Many units in one request.
+    let bulk = policy("cost_bulk", [Limiter::new(Dimension::Ip, [rule("50/10s")])]);
+    let who = ip(3);
+    s.at(ms(40_000));
+    expect(&s.check(&bulk, &who, 50).await, None, &[(true, 0, 10_000)]);
+    expect(
+        &s.check(&bulk, &who, 1).await,
+        Some(10_000),
+        &[(false, 0, 10_000)],
+    );
+    s.at(ms(49_999));
+    expect(&s.check(&bulk, &who, 1).await, Some(1), &[(false, 0, 1)]);
+    s.at(ms(50_000));
+    expect(&s.check(&bulk, &who, 50).await, None, &[(true, 0, 10_000)]);
+}
+
+/// Scenario 7: `peek` returns what `check` would and records nothing; `reset` forgets one
+/// identity's counters of one policy, and nothing else.
+pub async fn peek_consumes_nothing_and_reset_forgets_one_identity<S: Store>(s: Subject<S>) {
+    let limiter = || {
+        Limiter::new(
+            Dimension::Ip,
+            [rule("2/10s"), fixed("2/10s"), gcra("2/10s")],
+        )
+    };
+    let p = policy("peek", [limiter()]);
+    let other_policy = policy("peek_other", [limiter()]);
+    let (a, b) = (ip(1), ip(2));
+    s.at(ms(0));
+
+    let first = [(true, 1, 10_000), (true, 1, 10_000), (true, 1, 5000)];
+    for _ in 0..5 {
+        expect(&s.peek(&p, &a, 1).await, None, &first);
+    }
+    let peeked = s.peek(&p, &a, 1).await;
+    assert_eq!(s.check(&p, &a, 1).await, peeked, "check differs from peek");
+
+    let second = [(true, 0, 10_000), (true, 0, 10_000), (true, 0, 10_000)];
+    expect(&s.peek(&p, &a, 1).await, None, &second);
+    let peeked = s.peek(&p, &a, 1).await;
+    assert_eq!(s.check(&p, &a, 1).await, peeked, "check differs from peek");
+
+    let denied = [(false, 0, 10_000), (false, 0, 10_000), (false, 0, 10_000)];
+    let peeked = s.peek(&p, &a, 1).await;
+    expect(&peeked, Some(10_000), &denied);
+    assert_eq!(s.check(&p, &a, 1).await, peeked, "check differs from peek");
+
+    expect(&s.check(&p, &b, 1).await, None, &first);
+    expect(&s.check(&other_policy, &a, 1).await, None, &first);
+
+    s.at(ms(1000));
+    s.gate.reset(&p, &a).await.expect("reset");
+    expect(
+        &s.peek(&p, &a, 0).await,
+        None,
+        &[(true, 2, 0), (true, 2, 0), (true, 2, 0)],
+    );
+    expect(
+        &s.check(&p, &a, 1).await,
+        None,
+        &[(true, 1, 10_000), (true, 1, 9000), (true, 1, 5000)],
+    );
+    // Untouched: the same policy for another identity, another policy for the same identity.
+    let kept = [(true, 1, 9000), (true, 1, 9000), (true, 1, 4000)];
+    expect(&s.peek(&p, &b, 0).await, None, &kept);
+    expect(&s.peek(&other_policy, &a, 0).await, None, &kept);
+    // Forgetting an identity that was never seen is fine.
+    s.gate.reset(&p, &ip(9)).await.expect("reset");
+}
+
+/// Scenario 8: a request denied by one limiter costs nothing in the others, whatever their
+/// order and algorithms.
+pub async fn all_or_nothing_across_limiters<S: Store>(s: Subject<S>) {
+    let p = policy(
+        "aon",
+        [
+            Limiter::new(Dimension::Ip, [rule("5/1m")]),
+            Limiter::new(Dimension::UserId, [rule("1/1m")]),
+        ],
+    );
+    s.at(ms(0));
+    let who = ip(1).with_user_id("u1");
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 4, 60_000), (true, 0, 60_000)],
+    );
+    for _ in 0..3 {
+        let d = s.check(&p, &who, 1).await;
+        expect(&d, Some(60_000), &[(true, 4, 60_000), (false, 0, 60_000)]);
+        assert_eq!(denied_rules(&d), ["user_id:1/1m/sliding_log"]);
+    }
+    expect(
+        &s.check(&p, &ip(1).with_user_id("u2"), 1).await,
+        None,
+        &[(true, 3, 60_000), (true, 0, 60_000)],
+    );
+    expect(
+        &s.peek(&p, &ip(1).with_user_id("u3"), 1).await,
+        None,
+        &[(true, 2, 60_000), (true, 0, 60_000)],
+    );
+
+    // The denying limiter first.
+    let q = policy(
+        "aon_reversed",
+        [
+            Limiter::new(Dimension::UserId, [rule("5/1m")]),
+            Limiter::new(Dimension::Ip, [rule("1/1m")]),
+        ],
+    );
+    expect(
+        &s.check(&q, &who, 1).await,
+        None,
+        &[(true, 4, 60_000), (true, 0, 60_000)],
+    );
+    for _ in 0..3 {
+        expect(
+            &s.check(&q, &who, 1).await,
+            Some(60_000),
+            &[(true, 4, 60_000), (false, 0, 60_000)],
+        );
+    }
+    expect(
+        &s.check(&q, &ip(2).with_user_id("u1"), 1).await,
+        None,
+        &[(true, 3, 60_000), (true, 0, 60_000)],
+    );
+
+    // Counters in the admitting limiter are not charged either.
+    let r = policy(
+        "aon_counters",
+        [
+            Limiter::new(Dimension::Ip, [fixed("5/1m"), gcra("5/1m")]),
+            Limiter::new(Dimension::UserId, [fixed("1/1m")]),
+        ],
+    );
+    let who = ip(3).with_user_id("u1");
+    expect(
+        &s.check(&r, &who, 1).await,
+        None,
+        &[(true, 4, 60_000), (true, 4, 12_000), (true, 0, 60_000)],
+    );
+    for _ in 0..2 {
+        expect(
+            &s.check(&r, &who, 1).await,
+            Some(60_000),
+            &[(true, 4, 60_000), (true, 4, 12_000), (false, 0, 60_000)],
+        );
+    }
+    expect(
+        &s.check(&r, &ip(3).with_user_id("u2"), 1).await,
+        None,
+        &[(true, 3, 60_000), (true, 3, 24_000), (true, 0, 60_000)],
+    );
+}
+
+#[track_caller]
+fn assert_missing(result: Result<Decision, CheckError>, limiter: &str, dimension: &str) {
+    match result {
+        Err(CheckError::MissingDimension {
+            limiter: l,
+            dimension: d,
+        }) => {
+            assert_eq!((l.as_str(), d.as_str()), (limiter, dimension));
+        }
+        other => panic!("expected MissingDimension({limiter}, {dimension}), got {other:?}"),
+    }
+}
+
+/// Scenario 9: an identity lacking a dimension is an error, and the check records nothing in
+/// the limiters it could have counted.
+pub async fn missing_dimension_records_nothing<S: Store>(s: Subject<S>) {
+    let p = policy(
+        "needs_user",
+        [
+            Limiter::new(Dimension::Ip, [rule("5/1m")]),
+            Limiter::new(Dimension::UserId, [rule("5/1m")]),
+        ],
+    );
+    s.at(ms(0));
+    for _ in 0..3 {
+        assert_missing(s.gate.check(&p, &ip(1), 1).await, "user_id", "user_id");
+    }
+    assert_missing(s.gate.peek(&p, &ip(1), 1).await, "user_id", "user_id");
+    assert!(
+        s.gate
+            .reset(&p, &ip(1))
+            .await
+            .expect_err("reset needs every dimension too")
+            .is_missing_dimension()
+    );
+    assert_missing(s.gate.check(&p, &user("u"), 1).await, "ip", "ip");
+    expect(
+        &s.check(&p, &ip(1).with_user_id("u"), 1).await,
+        None,
+        &[(true, 4, 60_000), (true, 4, 60_000)],
+    );
+
+    let h = policy(
+        "needs_header",
+        [
+            Limiter::new(Dimension::Ip, [fixed("5/1m"), gcra("5/1m")]),
+            Limiter::new(Dimension::Header("x-api-key".into()), [rule("5/1m")]),
+        ],
+    );
+    assert_missing(
+        s.gate.check(&h, &ip(1), 1).await,
+        "header:x-api-key",
+        "header:x-api-key",
+    );
+    expect(
+        &s.check(&h, &ip(1).with_header("X-Api-Key", "k"), 1).await,
+        None,
+        &[(true, 4, 60_000), (true, 4, 12_000), (true, 4, 60_000)],
+    );
+}
+
+/// From a state where `cost` is denied now, with `retry_after == want`: the request is still
+/// denied 1 ms before that instant (with 1 ms left to wait) and admitted exactly at it.
+async fn admitted_exactly_at_retry_after<S: Store>(
+    s: &Subject<S>,
+    p: &Policy,
+    who: &Identity,
+    cost: u64,
+    want: Duration,
+) {
+    let now = Duration::from_micros(s.clock.now_us());
+    let d = s.check(p, who, cost).await;
+    assert_eq!(d.retry_after(), Some(want), "{d:#?}");
+    s.clock.set(now + want - ms(1));
+    let d = s.check(p, who, cost).await;
+    assert_eq!(d.retry_after(), Some(ms(1)), "1 ms early: {d:#?}");
+    s.clock.set(now + want);
+    let d = s.check(p, who, cost).await;
+    assert!(d.allowed(), "at now + retry_after: {d:#?}");
+}
+
+/// Scenario 10: `retry_after` is exact for every algorithm, with costs and across limiters:
+/// the request is admitted at `now + retry_after` and not a millisecond earlier.
+pub async fn retry_after_is_exact<S: Store>(s: Subject<S>) {
+    let log = policy("retry_log", [Limiter::new(Dimension::Ip, [rule("2/3s")])]);
+    let who = ip(1);
+    for at in [0, 1234] {
+        s.at(ms(at));
+        assert!(s.check(&log, &who, 1).await.allowed());
+    }
+    s.at(ms(1500));
+    admitted_exactly_at_retry_after(&s, &log, &who, 1, ms(1500)).await;
+    // Admitted at 3 s; the entry of 1.234 s leaves next.
+    admitted_exactly_at_retry_after(&s, &log, &who, 1, ms(1234)).await;
+
+    let costly = policy("retry_cost", [Limiter::new(Dimension::Ip, [rule("3/2s")])]);
+    for at in [0, 500, 1000] {
+        s.at(ms(at));
+        assert!(s.check(&costly, &who, 1).await.allowed());
+    }
+    // Two units need the entries of 0 and 0.5 s gone.
+    s.at(ms(1200));
+    admitted_exactly_at_retry_after(&s, &costly, &who, 2, ms(1300)).await;
+
+    // START is 6 s into an epoch-aligned 7 s window, so windows start at 1 s, 8 s, 15 s, ...
+    let window = policy(
+        "retry_fixed",
+        [Limiter::new(Dimension::Ip, [fixed("3/7s")])],
+    );
+    s.at(ms(1234));
+    for _ in 0..3 {
+        assert!(s.check(&window, &who, 1).await.allowed());
+    }
+    admitted_exactly_at_retry_after(&s, &window, &who, 1, ms(6766)).await;
+    for _ in 0..2 {
+        assert!(s.check(&window, &who, 1).await.allowed());
+    }
+    admitted_exactly_at_retry_after(&s, &window, &who, 1, ms(7000)).await;
+
+    // One unit every 500 ms.
+    let spaced = policy(
+        "retry_gcra",
+        [Limiter::new(Dimension::Ip, [gcra("3/1500ms")])],
+    );
+    s.at(ms(0));
+    for _ in 0..3 {
+        assert!(s.check(&spaced, &who, 1).await.allowed());
+    }
+    s.at(ms(777));
+    assert!(s.check(&spaced, &who, 1).await.allowed());
+    admitted_exactly_at_retry_after(&s, &spaced, &who, 1, ms(223)).await;
+    admitted_exactly_at_retry_after(&s, &spaced, &who, 1, ms(500)).await;
+
+    // Two limiters deny; the later of their instants counts.
+    let both = policy(
+        "retry_both",
+        [
+            Limiter::new(Dimension::Ip, [rule("1/3s")]),
+            Limiter::new(Dimension::UserId, [gcra("1/5s")]),
+        ],
+    );
+    let who = ip(2).with_user_id("u");
+    s.at(ms(0));
+    assert!(s.check(&both, &who, 1).await.allowed());
+    s.at(ms(1000));
+    admitted_exactly_at_retry_after(&s, &both, &who, 1, ms(4000)).await;
+}
+
+/// Scenario 11: identities and policies that differ never share counters, however their text
+/// is built (separators, braces, escapes, empty, non-ASCII, 10 KB values).
+pub async fn keys_never_collide<S: Store>(s: Subject<S>) {
+    s.at(ms(0));
+    let login = policy("login", [Limiter::new(Dimension::UserName, [rule("1/1m")])]);
+    let long = "x".repeat(10_000);
+    let names = [
+        "a".to_owned(),
+        "a:b".into(),
+        "b".into(),
+        "a%3Ab".into(),
+        "a%3ab".into(),
+        "a%".into(),
+        "%".into(),
+        "{a}".into(),
+        "a}".into(),
+        "{a".into(),
+        "}{".into(),
+        String::new(),
+        " ".into(),
+        "a|b".into(),
+        "a b".into(),
+        "a\u{0}b".into(),
+        "\u{e9}".into(),
+        "e\u{301}".into(),
+        "#abc".into(),
+        "x".repeat(128),
+        "x".repeat(129),
+        long.clone(),
+        format!("{long}y"),
+        format!("y{long}"),
+        format!("{long}:{long}"),
+    ];
+    for name in &names {
+        let who = Identity::new().with_user_name(name.as_str());
+        let d = s.check(&login, &who, 1).await;
+        assert!(
+            d.allowed(),
+            "{name:?} shares a counter with an earlier name"
+        );
+        assert!(
+            !s.check(&login, &who, 1).await.allowed(),
+            "{name:?} is not counted"
+        );
+    }
+
+    // Scope and limiter-name tricks aimed at `login` / user_name / "a:b".
+    let shifted_scope = policy(
+        "login:user_name:a",
+        [Limiter::new(Dimension::UserName, [rule("1/1m")])],
+    );
+    let shifted_name = policy(
+        "login",
+        [Limiter::new(Dimension::UserName, [rule("1/1m")]).with_name("user_name:a")],
+    );
+    let braces = policy(
+        "login}:{user_name",
+        [Limiter::new(Dimension::UserName, [rule("1/1m")])],
+    );
+    for (p, name) in [
+        (&shifted_scope, "b"),
+        (&shifted_name, "b"),
+        (&braces, "a:b"),
+        (&shifted_scope, ""),
+    ] {
+        let who = Identity::new().with_user_name(name);
+        let scope = p.scope();
+        assert!(
+            s.check(p, &who, 1).await.allowed(),
+            "{scope:?}/{name:?} shares a counter"
+        );
+        assert!(!s.check(p, &who, 1).await.allowed(), "{scope:?}/{name:?}");
+    }
+
+    // The same limiter and identity under two scopes, and two limiter names under one scope.
+    let who = ip(1);
+    for scope in ["send_sms", "send_email", "send_sms:ip"] {
+        let p = policy(scope, [Limiter::new(Dimension::Ip, [rule("1/1m")])]);
+        assert!(s.check(&p, &who, 1).await.allowed(), "scope {scope:?}");
+        assert!(!s.check(&p, &who, 1).await.allowed(), "scope {scope:?}");
+    }
+    for name in ["first", "second"] {
+        let p = policy(
+            "send_push",
+            [Limiter::new(Dimension::Ip, [rule("1/1m")]).with_name(name)],
+        );
+        assert!(s.check(&p, &who, 1).await.allowed(), "limiter {name:?}");
+    }
+    // Header dimensions whose name and value could be re-split.
+    for (header, value) in [("x-a", "b:c"), ("x-a:b", "c"), ("x-a", "b%3Ac")] {
+        let p = policy(
+            "headers",
+            [Limiter::new(
+                Dimension::Header(header.into()),
+                [fixed("1/1m")],
+            )],
+        );
+        let who = Identity::new().with_header(header, value);
+        assert!(s.check(&p, &who, 1).await.allowed(), "{header}: {value}");
+        assert!(!s.check(&p, &who, 1).await.allowed(), "{header}: {value}");
+    }
+    // Group names (see `check_group`) with the same tricks.
+    for name in ["g", "g:l", "g}", "{g}", "k:g"] {
+        let d = s.gate.check_group(name, &[gcra("1/1m")], 1).await;
+        assert!(d.allowed(), "group {name:?} shares a counter");
+        let d = s.gate.check_group(name, &[gcra("1/1m")], 1).await;
+        assert!(!d.allowed(), "group {name:?}");
+    }
+}
+
+fn limiter_names(d: &Decision) -> Vec<&str> {
+    d.rules().iter().map(|r| &*r.limiter).collect()
+}
+
+/// Scenario 12: the seed's utility API. `check_group` counts all rules on one key (sliding-log
+/// rules share one log, whatever rule set a call names); `check_single` counts every rule on a
+/// key of its own (name and rule), so a rule is shared only with calls naming the same rule.
+/// Both are all-or-nothing.
+pub async fn check_group_and_check_single<S: Store>(s: Subject<S>) {
+    s.at(ms(0));
+    let rules = [rule("2/10s"), rule("3/1m")];
+    let gate = &s.gate;
+
+    let d = gate.check_group("g", &rules, 1).await;
+    expect(&d, None, &[(true, 1, 10_000), (true, 2, 60_000)]);
+    assert_eq!(limiter_names(&d), ["g", "g"]);
+    let d = gate.check_group("g", &rules, 1).await;
+    expect(&d, None, &[(true, 0, 10_000), (true, 1, 60_000)]);
+    let d = gate.check_group("g", &rules, 1).await;
+    expect(&d, Some(10_000), &[(false, 0, 10_000), (true, 1, 60_000)]);
+    // Other rule sets on the same name count the same log.
+    let d = gate.check_group("g", &[rule("3/1m")], 1).await;
+    expect(&d, None, &[(true, 0, 60_000)]);
+    let d = gate.check_group("g", &[rule("5/1m")], 1).await;
+    expect(&d, None, &[(true, 1, 60_000)]);
+    let d = gate.check_group("g2", &[rule("3/1m")], 1).await;
+    expect(&d, None, &[(true, 2, 60_000)]);
+    // A rule listed twice counts once.
+    let d = gate
+        .check_group("dup", &[rule("1/1m"), rule("1/1m")], 1)
+        .await;
+    expect(&d, None, &[(true, 0, 60_000)]);
+    let d = gate
+        .check_group("dup", &[rule("1/1m"), rule("1/1m")], 1)
+        .await;
+    expect(&d, Some(60_000), &[(false, 0, 60_000)]);
+    // Costs, and a cost no rule can ever admit.
+    let d = gate
+        .check_group("g3", &[fixed("2/1m"), gcra("4/1m")], 3)
+        .await;
+    assert_eq!(d.reason(), Reason::CostExceedsLimit);
+    assert_eq!(d.retry_after(), None);
+    assert_eq!(denied_rules(&d), ["g3:2/1m/fixed_window"]);
+    let d = gate
+        .check_group("g3", &[fixed("2/1m"), gcra("4/1m")], 2)
+        .await;
+    expect(&d, None, &[(true, 0, 60_000), (true, 2, 30_000)]);
+
+    let d = gate.check_single("s", &rules, 1).await;
+    expect(&d, None, &[(true, 1, 10_000), (true, 2, 60_000)]);
+    assert_eq!(limiter_names(&d), ["2/10s", "3/1m"]);
+    let d = gate.check_single("s", &rules, 1).await;
+    expect(&d, None, &[(true, 0, 10_000), (true, 1, 60_000)]);
+    let d = gate.check_single("s", &rules, 1).await;
+    expect(&d, Some(10_000), &[(false, 0, 10_000), (true, 1, 60_000)]);
+    // The 3/1m rule's own key holds the two admissions; a 5/1m rule starts empty.
+    let d = gate.check_single("s", &[rule("3/1m")], 1).await;
+    expect(&d, None, &[(true, 0, 60_000)]);
+    let d = gate.check_single("s", &[rule("5/1m")], 1).await;
+    expect(&d, None, &[(true, 4, 60_000)]);
+    let d = gate
+        .check_single("s2", &[fixed("2/1m"), gcra("4/1m")], 3)
+        .await;
+    assert_eq!(d.reason(), Reason::CostExceedsLimit);
+    assert_eq!(denied_rules(&d), ["2/1m:2/1m/fixed_window"]);
+}
+
+/// Scenario 12b: `check_single` treats the same limit and window counted by two algorithms as
+/// two rules, each enforced on its own key.
+pub async fn check_single_keeps_rules_that_differ_only_in_algorithm<S: Store>(s: Subject<S>) {
+    s.at(ms(0));
+    let gate = &s.gate;
+    let two_ways = [rule("2/10s"), fixed("2/10s")];
+    let d = gate.check_single("t", &two_ways, 1).await;
+    expect(&d, None, &[(true, 1, 10_000), (true, 1, 10_000)]);
+    let d = gate.check_single("t", &[fixed("2/10s")], 1).await;
+    expect(&d, None, &[(true, 0, 10_000)]);
+    let d = gate.check_single("t", &two_ways, 1).await;
+    expect(&d, Some(10_000), &[(true, 1, 10_000), (false, 0, 10_000)]);
+}
+
+/// Scenario 14: after a quiet window every algorithm offers its full quota again, exactly at
+/// the boundary, even though stale state may still sit in the store.
+pub async fn quota_refills_after_a_quiet_window<S: Store>(s: Subject<S>) {
+    let p = policy(
+        "quiet",
+        [Limiter::new(
+            Dimension::Ip,
+            [rule("2/1h"), fixed("2/1h"), gcra("2/1h")],
+        )],
+    );
+    let who = ip(1);
+    let hour = 3_600_000;
+    s.at(ms(0));
+    for _ in 0..2 {
+        assert!(s.check(&p, &who, 1).await.allowed());
+    }
+    expect(
+        &s.check(&p, &who, 1).await,
+        Some(hour),
+        &[(false, 0, hour), (false, 0, hour), (false, 0, hour)],
+    );
+    s.at(ms(hour - 1));
+    expect(
+        &s.peek(&p, &who, 0).await,
+        None,
+        &[(true, 0, 1), (true, 0, 1), (true, 1, 1)],
+    );
+    s.at(ms(hour));
+    expect(
+        &s.peek(&p, &who, 0).await,
+        None,
+        &[(true, 2, 0), (true, 2, 0), (true, 2, 0)],
+    );
+    let fresh = [(true, 1, hour), (true, 1, hour), (true, 1, hour / 2)];
+    expect(&s.check(&p, &who, 1).await, None, &fresh);
+    s.at(ms(30 * 24 * hour));
+    expect(&s.check(&p, &who, 1).await, None, &fresh);
+}
+
+/// Scenario 15: a denial carries the message of the first limiter that denied it; an
+/// admission carries none.
+pub async fn denial_names_the_first_denying_limiter<S: Store>(s: Subject<S>) {
+    let p = policy(
+        "messages",
+        [
+            Limiter::new(Dimension::Ip, [rule("1/1m")]).with_message("slow down, address"),
+            Limiter::new(Dimension::UserId, [gcra("1/1m")]).with_message("slow down, user"),
+            Limiter::new(Dimension::Global, [rule("100/1m")]).with_message("everyone, slow down"),
+        ],
+    );
+    s.at(ms(0));
+    let d = s.check(&p, &ip(1).with_user_id("u"), 1).await;
+    assert!(d.allowed());
+    assert_eq!(d.message(), None);
+    let d = s.check(&p, &ip(1).with_user_id("u"), 1).await;
+    assert_eq!(d.message(), Some("slow down, address"));
+    assert_eq!(
+        denied_rules(&d),
+        ["ip:1/1m/sliding_log", "user_id:1/1m/gcra"]
+    );
+    let d = s.check(&p, &ip(2).with_user_id("u"), 1).await;
+    assert_eq!(d.message(), Some("slow down, user"));
+    let d = s.check(&p, &ip(3).with_user_id("v"), 1).await;
+    assert!(d.allowed());
+    assert_eq!(d.message(), None);
+}
+
+/// Scenario 16: the store answers a ping.
+pub async fn store_answers_ping<S: Store>(s: Subject<S>) {
+    s.gate.store().ping().await.expect("ping");
+}
+
+/// Starts `n` checks of `policy` for `who` at once (a barrier releases them together) and
+/// returns how many were admitted.
+async fn race<S: Store>(gate: &Arc<Tollgate<S>>, policy: Policy, who: Identity, n: usize) -> usize {
+    let barrier = Arc::new(Barrier::new(n));
+    let policy = Arc::new(policy);
+    let who = Arc::new(who);
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (gate, policy, who, barrier) =
+                (gate.clone(), policy.clone(), who.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                gate.check(&policy, &who, 1).await
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let d = task
+            .await
+            .expect("the check task panicked")
+            .expect("the identity carries every dimension");
+        assert_ne!(d.reason(), Reason::StoreUnavailable, "the store failed");
+        admitted += usize::from(d.allowed());
+    }
+    admitted
+}
+
+/// Scenario 13: 500 checks released together against a limit of 100 admit exactly 100, for
+/// every algorithm and across limiters, and the denials leave the looser rules uncharged.
+pub async fn concurrent_checks_never_over_admit<S: Store>(s: Subject<S>) {
+    let Subject { gate, clock } = s;
+    clock.set(START);
+    let gate = Arc::new(gate);
+    let n = 500;
+    let hang = Duration::from_secs(120);
+    let runs = [
+        (
+            policy(
+                "race_all",
+                [
+                    Limiter::new(
+                        Dimension::Global,
+                        [rule("100/1m"), fixed("150/1m"), gcra("200/1m")],
+                    ),
+                    Limiter::new(Dimension::UserId, [rule("120/1m")]),
+                ],
+            ),
+            user("racer"),
+            vec![
+                (true, 0, 60_000),
+                (true, 50, 60_000),
+                (true, 100, 30_000),
+                (true, 20, 60_000),
+            ],
+        ),
+        (
+            policy(
+                "race_fixed",
+                [Limiter::new(
+                    Dimension::Global,
+                    [fixed("100/1m"), rule("150/1m")],
+                )],
+            ),
+            user("racer"),
+            vec![(true, 0, 60_000), (true, 50, 60_000)],
+        ),
+        (
+            policy(
+                "race_gcra",
+                [Limiter::new(
+                    Dimension::Global,
+                    [gcra("100/1m"), rule("150/1m")],
+                )],
+            ),
+            user("racer"),
+            vec![(true, 0, 60_000), (true, 50, 60_000)],
+        ),
+        (
+            policy(
+                "race_limiters",
+                [
+                    Limiter::new(Dimension::Ip, [rule("150/1m")]),
+                    Limiter::new(Dimension::UserId, [fixed("100/1m")]),
+                ],
+            ),
+            ip(1).with_user_id("racer"),
+            vec![(true, 50, 60_000), (true, 0, 60_000)],
+        ),
+    ];
+    for (p, who, after) in runs {
+        let scope = p.scope().to_owned();
+        let admitted = tokio::time::timeout(hang, race(&gate, p.clone(), who.clone(), n))
+            .await
+            .expect("the checks hung");
+        assert_eq!(
+            admitted, 100,
+            "{scope}: admitted {admitted} of {n} under a limit of 100"
+        );
+        let d = gate.peek(&p, &who, 0).await.expect("peek");
+        expect(&d, None, &after);
+    }
+}
