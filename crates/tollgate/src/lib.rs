@@ -74,3 +74,8 @@ pub use rule::{
     parse_duration,
 };
 pub use store::{AnyStore, CheckPlan, HeldLock, LockReply, PlanBan, PlanLimiter, Store, Verdict};
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctest;
