@@ -1,0 +1,263 @@
+-- tollgate: one atomic check of every rule of every limiter of a plan.
+-- Mirrors tollgate::algorithm (crates/tollgate/src/algorithm.rs) number for number.
+--
+-- KEYS, per limiter in plan order (exactly PlanLimiter::state_keys):
+--   the limiter's sliding log (ZSET, score = µs timestamp) first, if any rule is a sliding log;
+--   then one key per fixed-window rule (string "start:count") or GCRA rule (string tat),
+--   in rule order.
+-- ARGV:
+--   1  cost      units this request consumes
+--   2  consume   1 = record the admission, 0 = only compute the decision (peek)
+--   3  now       µs since the epoch, or "" to read the server's TIME (production: one clock).
+--                A test clock's time; keys then get an hour more TTL, because that clock may
+--                stand still while real time, which PEXPIRE counts, goes on.
+--   4  nonce     random bytes, fresh per call; sliding-log members are nonce .. unit index
+--   5  limiters  number of limiters; then per limiter:
+--        rule count; then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra),
+--        limit, window in µs
+-- Reply: a flat array of integers:
+--   allowed (1/0), then per rule, limiters in order, rules in order:
+--   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
+--
+-- Lua numbers are doubles: integers below 2^53 (µs timestamps are ~1.8e15) are exact, but
+-- a / b is not floor division and tostring() keeps only 14 digits, hence divmod() and int().
+
+if redis.replicate_commands then
+  -- Redis < 5 refuses writes after TIME unless the script replicates its effects.
+  redis.replicate_commands()
+end
+
+local function divmod(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+    r = r + b
+  elseif r >= b then
+    q = q + 1
+    r = r - b
+  end
+  return q, r
+end
+
+local function int(x)
+  return string.format('%d', x)
+end
+
+local ttl_slack_ms = 0
+if ARGV[3] ~= '' then
+  ttl_slack_ms = 3600000
+end
+
+-- A TTL in ms for state that counts for `us` more µs: never shorter, so never lost early.
+local function ttl_ms(us)
+  local q, r = divmod(us, 1000)
+  if r > 0 then
+    q = q + 1
+  end
+  return q + ttl_slack_ms
+end
+
+local SLIDING_LOG, FIXED_WINDOW, GCRA = 1, 2, 3
+
+local cost = tonumber(ARGV[1])
+local consume = ARGV[2] == '1'
+local now
+if ARGV[3] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[3])
+end
+local nonce = ARGV[4]
+
+-- The plan: rules in reply order, each with its key; limiters with their log key.
+local rules = {}
+local logs = {}
+local argi, keyi = 6, 1
+for _ = 1, tonumber(ARGV[5]) do
+  local first = #rules + 1
+  local log_window = 0
+  for _ = 1, tonumber(ARGV[argi]) do
+    local rule = {
+      kind = tonumber(ARGV[argi + 1]),
+      limit = tonumber(ARGV[argi + 2]),
+      window = tonumber(ARGV[argi + 3]),
+    }
+    if rule.kind == SLIDING_LOG and rule.window > log_window then
+      log_window = rule.window
+    end
+    rules[#rules + 1] = rule
+    argi = argi + 3
+  end
+  argi = argi + 1
+  local log_key
+  if log_window > 0 then
+    log_key = KEYS[keyi]
+    keyi = keyi + 1
+    logs[#logs + 1] = { key = log_key, window = log_window }
+  end
+  for i = first, #rules do
+    local rule = rules[i]
+    if rule.kind == SLIDING_LOG then
+      rule.key = log_key
+    else
+      rule.key = KEYS[keyi]
+      keyi = keyi + 1
+    end
+  end
+end
+if keyi - 1 ~= #KEYS then
+  return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the plan needs ' .. (keyi - 1))
+end
+
+-- Each evaluator returns {allowed, remaining, reset_after, retry_after} and, when it admits,
+-- what to write.
+
+local function sliding_log(rule, c)
+  local window, limit = rule.window, rule.limit
+  -- Live entries are t > now - window (all of them while now < window).
+  local edge = '-inf'
+  if now >= window then
+    edge = '(' .. int(now - window)
+  end
+  local count = redis.call('ZCOUNT', rule.key, edge, '+inf')
+  local newest = 0
+  if count > 0 then
+    local last = redis.call('ZRANGE', rule.key, -1, -1, 'WITHSCORES')
+    newest = tonumber(last[2]) + window - now
+  end
+  if count + c <= limit then
+    local reset = newest
+    if c > 0 then
+      reset = window
+    end
+    return { 1, limit - count - c, reset, -1 }
+  end
+  -- The request fits once the (count + c - limit) oldest live entries have left.
+  local must_leave = count + c - limit
+  local retry = -1
+  if must_leave <= count then
+    local entry = redis.call('ZRANGEBYSCORE', rule.key, edge, '+inf', 'WITHSCORES', 'LIMIT', must_leave - 1, 1)
+    retry = tonumber(entry[2]) + window - now
+  end
+  return { 0, limit - math.min(count, limit), newest, retry }
+end
+
+local function fixed_window(rule, c)
+  local window, limit = rule.window, rule.limit
+  local _, into = divmod(now, window)
+  local start = now - into
+  local count = 0
+  local value = redis.call('GET', rule.key)
+  if value then
+    local sep = string.find(value, ':', 1, true)
+    if sep and tonumber(string.sub(value, 1, sep - 1)) == start then
+      count = tonumber(string.sub(value, sep + 1)) or 0
+    end
+  end
+  local reset = start + window - now
+  if count + c <= limit then
+    local shown = reset
+    if count + c == 0 then
+      shown = 0
+    end
+    return { 1, limit - count - c, shown, -1 }, { start = start, count = count + c }
+  end
+  return { 0, limit - math.min(count, limit), reset, reset }
+end
+
+local function gcra(rule, c)
+  local limit = rule.limit
+  local interval = math.max(1, (divmod(rule.window, limit)))
+  local capacity = interval * limit
+  local value = redis.call('GET', rule.key)
+  local tat = (value and tonumber(value)) or now
+  if tat < now then
+    tat = now
+  end
+  local new_tat = tat + interval * c
+  if new_tat - now <= capacity then
+    return { 1, (divmod(capacity - (new_tat - now), interval)), new_tat - now, -1 }, new_tat
+  end
+  local remaining = 0
+  if capacity > tat - now then
+    remaining = divmod(capacity - (tat - now), interval)
+  end
+  return { 0, remaining, tat - now, new_tat - capacity - now }
+end
+
+local evaluators = { [SLIDING_LOG] = sliding_log, [FIXED_WINDOW] = fixed_window, [GCRA] = gcra }
+
+local function evaluate(rule, c)
+  local evaluator = evaluators[rule.kind]
+  if not evaluator then
+    error('tollgate check: unknown algorithm code ' .. tostring(rule.kind))
+  end
+  return evaluator(rule, c)
+end
+
+local outcomes, writes = {}, {}
+local allowed = true
+for i, rule in ipairs(rules) do
+  outcomes[i], writes[i] = evaluate(rule, cost)
+  if outcomes[i][1] == 0 then
+    allowed = false
+  end
+end
+
+if not allowed then
+  -- Nothing is recorded: rules that would have admitted report the state as it stays.
+  for i, rule in ipairs(rules) do
+    if outcomes[i][1] == 1 then
+      outcomes[i] = evaluate(rule, 0)
+    end
+  end
+elseif consume and cost > 0 then
+  for _, log in ipairs(logs) do
+    if now >= log.window then
+      redis.call('ZREMRANGEBYSCORE', log.key, '-inf', int(now - log.window))
+    end
+    -- ZADD NX reports what it added: a member that already exists (a nonce collision) would
+    -- otherwise silently count once for two units.
+    local score = int(now)
+    local missing = 0
+    local unit = 1
+    while unit <= cost do
+      local last = math.min(cost, unit + 499)
+      local args = {}
+      for u = unit, last do
+        args[#args + 1] = score
+        args[#args + 1] = nonce .. int(u)
+      end
+      missing = missing + (last - unit + 1) - redis.call('ZADD', log.key, 'NX', unpack(args))
+      unit = last + 1
+    end
+    local attempt = 0
+    while missing > 0 do
+      attempt = attempt + 1
+      if attempt > 1000 then
+        error('tollgate check: cannot find a free sliding-log member')
+      end
+      missing = missing - redis.call('ZADD', log.key, 'NX', score, nonce .. 'r' .. int(attempt))
+    end
+    redis.call('PEXPIRE', log.key, ttl_ms(log.window))
+  end
+  for i, rule in ipairs(rules) do
+    local write = writes[i]
+    if rule.kind == FIXED_WINDOW then
+      local ttl = ttl_ms(write.start + rule.window - now)
+      redis.call('SET', rule.key, int(write.start) .. ':' .. int(write.count), 'PX', ttl)
+    elseif rule.kind == GCRA then
+      redis.call('SET', rule.key, int(write), 'PX', ttl_ms(write - now))
+    end
+  end
+end
+
+local reply = { allowed and 1 or 0 }
+for _, outcome in ipairs(outcomes) do
+  for j = 1, 4 do
+    reply[#reply + 1] = outcome[j]
+  end
+end
+return reply

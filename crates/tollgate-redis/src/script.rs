@@ -1,0 +1,170 @@
+//! The check script: how a [`CheckPlan`] becomes one EVALSHA, and its reply a [`Verdict`].
+
+use redis::{Script, ScriptInvocation};
+use tollgate::{Algorithm, CheckPlan, StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome};
+
+/// The Lua source; its header lists KEYS, ARGV and the reply.
+pub(crate) const SOURCE: &str = include_str!("../scripts/check.lua");
+
+/// Integers above this are not exact in Lua's doubles.
+const MAX_EXACT: u64 = 1 << 53;
+
+/// The check script (redis-rs sends EVALSHA and loads the source on NOSCRIPT).
+pub(crate) fn script() -> Script {
+    Script::new(SOURCE)
+}
+
+/// Fills `invocation` with the plan's keys and arguments.
+///
+/// `now_us` overrides the server's `TIME` (tests only); `nonce` makes this call's sliding-log
+/// members unique.
+pub(crate) fn prepare(
+    invocation: &mut ScriptInvocation<'_>,
+    plan: &CheckPlan,
+    now_us: Option<u64>,
+    nonce: [u8; 8],
+) -> Result<(), StoreError> {
+    if plan.cost >= MAX_EXACT {
+        return Err(too_large("cost", plan.cost));
+    }
+    invocation
+        .arg(plan.cost)
+        .arg(u8::from(plan.consume))
+        .arg(now_us.map(|t| t.to_string()).unwrap_or_default())
+        .arg(&nonce[..])
+        .arg(plan.limiters.len());
+    for limiter in &plan.limiters {
+        invocation.key(limiter.state_keys());
+        invocation.arg(limiter.rules.len());
+        for rule in limiter.rules.iter() {
+            if rule.limit() >= MAX_EXACT {
+                return Err(too_large("rule limit", rule.limit()));
+            }
+            invocation
+                .arg(algorithm_code(rule.algorithm())?)
+                .arg(rule.limit())
+                .arg(rule.window_us());
+        }
+    }
+    Ok(())
+}
+
+fn too_large(what: &str, value: u64) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("{what} {value} is too large for the Redis store (the most is 2^53 - 1)"),
+    )
+}
+
+fn algorithm_code(algorithm: Algorithm) -> Result<u8, StoreError> {
+    match algorithm {
+        Algorithm::SlidingLog => Ok(1),
+        Algorithm::FixedWindow => Ok(2),
+        Algorithm::Gcra => Ok(3),
+        other => Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            format!("the Redis store does not implement the {other} algorithm"),
+        )),
+    }
+}
+
+/// Reads the script's reply: `allowed`, then four integers per rule.
+pub(crate) fn verdict(plan: &CheckPlan, reply: &[i64]) -> Result<Verdict, StoreError> {
+    let rules = plan.rule_count();
+    let bad = |why: &str| {
+        StoreError::new(
+            StoreErrorKind::Protocol,
+            format!(
+                "check script reply ({} integers for {rules} rules): {why}",
+                reply.len()
+            ),
+        )
+    };
+    let Some((&allowed, outcomes)) = reply.split_first() else {
+        return Err(bad("empty"));
+    };
+    if outcomes.len() != rules * 4 {
+        return Err(bad("wrong length"));
+    }
+    let flag = |v: i64| match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(bad("a flag is neither 0 nor 1")),
+    };
+    let count = |v: i64| u64::try_from(v).map_err(|_| bad("a negative count or duration"));
+    let outcomes = outcomes
+        .chunks_exact(4)
+        .map(|o| {
+            Ok(RuleOutcome {
+                allowed: flag(o[0])?,
+                remaining: count(o[1])?,
+                reset_after_us: count(o[2])?,
+                retry_after_us: match o[3] {
+                    -1 => None,
+                    v => Some(count(v)?),
+                },
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let allowed = flag(allowed)?;
+    if allowed != outcomes.iter().all(|o| o.allowed) {
+        return Err(bad("the overall flag disagrees with the rules"));
+    }
+    Ok(Verdict::new(allowed, outcomes))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate::{PlanLimiter, Rule};
+
+    use super::*;
+
+    fn plan(rules: &[&str]) -> CheckPlan {
+        let rules: Arc<[Rule]> = rules.iter().map(|r| r.parse().unwrap()).collect();
+        CheckPlan::new(
+            1,
+            true,
+            vec![PlanLimiter {
+                key: "tg:{k}".into(),
+                rules,
+                ban: None,
+            }],
+        )
+    }
+
+    #[test]
+    fn reply_becomes_a_verdict() {
+        let v = verdict(&plan(&["2/1s", "5/1m"]), &[0, 1, 1, 5, -1, 0, 0, 7, 3]).unwrap();
+        assert!(!v.allowed);
+        assert_eq!(v.rules[0].retry_after_us, None);
+        assert_eq!(v.rules[1].retry_after_us, Some(3));
+        assert_eq!(v.rules[1].reset_after_us, 7);
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        let p = plan(&["2/1s"]);
+        for reply in [
+            &[][..],
+            &[1],
+            &[1, 1, 0, 0],
+            &[1, 2, 0, 0, -1],
+            &[1, 1, -3, 0, -1],
+            &[0, 1, 0, 0, -1],
+        ] {
+            let err = verdict(&p, reply).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Protocol, "{reply:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn huge_numbers_are_refused_before_lua_rounds_them() {
+        let script = script();
+        let mut inv = script.prepare_invoke();
+        let mut p = plan(&["2/1s"]);
+        p.cost = 1 << 60;
+        assert!(prepare(&mut inv, &p, None, [0; 8]).is_err());
+    }
+}

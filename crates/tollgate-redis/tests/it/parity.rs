@@ -1,0 +1,159 @@
+//! The script mirrors `tollgate::algorithm`: random sequences of checks, peeks, resets and
+//! clock moves give the same verdicts, step by step, on Redis and on the memory store.
+
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use proptest::{prelude::*, test_runner::TestRunner};
+use tollgate::{Algorithm, CheckPlan, ManualClock, MemoryStore, Rule, Store};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::RedisServer;
+
+use crate::support::limiter;
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// Move the clock forward by this many µs, then check (`consume`) or peek `cost` units.
+    Check {
+        advance_us: u64,
+        cost: u64,
+        consume: bool,
+    },
+    /// Forget everything.
+    Reset,
+}
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    /// Offset of the first step from a whole day, so fixed windows start anywhere.
+    start_us: u64,
+    limiters: [Vec<Rule>; 2],
+    steps: Vec<Step>,
+}
+
+fn rule_strategy() -> impl Strategy<Value = Rule> {
+    let algorithm = prop_oneof![
+        Just(Algorithm::SlidingLog),
+        Just(Algorithm::FixedWindow),
+        Just(Algorithm::Gcra),
+    ];
+    let window_ms = prop_oneof![Just(1), Just(7), Just(500), Just(1_000), Just(3_000)];
+    (algorithm, 1..=5u64, window_ms).prop_map(|(algorithm, limit, window_ms)| {
+        Rule::new(limit, Duration::from_millis(window_ms))
+            .unwrap()
+            .with_algorithm(algorithm)
+    })
+}
+
+fn rules_strategy() -> impl Strategy<Value = Vec<Rule>> {
+    // A policy never holds one rule twice (the policy builder refuses it).
+    prop::collection::vec(rule_strategy(), 1..=3).prop_map(|mut rules| {
+        let mut seen = Vec::new();
+        rules.retain(|r| {
+            let fresh = !seen.contains(r);
+            seen.push(*r);
+            fresh
+        });
+        rules
+    })
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    // Small moves, exact window edges and long jumps: boundaries are where mirrors crack.
+    let advance = prop_oneof![
+        4 => Just(0u64),
+        2 => 0..2_000u64,
+        2 => prop::sample::select(vec![1u64, 999, 1_000, 7_000, 500_000, 1_000_000, 3_000_000]),
+        2 => 0..4_000_000u64,
+    ];
+    prop_oneof![
+        30 => (advance, 0..=4u64, prop::bool::weighted(0.8)).prop_map(
+            |(advance_us, cost, consume)| Step::Check { advance_us, cost, consume }
+        ),
+        1 => Just(Step::Reset),
+    ]
+}
+
+fn scenario_strategy() -> impl Strategy<Value = Scenario> {
+    (
+        0..86_400_000_000u64,
+        rules_strategy(),
+        rules_strategy(),
+        prop::collection::vec(step_strategy(), 1..60),
+    )
+        .prop_map(|(start_us, a, b, steps)| Scenario {
+            start_us,
+            limiters: [a, b],
+            steps,
+        })
+}
+
+/// 2024-01-01T00:00:00Z in µs: a whole number of days since the epoch.
+const DAY_ZERO_US: u64 = 1_704_067_200_000_000;
+
+static CASE: AtomicU64 = AtomicU64::new(0);
+
+async fn run(redis: &RedisStore, clock: &ManualClock, s: &Scenario) -> Result<(), TestCaseError> {
+    let case = CASE.fetch_add(1, Ordering::Relaxed);
+    clock.set(Duration::from_micros(DAY_ZERO_US + s.start_us));
+    let memory = MemoryStore::builder()
+        .clock(clock.clone())
+        .purge_interval(None)
+        .build();
+    let limiters = [
+        limiter(&format!("p:{{{case}:a}}"), &s.limiters[0]),
+        limiter(&format!("p:{{{case}:b}}"), &s.limiters[1]),
+    ];
+    for (i, step) in s.steps.iter().enumerate() {
+        match *step {
+            Step::Check {
+                advance_us,
+                cost,
+                consume,
+            } => {
+                clock.advance(Duration::from_micros(advance_us));
+                let plan = CheckPlan::new(cost, consume, limiters.to_vec());
+                let want = memory.check_now(&plan).unwrap();
+                let got = redis.check(&plan).await.unwrap();
+                prop_assert_eq!(got, want, "step {} of {:?}", i, s.steps);
+            }
+            Step::Reset => {
+                let plan = CheckPlan::new(0, false, limiters.to_vec());
+                redis.reset(&plan).await.unwrap();
+                memory.reset(&plan).await.unwrap();
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn redis_and_memory_agree_step_by_step() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(Duration::from_micros(DAY_ZERO_US));
+    let redis = rt
+        .block_on(
+            RedisStore::builder(&server.url())
+                .clock(clock.clone())
+                .timeout(Duration::from_secs(5))
+                .build(),
+        )
+        .unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&scenario_strategy(), |s| {
+        rt.block_on(run(&redis, &clock, &s))
+    });
+    if let Err(err) = result {
+        panic!("{err}");
+    }
+}

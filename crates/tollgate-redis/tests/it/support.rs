@@ -1,0 +1,44 @@
+//! Plans, stores and raw connections for the tests.
+
+use std::{sync::Arc, time::Duration};
+
+use tollgate::{Algorithm, CheckPlan, PlanLimiter, Rule};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::RedisServer;
+
+/// A rule from its text form and an algorithm.
+pub(crate) fn rule(text: &str, algorithm: Algorithm) -> Rule {
+    text.parse::<Rule>().unwrap().with_algorithm(algorithm)
+}
+
+/// A limiter of a plan: its base key (hash tag included) and rules.
+pub(crate) fn limiter(key: &str, rules: &[Rule]) -> PlanLimiter {
+    PlanLimiter {
+        key: key.to_owned(),
+        rules: Arc::from(rules),
+        ban: None,
+    }
+}
+
+/// A plan that consumes `cost`.
+pub(crate) fn plan(cost: u64, limiters: &[PlanLimiter]) -> CheckPlan {
+    CheckPlan::new(cost, true, limiters.to_vec())
+}
+
+/// A production store (Redis `TIME`) with a timeout generous enough for a busy test machine.
+pub(crate) async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(&server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A plain connection for inspecting the server.
+pub(crate) async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
