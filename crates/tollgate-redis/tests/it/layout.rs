@@ -1,1 +1,103 @@
-//! TODO
+//! What the store leaves in Redis: compact members, keys that expire with their state, hash
+//! tags (invariants 6 and 7).
+
+use redis::AsyncCommands;
+use tollgate::{Algorithm, Store, key};
+use tollgate_testkit::RedisServer;
+
+use crate::support::{limiter, plan, raw, rule, store};
+
+#[tokio::test]
+async fn keys_are_tagged_expiring_and_compact() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let mut conn = raw(&server).await;
+    let base = key::limiter_key("tg", "sms_code", "ip", "203.0.113.7");
+    let rules = [
+        rule("10/1m", Algorithm::SlidingLog),
+        rule("20/1h", Algorithm::SlidingLog),
+        rule("8/10s", Algorithm::FixedWindow),
+        rule("9/1m", Algorithm::Gcra),
+    ];
+    let l = limiter(&base, &rules);
+    for cost in [1, 1, 4] {
+        assert!(store.check(&plan(cost, &[l.clone()])).await.unwrap().allowed);
+    }
+
+    let mut keys: Vec<String> = conn.keys("*").await.unwrap();
+    keys.sort();
+    let mut expected = l.state_keys();
+    expected.sort();
+    assert_eq!(keys, expected);
+    let longest_ms = |k: &str| -> i64 {
+        match k.rsplit(':').next().unwrap() {
+            "l" => 3_600_000,
+            "f8/10000" => 10_000,
+            "g9/60000" => 60_000,
+            other => panic!("unexpected key suffix {other}"),
+        }
+    };
+    for k in &keys {
+        let pttl: i64 = conn.pttl(k).await.unwrap();
+        assert!(
+            pttl > 0 && pttl <= longest_ms(k),
+            "{k}: PTTL {pttl} ms, longest window {} ms",
+            longest_ms(k)
+        );
+        let tag = k.split_once('{').and_then(|(_, r)| r.split_once('}'));
+        assert_eq!(
+            tag.map(|(t, _)| t),
+            Some("sms_code:ip:203.0.113.7"),
+            "{k} lacks the limiter's hash tag"
+        );
+    }
+
+    let members: Vec<Vec<u8>> = conn.zrange(format!("{base}:l"), 0, -1).await.unwrap();
+    assert_eq!(members.len(), 6);
+    for m in &members {
+        assert!(m.len() <= 12, "member of {} bytes: {m:?}", m.len());
+    }
+}
+
+#[tokio::test]
+async fn memory_per_admitted_entry_is_reported() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let mut conn = raw(&server).await;
+    let l = limiter("mem:{one}", &[rule("100000/1h", Algorithm::SlidingLog)]);
+    let usage = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let bytes: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg("mem:{one}:l")
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            bytes
+        }
+    };
+    assert!(store.check(&plan(1, &[l.clone()])).await.unwrap().allowed);
+    let one = usage(&mut conn).await;
+    // Up to 128 members Redis keeps a sorted set as a listpack.
+    for _ in 0..99 {
+        store.check(&plan(1, &[l.clone()])).await.unwrap();
+    }
+    let hundred = usage(&mut conn).await;
+    // Beyond that, a skiplist and a hash table.
+    for _ in 0..9 {
+        store.check(&plan(100, &[l.clone()])).await.unwrap();
+    }
+    let thousand = usage(&mut conn).await;
+    let count: u64 = conn.zcard("mem:{one}:l").await.unwrap();
+    assert_eq!(count, 1_000);
+    println!(
+        "sliding-log memory: 1 entry {one} B; 100 entries {hundred} B ({:.1} B/entry, listpack); \
+         1000 entries {thousand} B ({:.1} B/entry, skiplist)",
+        (hundred - one) as f64 / 99.0,
+        thousand as f64 / 1000.0,
+    );
+    assert!(one < hundred && hundred < thousand);
+}
