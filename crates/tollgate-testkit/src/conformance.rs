@@ -14,7 +14,7 @@
 //! tollgate_testkit::conformance_suite!(|| async { tollgate_testkit::conformance::memory_subject() });
 //! ```
 
-use std::{net::IpAddr, sync::Arc, time::Duration};
+use std::{any::Any, fmt, net::IpAddr, sync::Arc, time::Duration};
 
 use tokio::sync::Barrier;
 use tollgate::{
@@ -34,16 +34,36 @@ pub const START: Duration = Duration::from_secs(4_102_444_800);
 ///
 /// The engine must be fresh: no state visible under its key prefix, so a shared Redis needs a
 /// distinct prefix per subject ([`Tollgate::with_prefix`]).
-#[derive(Debug)]
 pub struct Subject<S> {
     gate: Tollgate<S>,
     clock: ManualClock,
+    keep: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for Subject<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subject")
+            .field("gate", &self.gate)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S: Store> Subject<S> {
     /// A subject over `gate`, whose store reads `clock`.
     pub fn new(gate: Tollgate<S>, clock: ManualClock) -> Subject<S> {
-        Subject { gate, clock }
+        Subject {
+            gate,
+            clock,
+            keep: None,
+        }
+    }
+
+    /// Keeps `guard` alive as long as the subject, e.g. the server its store talks to.
+    #[must_use]
+    pub fn keep_alive(mut self, guard: impl Any + Send + Sync) -> Subject<S> {
+        self.keep = Some(Box::new(guard));
+        self
     }
 
     /// The engine under test.
@@ -1144,7 +1164,12 @@ async fn race<S: Store>(gate: &Arc<Tollgate<S>>, policy: Policy, who: Identity, 
 /// Scenario 13: 500 checks released together against a limit of 100 admit exactly 100, for
 /// every algorithm and across limiters, and the denials leave the looser rules uncharged.
 pub async fn concurrent_checks_never_over_admit<S: Store>(s: Subject<S>) {
-    let Subject { gate, clock } = s;
+    // `_keep` holds the store's server until the end.
+    let Subject {
+        gate,
+        clock,
+        keep: _keep,
+    } = s;
     clock.set(START);
     let gate = Arc::new(gate);
     let n = 500;
