@@ -156,10 +156,11 @@ impl<S: Store> Tollgate<S> {
         let mut keys = Vec::with_capacity(rules.len());
         let base = key::group_key(&self.prefix, name);
         for rule in rules {
-            let text = format!("{rule}");
-            if limiters.iter().any(|l: &Limiter| l.name() == text) {
+            // Compare rules, not their text: `2/10s` counted by two algorithms is two rules.
+            if limiters.iter().any(|l: &Limiter| l.rules.first() == Some(rule)) {
                 continue;
             }
+            let text = format!("{rule}");
             keys.push(format!(
                 "{base}:r{}/{}:{}",
                 rule.limit(),
