@@ -21,7 +21,13 @@ async fn keys_are_tagged_expiring_and_compact() {
     ];
     let l = limiter(&base, &rules);
     for cost in [1, 1, 4] {
-        assert!(store.check(&plan(cost, &[l.clone()])).await.unwrap().allowed);
+        assert!(
+            store
+                .check(&plan(cost, std::slice::from_ref(&l)))
+                .await
+                .unwrap()
+                .allowed
+        );
     }
 
     let mut keys: Vec<String> = conn.keys("*").await.unwrap();
@@ -79,16 +85,28 @@ async fn memory_per_admitted_entry_is_reported() {
             bytes
         }
     };
-    assert!(store.check(&plan(1, &[l.clone()])).await.unwrap().allowed);
+    assert!(
+        store
+            .check(&plan(1, std::slice::from_ref(&l)))
+            .await
+            .unwrap()
+            .allowed
+    );
     let one = usage(&mut conn).await;
     // Up to 128 members Redis keeps a sorted set as a listpack.
     for _ in 0..99 {
-        store.check(&plan(1, &[l.clone()])).await.unwrap();
+        store
+            .check(&plan(1, std::slice::from_ref(&l)))
+            .await
+            .unwrap();
     }
     let hundred = usage(&mut conn).await;
     // Beyond that, a skiplist and a hash table.
     for _ in 0..9 {
-        store.check(&plan(100, &[l.clone()])).await.unwrap();
+        store
+            .check(&plan(100, std::slice::from_ref(&l)))
+            .await
+            .unwrap();
     }
     let thousand = usage(&mut conn).await;
     let count: u64 = conn.zcard("mem:{one}:l").await.unwrap();

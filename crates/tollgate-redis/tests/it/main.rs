@@ -1,5 +1,8 @@
 //! Integration tests of `RedisStore`; each test starts its own `redis-server`.
 
+// clippy.toml allows unwrap in test functions only; the helpers here are test code too.
+#![allow(clippy::unwrap_used)]
+
 mod concurrency;
 mod connect;
 mod failure;

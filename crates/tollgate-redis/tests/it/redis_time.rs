@@ -78,10 +78,7 @@ async fn checks_are_timed_by_redis_time_unless_a_test_clock_is_given() {
     let before = redis_time_us(&mut conn).await;
     assert!(production.check(&log("prod")).await.unwrap().allowed);
     let after = redis_time_us(&mut conn).await;
-    let entries: Vec<(Vec<u8>, u64)> = conn
-        .zrange_withscores("t:{prod}:l", 0, -1)
-        .await
-        .unwrap();
+    let entries: Vec<(Vec<u8>, u64)> = conn.zrange_withscores("t:{prod}:l", 0, -1).await.unwrap();
     assert_eq!(entries.len(), 1);
     let at = entries[0].1;
     assert!(
@@ -90,10 +87,7 @@ async fn checks_are_timed_by_redis_time_unless_a_test_clock_is_given() {
     );
 
     assert!(skewed.check(&log("skewed")).await.unwrap().allowed);
-    let entries: Vec<(Vec<u8>, u64)> = conn
-        .zrange_withscores("t:{skewed}:l", 0, -1)
-        .await
-        .unwrap();
+    let entries: Vec<(Vec<u8>, u64)> = conn.zrange_withscores("t:{skewed}:l", 0, -1).await.unwrap();
     assert_eq!(entries[0].1, skewed_clock.now_us());
 
     // A fixed window aligned by Redis TIME: its start is the server's, not a client's.
