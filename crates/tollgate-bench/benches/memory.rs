@@ -1,0 +1,194 @@
+//! The memory store against governor's keyed rate limiter, side by side in one criterion group
+//! per case, each over the same 1000 client IPs taken in turn.
+//!
+//! tollgate is called as a user calls it: `Tollgate::check(&policy, &identity, 1)`. The memory
+//! store's future is ready at once, so it is polled once with a no-op waker (what
+//! `futures::FutureExt::now_or_never` does) instead of going through a runtime. governor is
+//! called as its users call it: `check_key(&ip)` on a `DefaultKeyedRateLimiter<IpAddr>`.
+//!
+//! Every benchmark counts the decisions that went the unintended way (an admission in a deny
+//! benchmark or the reverse) and fails if there is one, so each figure measures the path its
+//! name says.
+
+use std::{
+    future::Future,
+    hint::black_box,
+    net::IpAddr,
+    num::NonZeroU32,
+    pin::pin,
+    task::{Context, Poll, Waker},
+    time::Duration,
+};
+
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::{
+    Algorithm, Dimension, Identity, Limiter, ManualClock, MemoryStore, Policy, Rule, Tollgate,
+};
+use tollgate_bench::{RULES, client_ip};
+
+/// Distinct keys, taken in turn.
+const KEYS: usize = 1000;
+
+/// Polls a future that must be ready at once (the memory store's are).
+fn ready<F: Future>(fut: F) -> F::Output {
+    match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(value) => value,
+        Poll::Pending => panic!("a memory-store check is ready at once"),
+    }
+}
+
+fn ips() -> Vec<IpAddr> {
+    (0..KEYS as u32).map(client_ip).collect()
+}
+
+fn identities() -> Vec<Identity> {
+    ips().into_iter().map(|ip| Identity::new().with_ip(ip)).collect()
+}
+
+fn policy(rules: impl IntoIterator<Item = Rule>) -> Policy {
+    Policy::builder("bench")
+        .limiter(Limiter::new(Dimension::Ip, rules))
+        .build()
+        .expect("a valid policy")
+}
+
+fn gcra(text: &str) -> Rule {
+    text.parse::<Rule>()
+        .expect("a valid rule")
+        .with_algorithm(Algorithm::Gcra)
+}
+
+fn sliding_log_rules() -> Vec<Rule> {
+    RULES.iter().map(|r| r.parse().expect("a valid rule")).collect()
+}
+
+fn quota(per_hour: u32, per_second: bool) -> Quota {
+    let n = NonZeroU32::new(per_hour).expect("non-zero");
+    if per_second {
+        Quota::per_second(n)
+    } else {
+        Quota::per_hour(n)
+    }
+}
+
+fn group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    g
+}
+
+/// governor's keyed check over the 1000 IPs; `admit` says which answer every check must give.
+fn bench_governor(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, quota: Quota, admit: bool) {
+    let ips = ips();
+    let limiter: DefaultKeyedRateLimiter<IpAddr> = RateLimiter::keyed(quota);
+    if !admit {
+        for ip in &ips {
+            assert!(limiter.check_key(ip).is_ok());
+        }
+    }
+    let (mut i, mut wrong) = (0, 0u64);
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            let ok = limiter.check_key(black_box(&ips[i])).is_ok();
+            wrong += u64::from(ok != admit);
+        })
+    });
+    assert_eq!(wrong, 0, "{name}: {wrong} checks took the other path");
+}
+
+/// tollgate's check over the 1000 identities. `fill` checks run per identity first (to reach
+/// the deny path); `each_round` runs whenever the 1000 identities start over.
+fn bench_tollgate(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    gate: &Tollgate<MemoryStore>,
+    policy: &Policy,
+    (fill, admit): (usize, bool),
+    each_round: impl Fn(),
+) {
+    let who = identities();
+    for identity in &who {
+        for _ in 0..fill {
+            let d = ready(gate.check(policy, identity, 1)).expect("the identity has an IP");
+            assert!(d.allowed(), "{name}: filling admits");
+        }
+    }
+    let (mut i, mut wrong) = (0, 0u64);
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            i += 1;
+            if i == KEYS {
+                i = 0;
+                each_round();
+            }
+            let d = ready(gate.check(black_box(policy), black_box(&who[i]), 1));
+            let ok = d.expect("the identity has an IP").allowed();
+            wrong += u64::from(ok != admit);
+        })
+    });
+    assert_eq!(wrong, 0, "{name}: {wrong} checks took the other path");
+}
+
+/// One GCRA rule. Admit: 1000000/1s, far above the rate any key sees. Deny: 1/1h, each key
+/// used once before measuring.
+fn gcra_one_rule(c: &mut Criterion) {
+    for (admit, rule, per_hour, per_second) in [
+        (true, "1000000/1s", 1_000_000, true),
+        (false, "1/1h", 1, false),
+    ] {
+        let path = if admit { "admit" } else { "deny" };
+        let fill = usize::from(!admit);
+        let mut g = group(c, &format!("gcra_1_rule_{path}"));
+        bench_governor(&mut g, "governor", quota(per_hour, per_second), admit);
+        let p = policy([gcra(rule)]);
+        let gate = Tollgate::new(MemoryStore::new());
+        bench_tollgate(&mut g, "tollgate", &gate, &p, (fill, admit), || {});
+        let gate = Tollgate::new(MemoryStore::new()).with_blocklist(false);
+        bench_tollgate(&mut g, "tollgate_no_blocklist", &gate, &p, (fill, admit), || {});
+        g.finish();
+    }
+}
+
+/// Sliding log, 10/1m + 20/1h + 60/1d on one IP limiter, against governor's one rule.
+///
+/// Admit (steady state): a manual clock moves 25 minutes each time the 1000 keys start over, so
+/// each key is admitted every time and its log holds a full day of entries (57 or 58).
+/// Admit (short log): the clock moves a day and a minute per round, so each log holds one live
+/// entry. Deny: the system clock; every key is first filled to 10, so the 10/1m rule denies
+/// (the measurement ends well within the minute).
+fn sliding_log_three_rules(c: &mut Criterion) {
+    let p = policy(sliding_log_rules());
+
+    let mut g = group(c, "sliding_log_3_rules_admit");
+    bench_governor(&mut g, "governor_1_rule", quota(1_000_000, true), true);
+    for (name, step) in [
+        ("tollgate", Duration::from_secs(25 * 60)),
+        ("tollgate_short_log", Duration::from_secs(86_400 + 60)),
+    ] {
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let store = MemoryStore::builder().clock(clock.clone()).build();
+        let gate = Tollgate::new(store);
+        // Two days of rounds first, so the steady state has its full day of entries.
+        let who = identities();
+        for _ in 0..(2 * 86_400 / step.as_secs() + 1) {
+            clock.advance(step);
+            for identity in &who {
+                assert!(ready(gate.check(&p, identity, 1)).unwrap().allowed());
+            }
+        }
+        bench_tollgate(&mut g, name, &gate, &p, (0, true), || clock.advance(step));
+    }
+    g.finish();
+
+    let mut g = group(c, "sliding_log_3_rules_deny");
+    bench_governor(&mut g, "governor_1_rule", quota(1, false), false);
+    let gate = Tollgate::new(MemoryStore::new());
+    bench_tollgate(&mut g, "tollgate", &gate, &p, (10, false), || {});
+    g.finish();
+}
+
+criterion_group!(benches, gcra_one_rule, sliding_log_three_rules);
+criterion_main!(benches);
