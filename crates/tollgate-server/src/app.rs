@@ -1,0 +1,101 @@
+//! The shared state of a running server, and configuration reload.
+
+use std::{path::PathBuf, sync::Arc, time::Instant};
+
+use arc_swap::ArcSwap;
+use tollgate::{AnyStore, Reason, Tollgate};
+
+use crate::{
+    config::{Config, ConfigError},
+    metrics::Metrics,
+};
+
+/// What every handler shares: the engine (and so the store, kept across reloads), the
+/// current configuration (swapped whole on reload), metrics and the admin token.
+pub(crate) struct App {
+    pub(crate) gate: Tollgate<AnyStore>,
+    config: ArcSwap<Config>,
+    pub(crate) metrics: Metrics,
+    pub(crate) admin_token: Option<String>,
+    path: PathBuf,
+}
+
+impl App {
+    pub(crate) fn new(
+        gate: Tollgate<AnyStore>,
+        config: Config,
+        metrics: Metrics,
+        admin_token: Option<String>,
+        path: PathBuf,
+    ) -> App {
+        App {
+            gate,
+            config: ArcSwap::from_pointee(config),
+            metrics,
+            admin_token,
+            path,
+        }
+    }
+
+    /// The configuration file.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// The configuration in force now.
+    pub(crate) fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Reads the file again and, if it is valid, puts it in force at once.
+    ///
+    /// The store and the engine are kept, so counters of every policy whose scope and
+    /// limiter names did not change carry on. Listen addresses, the store URL, its timeout
+    /// and key prefix need a restart; a change to them is logged and ignored.
+    pub(crate) fn reload(&self) -> Result<(), ConfigError> {
+        match Config::load(&self.path) {
+            Ok(new) => {
+                let old = self.config.load();
+                if new.server != old.server {
+                    tracing::warn!(
+                        "[server] changed; listen addresses and admin_token_env apply after a restart"
+                    );
+                }
+                if new.store.url != old.store.url
+                    || new.store.timeout != old.store.timeout
+                    || new.store.prefix != old.store.prefix
+                {
+                    tracing::warn!(
+                        "[store] url, timeout or prefix changed; they apply after a restart"
+                    );
+                }
+                let policies = new.policy_names().collect::<Vec<_>>().join(", ");
+                tracing::info!(path = %self.path.display(), policies, "configuration reloaded");
+                self.config.store(Arc::new(new));
+                self.metrics.reload(true);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "configuration rejected; the previous one stays in force");
+                self.metrics.reload(false);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records a decision in the metrics; `started` times the store call when there was one.
+    pub(crate) fn record(
+        &self,
+        op: &'static str,
+        policy: &str,
+        reason: Reason,
+        allowed: bool,
+        started: Instant,
+    ) {
+        if !matches!(reason, Reason::Bypassed | Reason::CostExceedsLimit) {
+            self.metrics
+                .store_call(op, started.elapsed(), reason == Reason::StoreUnavailable);
+        }
+        self.metrics.decision(policy, reason, allowed);
+    }
+}

@@ -1,0 +1,72 @@
+//! The command line.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// tollgate: multi-rule rate limits and duplicate guards as a service, over HTTP/JSON and the
+/// Envoy rate-limit gRPC API.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (HTTP/JSON API, Envoy gRPC, metrics) with a configuration file.
+    Serve(ServeArgs),
+    /// Validate a configuration file and print its policies; exit 1 with the error if invalid.
+    CheckConfig(CheckConfigArgs),
+}
+
+/// `tollgate serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The TOML configuration file; reloaded on SIGHUP and when it changes.
+    #[arg(long, short, value_name = "FILE")]
+    pub config: PathBuf,
+    /// The HTTP listen address, overriding server.http (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// The gRPC listen address, overriding server.grpc (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub grpc: Option<SocketAddr>,
+    /// The store URL, overriding store.url (memory://, redis://host:6379, rediss://...).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// Log lines as text or as JSON objects (filter with RUST_LOG, default info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// How often to look for changes to the configuration file; 0 turns watching off
+    /// (SIGHUP still reloads).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub watch_interval: Duration,
+}
+
+/// `tollgate check-config`.
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    /// The TOML configuration file.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    tollgate::parse_duration(text).map_err(|e| e.to_string())
+}

@@ -1,0 +1,756 @@
+//! The TOML configuration: the file's shape, loading with errors that name file, line and
+//! field, and validation into ready-to-use policies and Envoy domains.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    fmt,
+    net::SocketAddr,
+    path::Path,
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, de};
+use tollgate::{
+    Algorithm, BanRule, Bypass, Dimension, DuplicateBy, DuplicateGuard, IpNet, Limiter, OnError,
+    Policy, Rule, parse_duration,
+};
+use toml::Spanned;
+
+use crate::envoy::{Domains, DomainsBuilder};
+
+/// Default HTTP listen address.
+const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+/// Default gRPC listen address.
+const DEFAULT_GRPC: &str = "127.0.0.1:8081";
+
+/// A validated configuration: listen addresses, store settings, policies and Envoy domains.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub(crate) server: ServerSettings,
+    pub(crate) store: StoreSettings,
+    pub(crate) policies: BTreeMap<String, PolicyEntry>,
+    pub(crate) envoy: Domains,
+}
+
+/// `[server]`, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ServerSettings {
+    pub(crate) http: SocketAddr,
+    pub(crate) grpc: SocketAddr,
+    pub(crate) admin_token_env: Option<String>,
+}
+
+/// `[store]`, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoreSettings {
+    pub(crate) url: String,
+    pub(crate) on_error: OnError,
+    pub(crate) timeout: Duration,
+    pub(crate) prefix: String,
+}
+
+/// One `[policies.<name>]`: the policy and its optional duplicate guard.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyEntry {
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) duplicate: Option<Arc<DuplicateGuard>>,
+    /// The bypass as configured, for `check-config`.
+    bypass: Option<String>,
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            field: String::new(),
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Config::parse(&file, &text)
+    }
+
+    /// Parses and validates `text`; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+        let raw = parse_raw(file, text)?;
+        let errors = Errors { file, text };
+        raw.validate(&errors)
+    }
+
+    /// The policy names, sorted.
+    pub fn policy_names(&self) -> impl Iterator<Item = &str> {
+        self.policies.keys().map(String::as_str)
+    }
+
+    /// A human-readable summary of the policies and Envoy domains (`check-config` prints it).
+    pub fn summary(&self) -> String {
+        use fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "store {} (on_error = {}, timeout = {}, prefix = {})",
+            crate::store::redact(&self.store.url),
+            on_error_name(self.store.on_error),
+            tollgate::format_duration(self.store.timeout),
+            self.store.prefix
+        );
+        let _ = writeln!(out, "http {}, grpc {}", self.server.http, self.server.grpc);
+        for (name, entry) in &self.policies {
+            let _ = writeln!(out, "policy {name}");
+            for limiter in entry.policy.limiters() {
+                let rules: Vec<String> = limiter
+                    .rules()
+                    .iter()
+                    .map(|r| format!("{r} {}", r.algorithm()))
+                    .collect();
+                let _ = write!(
+                    out,
+                    "  limiter {} by {}: {}",
+                    limiter.name(),
+                    limiter.dimension(),
+                    rules.join(", ")
+                );
+                if let Some(ban) = limiter.blocklist() {
+                    let _ = write!(
+                        out,
+                        "; blocklist {}",
+                        tollgate::format_duration(ban.duration())
+                    );
+                    if ban.factor() > 1 {
+                        let _ = write!(
+                            out,
+                            " x{} up to {}",
+                            ban.factor(),
+                            tollgate::format_duration(ban.cap())
+                        );
+                    }
+                }
+                out.push('\n');
+            }
+            if let Some(bypass) = &entry.bypass {
+                let _ = writeln!(out, "  bypass {bypass}");
+            }
+            if let Some(guard) = &entry.duplicate {
+                let _ = writeln!(
+                    out,
+                    "  duplicate by {} for {}",
+                    guard.by(),
+                    tollgate::format_duration(guard.ttl())
+                );
+            }
+        }
+        out.push_str(&self.envoy.summary());
+        out
+    }
+}
+
+fn on_error_name(on_error: OnError) -> &'static str {
+    match on_error {
+        OnError::Allow => "allow",
+        OnError::Deny => "deny",
+        OnError::Local => "local",
+    }
+}
+
+/// A configuration error: the file, the line (when known), the field and what was expected.
+///
+/// Displays as `tollgate.toml:14: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit
+/// "x" (use ms, s, m, h, d)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    file: String,
+    line: Option<usize>,
+    field: String,
+    message: String,
+}
+
+impl ConfigError {
+    /// The file as given.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// The 1-based line, when known.
+    pub fn line(&self) -> Option<usize> {
+        self.line
+    }
+
+    /// The dotted path of the field (`policies.sms.limiters[0].rules[1]`), empty when the
+    /// error is about the whole file.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// What was wrong and what was expected.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Builds errors that point into one file.
+struct Errors<'a> {
+    file: &'a str,
+    text: &'a str,
+}
+
+impl Errors<'_> {
+    fn at(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            file: self.file.to_owned(),
+            line: span.map(|s| line_of(self.text, s.start)),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    let offset = offset.min(text.len());
+    1 + text.as_bytes()[..offset]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+}
+
+fn parse_raw(file: &str, text: &str) -> Result<RawConfig, ConfigError> {
+    let errors = Errors { file, text };
+    let deserializer = toml::Deserializer::parse(text)
+        .map_err(|e| errors.at(e.span(), "", e.message().trim_end()))?;
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let field = field_path(e.path());
+        let inner = e.into_inner();
+        errors.at(inner.span(), field, inner.message().trim_end())
+    })
+}
+
+/// `policies.sms.limiters[0].rules[1]`, leaving out the fields `toml::Spanned` uses inside.
+fn field_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => {
+                let _ = fmt::Write::write_fmt(&mut out, format_args!("[{index}]"));
+            }
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if key.starts_with("$__serde_spanned") {
+                    continue;
+                }
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            Segment::Unknown => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push('?');
+            }
+        }
+    }
+    out
+}
+
+/// A duration in the configuration's text form (`50ms`, `10m`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DurationText(Duration);
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_duration(&text)
+            .map(DurationText)
+            .map_err(|e| de::Error::custom(format!("{text:?}: {e}")))
+    }
+}
+
+/// A value parsed with `FromStr`, the error message kept as the parser wrote it.
+#[derive(Debug, Clone)]
+struct Parsed<T>(T);
+
+impl<'de, T> Deserialize<'de> for Parsed<T>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse()
+            .map(Parsed)
+            .map_err(|e| de::Error::custom(format!("{text:?}: {e}")))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    policies: BTreeMap<String, Spanned<RawPolicy>>,
+    #[serde(default)]
+    envoy: RawEnvoy,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    http: Option<Parsed<SocketAddr>>,
+    grpc: Option<Parsed<SocketAddr>>,
+    admin_token_env: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    url: Option<Spanned<String>>,
+    on_error: Option<OnError>,
+    timeout: Option<Spanned<DurationText>>,
+    prefix: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    limiters: Vec<Spanned<RawLimiter>>,
+    bypass: Option<RawBypass>,
+    duplicate: Option<RawDuplicate>,
+    on_error: Option<OnError>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimiter {
+    by: Dimension,
+    rules: Vec<Rule>,
+    algorithm: Option<Algorithm>,
+    name: Option<Spanned<String>>,
+    message: Option<String>,
+    blocklist: Option<RawBlocklist>,
+}
+
+/// `blocklist = "10m"` or `blocklist = { ban = "10m", escalate = 2, max = "1d" }`.
+#[derive(Debug)]
+struct RawBlocklist(BanRule);
+
+impl<'de> Deserialize<'de> for RawBlocklist {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Table {
+            ban: DurationText,
+            escalate: Option<u32>,
+            max: Option<DurationText>,
+        }
+        impl<'de> de::Visitor<'de> for Visit {
+            type Value = RawBlocklist;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a ban duration ("10m") or a table { ban = "10m", escalate = 2, max = "1d" }"#)
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawBlocklist, E> {
+                let d = parse_duration(v).map_err(|e| E::custom(format!("{v:?}: {e}")))?;
+                ban_rule(d, None, None).map_err(E::custom)
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawBlocklist, A::Error> {
+                let t = Table::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                ban_rule(t.ban.0, t.escalate, t.max.map(|m| m.0)).map_err(de::Error::custom)
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+fn ban_rule(
+    ban: Duration,
+    escalate: Option<u32>,
+    max: Option<Duration>,
+) -> Result<RawBlocklist, String> {
+    if ban < Duration::from_millis(1) {
+        return Err("a ban must last at least 1ms".into());
+    }
+    let rule = BanRule::new(ban);
+    match (escalate, max) {
+        (None, None) => Ok(RawBlocklist(rule)),
+        (Some(0), _) => Err("escalate must be at least 1".into()),
+        (Some(factor), max) => {
+            let cap = max.unwrap_or(ban.saturating_mul(factor.saturating_pow(4)));
+            if cap < ban {
+                return Err("max must be at least the ban".into());
+            }
+            Ok(RawBlocklist(rule.escalate(factor, cap)))
+        }
+        (None, Some(_)) => Err("max needs escalate (the factor a repeat ban grows by)".into()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBypass {
+    #[serde(default)]
+    user_ids: Vec<String>,
+    #[serde(default)]
+    ips: Vec<Parsed<IpNet>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDuplicate {
+    by: Parsed<DuplicateBy>,
+    ttl: Option<DurationText>,
+    #[serde(default)]
+    global: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnvoy {
+    #[serde(default)]
+    domains: Vec<Spanned<RawDomain>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDomain {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptor {
+    pub(crate) key: String,
+    pub(crate) value: Option<String>,
+    #[serde(default)]
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) algorithm: Option<Algorithm>,
+    #[serde(default)]
+    pub(crate) shadow: bool,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+/// A policy name is part of every key and of URLs in logs: keep it plain.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+impl RawConfig {
+    fn validate(self, errors: &Errors<'_>) -> Result<Config, ConfigError> {
+        let server = self.server.validate(errors)?;
+        let store = self.store.validate(errors)?;
+        let mut policies = BTreeMap::new();
+        for (name, raw) in self.policies {
+            let span = raw.span();
+            let field = format!("policies.{name}");
+            if !valid_name(&name) {
+                return Err(errors.at(
+                    Some(span),
+                    field,
+                    "a policy name uses only letters, digits, '_', '-' and '.' (at most 64)",
+                ));
+            }
+            let entry = raw
+                .into_inner()
+                .validate(&name, &field, store.on_error, errors)?;
+            policies.insert(name, entry);
+        }
+        let mut domains = DomainsBuilder::new(store.on_error);
+        let mut seen = HashSet::new();
+        for (i, domain) in self.envoy.domains.into_iter().enumerate() {
+            let span = domain.span();
+            let field = format!("envoy.domains[{i}]");
+            let domain = domain.into_inner();
+            if domain.name.is_empty() {
+                return Err(errors.at(
+                    Some(span),
+                    format!("{field}.name"),
+                    "a domain needs a name",
+                ));
+            }
+            if !seen.insert(domain.name.clone()) {
+                return Err(errors.at(
+                    Some(span),
+                    format!("{field}.name"),
+                    format!("domain {:?} is configured twice", domain.name),
+                ));
+            }
+            domains
+                .domain(domain)
+                .map_err(|(span, sub, msg)| errors.at(Some(span), format!("{field}{sub}"), msg))?;
+        }
+        Ok(Config {
+            server,
+            store,
+            policies,
+            envoy: domains.build(),
+        })
+    }
+}
+
+impl RawServer {
+    fn validate(self, errors: &Errors<'_>) -> Result<ServerSettings, ConfigError> {
+        let default = |s: &str| s.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+        let admin_token_env = match self.admin_token_env {
+            Some(name) if name.get_ref().is_empty() => {
+                return Err(errors.at(
+                    Some(name.span()),
+                    "server.admin_token_env",
+                    "name an environment variable, or leave the field out to disable admin endpoints",
+                ));
+            }
+            other => other.map(Spanned::into_inner),
+        };
+        Ok(ServerSettings {
+            http: self.http.map_or_else(|| default(DEFAULT_HTTP), |p| p.0),
+            grpc: self.grpc.map_or_else(|| default(DEFAULT_GRPC), |p| p.0),
+            admin_token_env,
+        })
+    }
+}
+
+impl RawStore {
+    fn validate(self, errors: &Errors<'_>) -> Result<StoreSettings, ConfigError> {
+        let url = match self.url {
+            Some(url) => {
+                crate::store::check_url(url.get_ref())
+                    .map_err(|msg| errors.at(Some(url.span()), "store.url", msg))?;
+                url.into_inner()
+            }
+            None => "memory://".to_owned(),
+        };
+        let timeout = match self.timeout {
+            Some(t) if t.get_ref().0.is_zero() => {
+                return Err(errors.at(
+                    Some(t.span()),
+                    "store.timeout",
+                    "the timeout must be at least 1ms",
+                ));
+            }
+            Some(t) => t.into_inner().0,
+            None => Duration::from_millis(50),
+        };
+        let prefix = match self.prefix {
+            Some(p) if p.get_ref().is_empty() => {
+                return Err(errors.at(
+                    Some(p.span()),
+                    "store.prefix",
+                    "the key prefix cannot be empty",
+                ));
+            }
+            Some(p) => p.into_inner(),
+            None => "tg".to_owned(),
+        };
+        Ok(StoreSettings {
+            url,
+            on_error: self.on_error.unwrap_or_default(),
+            timeout,
+            prefix,
+        })
+    }
+}
+
+impl RawPolicy {
+    fn validate(
+        self,
+        name: &str,
+        field: &str,
+        default_on_error: OnError,
+        errors: &Errors<'_>,
+    ) -> Result<PolicyEntry, ConfigError> {
+        if self.limiters.is_empty() {
+            return Err(errors.at(
+                None,
+                format!("{field}.limiters"),
+                "a policy needs at least one limiter",
+            ));
+        }
+        let mut builder = Policy::builder(name).on_error(self.on_error.unwrap_or(default_on_error));
+        let mut names: Vec<String> = Vec::new();
+        for (i, raw) in self.limiters.into_iter().enumerate() {
+            let span = raw.span();
+            let here = format!("{field}.limiters[{i}]");
+            let raw = raw.into_inner();
+            if raw.rules.is_empty() {
+                return Err(errors.at(
+                    Some(span),
+                    format!("{here}.rules"),
+                    "a limiter needs at least one rule, e.g. [\"10/1m\"]",
+                ));
+            }
+            let mut limiter_name = raw.by.to_string();
+            if let Some(n) = &raw.name {
+                if n.get_ref().is_empty() {
+                    return Err(errors.at(
+                        Some(n.span()),
+                        format!("{here}.name"),
+                        "a limiter name cannot be empty",
+                    ));
+                }
+                limiter_name.clone_from(n.get_ref());
+            }
+            if names.contains(&limiter_name) {
+                return Err(errors.at(
+                    Some(span),
+                    here,
+                    format!(
+                        "two limiters are named {limiter_name:?}; give one a distinct `name` (they would share counters)"
+                    ),
+                ));
+            }
+            names.push(limiter_name.clone());
+            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
+            for (j, rule) in raw.rules.iter().enumerate() {
+                let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
+                if rules.contains(&rule) {
+                    return Err(errors.at(
+                        Some(span.clone()),
+                        format!("{here}.rules[{j}]"),
+                        format!("rule {rule} is listed twice"),
+                    ));
+                }
+                rules.push(rule);
+            }
+            let mut limiter = Limiter::new(raw.by, rules).with_name(&limiter_name);
+            if let Some(message) = &raw.message {
+                limiter = limiter.with_message(message);
+            }
+            if let Some(ban) = raw.blocklist {
+                limiter = limiter.with_blocklist(ban.0);
+            }
+            builder = builder.limiter(limiter);
+        }
+        let mut bypass_summary = None;
+        if let Some(bypass) = self.bypass {
+            let mut b = Bypass::new();
+            let mut shown = Vec::new();
+            for net in bypass.ips {
+                shown.push(format!("ip {}", net.0));
+                b = b.ip_net(net.0);
+            }
+            for id in bypass.user_ids {
+                shown.push(format!("user_id {id:?}"));
+                b = b.user_id(id);
+            }
+            bypass_summary = Some(shown.join(", "));
+            builder = builder.bypass(b);
+        }
+        let policy = builder
+            .build()
+            .map_err(|e| errors.at(None, field.to_owned(), e.to_string()))?;
+        let duplicate = self.duplicate.map(|d| {
+            let mut guard = DuplicateGuard::new(name, d.by.0).global(d.global);
+            if let Some(ttl) = d.ttl {
+                guard = guard.with_ttl(ttl.0);
+            }
+            Arc::new(guard)
+        });
+        Ok(PolicyEntry {
+            policy: Arc::new(policy),
+            duplicate,
+            bypass: bypass_summary,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse("t.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn errors_name_file_line_field_and_expectation() {
+        let text =
+            "[policies.sms]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\", \"10/1x\"] },\n]\n";
+        assert_eq!(
+            err(text),
+            r#"t.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d)"#
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = err("[store]\nurl = \"memory://\"\ntimout = \"1s\"\n");
+        assert!(
+            e.starts_with("t.toml:3: store.timout: unknown field `timout`, expected one of `url`"),
+            "{e}"
+        );
+        let e = err("[policies.a]\nlimiters = [{ by = \"ip\", rules = [\"1/1m\"], colour = 1 }]\n");
+        assert!(
+            e.starts_with("t.toml:2: policies.a.limiters[0].colour: unknown field `colour`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_name_the_policy() {
+        let e = err(
+            "[policies.a]\nlimiters = [\n { by = \"ip\", rules = [\"1/1m\"] },\n { by = \"ip\", rules = [\"2/1m\"] },\n]\n",
+        );
+        assert!(
+            e.starts_with("t.toml:4: policies.a.limiters[1]: two limiters are named \"ip\""),
+            "{e}"
+        );
+        let e = err("[policies.a]\nlimiters = [\n { by = \"ip\", rules = [] },\n]\n");
+        assert!(
+            e.starts_with("t.toml:3: policies.a.limiters[0].rules: a limiter needs"),
+            "{e}"
+        );
+        let e = err("[policies.a]\nlimiters = []\n");
+        assert!(
+            e.contains("policies.a.limiters: a policy needs at least one limiter"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let e = err("[server]\nhttp = \"127.0.0.1:1\"\ngrpc = \n");
+        assert!(e.starts_with("t.toml:3: "), "{e}");
+    }
+
+    #[test]
+    fn the_issue_example_parses() {
+        let text = include_str!("../../../examples/tollgate.toml");
+        let config = Config::parse("examples/tollgate.toml", text).unwrap();
+        assert!(config.policies.contains_key("sms_code"));
+        let summary = config.summary();
+        assert!(summary.contains("policy sms_code"), "{summary}");
+    }
+}

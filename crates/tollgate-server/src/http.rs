@@ -1,0 +1,613 @@
+//! The HTTP/JSON API: check, peek, reset, duplicate guard, blocklist, metrics and health.
+//!
+//! Every 4xx (and 5xx) body is `{"error": "..."}` saying what is wrong.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Json, Router,
+    extract::{FromRequest, FromRequestParts, Path, Request, State, rejection::JsonRejection},
+    http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts},
+    response::{IntoResponse, Response},
+    routing::{delete, get, post},
+};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use serde_json::Value;
+use tollgate::{
+    Acquire, BanTarget, CheckError, Decision, DuplicateState, Fingerprint, Identity, Lease, Reason,
+    StoreError, parse_duration,
+};
+
+use crate::{app::App, config::PolicyEntry};
+
+/// The API's routes over `app`.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/peek", post(peek))
+        .route("/v1/reset", post(reset))
+        .route("/v1/duplicate/acquire", post(acquire))
+        .route("/v1/duplicate/release", post(release))
+        .route("/v1/blocklist", get(blocklist).post(ban))
+        .route("/v1/blocklist/{kind}/{value}", delete(unban))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+/// An error answered as `{"error": message}` with `status`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn store(op: &str, e: &StoreError) -> ApiError {
+        tracing::warn!(error = %e, op, "store failed");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+fn check_error(e: CheckError) -> ApiError {
+    match e {
+        e @ CheckError::MissingDimension { .. } => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+        }
+        CheckError::Store(e) => ApiError::store("check", &e),
+        other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint; see docs/api.md")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this endpoint; see docs/api.md",
+    )
+}
+
+/// `axum::Json` whose rejections are `{"error": ...}` bodies: 400 for malformed JSON, 415
+/// without a JSON content type, 422 for JSON of the wrong shape (naming the field).
+struct ApiJson<T>(T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(&rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: &JsonRejection) -> ApiError {
+    let text = rejection.body_text();
+    let message = match rejection {
+        JsonRejection::JsonDataError(_) => text
+            .strip_prefix("Failed to deserialize the JSON body into the target type: ")
+            .map_or_else(|| text.clone(), |m| format!("invalid request: {m}")),
+        JsonRejection::JsonSyntaxError(_) => text
+            .strip_prefix("Failed to parse the request body as JSON: ")
+            .map_or_else(|| text.clone(), |m| format!("malformed JSON: {m}")),
+        JsonRejection::MissingJsonContentType(_) => {
+            "expected a JSON body with Content-Type: application/json".to_owned()
+        }
+        _ => text,
+    };
+    ApiError::new(rejection.status(), message)
+}
+
+/// Admits only requests carrying `Authorization: Bearer <admin token>`.
+struct Admin;
+
+impl FromRequestParts<Arc<App>> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Admin, ApiError> {
+        let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
+        let Some(expected) = app.admin_token.as_deref() else {
+            return Err(unauthorized(
+                "admin endpoints are disabled: set server.admin_token_env to the name of an environment variable holding the token",
+            ));
+        };
+        let given = bearer(&parts.headers)
+            .ok_or_else(|| unauthorized("admin endpoint: send Authorization: Bearer <token>"))?;
+        if constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            Ok(Admin)
+        } else {
+            Err(unauthorized("admin endpoint: wrong token"))
+        }
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Compares without an early exit, so response time says nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// The request's identity as JSON.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdentityJson {
+    ip: Option<IpAddr>,
+    user_id: Option<String>,
+    user_name: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    args: BTreeMap<String, String>,
+}
+
+impl IdentityJson {
+    fn into_identity(self) -> Identity {
+        let mut identity = Identity::new();
+        if let Some(ip) = self.ip {
+            identity = identity.with_ip(ip);
+        }
+        if let Some(id) = self.user_id {
+            identity = identity.with_user_id(id);
+        }
+        if let Some(name) = self.user_name {
+            identity = identity.with_user_name(name);
+        }
+        for (name, value) in self.headers {
+            identity = identity.with_header(name, value);
+        }
+        for (name, value) in self.args {
+            identity = identity.with_arg(name, value);
+        }
+        identity
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    policy: String,
+    #[serde(default)]
+    identity: IdentityJson,
+    cost: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetRequest {
+    policy: String,
+    #[serde(default)]
+    identity: IdentityJson,
+}
+
+#[derive(Debug, Serialize)]
+struct DecisionJson {
+    allowed: bool,
+    reason: Reason,
+    retry_after_ms: Option<u64>,
+    message: Option<String>,
+    rules: Vec<RuleJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct RuleJson {
+    limiter: String,
+    rule: String,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+}
+
+/// Whole milliseconds, rounded up: waiting the answer is always long enough.
+fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_micros().div_ceil(1000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+impl From<&Decision> for DecisionJson {
+    fn from(d: &Decision) -> DecisionJson {
+        DecisionJson {
+            allowed: d.allowed(),
+            reason: d.reason(),
+            retry_after_ms: d.retry_after().map(ceil_ms),
+            message: d.message().map(str::to_owned),
+            rules: d
+                .rules()
+                .iter()
+                .map(|r| RuleJson {
+                    limiter: r.limiter.to_string(),
+                    rule: r.rule.to_string(),
+                    limit: r.rule.limit(),
+                    remaining: r.remaining,
+                    reset_after_ms: ceil_ms(r.reset_after),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn policy(app: &App, name: &str) -> Result<PolicyEntry, ApiError> {
+    app.config()
+        .policies
+        .get(name)
+        .cloned()
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("unknown policy {name:?}")))
+}
+
+async fn check(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<CheckRequest>,
+) -> Result<Json<DecisionJson>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let decision = app
+        .gate
+        .check(&entry.policy, &identity, req.cost.unwrap_or(1))
+        .await
+        .map_err(check_error)?;
+    app.record(
+        "check",
+        &req.policy,
+        decision.reason(),
+        decision.allowed(),
+        started,
+    );
+    Ok(Json(DecisionJson::from(&decision)))
+}
+
+async fn peek(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<CheckRequest>,
+) -> Result<Json<DecisionJson>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let decision = app
+        .gate
+        .peek(&entry.policy, &identity, req.cost.unwrap_or(1))
+        .await
+        .map_err(check_error)?;
+    app.metrics.store_call(
+        "peek",
+        started.elapsed(),
+        decision.reason() == Reason::StoreUnavailable,
+    );
+    Ok(Json(DecisionJson::from(&decision)))
+}
+
+async fn reset(
+    State(app): State<Arc<App>>,
+    _: Admin,
+    ApiJson(req): ApiJson<ResetRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let result = app.gate.reset(&entry.policy, &identity).await;
+    app.metrics.store_call(
+        "reset",
+        started.elapsed(),
+        matches!(result, Err(CheckError::Store(_))),
+    );
+    result.map_err(check_error)?;
+    tracing::info!(policy = %req.policy, "counters reset by admin");
+    Ok(Json(serde_json::json!({ "reset": true })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireRequest {
+    policy: String,
+    #[serde(default)]
+    identity: IdentityJson,
+    #[serde(default)]
+    args: Value,
+}
+
+#[derive(Debug, Serialize)]
+struct AcquireJson {
+    acquired: bool,
+    lease: Option<String>,
+    state: Option<DuplicateState>,
+    retry_after_ms: u64,
+    message: Option<&'static str>,
+}
+
+/// JSON with object keys sorted at every depth, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are
+/// one submission whatever map type serde_json was built with.
+fn canonical_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical_json(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(v, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+async fn acquire(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<AcquireRequest>,
+) -> Result<Json<AcquireJson>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let guard = entry.duplicate.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "policy {:?} has no duplicate guard; add `duplicate = {{ by = \"args\", ttl = \"5s\" }}` to it",
+                req.policy
+            ),
+        )
+    })?;
+    let identity = req.identity.into_identity();
+    let mut canonical = String::new();
+    canonical_json(&req.args, &mut canonical);
+    let fingerprint = Fingerprint::of(canonical.as_bytes());
+    let started = Instant::now();
+    let result = app.gate.acquire(&guard, &identity, &fingerprint).await;
+    app.metrics.store_call(
+        "acquire",
+        started.elapsed(),
+        matches!(result, Err(CheckError::Store(_))),
+    );
+    let body = match result.map_err(check_error)? {
+        Acquire::Acquired(lease) => AcquireJson {
+            acquired: true,
+            lease: Some(lease.to_string()),
+            state: None,
+            retry_after_ms: 0,
+            message: None,
+        },
+        Acquire::Duplicate(dup) => AcquireJson {
+            acquired: false,
+            lease: None,
+            state: Some(dup.state),
+            retry_after_ms: ceil_ms(dup.retry_after),
+            message: Some(dup.message(guard.by())),
+        },
+    };
+    Ok(Json(body))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseRequest {
+    lease: String,
+}
+
+async fn release(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<ReleaseRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let lease: Lease = req
+        .lease
+        .parse()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}")))?;
+    let started = Instant::now();
+    let result = app.gate.release(&lease).await;
+    app.metrics
+        .store_call("release", started.elapsed(), result.is_err());
+    let released = result.map_err(|e| ApiError::store("release", &e))?;
+    Ok(Json(serde_json::json!({ "released": released })))
+}
+
+#[derive(Debug, Serialize)]
+struct BanJson {
+    kind: &'static str,
+    value: String,
+    expires_in_ms: u64,
+}
+
+async fn blocklist(State(app): State<Arc<App>>, _: Admin) -> Result<Json<Vec<BanJson>>, ApiError> {
+    let started = Instant::now();
+    let result = app.gate.blocklist().await;
+    app.metrics
+        .store_call("blocklist", started.elapsed(), result.is_err());
+    let mut bans = result.map_err(|e| ApiError::store("blocklist", &e))?;
+    app.metrics.set_blocklist_size(bans.len());
+    bans.sort_by(|a, b| a.target.cmp(&b.target));
+    Ok(Json(
+        bans.into_iter()
+            .map(|b| BanJson {
+                kind: b.target.kind(),
+                value: b.target.value(),
+                expires_in_ms: ceil_ms(b.expires_in),
+            })
+            .collect(),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BanRequest {
+    kind: String,
+    value: String,
+    duration: String,
+}
+
+async fn ban(
+    State(app): State<Arc<App>>,
+    _: Admin,
+    ApiJson(req): ApiJson<BanRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let target = BanTarget::parse(&req.kind, &req.value)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+    let duration = parse_duration(&req.duration)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "duration {:?}: expected e.g. \"10m\" (units ms, s, m, h, d)",
+                    req.duration
+                ),
+            )
+        })?;
+    let started = Instant::now();
+    let result = app.gate.ban(&target, duration).await;
+    app.metrics
+        .store_call("ban", started.elapsed(), result.is_err());
+    result.map_err(|e| ApiError::store("ban", &e))?;
+    tracing::info!(%target, "banned by admin");
+    Ok(Json(serde_json::json!({ "banned": true })))
+}
+
+async fn unban(
+    State(app): State<Arc<App>>,
+    _: Admin,
+    path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Path((kind, value)) =
+        path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let target =
+        BanTarget::parse(&kind, &value).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+    let started = Instant::now();
+    let result = app.gate.unban(&target).await;
+    app.metrics
+        .store_call("unban", started.elapsed(), result.is_err());
+    if result.map_err(|e| ApiError::store("unban", &e))? {
+        tracing::info!(%target, "unbanned by admin");
+        Ok(Json(serde_json::json!({ "removed": true })))
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("{kind} {value:?} is not on the blocklist"),
+        ))
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let started = Instant::now();
+    let result = app.gate.blocklist().await;
+    app.metrics
+        .store_call("blocklist", started.elapsed(), result.is_err());
+    if let Ok(bans) = result {
+        app.metrics.set_blocklist_size(bans.len());
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> Json<Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+    use tollgate::Store as _;
+    let started = Instant::now();
+    let result = app.gate.store().ping().await;
+    app.metrics
+        .store_call("ping", started.elapsed(), result.is_err());
+    result.map_err(|e| ApiError::store("ping", &e))?;
+    Ok(Json(serde_json::json!({ "status": "ready" })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth() {
+        let a: Value = serde_json::from_str(r#"{"b":[{"y":1,"x":2}],"a":"s"}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":"s","b":[{"x":2,"y":1}]}"#).unwrap();
+        let (mut ca, mut cb) = (String::new(), String::new());
+        canonical_json(&a, &mut ca);
+        canonical_json(&b, &mut cb);
+        assert_eq!(ca, cb);
+        assert_eq!(ca, r#"{"a":"s","b":[{"x":2,"y":1}]}"#);
+    }
+
+    #[test]
+    fn tokens_compare_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+
+    #[test]
+    fn milliseconds_round_up() {
+        assert_eq!(ceil_ms(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_ms(Duration::from_millis(60_000)), 60_000);
+        assert_eq!(ceil_ms(Duration::ZERO), 0);
+    }
+}

@@ -1,0 +1,45 @@
+//! The `tollgate` server: multi-rule rate limits and duplicate guards as a service.
+//!
+//! One binary, `tollgate`, reads a TOML file of policies and serves them over an HTTP/JSON
+//! API (`/v1/check`, `/v1/peek`, `/v1/reset`, duplicate guard and blocklist endpoints,
+//! `/metrics`, `/healthz`, `/readyz`) and Envoy's rate-limit gRPC API
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), on the embedded memory
+//! store or on Redis. See `docs/configuration.md` and `docs/api.md`.
+//!
+//! ```
+//! let config = tollgate_server::Config::parse(
+//!     "tollgate.toml",
+//!     r#"
+//! [policies.sms_code]
+//! limiters = [{ by = "ip", rules = ["1/1m", "10/1x"] }]
+//! "#,
+//! );
+//! assert_eq!(
+//!     config.unwrap_err().to_string(),
+//!     r#"tollgate.toml:3: policies.sms_code.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d)"#
+//! );
+//! ```
+//!
+//! # Layout
+//! - `cli`: the command line ([`Cli`]: `serve`, `check-config`).
+//! - `config`: the TOML file's shape, errors naming file, line and field ([`ConfigError`]),
+//!   validation into policies and Envoy domains ([`Config`]).
+//! - `store`: opening the store named by `store.url` (memory, Redis).
+//! - `app`: the state handlers share (engine, current configuration, metrics) and reload.
+//! - `http`: the HTTP/JSON API (axum); every 4xx body is `{"error": "..."}`.
+//! - `envoy`: descriptor matching and the `ShouldRateLimit` gRPC service (tonic).
+//! - `metrics`: Prometheus metrics.
+//! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
+
+mod app;
+mod cli;
+mod config;
+mod envoy;
+mod http;
+mod metrics;
+mod server;
+mod store;
+
+pub use cli::{CheckConfigArgs, Cli, Command, LogFormat, ServeArgs};
+pub use config::{Config, ConfigError};
+pub use server::{check_config, serve};

@@ -1,0 +1,142 @@
+//! Prometheus metrics: decisions by policy and reason, store latency and errors, blocklist
+//! size, configuration reloads.
+
+use std::{sync::Arc, time::Duration};
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    policy: String,
+    reason: &'static str,
+    allowed: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 25µs .. ~1.6s: a memory store answers in microseconds, a remote Redis in milliseconds.
+    Histogram::new(exponential_buckets(0.000_025, 2.0, 17))
+}
+
+/// The server's metrics; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Metrics(Arc<Inner>);
+
+struct Inner {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    store_latency: Family<OpLabels, Histogram, fn() -> Histogram>,
+    store_errors: Family<OpLabels, Counter>,
+    blocklist_size: Gauge,
+    reloads: Family<ResultLabels, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tollgate");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let store_latency = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        let store_errors = Family::<OpLabels, Counter>::default();
+        let blocklist_size = Gauge::default();
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Rate-limit decisions by policy (envoy:<domain> for gRPC) and reason",
+            decisions.clone(),
+        );
+        registry.register(
+            "store_latency_seconds",
+            "Time spent in store operations, by operation",
+            store_latency.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Store operations that failed (timeouts, unreachable store), by operation",
+            store_errors.clone(),
+        );
+        registry.register(
+            "blocklist_entries",
+            "Active bans (IPs and user ids) at the last scrape",
+            blocklist_size.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Configuration reloads by result (ok or error)",
+            reloads.clone(),
+        );
+        Metrics(Arc::new(Inner {
+            registry,
+            decisions,
+            store_latency,
+            store_errors,
+            blocklist_size,
+            reloads,
+        }))
+    }
+
+    pub(crate) fn decision(&self, policy: &str, reason: tollgate::Reason, allowed: bool) {
+        self.0
+            .decisions
+            .get_or_create(&DecisionLabels {
+                policy: policy.to_owned(),
+                reason: reason.as_str(),
+                allowed: if allowed { "true" } else { "false" },
+            })
+            .inc();
+    }
+
+    /// Records one store operation; `failed` counts it as a store error.
+    pub(crate) fn store_call(&self, op: &'static str, took: Duration, failed: bool) {
+        let labels = OpLabels { op };
+        self.0
+            .store_latency
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if failed {
+            self.0.store_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    pub(crate) fn set_blocklist_size(&self, size: usize) {
+        self.0
+            .blocklist_size
+            .set(i64::try_from(size).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn reload(&self, ok: bool) {
+        self.0
+            .reloads
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.0.registry);
+        out
+    }
+}

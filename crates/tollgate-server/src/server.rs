@@ -1,0 +1,184 @@
+//! `tollgate serve`: open the store, bind both listeners, reload on SIGHUP or file change,
+//! drain on SIGTERM or Ctrl-C.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{net::TcpListener, sync::watch};
+use tollgate::Tollgate;
+
+use crate::{
+    app::App,
+    cli::{CheckConfigArgs, ServeArgs},
+    config::Config,
+    envoy, http,
+    metrics::Metrics,
+    store,
+};
+
+/// Runs `tollgate check-config`: prints the policies, or the error.
+pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
+    Config::load(&args.file)
+        .map(|c| c.summary())
+        .map_err(|e| e.to_string())
+}
+
+/// Runs the server until SIGTERM or Ctrl-C, then drains in-flight requests.
+///
+/// Errors (invalid configuration, unreachable store, address in use) are returned before
+/// anything listens.
+pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    let mut config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    if let Some(addr) = args.http {
+        config.server.http = addr;
+    }
+    if let Some(addr) = args.grpc {
+        config.server.grpc = addr;
+    }
+    if let Some(url) = &args.store {
+        store::check_url(url).map_err(|e| format!("--store: {e}"))?;
+        config.store.url.clone_from(url);
+    }
+    let metrics = Metrics::new();
+    let store = store::open(&config.store).await?;
+    let gate = Tollgate::new(store)
+        .with_prefix(&config.store.prefix)
+        .with_on_error(config.store.on_error);
+    let admin_token = match &config.server.admin_token_env {
+        Some(var) => match std::env::var(var) {
+            Ok(token) if !token.trim().is_empty() => Some(token.trim().to_owned()),
+            _ => {
+                tracing::warn!(
+                    "environment variable {var} (server.admin_token_env) is not set; admin endpoints answer 401"
+                );
+                None
+            }
+        },
+        None => {
+            tracing::info!("server.admin_token_env is not set; admin endpoints answer 401");
+            None
+        }
+    };
+    let http_listener = TcpListener::bind(config.server.http)
+        .await
+        .map_err(|e| format!("cannot listen on {} (http): {e}", config.server.http))?;
+    let grpc_listener = TcpListener::bind(config.server.grpc)
+        .await
+        .map_err(|e| format!("cannot listen on {} (grpc): {e}", config.server.grpc))?;
+    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(
+        store = %store::redact(&config.store.url),
+        policies = %config.policy_names().collect::<Vec<_>>().join(", "),
+        "configuration loaded from {}",
+        args.config.display()
+    );
+    let app = Arc::new(App::new(
+        gate,
+        config,
+        metrics,
+        admin_token,
+        args.config.clone(),
+    ));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: draining in-flight requests");
+        let _ = stop_tx.send(true);
+    });
+    tokio::spawn(reload_loop(
+        app.clone(),
+        args.watch_interval,
+        stop_rx.clone(),
+    ));
+
+    let router = http::router(app.clone());
+    let http = axum::serve(http_listener, router).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let grpc = tonic::transport::Server::builder()
+        .add_service(envoy::service(app))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            stopped(stop_rx),
+        );
+    tracing::info!(addr = %http_addr, "HTTP API listening");
+    tracing::info!(addr = %grpc_addr, "Envoy gRPC listening");
+    let (http, grpc) = tokio::join!(http, grpc);
+    http.map_err(|e| format!("http server failed: {e}"))?;
+    grpc.map_err(|e| format!("grpc server failed: {e}"))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&s| s).await;
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// Reloads on SIGHUP, and when the file's bytes change (checked every `interval`).
+async fn reload_loop(app: Arc<App>, interval: Duration, stop: watch::Receiver<bool>) {
+    let path = app.path().to_owned();
+    let mut seen = tokio::fs::read(&path).await.ok();
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = (!interval.is_zero()).then(|| {
+        let mut t = tokio::time::interval(interval);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
+    loop {
+        let hup_recv = async {
+            #[cfg(unix)]
+            if let Some(h) = hup.as_mut() {
+                h.recv().await;
+                return;
+            }
+            std::future::pending::<()>().await;
+        };
+        let tick_recv = async {
+            match tick.as_mut() {
+                Some(t) => {
+                    t.tick().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = stopped(stop.clone()) => return,
+            () = hup_recv => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                seen = tokio::fs::read(&path).await.ok();
+                let _ = app.reload();
+            }
+            () = tick_recv => {
+                let now = tokio::fs::read(&path).await.ok();
+                if now.is_some() && now != seen {
+                    tracing::info!("configuration file changed: reloading");
+                    seen = now;
+                    let _ = app.reload();
+                }
+            }
+        }
+    }
+}

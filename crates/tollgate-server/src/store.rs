@@ -1,0 +1,80 @@
+//! Opening the store named by `store.url`.
+
+use tollgate::{AnyStore, MemoryStore};
+use tollgate_redis::RedisStore;
+
+use crate::config::StoreSettings;
+
+/// Checks a store URL's scheme at configuration time, so `check-config` catches it.
+pub(crate) fn check_url(url: &str) -> Result<(), String> {
+    match scheme(url) {
+        Some("memory") if url == "memory://" => Ok(()),
+        Some("memory") => Err(format!(
+            "{url:?}: the memory store takes no options; use memory://"
+        )),
+        Some("redis" | "rediss") => Ok(()),
+        Some(other) => Err(format!(
+            "{url:?}: unknown store scheme {other:?} (use memory://, redis://host:6379 or rediss://host:6380)"
+        )),
+        None => Err(format!(
+            "{url:?}: a store URL starts with a scheme: memory://, redis://host:6379 or rediss://host:6380"
+        )),
+    }
+}
+
+fn scheme(url: &str) -> Option<&str> {
+    url.split_once("://").map(|(s, _)| s)
+}
+
+/// Opens the store of `settings`: the embedded memory store, or Redis (which must answer now).
+pub(crate) async fn open(settings: &StoreSettings) -> Result<AnyStore, String> {
+    check_url(&settings.url)?;
+    if scheme(&settings.url) == Some("memory") {
+        return Ok(AnyStore::new(MemoryStore::new()));
+    }
+    let store = RedisStore::builder(&settings.url)
+        .timeout(settings.timeout)
+        .build()
+        .await
+        .map_err(|e| format!("cannot open the store: {e}"))?;
+    Ok(AnyStore::new(store))
+}
+
+/// The URL without its password, for logs and `check-config`.
+pub(crate) fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                let user = userinfo.split(':').next().unwrap_or("");
+                format!("{scheme}://{user}:***@{host}")
+            }
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_redacted() {
+        assert!(check_url("memory://").is_ok());
+        assert!(check_url("redis://127.0.0.1:6379/0").is_ok());
+        assert!(check_url("rediss://h:6380").is_ok());
+        assert!(
+            check_url("mysql://h")
+                .unwrap_err()
+                .contains("unknown store scheme")
+        );
+        assert!(
+            check_url("localhost:6379")
+                .unwrap_err()
+                .contains("starts with a scheme")
+        );
+        assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(redact("redis://u:pw@h"), "redis://u:***@h");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
+}
