@@ -1,0 +1,353 @@
+//! Code generation: one atomic rate-limit check for every `#[rate_limit]` on the function,
+//! then the duplicate guard around the body.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::{Attribute, FnArg, Ident, ItemFn, Meta, Pat, ReturnType, Type, spanned::Spanned};
+use tollgate::Dimension;
+
+use crate::options::{self, PreventDuplicate, RateLimit};
+
+/// Which attribute the compiler invoked.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    RateLimit,
+    PreventDuplicate,
+}
+
+impl Kind {
+    fn of(attr: &Attribute) -> Option<Kind> {
+        match attr.path().segments.last()?.ident.to_string().as_str() {
+            "rate_limit" => Some(Kind::RateLimit),
+            "prevent_duplicate" => Some(Kind::PreventDuplicate),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::RateLimit => "#[rate_limit]",
+            Kind::PreventDuplicate => "#[prevent_duplicate]",
+        }
+    }
+}
+
+pub(crate) fn expand(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let mut item: ItemFn = syn::parse2(item)
+        .map_err(|e| syn::Error::new(e.span(), format!("{} goes on an async fn", kind.name())))?;
+
+    // The first attribute the compiler expands takes every tollgate attribute below it, so
+    // stacked limiters become one atomic check and the order of checks does not depend on the
+    // order of attributes: rate limits first (a refused request takes no lock), then the guard.
+    let mut found = vec![(kind, args, Span::call_site())];
+    let mut kept = Vec::with_capacity(item.attrs.len());
+    for attr in std::mem::take(&mut item.attrs) {
+        match Kind::of(&attr) {
+            Some(k) => {
+                let tokens = match &attr.meta {
+                    Meta::List(list) => list.tokens.clone(),
+                    Meta::Path(_) => TokenStream::new(),
+                    Meta::NameValue(nv) => {
+                        return Err(syn::Error::new(
+                            nv.span(),
+                            format!("write {}(...), not {} = ...", k.name(), k.name()),
+                        ));
+                    }
+                };
+                found.push((k, tokens, attr.span()));
+            }
+            None => kept.push(attr),
+        }
+    }
+    item.attrs = kept;
+
+    let mut limits: Vec<RateLimit> = Vec::new();
+    let mut duplicate: Option<PreventDuplicate> = None;
+    for (k, tokens, span) in found {
+        match k {
+            Kind::RateLimit => limits.push(options::parse_rate_limit(tokens, span)?),
+            Kind::PreventDuplicate => {
+                if duplicate.is_some() {
+                    return Err(syn::Error::new(
+                        span,
+                        "#[prevent_duplicate] can be given once per function",
+                    ));
+                }
+                duplicate = Some(options::parse_prevent_duplicate(tokens, span)?);
+            }
+        }
+    }
+
+    check_signature(&item, kind)?;
+    let bound = bound_arguments(&item);
+    let name = item.sig.ident.to_string();
+    let default_scope = quote!(::core::concat!(::core::module_path!(), "::", #name));
+
+    let limit_check = if limits.is_empty() {
+        TokenStream::new()
+    } else {
+        rate_limit_check(&limits, &bound, &default_scope)?
+    };
+
+    let block = &item.block;
+    let body = match &duplicate {
+        None => quote! {
+            #limit_check
+            #block
+        },
+        Some(guard) => {
+            let output = match &item.sig.output {
+                ReturnType::Type(_, ty) => ty.as_ref().clone(),
+                ReturnType::Default => unreachable!("checked by check_signature"),
+            };
+            let guarded = duplicate_guard(guard, &bound, &default_scope, &output, block)?;
+            quote! {
+                #limit_check
+                #guarded
+            }
+        }
+    };
+    let attrs = &item.attrs;
+    let vis = &item.vis;
+    let sig = &item.sig;
+    Ok(quote! {
+        #(#attrs)*
+        #vis #sig {
+            #body
+        }
+    })
+}
+
+fn check_signature(item: &ItemFn, kind: Kind) -> syn::Result<()> {
+    let sig = &item.sig;
+    if sig.asyncness.is_none() {
+        return Err(syn::Error::new(
+            sig.fn_token.span(),
+            format!(
+                "{} works on async fns only: make `{}` async",
+                kind.name(),
+                sig.ident
+            ),
+        ));
+    }
+    let refusal = |span: Span| {
+        syn::Error::new(
+            span,
+            format!(
+                "a {} fn must return Result<T, E> with E: From<tollgate_tower::Rejection>, \
+                 so that a refusal can be returned",
+                kind.name()
+            ),
+        )
+    };
+    match &sig.output {
+        ReturnType::Default => Err(refusal(sig.paren_token.span.join())),
+        ReturnType::Type(_, ty) if matches!(**ty, Type::ImplTrait(_)) => Err(refusal(ty.span())),
+        ReturnType::Type(..) => Ok(()),
+    }
+}
+
+/// The names the function's parameters bind (`x: T`, `Json(body): Json<T>`, ...), in order.
+fn bound_arguments(item: &ItemFn) -> Vec<Ident> {
+    fn walk(pat: &Pat, out: &mut Vec<Ident>) {
+        match pat {
+            Pat::Ident(p) => {
+                out.push(p.ident.clone());
+                if let Some((_, sub)) = &p.subpat {
+                    walk(sub, out);
+                }
+            }
+            Pat::TupleStruct(p) => p.elems.iter().for_each(|e| walk(e, out)),
+            Pat::Tuple(p) => p.elems.iter().for_each(|e| walk(e, out)),
+            Pat::Struct(p) => p.fields.iter().for_each(|f| walk(&f.pat, out)),
+            Pat::Reference(p) => walk(&p.pat, out),
+            Pat::Type(p) => walk(&p.pat, out),
+            Pat::Slice(p) => p.elems.iter().for_each(|e| walk(e, out)),
+            Pat::Paren(p) => walk(&p.pat, out),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for input in &item.sig.inputs {
+        if let FnArg::Typed(typed) = input {
+            walk(&typed.pat, &mut out);
+        }
+    }
+    out
+}
+
+fn find_bound<'a>(bound: &'a [Ident], name: &str) -> Option<&'a Ident> {
+    bound.iter().find(|i| *i == name)
+}
+
+fn opt(lit: Option<&syn::LitStr>) -> TokenStream {
+    match lit {
+        Some(lit) => quote!(::core::option::Option::Some(#lit)),
+        None => quote!(::core::option::Option::None),
+    }
+}
+
+fn rate_limit_check(
+    limits: &[RateLimit],
+    bound: &[Ident],
+    default_scope: &TokenStream,
+) -> syn::Result<TokenStream> {
+    let mut names: Vec<String> = Vec::new();
+    let mut scope: Option<&syn::LitStr> = None;
+    let mut limiters = Vec::new();
+    let mut args = Vec::new();
+    for limit in limits {
+        let (name, span) = limit.limiter_name();
+        if names.contains(&name) {
+            return Err(syn::Error::new(
+                span,
+                format!("two limiters are named {name:?}; give one a `name`"),
+            ));
+        }
+        names.push(name);
+        if let Some(s) = &limit.scope {
+            match scope {
+                Some(first) if first.value() != s.value() => {
+                    return Err(syn::Error::new(
+                        s.span(),
+                        format!(
+                            "the limiters of one function share one scope; {:?} was given above",
+                            first.value()
+                        ),
+                    ));
+                }
+                _ => scope = Some(s),
+            }
+        }
+        if let Dimension::Arg(arg) = &limit.dimension {
+            let Some(ident) = find_bound(bound, arg) else {
+                return Err(syn::Error::new(
+                    limit.by.span(),
+                    format!("no argument named `{arg}` to count by"),
+                ));
+            };
+            if !args.iter().any(|(n, _): &(String, TokenStream)| n == arg) {
+                let value = quote_spanned! {ident.span()=>
+                    (#arg, ::std::string::ToString::to_string(&#ident))
+                };
+                args.push((arg.clone(), value));
+            }
+        }
+        let by = &limit.by;
+        let rules = &limit.rules;
+        let algorithm = opt(limit.algorithm.as_ref());
+        let name = opt(limit.name.as_ref());
+        let blocklist = opt(limit.blocklist.as_ref());
+        let message = opt(limit.message.as_ref());
+        limiters.push(quote! {
+            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message)
+        });
+    }
+    let scope = match scope {
+        Some(s) => s.to_token_stream(),
+        None => default_scope.clone(),
+    };
+    let args = args.iter().map(|(_, value)| value);
+    Ok(quote! {
+        {
+            static __TOLLGATE_POLICY: ::std::sync::LazyLock<::tollgate_tower::__private::Policy> =
+                ::std::sync::LazyLock::new(|| {
+                    ::tollgate_tower::__private::policy(#scope, ::std::vec![#(#limiters),*])
+                });
+            let __tollgate_args: ::std::vec::Vec<(&'static str, ::std::string::String)> =
+                ::std::vec![#(#args),*];
+            if let ::core::result::Result::Err(__tollgate_rejection) =
+                ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args).await
+            {
+                return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
+            }
+        }
+    })
+}
+
+fn duplicate_guard(
+    guard: &PreventDuplicate,
+    bound: &[Ident],
+    default_scope: &TokenStream,
+    output: &Type,
+    block: &syn::Block,
+) -> syn::Result<TokenStream> {
+    let scope = match &guard.scope {
+        Some(s) => s.to_token_stream(),
+        None => default_scope.clone(),
+    };
+    let by = &guard.by;
+    let ttl = &guard.ttl;
+    let global = guard.global;
+    let mut pushes = Vec::new();
+    if by.value() == "args" {
+        let chosen: Vec<&Ident> = match &guard.args {
+            Some(list) => list
+                .iter()
+                .map(|lit| {
+                    find_bound(bound, &lit.value()).ok_or_else(|| {
+                        syn::Error::new(
+                            lit.span(),
+                            format!("no argument named `{}` to fingerprint", lit.value()),
+                        )
+                    })
+                })
+                .collect::<syn::Result<_>>()?,
+            None => bound.iter().collect(),
+        };
+        for ident in chosen {
+            let name = ident.to_string();
+            pushes.push(quote_spanned! {ident.span()=>
+                __tollgate_fingerprint.push(#name, &#ident);
+            });
+        }
+    }
+    // Pins the async block's return type to the function's, so `?` in the body converts
+    // errors as it would without the macro (the trick tracing's #[instrument] uses).
+    let fake_return = if output.to_token_stream().to_string().contains("impl ") {
+        TokenStream::new()
+    } else {
+        quote! {
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::let_unit_value,
+                clippy::unreachable,
+                clippy::empty_loop
+            )]
+            if false {
+                let __tollgate_never: #output = loop {};
+                return __tollgate_never;
+            }
+        }
+    };
+    Ok(quote! {
+        static __TOLLGATE_GUARD: ::std::sync::LazyLock<::tollgate_tower::__private::DuplicateGuard> =
+            ::std::sync::LazyLock::new(|| {
+                ::tollgate_tower::__private::guard(#scope, #by, #ttl, #global)
+            });
+        let __tollgate_fingerprint = {
+            #[allow(unused_mut)]
+            let mut __tollgate_fingerprint = ::tollgate_tower::__private::Args::new();
+            #(#pushes)*
+            __tollgate_fingerprint.fingerprint()
+        };
+        let __tollgate_held =
+            match ::tollgate_tower::__private::acquire(&__TOLLGATE_GUARD, __tollgate_fingerprint).await {
+                ::core::result::Result::Ok(held) => held,
+                ::core::result::Result::Err(__tollgate_rejection) => {
+                    return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
+                }
+            };
+        let __tollgate_result = async move {
+            #fake_return
+            #block
+        }
+        .await;
+        __tollgate_held
+            .finish(::tollgate_tower::__private::Outcome::succeeded(&__tollgate_result))
+            .await;
+        __tollgate_result
+    })
+}

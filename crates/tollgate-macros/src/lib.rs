@@ -1,0 +1,104 @@
+//! `#[rate_limit]` and `#[prevent_duplicate]`: tollgate's guards as attributes on async
+//! functions, the Rust counterpart of the seed's `@RateLimiters` and `@PreventDuplicateSubmit`.
+//!
+//! Use them through `tollgate_tower`, which re-exports them and provides what the generated
+//! code calls. They work on axum handlers and on any async fn that runs inside a
+//! `tollgate_tower::Context` (installed per request by `tollgate_tower::ContextLayer`, or by
+//! `Context::scope` elsewhere).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate::{Identity, MemoryStore, Tollgate};
+//! use tollgate_tower::{Context, Rejection, prevent_duplicate, rate_limit};
+//!
+//! // Several limiters, one atomic check: a call refused by the per-user rule costs the
+//! // per-IP rules nothing.
+//! #[rate_limit(by = "ip", rules = ["1/1m", "10/1h", "60/1d"], blocklist = "10m")]
+//! #[rate_limit(by = "user_id", rules = ["20/1d"], message = "daily SMS quota used up")]
+//! async fn send_code(phone: String) -> Result<String, Rejection> {
+//!     Ok(format!("code sent to {phone}"))
+//! }
+//!
+//! // The same arguments twice within 5 s: the second call is refused.
+//! #[prevent_duplicate(by = "args", ttl = "5s")]
+//! async fn submit_order(item: u32, quantity: u32) -> Result<u64, Rejection> {
+//!     Ok(u64::from(item * quantity))
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+//! let who = Identity::new().with_ip("198.51.100.4".parse().unwrap()).with_user_id("42");
+//! Context::new(gate, who)
+//!     .scope(async {
+//!         assert!(send_code("+15550100".into()).await.is_ok());
+//!         assert!(matches!(send_code("+15550100".into()).await, Err(Rejection::RateLimited(_))));
+//!
+//!         assert!(submit_order(7, 1).await.is_ok());
+//!         assert!(matches!(submit_order(7, 1).await, Err(Rejection::Repeated { .. })));
+//!         assert!(submit_order(7, 2).await.is_ok());
+//!     })
+//!     .await;
+//! # });
+//! ```
+//!
+//! # `#[rate_limit(...)]`
+//! | option | meaning |
+//! |---|---|
+//! | `by` | the dimension: `global`, `ip`, `user_id`, `user_name`, `header:<name>`, `arg:<name>` (a parameter of the function, counted by its `Display`) |
+//! | `rules` | `["N/DURATION", ...]`, e.g. `"1/1m"`, `"10/1h"`, `"5/500ms"`; units ms, s, m, h, d |
+//! | `name` | the limiter's name (default: the dimension); names appear in keys and headers |
+//! | `algorithm` | `sliding_log` (default), `fixed_window`, `gcra` |
+//! | `blocklist` | ban the offender's IP and user for this long after a violation, e.g. `"10m"` |
+//! | `scope` | the action name in keys (default: module path and function name) |
+//! | `message` | the text of the refusal (the problem body's `detail`) |
+//!
+//! Stack several for several limiters; they share one scope and are checked atomically.
+//!
+//! # `#[prevent_duplicate(...)]`
+//! | option | meaning |
+//! |---|---|
+//! | `by` | `args` (the function's arguments), `ip`, `user_id`, `user_name` |
+//! | `ttl` | how long repeats are refused, counted from the first call (default `"1s"`) |
+//! | `global` | share the lock across every function (the seed's `global = true`) |
+//! | `scope` | the action name in keys (default: module path and function name) |
+//! | `args` | with `by = "args"`: the parameters to fingerprint, e.g. `["body"]` (default: all) |
+//!
+//! With `by = "args"` every fingerprinted parameter must implement `serde::Serialize`; they
+//! are hashed as JSON (a stable form across processes, unlike `Debug`). Leave out parameters
+//! that are not data (an axum `State`) with `args = [...]`. An `Err` result frees the lock
+//! so the caller can retry; so does a cancelled call. A repeat while the first call runs is
+//! refused with `Rejection::InProgress` (409), one after it with `Rejection::Repeated` (429).
+//!
+//! # Rules for the function
+//! - It is `async`.
+//! - It returns `Result<T, E>` with `E: From<tollgate_tower::Rejection>` (`Rejection` itself
+//!   is an axum `IntoResponse`, so `Result<Json<T>, Rejection>` is a handler).
+//! - Rule, duration, dimension and algorithm strings are checked at compile time; a mistake is
+//!   a compile error pointing at the string.
+//!
+//! # Layout
+//! - `options`: parsing and validating the attributes' options.
+//! - `expand`: the generated code (one rate-limit check, then the duplicate guard).
+
+use proc_macro::TokenStream;
+
+mod expand;
+mod options;
+
+use expand::{Kind, expand};
+
+/// Rate-limits an async fn; see the [crate docs](crate).
+#[proc_macro_attribute]
+pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand(Kind::RateLimit, args.into(), item.into())
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
+}
+
+/// Refuses duplicate calls of an async fn; see the [crate docs](crate).
+#[proc_macro_attribute]
+pub fn prevent_duplicate(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand(Kind::PreventDuplicate, args.into(), item.into())
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
+}

@@ -1,0 +1,270 @@
+//! The attributes' options, parsed and validated with the same grammar as at run time.
+
+use std::str::FromStr;
+
+use proc_macro2::{Span, TokenStream};
+use syn::{LitBool, LitStr, bracketed, meta::ParseNestedMeta, punctuated::Punctuated};
+use tollgate::{Algorithm, Dimension, Rule, parse_duration};
+
+/// One `#[rate_limit(...)]`: one limiter.
+pub(crate) struct RateLimit {
+    pub(crate) by: LitStr,
+    pub(crate) dimension: Dimension,
+    pub(crate) rules: Vec<LitStr>,
+    pub(crate) name: Option<LitStr>,
+    pub(crate) algorithm: Option<LitStr>,
+    pub(crate) blocklist: Option<LitStr>,
+    pub(crate) scope: Option<LitStr>,
+    pub(crate) message: Option<LitStr>,
+}
+
+impl RateLimit {
+    /// The limiter's name: `name`, or the dimension's text.
+    pub(crate) fn limiter_name(&self) -> (String, Span) {
+        match &self.name {
+            Some(name) => (name.value(), name.span()),
+            None => (self.dimension.to_string(), self.by.span()),
+        }
+    }
+}
+
+/// `#[prevent_duplicate(...)]`.
+pub(crate) struct PreventDuplicate {
+    pub(crate) by: LitStr,
+    pub(crate) ttl: LitStr,
+    pub(crate) global: bool,
+    pub(crate) scope: Option<LitStr>,
+    pub(crate) args: Option<Vec<LitStr>>,
+}
+
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message";
+const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
+
+fn set<T>(
+    slot: &mut Option<T>,
+    value: T,
+    meta: &ParseNestedMeta<'_>,
+    name: &str,
+) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(meta.error(format!("`{name}` is given twice")));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn non_empty(lit: LitStr, what: &str) -> syn::Result<LitStr> {
+    if lit.value().trim().is_empty() {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("`{what}` cannot be empty"),
+        ));
+    }
+    Ok(lit)
+}
+
+fn string_list(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<LitStr>> {
+    let value = meta.value()?;
+    let content;
+    bracketed!(content in value);
+    let list = Punctuated::<LitStr, syn::Token![,]>::parse_terminated(&content)?;
+    Ok(list.into_iter().collect())
+}
+
+/// A duration option (`"5s"`): checked now, parsed again at run time.
+fn duration(lit: &LitStr, what: &str) -> syn::Result<()> {
+    match parse_duration(&lit.value()) {
+        Ok(d) if d.is_zero() => Err(syn::Error::new(
+            lit.span(),
+            format!("`{what}` must be at least 1ms"),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(syn::Error::new(
+            lit.span(),
+            format!("invalid `{what}`: {e}"),
+        )),
+    }
+}
+
+pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<RateLimit> {
+    let (mut by, mut rules, mut name, mut algorithm, mut blocklist, mut scope, mut message) =
+        (None, None, None, None, None, None, None);
+    let parser = syn::meta::parser(|meta| {
+        let key = meta
+            .path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        match key.as_str() {
+            "by" => set(&mut by, meta.value()?.parse::<LitStr>()?, &meta, "by"),
+            "rules" => set(&mut rules, string_list(&meta)?, &meta, "rules"),
+            "name" => set(
+                &mut name,
+                non_empty(meta.value()?.parse()?, "name")?,
+                &meta,
+                "name",
+            ),
+            "algorithm" => set(
+                &mut algorithm,
+                meta.value()?.parse::<LitStr>()?,
+                &meta,
+                "algorithm",
+            ),
+            "blocklist" => set(
+                &mut blocklist,
+                meta.value()?.parse::<LitStr>()?,
+                &meta,
+                "blocklist",
+            ),
+            "scope" => set(
+                &mut scope,
+                non_empty(meta.value()?.parse()?, "scope")?,
+                &meta,
+                "scope",
+            ),
+            "message" => set(
+                &mut message,
+                meta.value()?.parse::<LitStr>()?,
+                &meta,
+                "message",
+            ),
+            _ => Err(meta.error(format!(
+                "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
+            ))),
+        }
+    });
+    syn::parse::Parser::parse2(parser, tokens)?;
+
+    let by: LitStr =
+        by.ok_or_else(|| syn::Error::new(span, "#[rate_limit] needs `by`, e.g. by = \"ip\""))?;
+    let dimension = Dimension::from_str(&by.value()).map_err(|e| syn::Error::new(by.span(), e))?;
+    let rules: Vec<LitStr> = rules.ok_or_else(|| {
+        syn::Error::new(
+            span,
+            "#[rate_limit] needs `rules`, e.g. rules = [\"1/1m\", \"10/1h\"]",
+        )
+    })?;
+    if rules.is_empty() {
+        return Err(syn::Error::new(
+            span,
+            "`rules` is empty; give at least one, e.g. \"10/1m\"",
+        ));
+    }
+    let algorithm_value = match &algorithm {
+        Some(lit) => {
+            Some(Algorithm::from_str(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?)
+        }
+        None => None,
+    };
+    let mut seen: Vec<Rule> = Vec::new();
+    for lit in &rules {
+        let rule = Rule::from_str(&lit.value())
+            .map_err(|e| syn::Error::new(lit.span(), format!("invalid rule {e}")))?;
+        let rule = match algorithm_value {
+            Some(a) => rule.with_algorithm(a),
+            None => rule,
+        };
+        if seen.contains(&rule) {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!("rule {rule} is listed twice in this limiter"),
+            ));
+        }
+        seen.push(rule);
+    }
+    if let Some(lit) = &blocklist {
+        duration(lit, "blocklist")?;
+    }
+    Ok(RateLimit {
+        by,
+        dimension,
+        rules,
+        name,
+        algorithm,
+        blocklist,
+        scope,
+        message,
+    })
+}
+
+pub(crate) fn parse_prevent_duplicate(
+    tokens: TokenStream,
+    span: Span,
+) -> syn::Result<PreventDuplicate> {
+    let (mut by, mut ttl, mut global, mut scope, mut args) = (None, None, None, None, None);
+    let parser = syn::meta::parser(|meta| {
+        let key = meta
+            .path
+            .get_ident()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        match key.as_str() {
+            "by" => set(&mut by, meta.value()?.parse::<LitStr>()?, &meta, "by"),
+            "ttl" => set(&mut ttl, meta.value()?.parse::<LitStr>()?, &meta, "ttl"),
+            "global" => set(
+                &mut global,
+                meta.value()?.parse::<LitBool>()?,
+                &meta,
+                "global",
+            ),
+            "scope" => set(
+                &mut scope,
+                non_empty(meta.value()?.parse()?, "scope")?,
+                &meta,
+                "scope",
+            ),
+            "args" => set(&mut args, string_list(&meta)?, &meta, "args"),
+            _ => Err(meta.error(format!(
+                "unknown option for #[prevent_duplicate] (expected {DUPLICATE_OPTIONS})"
+            ))),
+        }
+    });
+    syn::parse::Parser::parse2(parser, tokens)?;
+
+    let by: LitStr = by.ok_or_else(|| {
+        syn::Error::new(
+            span,
+            "#[prevent_duplicate] needs `by`: args, ip, user_id or user_name",
+        )
+    })?;
+    match by.value().as_str() {
+        "args" | "ip" | "user_id" | "user_name" => {}
+        "key" | "idempotency-key" => {
+            return Err(syn::Error::new(
+                by.span(),
+                "idempotency keys live in the request: use tollgate_tower::DuplicateLayer::idempotency_key on the route",
+            ));
+        }
+        other => {
+            return Err(syn::Error::new(
+                by.span(),
+                format!(
+                    "unknown `by` {other:?} for #[prevent_duplicate] (use args, ip, user_id or user_name)"
+                ),
+            ));
+        }
+    }
+    let ttl = ttl.unwrap_or_else(|| LitStr::new("1s", span));
+    duration(&ttl, "ttl")?;
+    if let Some(list) = &args {
+        if by.value() != "args" {
+            return Err(syn::Error::new(
+                by.span(),
+                "`args` selects the arguments to fingerprint; it needs by = \"args\"",
+            ));
+        }
+        if list.is_empty() {
+            return Err(syn::Error::new(
+                span,
+                "`args` is empty; omit it to fingerprint every argument",
+            ));
+        }
+    }
+    Ok(PreventDuplicate {
+        by,
+        ttl,
+        global: global.is_some_and(|b| b.value),
+        scope,
+        args,
+    })
+}

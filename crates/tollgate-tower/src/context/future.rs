@@ -1,0 +1,57 @@
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context as TaskContext, Poll, ready},
+};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
+use tollgate::RuleDecision;
+
+use super::Context;
+use crate::headers::{RATELIMIT, insert_rule_headers};
+
+pin_project! {
+    /// The response future of [`ContextService`](crate::ContextService): the inner future,
+    /// polled inside the context.
+    pub struct ContextFuture<F> {
+        #[pin]
+        future: TaskLocalFuture<Context, F>,
+        admitted: Option<Arc<Mutex<Vec<RuleDecision>>>>,
+    }
+}
+
+impl<F: Future> ContextFuture<F> {
+    pub(crate) fn new(
+        context: Context,
+        future: F,
+        admitted: Option<Arc<Mutex<Vec<RuleDecision>>>>,
+    ) -> ContextFuture<F> {
+        ContextFuture {
+            future: context.scope_future(future),
+            admitted,
+        }
+    }
+}
+
+impl<F, ResBody, E> Future for ContextFuture<F>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut response = ready!(this.future.poll(cx))?;
+        if let Some(admitted) = this.admitted.take() {
+            let rules =
+                std::mem::take(&mut *admitted.lock().unwrap_or_else(PoisonError::into_inner));
+            if !response.headers().contains_key(RATELIMIT) {
+                insert_rule_headers(&rules, response.headers_mut());
+            }
+        }
+        Poll::Ready(Ok(response))
+    }
+}

@@ -1,0 +1,81 @@
+use std::{fmt, sync::Arc};
+
+use tollgate::{Store, Tollgate};
+use tower_layer::Layer;
+
+use super::ContextService;
+use crate::{
+    engine::{SharedGate, erase},
+    identity::IdentityResolver,
+};
+
+/// Resolves each request's [`Identity`](tollgate::Identity), puts it in the request's
+/// extensions (where the rate-limit and duplicate layers below find it) and runs the inner
+/// service inside a [`Context`](crate::Context) for macro-guarded handlers.
+///
+/// Responses of requests that macro-guarded code admitted get the `RateLimit-Policy` and
+/// `RateLimit` fields of those checks (unless turned off, or already set by a layer below).
+///
+/// Put it outside every route (`Router::layer`), inside the application's auth layer so that
+/// the user is known:
+///
+/// ```
+/// use std::sync::Arc;
+/// use axum::{Router, routing::post};
+/// use tollgate::{MemoryStore, Tollgate};
+/// use tollgate_tower::{ContextLayer, IdentityResolver, Rejection, rate_limit};
+///
+/// #[rate_limit(by = "ip", rules = ["1/1m", "10/1h"])]
+/// async fn send_code() -> Result<&'static str, Rejection> {
+///     Ok("sent")
+/// }
+///
+/// let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+/// let app: Router = Router::new()
+///     .route("/sms/code", post(send_code))
+///     .layer(ContextLayer::new(gate, IdentityResolver::new()));
+/// ```
+#[derive(Clone)]
+pub struct ContextLayer {
+    pub(crate) gate: SharedGate,
+    pub(crate) resolver: Arc<IdentityResolver>,
+    pub(crate) headers: bool,
+}
+
+impl ContextLayer {
+    /// Identities from `resolver`, checks on `gate`.
+    pub fn new<S: Store>(gate: Arc<Tollgate<S>>, resolver: IdentityResolver) -> ContextLayer {
+        ContextLayer {
+            gate: erase(gate),
+            resolver: Arc::new(resolver),
+            headers: true,
+        }
+    }
+
+    /// Whether responses carry the RateLimit fields of macro checks (default: yes).
+    #[must_use]
+    pub fn headers(mut self, enabled: bool) -> ContextLayer {
+        self.headers = enabled;
+        self
+    }
+}
+
+impl<S> Layer<S> for ContextLayer {
+    type Service = ContextService<S>;
+
+    fn layer(&self, inner: S) -> ContextService<S> {
+        ContextService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for ContextLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextLayer")
+            .field("resolver", &self.resolver)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,257 @@
+use std::{
+    fmt,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Instant,
+};
+
+use axum::{body::Body, response::IntoResponse};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tollgate::{Acquire, Duplicate, DuplicateState, Fingerprint};
+use tower_service::Service;
+
+use super::{
+    DuplicateFuture,
+    body::{Buffered, buffer},
+    layer::{Config, IDEMPOTENCY_KEY, Mode},
+    stored,
+};
+use crate::{engine::LeaseGuard, identity::identity_of, rejection::Rejection};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Longest accepted `Idempotency-Key` (UUIDs are 36 characters; the slack is for prefixes).
+const MAX_KEY_LEN: usize = 255;
+
+/// The service of a [`DuplicateLayer`](crate::DuplicateLayer).
+///
+/// The inner service receives an [`axum::body::Body`] (the request body may have been
+/// buffered for the fingerprint), as axum routes do.
+#[derive(Clone)]
+pub struct DuplicateService<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<Config>,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for DuplicateService<S>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = DuplicateFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        DuplicateFuture {
+            inner: Box::pin(guarded(config, inner, request)),
+        }
+    }
+}
+
+async fn guarded<S, B, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let reject = |rejection: Rejection| match &config.on_rejection {
+        Some(f) => f(rejection),
+        None => rejection.into_response(),
+    };
+    let mut identity = identity_of(&request, &config.resolver, &[]);
+    if config.mode == Mode::Key {
+        match idempotency_key(&request) {
+            Ok(Some(key)) => identity = identity.with_header(IDEMPOTENCY_KEY, key),
+            Ok(None) if !config.require_key => {
+                let response = inner.call(request.map(Body::new)).await?;
+                return Ok(response.map(Body::new));
+            }
+            Ok(None) => {
+                return Ok(reject(Rejection::BadKey(
+                    "this endpoint requires an Idempotency-Key header",
+                )));
+            }
+            Err(why) => return Ok(reject(Rejection::BadKey(why))),
+        }
+    }
+    let (request, fingerprint) = match config.mode {
+        Mode::Key | Mode::Args => match fingerprint(request, config.max_body).await {
+            Ok(read) => read,
+            Err(rejection) => return Ok(reject(rejection)),
+        },
+        Mode::Identity => (request.map(Body::new), Fingerprint::empty()),
+    };
+    let acquired = config
+        .gate
+        .acquire(&config.guard, &identity, &fingerprint)
+        .await;
+    let lease = match acquired {
+        Ok(Acquire::Acquired(lease)) => lease,
+        Ok(Acquire::Duplicate(duplicate)) => {
+            return Ok(answer_duplicate(&config, duplicate).unwrap_or_else(reject));
+        }
+        Err(error) => return Ok(reject(Rejection::from_check_error(error))),
+    };
+    let started = Instant::now();
+    let lease = LeaseGuard::new(config.gate.clone(), lease);
+    let response = match inner.call(request).await {
+        Ok(response) => response,
+        Err(error) => {
+            lease.release().await;
+            return Err(error);
+        }
+    };
+    if response.status().is_server_error() {
+        lease.release().await;
+        return Ok(response.map(Body::new));
+    }
+    if config.mode != Mode::Key {
+        // Repeats stay refused until the TTL counted from the first request ends.
+        let left = config.ttl.saturating_sub(started.elapsed());
+        lease.complete(Vec::new(), left).await;
+        return Ok(response.map(Body::new));
+    }
+    let (parts, body) = response.into_parts();
+    match buffer(Box::pin(body), config.max_response).await {
+        Buffered::Whole(bytes) => {
+            // An empty record marks "completed, not replayable".
+            let record = stored::encode(&parts, &bytes).unwrap_or_default();
+            lease.complete(record, config.replay_for).await;
+            Ok(Response::from_parts(parts, Body::from(bytes)))
+        }
+        Buffered::TooLarge(rest) => {
+            lease.complete(Vec::new(), config.replay_for).await;
+            Ok(Response::from_parts(parts, Body::new(rest)))
+        }
+        Buffered::Failed(error) => {
+            // The handler's response broke off: treat it as a server failure, retryable.
+            lease.release().await;
+            let detail = format!("the response body failed: {error}");
+            Ok((http::StatusCode::INTERNAL_SERVER_ERROR, detail).into_response())
+        }
+    }
+}
+
+/// The request's idempotency key: `Ok(None)` if absent, `Err` if malformed. Both the
+/// structured-field form (`"abc"`) and the bare token are accepted.
+fn idempotency_key<B>(request: &Request<B>) -> Result<Option<String>, &'static str> {
+    let mut values = request.headers().get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err("send one Idempotency-Key header, not several");
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| "the Idempotency-Key must be visible ASCII")?
+        .trim();
+    let key = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    if key.is_empty() {
+        return Err("the Idempotency-Key is empty");
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err("the Idempotency-Key is longer than 255 characters");
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// Reads the body (up to `cap` bytes) and fingerprints method, path, query and body; gives
+/// back the request with the buffered body.
+async fn fingerprint<B>(
+    request: Request<B>,
+    cap: usize,
+) -> Result<(Request<Body>, Fingerprint), Rejection>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > cap as u64) {
+        return Err(Rejection::PayloadTooLarge { cap });
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match Limited::new(body, cap).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(Rejection::PayloadTooLarge { cap });
+        }
+        Err(error) => return Err(Rejection::BadBody(error.to_string())),
+    };
+    let fingerprint = Fingerprint::of_args([
+        ("method", parts.method.as_str().as_bytes()),
+        ("path", parts.uri.path().as_bytes()),
+        ("query", parts.uri.query().unwrap_or("").as_bytes()),
+        ("body", &bytes[..]),
+    ]);
+    Ok((Request::from_parts(parts, Body::from(bytes)), fingerprint))
+}
+
+/// The answer to a repeat: a replay, or the rejection that explains the refusal.
+fn answer_duplicate(config: &Config, duplicate: Duplicate) -> Result<Response<Body>, Rejection> {
+    let message = duplicate.message(config.guard.by());
+    if config.mode == Mode::Key && !duplicate.fingerprint_matches {
+        return Err(Rejection::KeyReused);
+    }
+    match duplicate.state {
+        DuplicateState::InProgress => Err(Rejection::InProgress {
+            retry_after: duplicate.retry_after,
+            message,
+        }),
+        DuplicateState::Completed => {
+            let replay = (config.mode == Mode::Key)
+                .then_some(duplicate.response)
+                .flatten()
+                .and_then(stored::decode);
+            match replay {
+                Some(mut response) => {
+                    response
+                        .headers_mut()
+                        .insert("idempotency-replayed", HeaderValue::from_static("true"));
+                    Ok(response)
+                }
+                None => Err(Rejection::Repeated {
+                    retry_after: duplicate.retry_after,
+                    message,
+                }),
+            }
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for DuplicateService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DuplicateService")
+            .field("inner", &self.inner)
+            .field("scope", &self.config.scope)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,136 @@
+//! The engine behind a type-erased handle, so layers and the task-local context need not be
+//! generic over the store.
+
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tollgate::{
+    Acquire, CheckError, Decision, DuplicateGuard, Fingerprint, Identity, Lease, Policy, Store,
+    StoreError, Tollgate,
+};
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The object-safe face of [`Tollgate`] that the middleware needs.
+pub(crate) trait Gate: Send + Sync + 'static {
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        identity: &'a Identity,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, CheckError>>;
+
+    fn acquire<'a>(
+        &'a self,
+        guard: &'a DuplicateGuard,
+        identity: &'a Identity,
+        fingerprint: &'a Fingerprint,
+    ) -> BoxFuture<'a, Result<Acquire, CheckError>>;
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        response: &'a [u8],
+        keep_for: Duration,
+    ) -> BoxFuture<'a, Result<bool, CheckError>>;
+}
+
+impl<S: Store> Gate for Tollgate<S> {
+    fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        identity: &'a Identity,
+        cost: u64,
+    ) -> BoxFuture<'a, Result<Decision, CheckError>> {
+        Box::pin(Tollgate::check(self, policy, identity, cost))
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        guard: &'a DuplicateGuard,
+        identity: &'a Identity,
+        fingerprint: &'a Fingerprint,
+    ) -> BoxFuture<'a, Result<Acquire, CheckError>> {
+        Box::pin(Tollgate::acquire(self, guard, identity, fingerprint))
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Tollgate::release(self, lease))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a Lease,
+        response: &'a [u8],
+        keep_for: Duration,
+    ) -> BoxFuture<'a, Result<bool, CheckError>> {
+        Box::pin(Tollgate::complete(self, lease, response, keep_for))
+    }
+}
+
+pub(crate) type SharedGate = Arc<dyn Gate>;
+
+pub(crate) fn erase<S: Store>(gate: Arc<Tollgate<S>>) -> SharedGate {
+    gate
+}
+
+/// Holds a duplicate-guard lease until the outcome is known.
+///
+/// Dropped while armed (the handler's future was cancelled because the client went away, or it
+/// panicked), it releases the lock in the background so the client can retry at once instead
+/// of waiting for the TTL. Once the handler has produced its outcome, [`complete`] and
+/// [`release`] record it on a task of their own: the operation happened, so it is recorded
+/// even if the request's future is dropped meanwhile.
+///
+/// [`complete`]: LeaseGuard::complete
+/// [`release`]: LeaseGuard::release
+pub(crate) struct LeaseGuard {
+    gate: SharedGate,
+    lease: Option<Lease>,
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(gate: SharedGate, lease: Lease) -> LeaseGuard {
+        LeaseGuard {
+            gate,
+            lease: Some(lease),
+        }
+    }
+
+    /// Frees the lock (the submission failed: let the client retry).
+    pub(crate) async fn release(mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let gate = self.gate.clone();
+        // A failed release leaves the lock to expire with its TTL: nothing else to do.
+        let _ = tokio::spawn(async move { gate.release(&lease).await }).await;
+    }
+
+    /// Marks the submission done, keeping `response` for `keep_for`.
+    pub(crate) async fn complete(mut self, response: Vec<u8>, keep_for: Duration) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let gate = self.gate.clone();
+        // A failed completion leaves the lock held until its TTL: repeats are refused as in
+        // progress meanwhile, which is the safe side.
+        let _ = tokio::spawn(async move { gate.complete(&lease, &response, keep_for).await }).await;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        // Without a runtime (dropped during shutdown) the lock simply expires with its TTL.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let gate = self.gate.clone();
+            runtime.spawn(async move {
+                let _ = gate.release(&lease).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The client's IP: the peer address, or what trusted proxies say it is.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{HeaderMap, header};
+use tollgate::IpNet;
+
+/// Which header trusted proxies use to pass on the client's address.
+///
+/// Only one is believed: a proxy that appends to `X-Forwarded-For` usually passes a
+/// client-sent `Forwarded` header through untouched, so believing both would let the client
+/// choose its address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2` (the de facto standard).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
+/// The client IP of a request that arrived from `peer`.
+///
+/// If `peer` is not a trusted proxy, it is the client, whatever the headers say. Otherwise the
+/// forwarding chain is walked from the right (the hop nearest to us): trusted hops are
+/// skipped and the first untrusted one is the client. A hop that is not an address
+/// (`unknown`, an obfuscated `_name`) ends the walk at the last trusted hop, the nearest
+/// address we can vouch for. If every hop is trusted, the leftmost one is the client.
+pub(crate) fn client_ip(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+    source: ForwardedHeader,
+) -> IpAddr {
+    let peer = canonical(peer);
+    if !is_trusted(peer, trusted) {
+        return peer;
+    }
+    let hops = match source {
+        ForwardedHeader::XForwardedFor => hops(
+            headers,
+            header::HeaderName::from_static("x-forwarded-for"),
+            |v| v.split(',').map(|h| h.trim().to_owned()).collect(),
+        ),
+        ForwardedHeader::Forwarded => hops(headers, header::FORWARDED, forwarded_for),
+    };
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        match parse_hop(hop) {
+            Some(ip) if is_trusted(ip, trusted) => client = ip,
+            Some(ip) => return ip,
+            None => return client,
+        }
+    }
+    client
+}
+
+fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|net| net.contains(ip))
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`, from dual-stack sockets) become IPv4, so one
+/// client has one key.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Every hop of every instance of the header, in order; an unreadable header value counts as
+/// one unparseable hop, so it stops the walk instead of being skipped.
+fn hops(
+    headers: &HeaderMap,
+    name: header::HeaderName,
+    split: impl Fn(&str) -> Vec<String>,
+) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .flat_map(|value| match value.to_str() {
+            Ok(text) => split(text),
+            Err(_) => vec![String::new()],
+        })
+        .collect()
+}
+
+/// The `for=` value of each element of a `Forwarded` header value (RFC 7239 section 4); an
+/// element without one yields an empty (unparseable) hop.
+fn forwarded_for(value: &str) -> Vec<String> {
+    split_outside_quotes(value, ',')
+        .into_iter()
+        .map(|element| {
+            split_outside_quotes(element, ';')
+                .into_iter()
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
+                .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            c if c == separator && !quoted => {
+                parts.push(&text[start..i]);
+                start = i + c.len_utf8();
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
+/// `192.0.2.1`, `192.0.2.1:4711`, `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:4711`.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    if let Ok(ip) = hop.parse::<IpAddr>() {
+        return Some(canonical(ip));
+    }
+    if let Ok(addr) = hop.parse::<SocketAddr>() {
+        return Some(canonical(addr.ip()));
+    }
+    let bracketed = hop.strip_prefix('[')?.strip_suffix(']')?;
+    bracketed.parse::<IpAddr>().ok().map(canonical)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, value.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn an_untrusted_peer_cannot_choose_its_address() {
+        let h = headers(&[("x-forwarded-for", "1.2.3.4"), ("forwarded", "for=1.2.3.4")]);
+        let trusted = nets(&["10.0.0.0/8"]);
+        for source in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
+            assert_eq!(
+                client_ip(ip("203.0.113.9"), &h, &trusted, source),
+                ip("203.0.113.9")
+            );
+        }
+    }
+
+    #[test]
+    fn the_chain_is_walked_from_the_right_skipping_trusted_hops() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        // The client forged the first entry; the first untrusted hop from the right is real.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.0.0.2")]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("198.51.100.7"));
+        // Several header lines are one list, in order.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "198.51.100.7, 10.0.0.2"),
+        ]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("198.51.100.7"));
+        // All hops trusted: the leftmost is the client.
+        let h = headers(&[("x-forwarded-for", "10.9.9.9, 10.0.0.2")]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("10.9.9.9"));
+        // No header: the peer itself.
+        let got = client_ip(
+            ip("10.0.0.1"),
+            &HeaderMap::new(),
+            &trusted,
+            ForwardedHeader::XForwardedFor,
+        );
+        assert_eq!(got, ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn garbage_stops_the_walk_at_the_last_trusted_hop() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let h = headers(&[("x-forwarded-for", "198.51.100.7, unknown, 10.0.0.2")]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("10.0.0.2"));
+    }
+
+    #[test]
+    fn forwarded_elements_with_ports_and_brackets() {
+        let trusted = nets(&["10.0.0.0/8", "2001:db8:cafe::/48"]);
+        let h = headers(&[(
+            "forwarded",
+            r#"for=6.6.6.6, for="[2001:db8::17]:4711";proto=https, For="198.51.100.7:47011";by=10.0.0.2, for=10.0.0.3"#,
+        )]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("198.51.100.7"));
+        let h = headers(&[("forwarded", r#"for="[2001:db8::17]:4711", for=10.0.0.3"#)]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("2001:db8::17"));
+        // X-Forwarded-For is ignored when the proxies speak Forwarded.
+        let h = headers(&[("x-forwarded-for", "198.51.100.7")]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("10.0.0.1"));
+        // An obfuscated identifier is not an address.
+        let h = headers(&[("forwarded", "for=_hidden, for=10.0.0.3")]);
+        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("10.0.0.3"));
+    }
+
+    #[test]
+    fn mapped_addresses_are_ipv4() {
+        let got = client_ip(
+            ip("::ffff:203.0.113.9"),
+            &HeaderMap::new(),
+            &[],
+            ForwardedHeader::XForwardedFor,
+        );
+        assert_eq!(got, ip("203.0.113.9"));
+        assert!(!got.is_ipv6());
+    }
+}

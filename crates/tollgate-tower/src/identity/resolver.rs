@@ -1,0 +1,199 @@
+//! Builds the [`Identity`] of an HTTP request.
+
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
+
+use axum::extract::ConnectInfo;
+use http::{Extensions, HeaderMap, HeaderName, Request};
+use tollgate::{Identity, IpNet};
+
+use super::client_ip::{ForwardedHeader, client_ip};
+
+/// The address of the connection's peer, for servers other than axum's (with axum, serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()` and [`ConnectInfo`] is read instead).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The authenticated user, as the application's auth layer puts it in the request's
+/// extensions; see [`IdentityResolver::user`].
+///
+/// ```
+/// use tollgate_tower::AuthUser;
+///
+/// #[derive(Clone)]
+/// struct CurrentUser { id: u64, login: String }
+///
+/// impl AuthUser for CurrentUser {
+///     fn user_id(&self) -> Option<String> { Some(self.id.to_string()) }
+///     fn user_name(&self) -> Option<String> { Some(self.login.clone()) }
+/// }
+/// ```
+pub trait AuthUser: Send + Sync + 'static {
+    /// The user's id, for `user_id` dimensions.
+    fn user_id(&self) -> Option<String>;
+
+    /// The user's name, for `user_name` dimensions.
+    fn user_name(&self) -> Option<String> {
+        None
+    }
+}
+
+type Enrich = Arc<dyn Fn(Identity, &HeaderMap, &Extensions) -> Identity + Send + Sync>;
+
+/// Turns an HTTP request into the [`Identity`] that limiters count by.
+///
+/// - The client IP is the connection's peer ([`ConnectInfo<SocketAddr>`] or [`PeerAddr`]).
+///   Only if the peer is one of the [trusted proxies](Self::trust_proxy) is the forwarding
+///   header believed, walked from the right past trusted hops: a client that is not a trusted
+///   proxy cannot choose its IP with a header.
+/// - The user id and name come from the [`AuthUser`] that the application's auth layer put in
+///   the request's extensions ([`user`](Self::user)), or from a closure
+///   ([`enrich`](Self::enrich)).
+/// - The headers named with [`header`](Self::header) are copied, for `header:<name>`
+///   dimensions. (The rate-limit layer also copies the headers its own policy counts by.)
+///
+/// ```
+/// use tollgate_tower::{ForwardedHeader, IdentityResolver};
+///
+/// let resolver = IdentityResolver::new()
+///     .trust_proxy("10.0.0.0/8".parse()?)
+///     .forwarded_header(ForwardedHeader::XForwardedFor)
+///     .header("x-api-key");
+/// # let _ = resolver;
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct IdentityResolver {
+    trusted: Vec<IpNet>,
+    forwarded: ForwardedHeader,
+    headers: Vec<HeaderName>,
+    enrich: Vec<Enrich>,
+}
+
+impl IdentityResolver {
+    /// A resolver that takes the peer address as the client IP and knows no user.
+    pub fn new() -> IdentityResolver {
+        IdentityResolver::default()
+    }
+
+    /// Believes the forwarding header when the peer (and each hop) is in `net`.
+    #[must_use]
+    pub fn trust_proxy(mut self, net: IpNet) -> IdentityResolver {
+        self.trusted.push(net);
+        self
+    }
+
+    /// Trusts every network of `nets`; see [`trust_proxy`](Self::trust_proxy).
+    #[must_use]
+    pub fn trust_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> IdentityResolver {
+        self.trusted.extend(nets);
+        self
+    }
+
+    /// Which header the trusted proxies write (default `X-Forwarded-For`).
+    #[must_use]
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> IdentityResolver {
+        self.forwarded = header;
+        self
+    }
+
+    /// Copies the header `name` into the identity, for `header:<name>` dimensions.
+    ///
+    /// # Panics
+    /// If `name` is not a valid header name.
+    #[must_use]
+    pub fn header(mut self, name: &str) -> IdentityResolver {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .unwrap_or_else(|_| panic!("{name:?} is not a valid header name"));
+        self.headers.push(name);
+        self
+    }
+
+    /// Reads the user from the `U` that the application's auth layer inserted into the
+    /// request's extensions.
+    #[must_use]
+    pub fn user<U: AuthUser>(self) -> IdentityResolver {
+        self.enrich(|mut identity, _, extensions| {
+            if let Some(user) = extensions.get::<U>() {
+                if let Some(id) = user.user_id() {
+                    identity = identity.with_user_id(id);
+                }
+                if let Some(name) = user.user_name() {
+                    identity = identity.with_user_name(name);
+                }
+            }
+            identity
+        })
+    }
+
+    /// Lets `f` add facts to the identity from the request's headers and extensions.
+    #[must_use]
+    pub fn enrich(
+        mut self,
+        f: impl Fn(Identity, &HeaderMap, &Extensions) -> Identity + Send + Sync + 'static,
+    ) -> IdentityResolver {
+        self.enrich.push(Arc::new(f));
+        self
+    }
+
+    /// The identity of `request`.
+    pub fn resolve<B>(&self, request: &Request<B>) -> Identity {
+        let headers = request.headers();
+        let extensions = request.extensions();
+        let mut identity = Identity::new();
+        if let Some(peer) = peer_ip(extensions) {
+            identity = identity.with_ip(client_ip(peer, headers, &self.trusted, self.forwarded));
+        }
+        for name in &self.headers {
+            if let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                identity = identity.with_header(name.as_str(), value);
+            }
+        }
+        for f in &self.enrich {
+            identity = f(identity, headers, extensions);
+        }
+        identity
+    }
+}
+
+fn peer_ip(extensions: &Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip())
+        .or_else(|| extensions.get::<PeerAddr>().map(|PeerAddr(addr)| addr.ip()))
+}
+
+impl fmt::Debug for IdentityResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdentityResolver")
+            .field("trusted", &self.trusted)
+            .field("forwarded", &self.forwarded)
+            .field("headers", &self.headers)
+            .field("enrich", &self.enrich.len())
+            .finish()
+    }
+}
+
+/// The identity the request already carries (put there by the context layer), or the one
+/// `resolver` builds, plus the headers `wanted` that it lacks.
+pub(crate) fn identity_of<B>(
+    request: &Request<B>,
+    resolver: &IdentityResolver,
+    wanted: &[HeaderName],
+) -> Identity {
+    let mut identity = match request.extensions().get::<Identity>() {
+        Some(identity) => identity.clone(),
+        None => resolver.resolve(request),
+    };
+    for name in wanted {
+        if identity.header(name.as_str()).is_none() {
+            if let Some(value) = request.headers().get(name).and_then(|v| v.to_str().ok()) {
+                identity = identity.with_header(name.as_str(), value);
+            }
+        }
+    }
+    identity
+}

@@ -1,0 +1,113 @@
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+
+use axum::{body::Body, response::IntoResponse};
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tollgate::{CheckError, Decision};
+use tower_service::Service;
+
+use super::layer::Config;
+use crate::{engine::BoxFuture, headers::insert_rate_limit_headers, rejection::Rejection};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pin_project! {
+    /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,
+    /// then (if allowed) the inner service's future.
+    pub struct RateLimitFuture<S, B, F> {
+        #[pin]
+        state: State<S, B, F>,
+        config: Arc<Config>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B, F> {
+        Checking {
+            check: BoxFuture<'static, Result<Decision, CheckError>>,
+            call: Option<(S, Request<B>)>,
+        },
+        Calling {
+            #[pin]
+            future: F,
+            decision: Option<Decision>,
+        },
+    }
+}
+
+impl<S, B, F> RateLimitFuture<S, B, F> {
+    pub(crate) fn new(
+        check: BoxFuture<'static, Result<Decision, CheckError>>,
+        inner: S,
+        request: Request<B>,
+        config: Arc<Config>,
+    ) -> RateLimitFuture<S, B, F> {
+        RateLimitFuture {
+            state: State::Checking {
+                check,
+                call: Some((inner, request)),
+            },
+            config,
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for RateLimitFuture<S, B, S::Future>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response<Body>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking { check, call } => {
+                    let decision = match ready!(check.as_mut().poll(cx)) {
+                        Ok(decision) => decision,
+                        Err(error) => {
+                            return Poll::Ready(Ok(reject(
+                                this.config,
+                                Rejection::from_check_error(error),
+                            )));
+                        }
+                    };
+                    if !decision.allowed() {
+                        let rejection = Rejection::denied(decision);
+                        return Poll::Ready(Ok(reject(this.config, rejection)));
+                    }
+                    let Some((mut inner, request)) = call.take() else {
+                        unreachable!("the inner call is taken once");
+                    };
+                    let future = inner.call(request);
+                    let decision = this.config.headers.then_some(decision);
+                    this.state.set(State::Calling { future, decision });
+                }
+                StateProj::Calling { future, decision } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = response.map(Body::new);
+                    if let Some(decision) = decision.take() {
+                        insert_rate_limit_headers(&decision, response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+            }
+        }
+    }
+}
+
+fn reject(config: &Config, rejection: Rejection) -> Response<Body> {
+    match &config.on_rejection {
+        Some(f) => f(rejection),
+        None => rejection.into_response(),
+    }
+}

@@ -1,0 +1,136 @@
+use std::{fmt, sync::Arc};
+
+use axum::response::Response;
+use http::HeaderName;
+use tollgate::{Dimension, Policy, Store, Tollgate};
+use tower_layer::Layer;
+
+use super::RateLimitService;
+use crate::{
+    engine::{SharedGate, erase},
+    identity::IdentityResolver,
+    rejection::Rejection,
+};
+
+/// Builds the response for a rejection, in place of the default.
+pub(crate) type OnRejection = Arc<dyn Fn(Rejection) -> Response + Send + Sync>;
+
+/// Applies a rate-limit [`Policy`] to a service; see the [module docs](crate::RateLimitLayer)
+/// and [`RateLimitService`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use axum::{Router, response::IntoResponse, routing::post};
+/// use http::StatusCode;
+/// use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};
+/// use tollgate_tower::{IdentityResolver, RateLimitLayer};
+///
+/// let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+/// let policy = Policy::builder("login")
+///     .limiter(Limiter::new(Dimension::Ip, ["5/1m".parse()?]).with_message("too many attempts"))
+///     .build()?;
+/// let layer = RateLimitLayer::new(gate, policy)
+///     .resolver(IdentityResolver::new().trust_proxy("10.0.0.0/8".parse()?))
+///     .headers(false)
+///     .on_rejection(|rejection| {
+///         // Same body and headers, another status.
+///         let mut response = rejection.into_response();
+///         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+///         response
+///     });
+/// let app: Router = Router::new().route("/login", post(|| async { "ok" }).layer(layer));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    pub(crate) config: Arc<Config>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) gate: SharedGate,
+    pub(crate) policy: Policy,
+    pub(crate) resolver: IdentityResolver,
+    /// The headers the policy's `header:<name>` dimensions read.
+    pub(crate) wanted: Vec<HeaderName>,
+    pub(crate) headers: bool,
+    pub(crate) cost: u64,
+    pub(crate) on_rejection: Option<OnRejection>,
+}
+
+impl RateLimitLayer {
+    /// Checks `policy` on `gate` for every request, at a cost of one unit.
+    pub fn new<S: Store>(gate: Arc<Tollgate<S>>, policy: Policy) -> RateLimitLayer {
+        let wanted = policy
+            .limiters()
+            .iter()
+            .filter_map(|l| match l.dimension() {
+                Dimension::Header(name) => HeaderName::from_bytes(name.as_bytes()).ok(),
+                _ => None,
+            })
+            .collect();
+        RateLimitLayer {
+            config: Arc::new(Config {
+                gate: erase(gate),
+                policy,
+                resolver: IdentityResolver::new(),
+                wanted,
+                headers: true,
+                cost: 1,
+                on_rejection: None,
+            }),
+        }
+    }
+
+    /// How to build the identity when no [`ContextLayer`](crate::ContextLayer) above has
+    /// (default: the peer address, no user).
+    #[must_use]
+    pub fn resolver(mut self, resolver: IdentityResolver) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).resolver = resolver;
+        self
+    }
+
+    /// Whether allowed responses carry `RateLimit-Policy` and `RateLimit` (default: yes).
+    #[must_use]
+    pub fn headers(mut self, enabled: bool) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).headers = enabled;
+        self
+    }
+
+    /// The units each request costs (default 1).
+    #[must_use]
+    pub fn cost(mut self, cost: u64) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).cost = cost;
+        self
+    }
+
+    /// Builds the response for rejected requests (default:
+    /// [`Rejection::into_response`](axum::response::IntoResponse::into_response)).
+    #[must_use]
+    pub fn on_rejection(
+        mut self,
+        f: impl Fn(Rejection) -> Response + Send + Sync + 'static,
+    ) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).on_rejection = Some(Arc::new(f));
+        self
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> RateLimitService<S> {
+        RateLimitService {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policy", &self.config.policy.scope())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,39 @@
+//! Rate limits in front of any tower service: one [`Policy`](tollgate::Policy) checked per
+//! request, all its rules at once.
+//!
+//! Allowed requests reach the inner service and their responses carry `RateLimit-Policy` and
+//! `RateLimit` fields (unless turned off). Denied requests never reach it: they are answered
+//! with the [`Rejection`](crate::Rejection)'s response, 429 with `Retry-After`, 403 when
+//! blocked, 401 when a user dimension has no user, 503 when the store is down and the policy
+//! fails closed.
+//!
+//! ```no_run
+//! use std::{net::SocketAddr, sync::Arc};
+//!
+//! use axum::{Router, routing::post};
+//! use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};
+//! use tollgate_tower::RateLimitLayer;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+//! let sms = Policy::builder("sms_code")
+//!     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?, "10/1h".parse()?, "60/1d".parse()?]))
+//!     .build()?;
+//! let app = Router::new().route(
+//!     "/sms/code",
+//!     post(|| async { "sent" }).layer(RateLimitLayer::new(gate, sms)),
+//! );
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8090").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+
+mod future;
+mod layer;
+mod service;
+
+pub use future::RateLimitFuture;
+pub use layer::RateLimitLayer;
+pub use service::RateLimitService;
+
+pub(crate) use layer::OnRejection;

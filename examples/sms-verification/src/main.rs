@@ -1,0 +1,3 @@
+//! The SMS-verification example (work in progress).
+
+fn main() {}
