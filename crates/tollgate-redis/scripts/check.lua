@@ -1,10 +1,11 @@
 -- tollgate: one atomic check of every rule of every limiter of a plan.
 -- Mirrors tollgate::algorithm (crates/tollgate/src/algorithm.rs) number for number.
 --
--- KEYS, per limiter in plan order (exactly PlanLimiter::state_keys):
---   the limiter's sliding log (ZSET, score = µs timestamp) first, if any rule is a sliding log;
---   then one key per fixed-window rule (string "start:count") or GCRA rule (string tat),
---   in rule order.
+-- KEYS:
+--   per limiter in plan order, exactly PlanLimiter::state_keys: the limiter's sliding log
+--   (ZSET, score = µs timestamp) first, if any rule is a sliding log; then one key per
+--   fixed-window rule (string "start:count") or GCRA rule (string tat), in rule order;
+--   then the plan's ban keys (hashes, see ban.lua), then the ban index (if any ban key).
 -- ARGV:
 --   1  cost      units this request consumes
 --   2  consume   1 = record the admission, 0 = only compute the decision (peek)
@@ -13,10 +14,12 @@
 --                stand still while real time, which PEXPIRE counts, goes on.
 --   4  nonce     random bytes, fresh per call; sliding-log members are nonce .. unit index
 --   5  limiters  number of limiters; then per limiter:
---        rule count; then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra),
---        limit, window in µs
+--        rule count, ban duration µs (0 = the limiter bans nobody), ban factor, ban cap µs;
+--        then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
+--   then  bans   number of ban keys; then per ban key: target kind, target value
 -- Reply: a flat array of integers:
---   allowed (1/0), then per rule, limiters in order, rules in order:
+--   allowed (1/0), blocked_us (-1 = not banned), banned_us (-1 = this check banned nobody),
+--   then, unless blocked, per rule (limiters in order, rules in order):
 --   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
 --
 -- Lua numbers are doubles: integers below 2^53 (µs timestamps are ~1.8e15) are exact, but
@@ -74,11 +77,23 @@ local nonce = ARGV[4]
 -- The plan: rules in reply order, each with its key; limiters with their log key.
 local rules = {}
 local logs = {}
+local limiters = {}
 local argi, keyi = 6, 1
 for _ = 1, tonumber(ARGV[5]) do
   local first = #rules + 1
   local log_window = 0
-  for _ = 1, tonumber(ARGV[argi]) do
+  local n = tonumber(ARGV[argi])
+  local ban
+  if tonumber(ARGV[argi + 1]) > 0 then
+    ban = {
+      duration = tonumber(ARGV[argi + 1]),
+      factor = tonumber(ARGV[argi + 2]),
+      cap = tonumber(ARGV[argi + 3]),
+    }
+  end
+  limiters[#limiters + 1] = { first = first, last = first + n - 1, ban = ban }
+  argi = argi + 3
+  for _ = 1, n do
     local rule = {
       kind = tonumber(ARGV[argi + 1]),
       limit = tonumber(ARGV[argi + 2]),
@@ -107,8 +122,31 @@ for _ = 1, tonumber(ARGV[5]) do
     end
   end
 end
+local bans = {}
+for _ = 1, tonumber(ARGV[argi]) do
+  bans[#bans + 1] = { key = KEYS[keyi], kind = ARGV[argi + 1], value = ARGV[argi + 2] }
+  keyi = keyi + 1
+  argi = argi + 2
+end
+local ban_index
+if #bans > 0 then
+  ban_index = KEYS[keyi]
+  keyi = keyi + 1
+end
 if keyi - 1 ~= #KEYS then
   return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the plan needs ' .. (keyi - 1))
+end
+
+-- A live ban blocks before any rule is looked at.
+local blocked = -1
+for _, b in ipairs(bans) do
+  local until_us = tonumber(redis.call('HGET', b.key, 'u') or '')
+  if until_us and until_us > now and until_us - now > blocked then
+    blocked = until_us - now
+  end
+end
+if blocked >= 0 then
+  return { 0, blocked, -1 }
 end
 
 -- Each evaluator returns {allowed, remaining, reset_after, retry_after} and, when it admits,
@@ -206,12 +244,83 @@ for i, rule in ipairs(rules) do
   end
 end
 
+-- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for.
+local function ban_duration(ban, strike)
+  if ban.factor <= 1 then
+    return math.min(ban.duration, ban.cap)
+  end
+  local d = ban.duration
+  for _ = 2, strike do
+    d = d * ban.factor
+    if d >= ban.cap then
+      return ban.cap
+    end
+  end
+  return math.min(d, ban.cap)
+end
+
+-- After a denial: ban every target for the longest ban of the denying limiters that ban.
+local function ban_offender()
+  local denying = {}
+  for _, limiter in ipairs(limiters) do
+    if limiter.ban then
+      for i = limiter.first, limiter.last do
+        if outcomes[i][1] == 0 then
+          denying[#denying + 1] = limiter.ban
+          break
+        end
+      end
+    end
+  end
+  if #denying == 0 then
+    return -1
+  end
+  -- Strikes are remembered until the ban ends plus the cap, when bans escalate.
+  local memory = 0
+  for _, ban in ipairs(denying) do
+    if ban.factor > 1 and ban.cap > memory then
+      memory = ban.cap
+    end
+  end
+  local longest = -1
+  for _, b in ipairs(bans) do
+    local old = redis.call('HMGET', b.key, 's', 'x')
+    local strikes = 1
+    if tonumber(old[2] or '') and tonumber(old[2]) > now then
+      strikes = (tonumber(old[1] or '') or 0) + 1
+    end
+    local duration = 0
+    for _, ban in ipairs(denying) do
+      duration = math.max(duration, ban_duration(ban, strikes))
+    end
+    local until_us = now + duration
+    redis.call('DEL', b.key)
+    redis.call('HSET', b.key, 'u', int(until_us), 's', int(strikes), 'x', int(until_us + memory),
+      'k', b.kind, 'v', b.value)
+    redis.call('PEXPIRE', b.key, ttl_ms(until_us + memory - now))
+    redis.call('ZADD', ban_index, int(until_us), b.key)
+    if duration > longest then
+      longest = duration
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', ban_index, '-inf', int(now))
+  local last = redis.call('ZRANGE', ban_index, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIRE', ban_index, ttl_ms(tonumber(last[2]) - now))
+  end
+  return longest
+end
+
+local banned = -1
 if not allowed then
   -- Nothing is recorded: rules that would have admitted report the state as it stays.
   for i, rule in ipairs(rules) do
     if outcomes[i][1] == 1 then
       outcomes[i] = evaluate(rule, 0)
     end
+  end
+  if consume and #bans > 0 then
+    banned = ban_offender()
   end
 elseif consume and cost > 0 then
   for _, log in ipairs(logs) do
@@ -254,7 +363,7 @@ elseif consume and cost > 0 then
   end
 end
 
-local reply = { allowed and 1 or 0 }
+local reply = { allowed and 1 or 0, -1, banned }
 for _, outcome in ipairs(outcomes) do
   for j = 1, 4 do
     reply[#reply + 1] = outcome[j]

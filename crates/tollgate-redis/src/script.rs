@@ -1,5 +1,7 @@
 //! The check script: how a [`CheckPlan`] becomes one EVALSHA, and its reply a [`Verdict`].
 
+use std::time::Duration;
+
 use redis::{Script, ScriptInvocation};
 use tollgate::{Algorithm, CheckPlan, StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome};
 
@@ -36,6 +38,14 @@ pub(crate) fn prepare(
     for limiter in &plan.limiters {
         invocation.key(limiter.state_keys());
         invocation.arg(limiter.rules.len());
+        match limiter.ban {
+            // A zero-length ban bans nobody, which is what 0 tells the script.
+            Some(ban) => invocation
+                .arg(micros(ban.duration()))
+                .arg(ban.factor())
+                .arg(micros(ban.cap())),
+            None => invocation.arg(0).arg(1).arg(0),
+        };
         for rule in limiter.rules.iter() {
             if rule.limit() >= MAX_EXACT {
                 return Err(too_large("rule limit", rule.limit()));
@@ -46,7 +56,23 @@ pub(crate) fn prepare(
                 .arg(rule.window_us());
         }
     }
+    invocation.arg(plan.bans.len());
+    for ban in &plan.bans {
+        invocation
+            .key(&ban.key)
+            .arg(ban.target.kind())
+            .arg(ban.target.value());
+    }
+    if !plan.bans.is_empty() {
+        invocation.key(&plan.ban_index);
+    }
     Ok(())
+}
+
+/// A duration in µs as the scripts take it: whole, and below 2^53 (a longer ban is a
+/// century-long ban anyway).
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).map_or(MAX_EXACT - 1, |us| us.min(MAX_EXACT - 1))
 }
 
 fn too_large(what: &str, value: u64) -> StoreError {
@@ -68,7 +94,7 @@ fn algorithm_code(algorithm: Algorithm) -> Result<u8, StoreError> {
     }
 }
 
-/// Reads the script's reply: `allowed`, then four integers per rule.
+/// Reads the script's reply: `allowed`, `blocked_us`, `banned_us`, then four integers per rule.
 pub(crate) fn verdict(plan: &CheckPlan, reply: &[i64]) -> Result<Verdict, StoreError> {
     let rules = plan.rule_count();
     let bad = |why: &str| {
@@ -80,9 +106,21 @@ pub(crate) fn verdict(plan: &CheckPlan, reply: &[i64]) -> Result<Verdict, StoreE
             ),
         )
     };
-    let Some((&allowed, outcomes)) = reply.split_first() else {
-        return Err(bad("empty"));
+    let [allowed, blocked, banned, outcomes @ ..] = reply else {
+        return Err(bad("too short"));
     };
+    let optional = |v: i64| match v {
+        -1 => Ok(None),
+        v => u64::try_from(v)
+            .map(Some)
+            .map_err(|_| bad("a negative duration")),
+    };
+    if let Some(blocked) = optional(*blocked)? {
+        if *allowed != 0 || !outcomes.is_empty() {
+            return Err(bad("blocked, yet rules were evaluated"));
+        }
+        return Ok(Verdict::blocked(blocked));
+    }
     if outcomes.len() != rules * 4 {
         return Err(bad("wrong length"));
     }
@@ -99,18 +137,17 @@ pub(crate) fn verdict(plan: &CheckPlan, reply: &[i64]) -> Result<Verdict, StoreE
                 allowed: flag(o[0])?,
                 remaining: count(o[1])?,
                 reset_after_us: count(o[2])?,
-                retry_after_us: match o[3] {
-                    -1 => None,
-                    v => Some(count(v)?),
-                },
+                retry_after_us: optional(o[3])?,
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let allowed = flag(allowed)?;
+    let allowed = flag(*allowed)?;
     if allowed != outcomes.iter().all(|o| o.allowed) {
         return Err(bad("the overall flag disagrees with the rules"));
     }
-    Ok(Verdict::new(allowed, outcomes))
+    let mut verdict = Verdict::new(allowed, outcomes);
+    verdict.banned_us = optional(*banned)?;
+    Ok(verdict)
 }
 
 #[cfg(test)]
@@ -136,7 +173,13 @@ mod tests {
 
     #[test]
     fn reply_becomes_a_verdict() {
-        let v = verdict(&plan(&["2/1s", "5/1m"]), &[0, 1, 1, 5, -1, 0, 0, 7, 3]).unwrap();
+        let v = verdict(
+            &plan(&["2/1s", "5/1m"]),
+            &[0, -1, 9, 1, 1, 5, -1, 0, 0, 7, 3],
+        )
+        .unwrap();
+        assert_eq!(v.banned_us, Some(9));
+        assert_eq!(v.blocked_us, None);
         assert!(!v.allowed);
         assert_eq!(v.rules[0].retry_after_us, None);
         assert_eq!(v.rules[1].retry_after_us, Some(3));
@@ -148,15 +191,23 @@ mod tests {
         let p = plan(&["2/1s"]);
         for reply in [
             &[][..],
-            &[1],
-            &[1, 1, 0, 0],
-            &[1, 2, 0, 0, -1],
-            &[1, 1, -3, 0, -1],
-            &[0, 1, 0, 0, -1],
+            &[1, -1, -1],
+            &[1, -1, -1, 1, 0, 0],
+            &[1, -1, -1, 2, 0, 0, -1],
+            &[1, -1, -1, 1, -3, 0, -1],
+            &[0, -1, -1, 1, 0, 0, -1],
+            &[0, 5, -1, 1, 0, 0, -1],
+            &[0, -7, -1],
         ] {
             let err = verdict(&p, reply).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Protocol, "{reply:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_blocked_reply_has_no_rules() {
+        let v = verdict(&plan(&["2/1s"]), &[0, 1_000, -1]).unwrap();
+        assert_eq!(v, Verdict::blocked(1_000));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The script mirrors `tollgate::algorithm`: random sequences of checks, peeks, resets and
-//! clock moves give the same verdicts, step by step, on Redis and on the memory store.
+//! The script mirrors `tollgate::algorithm` and the memory store's bans: random sequences of
+//! checks, peeks, resets and clock moves give the same verdicts, step by step, on Redis and on
+//! the memory store.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
@@ -7,7 +8,10 @@ use std::{
 };
 
 use proptest::{prelude::*, test_runner::TestRunner};
-use tollgate::{Algorithm, CheckPlan, ManualClock, MemoryStore, Rule, Store};
+use tollgate::{
+    Algorithm, BanRule, BanTarget, CheckPlan, ManualClock, MemoryStore, PlanBan, Rule, Store,
+    ban_index_key,
+};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
@@ -30,7 +34,20 @@ struct Scenario {
     /// Offset of the first step from a whole day, so fixed windows start anywhere.
     start_us: u64,
     limiters: [Vec<Rule>; 2],
+    /// What each limiter does to offenders.
+    bans: [Option<BanRule>; 2],
     steps: Vec<Step>,
+}
+
+fn ban_strategy() -> impl Strategy<Value = Option<BanRule>> {
+    let ms = || prop::sample::select(vec![1u64, 250, 1_000, 2_500]);
+    prop_oneof![
+        2 => Just(None),
+        1 => (ms(), 1..=3u32, ms()).prop_map(|(duration, factor, cap)| Some(
+            BanRule::new(Duration::from_millis(duration))
+                .escalate(factor, Duration::from_millis(cap))
+        )),
+    ]
 }
 
 fn rule_strategy() -> impl Strategy<Value = Rule> {
@@ -81,11 +98,13 @@ fn scenario_strategy() -> impl Strategy<Value = Scenario> {
         0..86_400_000_000u64,
         rules_strategy(),
         rules_strategy(),
+        (ban_strategy(), ban_strategy()),
         prop::collection::vec(step_strategy(), 1..60),
     )
-        .prop_map(|(start_us, a, b, steps)| Scenario {
+        .prop_map(|(start_us, a, b, bans, steps)| Scenario {
             start_us,
             limiters: [a, b],
+            bans: [bans.0, bans.1],
             steps,
         })
 }
@@ -102,10 +121,27 @@ async fn run(redis: &RedisStore, clock: &ManualClock, s: &Scenario) -> Result<()
         .clock(clock.clone())
         .purge_interval(None)
         .build();
-    let limiters = [
+    let mut limiters = [
         limiter(&format!("p:{{{case}:a}}"), &s.limiters[0]),
         limiter(&format!("p:{{{case}:b}}"), &s.limiters[1]),
     ];
+    limiters[0].ban = s.bans[0];
+    limiters[1].ban = s.bans[1];
+    let prefix = format!("p{case}");
+    let bans: Vec<PlanBan> = [
+        BanTarget::Ip("192.0.2.1".parse().unwrap()),
+        BanTarget::UserId("u:1".into()),
+    ]
+    .into_iter()
+    .map(|target| PlanBan {
+        key: target.key(&prefix),
+        target,
+    })
+    .collect();
+    let plan = |cost, consume| {
+        CheckPlan::new(cost, consume, limiters.to_vec())
+            .with_bans(bans.clone(), ban_index_key(&prefix))
+    };
     for (i, step) in s.steps.iter().enumerate() {
         match *step {
             Step::Check {
@@ -114,13 +150,13 @@ async fn run(redis: &RedisStore, clock: &ManualClock, s: &Scenario) -> Result<()
                 consume,
             } => {
                 clock.advance(Duration::from_micros(advance_us));
-                let plan = CheckPlan::new(cost, consume, limiters.to_vec());
+                let plan = plan(cost, consume);
                 let want = memory.check_now(&plan).unwrap();
                 let got = redis.check(&plan).await.unwrap();
                 prop_assert_eq!(got, want, "step {} of {:?}", i, s.steps);
             }
             Step::Reset => {
-                let plan = CheckPlan::new(0, false, limiters.to_vec());
+                let plan = plan(0, false);
                 redis.reset(&plan).await.unwrap();
                 memory.reset(&plan).await.unwrap();
             }

@@ -25,9 +25,11 @@ async fn check_with_nonce(
         .arg(nonce)
         .arg(1) // limiters
         .arg(1) // rules
+        .arg(&[0, 1, 0]) // bans nobody
         .arg(1) // sliding log
         .arg(limit)
         .arg(3_600_000_000u64)
+        .arg(0) // ban keys
         .invoke_async(conn)
         .await
         .unwrap()
@@ -39,15 +41,15 @@ async fn a_nonce_collision_never_undercounts() {
     let mut conn = raw(&server).await;
     let now = 1_800_000_000_000_000;
     let first = check_with_nonce(&mut conn, "s:{n}:l", 3, 10, b"samebyte", now).await;
-    assert_eq!(first, [1, 1, 7, 3_600_000_000, -1]);
+    assert_eq!(first, [1, -1, -1, 1, 7, 3_600_000_000, -1]);
     // Same nonce, same instant: the members collide, and the script must add others.
     let second = check_with_nonce(&mut conn, "s:{n}:l", 3, 10, b"samebyte", now).await;
-    assert_eq!(second, [1, 1, 4, 3_600_000_000, -1]);
+    assert_eq!(second, [1, -1, -1, 1, 4, 3_600_000_000, -1]);
     let count: u64 = conn.zcard("s:{n}:l").await.unwrap();
     assert_eq!(count, 6);
     let third = check_with_nonce(&mut conn, "s:{n}:l", 5, 10, b"samebyte", now).await;
     assert_eq!(third[0], 0, "{third:?}");
-    assert_eq!(third[2], 4);
+    assert_eq!(third[4], 4);
 }
 
 #[tokio::test]
@@ -63,9 +65,11 @@ async fn a_key_count_that_does_not_match_the_plan_is_refused() {
         .arg("nonce123")
         .arg(1)
         .arg(1)
+        .arg(&[0, 1, 0])
         .arg(1)
         .arg(5)
         .arg(1_000_000)
+        .arg(0)
         .invoke_async::<Vec<i64>>(&mut conn)
         .await
         .unwrap_err();
