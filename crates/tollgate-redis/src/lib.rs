@@ -29,19 +29,26 @@
 //! the policy's `on_error`.
 //!
 //! # Layout
-//! - `store`: [`RedisStore`] (the [`tollgate::Store`] implementation: check, reset, ping) and
-//!   [`RedisStoreBuilder`] (URL, timeout, test clock, connecting).
+//! - `store`: [`RedisStore`] (the whole [`tollgate::Store`] contract: check, reset, ping,
+//!   duplicate-guard locks, bans) and [`RedisStoreBuilder`] (URL, timeout, test clock,
+//!   connecting).
 //! - `script`: turns a [`tollgate::CheckPlan`] into the keys and arguments of
-//!   `scripts/check.lua`, and its reply into a [`tollgate::Verdict`].
+//!   `scripts/check.lua` and its reply into a [`tollgate::Verdict`]; loads the guard scripts
+//!   and reads their replies.
 //! - `error`: Redis failures as store errors of the right kind (timeout, unavailable,
-//!   protocol); URLs with their passwords hidden.
-//! - `scripts/check.lua`: the algorithms of [`tollgate::algorithm`] in Lua, number for number.
+//!   protocol, capacity); URLs with their passwords hidden.
+//! - `scripts/check.lua`: the algorithms of [`tollgate::algorithm`] in Lua, number for number,
+//!   and the plan's bans (blocked first, banned on a denial).
+//! - `scripts/prelude.lua` + `lock_acquire.lua`, `lock_release.lua`, `lock_complete.lua`,
+//!   `ban.lua`, `unban.lua`, `bans.lua`: one small script per guard operation.
 //!
 //! # Keys
-//! The keys are the core's ([`tollgate::PlanLimiter::state_keys`]): each limiter's sliding-log
-//! rules share one sorted set (members: 8 random bytes and a unit index, 9 to 12 bytes), each
-//! fixed-window rule holds `"start:count"`, each GCRA rule its theoretical arrival time. All
-//! carry `PEXPIRE` for as long as their state can count, and the limiter's hash tag.
+//! The keys are the core's ([`tollgate::PlanLimiter::state_keys`], [`tollgate::BanTarget::key`],
+//! the duplicate guard's): each limiter's sliding-log rules share one sorted set (members:
+//! 8 random bytes and a unit index, 9 to 12 bytes), each fixed-window rule holds
+//! `"start:count"`, each GCRA rule its theoretical arrival time; a lock or a ban is a small
+//! hash holding its own deadline, and `prefix:{ban}:index` lists the bans. Every key carries
+//! `PEXPIRE` for as long as its state can count, and a hash tag.
 
 mod error;
 mod script;

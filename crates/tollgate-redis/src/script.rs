@@ -1,19 +1,134 @@
-//! The check script: how a [`CheckPlan`] becomes one EVALSHA, and its reply a [`Verdict`].
+//! The scripts: how a [`CheckPlan`] becomes one EVALSHA and its reply a [`Verdict`]; the
+//! guard scripts (locks, bans) and their replies.
 
-use std::time::Duration;
+use std::{fmt, time::Duration};
 
-use redis::{Script, ScriptInvocation};
-use tollgate::{Algorithm, CheckPlan, StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome};
+use redis::{Script, ScriptInvocation, Value};
+use tollgate::{
+    Algorithm, BanEntry, BanTarget, CheckPlan, HeldLock, LockReply, StoreError, StoreErrorKind,
+    Verdict, algorithm::RuleOutcome,
+};
 
 /// The Lua source; its header lists KEYS, ARGV and the reply.
 pub(crate) const SOURCE: &str = include_str!("../scripts/check.lua");
 
+/// A guard script: the shared prelude (time, TTLs) and the body.
+macro_rules! guard_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("../scripts/prelude.lua"),
+            include_str!(concat!("../scripts/", $file))
+        )
+    };
+}
+
 /// Integers above this are not exact in Lua's doubles.
 const MAX_EXACT: u64 = 1 << 53;
 
-/// The check script (redis-rs sends EVALSHA and loads the source on NOSCRIPT).
-pub(crate) fn script() -> Script {
-    Script::new(SOURCE)
+/// Every script the store runs (redis-rs sends EVALSHA and loads the source on NOSCRIPT).
+pub(crate) struct Scripts {
+    pub(crate) check: Script,
+    pub(crate) lock_acquire: Script,
+    pub(crate) lock_release: Script,
+    pub(crate) lock_complete: Script,
+    pub(crate) ban: Script,
+    pub(crate) unban: Script,
+    pub(crate) bans: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Scripts {
+        Scripts {
+            check: Script::new(SOURCE),
+            lock_acquire: Script::new(guard_script!("lock_acquire.lua")),
+            lock_release: Script::new(guard_script!("lock_release.lua")),
+            lock_complete: Script::new(guard_script!("lock_complete.lua")),
+            ban: Script::new(guard_script!("ban.lua")),
+            unban: Script::new(guard_script!("unban.lua")),
+            bans: Script::new(guard_script!("bans.lua")),
+        }
+    }
+
+    pub(crate) fn all(&self) -> [&Script; 7] {
+        [
+            &self.check,
+            &self.lock_acquire,
+            &self.lock_release,
+            &self.lock_complete,
+            &self.ban,
+            &self.unban,
+            &self.bans,
+        ]
+    }
+}
+
+/// The first argument of every guard script: the test clock's time, or empty for `TIME`.
+pub(crate) fn now_arg(now_us: Option<u64>) -> String {
+    now_us.map(|t| t.to_string()).unwrap_or_default()
+}
+
+fn protocol(what: &str, why: impl fmt::Display) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("{what} script reply: {why}"),
+    )
+}
+
+/// Reads the lock-acquire reply: `{1}`, or `{0, completed, ttl_left_us, fingerprint, response}`.
+pub(crate) fn lock_reply(reply: &[Value]) -> Result<LockReply, StoreError> {
+    let bad = |why: &str| protocol("lock", format!("{why}: {reply:?}"));
+    match reply {
+        [Value::Int(1)] => Ok(LockReply::Acquired),
+        [
+            Value::Int(0),
+            Value::Int(completed),
+            Value::Int(ttl),
+            fingerprint,
+            response,
+        ] => Ok(LockReply::Held(HeldLock {
+            completed: *completed == 1,
+            ttl_left_us: u64::try_from(*ttl).map_err(|_| bad("negative ttl"))?,
+            fingerprint: match fingerprint {
+                Value::BulkString(b) => {
+                    String::from_utf8(b.clone()).map_err(|_| bad("the fingerprint is not text"))?
+                }
+                _ => return Err(bad("no fingerprint")),
+            },
+            response: match response {
+                Value::BulkString(b) => Some(b.clone()),
+                Value::Nil => None,
+                _ => return Err(bad("a response that is not bytes")),
+            },
+        })),
+        _ => Err(bad("unexpected shape")),
+    }
+}
+
+/// Reads the bans reply: kind, value, µs left, strikes per ban; sorted by target.
+pub(crate) fn bans_reply(reply: &[Value]) -> Result<Vec<BanEntry>, StoreError> {
+    let mut bans = reply
+        .chunks(4)
+        .map(|ban| match ban {
+            [
+                Value::BulkString(kind),
+                Value::BulkString(value),
+                Value::Int(left),
+                Value::Int(strikes),
+            ] => {
+                let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                let target = BanTarget::parse(&text(kind), &text(value))
+                    .map_err(|why| protocol("bans", why))?;
+                Ok(BanEntry {
+                    target,
+                    expires_in: Duration::from_micros(u64::try_from(*left).unwrap_or(0)),
+                    strikes: u32::try_from(*strikes).unwrap_or(u32::MAX),
+                })
+            }
+            other => Err(protocol("bans", format!("unexpected entry {other:?}"))),
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    bans.sort_by(|a, b| a.target.cmp(&b.target));
+    Ok(bans)
 }
 
 /// Fills `invocation` with the plan's keys and arguments.
@@ -32,7 +147,7 @@ pub(crate) fn prepare(
     invocation
         .arg(plan.cost)
         .arg(u8::from(plan.consume))
-        .arg(now_us.map(|t| t.to_string()).unwrap_or_default())
+        .arg(now_arg(now_us))
         .arg(&nonce[..])
         .arg(plan.limiters.len());
     for limiter in &plan.limiters {
@@ -212,8 +327,8 @@ mod tests {
 
     #[test]
     fn huge_numbers_are_refused_before_lua_rounds_them() {
-        let script = script();
-        let mut inv = script.prepare_invoke();
+        let scripts = Scripts::new();
+        let mut inv = scripts.check.prepare_invoke();
         let mut p = plan(&["2/1s"]);
         p.cost = 1 << 60;
         assert!(prepare(&mut inv, &p, None, [0; 8]).is_err());

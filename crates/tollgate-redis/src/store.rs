@@ -3,12 +3,18 @@
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use redis::{
-    AsyncConnectionConfig, Client, RedisResult, Script,
+    AsyncConnectionConfig, Client, RedisResult, Value,
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
-use tollgate::{CheckPlan, Clock, Store, StoreError, StoreErrorKind, Verdict};
+use tollgate::{
+    BanEntry, BanTarget, CheckPlan, Clock, LockReply, Store, StoreError, StoreErrorKind, Verdict,
+    ban_index_key,
+};
 
-use crate::{error, script};
+use crate::{
+    error,
+    script::{self, Scripts, micros, now_arg},
+};
 
 /// The default bound on every store call.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -42,7 +48,7 @@ pub struct RedisStore {
 
 struct Inner {
     conn: ConnectionManager,
-    script: Script,
+    scripts: Scripts,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     /// The URL without its password, for messages.
@@ -64,6 +70,11 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             clock: None,
         }
+    }
+
+    /// The test clock's time, if any (production: `None`, the scripts read `TIME`).
+    fn now_arg(&self) -> String {
+        now_arg(self.inner.clock.as_ref().map(|c| c.now_us()))
     }
 
     /// Runs `fut` within the store's timeout, naming `what` in any error.
@@ -93,7 +104,7 @@ impl fmt::Debug for RedisStore {
 
 impl Store for RedisStore {
     async fn check(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
-        let mut invocation = self.inner.script.prepare_invoke();
+        let mut invocation = self.inner.scripts.check.prepare_invoke();
         let now = self.inner.clock.as_ref().map(|c| c.now_us());
         script::prepare(&mut invocation, plan, now, rand::random())?;
         let mut conn = self.inner.conn.clone();
@@ -128,6 +139,90 @@ impl Store for RedisStore {
                 format!("ping on {}: answered {pong:?}", self.inner.target),
             ))
         }
+    }
+
+    async fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<LockReply, StoreError> {
+        let mut invocation = self.inner.scripts.lock_acquire.key(key);
+        invocation
+            .arg(self.now_arg())
+            .arg(token)
+            .arg(fingerprint)
+            .arg(micros(ttl));
+        let mut conn = self.inner.conn.clone();
+        let reply: Vec<Value> = self
+            .bounded("lock", invocation.invoke_async(&mut conn))
+            .await?;
+        script::lock_reply(&reply)
+    }
+
+    async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
+        let mut invocation = self.inner.scripts.lock_release.key(key);
+        invocation.arg(self.now_arg()).arg(token);
+        let mut conn = self.inner.conn.clone();
+        self.bounded("unlock", invocation.invoke_async(&mut conn))
+            .await
+    }
+
+    async fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut invocation = self.inner.scripts.lock_complete.key(key);
+        invocation
+            .arg(self.now_arg())
+            .arg(token)
+            .arg(response)
+            .arg(micros(keep_for));
+        let mut conn = self.inner.conn.clone();
+        self.bounded("complete", invocation.invoke_async(&mut conn))
+            .await
+    }
+
+    async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
+        let mut invocation = self.inner.scripts.bans.key(ban_index_key(prefix));
+        invocation.arg(self.now_arg());
+        let mut conn = self.inner.conn.clone();
+        let reply: Vec<Value> = self
+            .bounded("list bans", invocation.invoke_async(&mut conn))
+            .await?;
+        script::bans_reply(&reply)
+    }
+
+    async fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        let mut invocation = self.inner.scripts.ban.key(target.key(prefix));
+        invocation
+            .key(ban_index_key(prefix))
+            .arg(self.now_arg())
+            .arg(micros(duration))
+            .arg(target.kind())
+            .arg(target.value());
+        let mut conn = self.inner.conn.clone();
+        let _: i64 = self
+            .bounded("ban", invocation.invoke_async(&mut conn))
+            .await?;
+        Ok(())
+    }
+
+    async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
+        let mut invocation = self.inner.scripts.unban.key(target.key(prefix));
+        invocation.key(ban_index_key(prefix)).arg(self.now_arg());
+        let mut conn = self.inner.conn.clone();
+        self.bounded("unban", invocation.invoke_async(&mut conn))
+            .await
     }
 }
 
@@ -225,12 +320,14 @@ impl RedisStoreBuilder {
             .set_max_delay(Duration::from_secs(1));
         let connecting = async {
             let mut conn = ConnectionManager::new_with_config(client, config).await?;
-            let script = script::script();
+            let scripts = Scripts::new();
             // Loaded now so that the first check is one round trip too.
-            script.load_async(&mut conn).await?;
-            Ok::<_, redis::RedisError>((conn, script))
+            for script in scripts.all() {
+                script.load_async(&mut conn).await?;
+            }
+            Ok::<_, redis::RedisError>((conn, scripts))
         };
-        let (conn, script) = match tokio::time::timeout(connect_timeout * 2, connecting).await {
+        let (conn, scripts) = match tokio::time::timeout(connect_timeout * 2, connecting).await {
             Ok(Ok(ready)) => ready,
             Ok(Err(err)) => {
                 return Err(unavailable(format!("cannot connect to {target}")).with_source(err));
@@ -245,7 +342,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
-                script,
+                scripts,
                 timeout: self.timeout,
                 clock: self.clock,
                 target,

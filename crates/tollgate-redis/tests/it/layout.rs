@@ -119,3 +119,33 @@ async fn memory_per_admitted_entry_is_reported() {
     );
     assert!(one < hundred && hundred < thousand);
 }
+
+#[tokio::test]
+async fn lock_and_ban_keys_expire_on_redis_time() {
+    let server = RedisServer::start();
+    let store = store(&server).await;
+    let mut conn = raw(&server).await;
+    let ttl = std::time::Duration::from_millis(300);
+
+    let acquired = store.lock_acquire("tg:{dup}:k", "tok", "fp", ttl).await;
+    assert_eq!(acquired.unwrap(), tollgate::LockReply::Acquired);
+    let held = store.lock_acquire("tg:{dup}:k", "other", "fp", ttl).await;
+    let tollgate::LockReply::Held(held) = held.unwrap() else {
+        panic!("a live lock was acquired twice");
+    };
+    assert!(held.ttl_left_us <= 300_000 && !held.completed);
+    let pttl: i64 = conn.pttl("tg:{dup}:k").await.unwrap();
+    assert!(pttl > 0 && pttl <= 300, "lock PTTL {pttl} ms");
+
+    let target = tollgate::BanTarget::Ip("192.0.2.7".parse().unwrap());
+    store.ban("tg", &target, ttl).await.unwrap();
+    for k in [target.key("tg"), tollgate::ban_index_key("tg")] {
+        let pttl: i64 = conn.pttl(&k).await.unwrap();
+        assert!(pttl > 0 && pttl <= 300, "{k}: PTTL {pttl} ms");
+    }
+    let bans = store.bans("tg").await.unwrap();
+    assert_eq!(bans.len(), 1);
+    assert_eq!(bans[0].target, target);
+    assert!(store.unban("tg", &target).await.unwrap());
+    assert!(store.bans("tg").await.unwrap().is_empty());
+}

@@ -6,6 +6,7 @@
 mod concurrency;
 mod connect;
 mod failure;
+mod guards;
 mod layout;
 mod parity;
 mod redis_time;
