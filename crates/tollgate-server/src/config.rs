@@ -485,7 +485,7 @@ impl RawConfig {
             }
             let entry = raw
                 .into_inner()
-                .validate(&name, &field, store.on_error, errors)?;
+                .validate(&name, &field, span, store.on_error, errors)?;
             policies.insert(name, entry);
         }
         let mut domains = DomainsBuilder::new(store.on_error);
@@ -588,12 +588,13 @@ impl RawPolicy {
         self,
         name: &str,
         field: &str,
+        span: std::ops::Range<usize>,
         default_on_error: OnError,
         errors: &Errors<'_>,
     ) -> Result<PolicyEntry, ConfigError> {
         if self.limiters.is_empty() {
             return Err(errors.at(
-                None,
+                Some(span.clone()),
                 format!("{field}.limiters"),
                 "a policy needs at least one limiter",
             ));
@@ -670,7 +671,7 @@ impl RawPolicy {
         }
         let policy = builder
             .build()
-            .map_err(|e| errors.at(None, field.to_owned(), e.to_string()))?;
+            .map_err(|e| errors.at(Some(span), field.to_owned(), e.to_string()))?;
         let duplicate = self.duplicate.map(|d| {
             let mut guard = DuplicateGuard::new(name, d.by.0).global(d.global);
             if let Some(ttl) = d.ttl {
@@ -734,7 +735,7 @@ mod tests {
         );
         let e = err("[policies.a]\nlimiters = []\n");
         assert!(
-            e.contains("policies.a.limiters: a policy needs at least one limiter"),
+            e.starts_with("t.toml:1: policies.a.limiters: a policy needs at least one limiter"),
             "{e}"
         );
     }

@@ -84,6 +84,8 @@ impl Metrics {
             "Configuration reloads by result (ok or error)",
             reloads.clone(),
         );
+        // Present from the start, so dashboards and alerts see 0 rather than no series.
+        let _ = store_errors.get_or_create(&OpLabels { op: "check" });
         Metrics(Arc::new(Inner {
             registry,
             decisions,

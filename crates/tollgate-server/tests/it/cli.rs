@@ -1,0 +1,137 @@
+//! The command line: `check-config` exit codes and messages, `serve` refusing a bad file.
+
+use std::process::Command;
+
+use crate::support::{TempDir, binary};
+
+fn check_config(text: &str) -> (i32, String, String) {
+    let dir = TempDir::new();
+    let path = dir.write("tollgate.toml", text);
+    let out = Command::new(binary())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).replace(&*dir.path().to_string_lossy(), "DIR"),
+    )
+}
+
+#[test]
+fn check_config_prints_the_policies_of_a_valid_file() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/tollgate.toml"
+    ))
+    .unwrap();
+    let (code, stdout, stderr) = check_config(&text);
+    assert_eq!(code, 0, "{stderr}");
+    for needle in [
+        "policy sms_code",
+        "limiter ip by ip: 1/1m sliding_log, 10/1h sliding_log, 60/1d sliding_log; blocklist 10m",
+        "limiter user_id by user_id: 20/1d sliding_log",
+        "bypass ip 10.0.0.0/8, user_id \"admin\"",
+        "duplicate by args for 5s",
+        "envoy domain edge",
+        "path=/login: 5/1m sliding_log (shadow)",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} not in\n{stdout}");
+    }
+}
+
+#[test]
+fn check_config_names_file_line_field_and_expectation() {
+    let cases = [
+        (
+            "[policies.sms]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\", \"10/1x\"] },\n]\n",
+            r#"error: DIR/tollgate.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d)"#,
+        ),
+        (
+            "[store]\nurl = \"memory://\"\non_eror = \"deny\"\n",
+            "error: DIR/tollgate.toml:3: store.on_eror: unknown field `on_eror`, expected one of `url`, `on_error`, `timeout`, `prefix`",
+        ),
+        (
+            "[store]\non_error = \"maybe\"\n",
+            "error: DIR/tollgate.toml:2: store.on_error: unknown variant `maybe`, expected one of `allow`, `deny`, `local`",
+        ),
+        (
+            "[policies.a]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\"] },\n  { by = \"ip\", rules = [\"5/1h\"] },\n]\n",
+            r#"error: DIR/tollgate.toml:4: policies.a.limiters[1]: two limiters are named "ip"; give one a distinct `name` (they would share counters)"#,
+        ),
+        (
+            "[policies.a]\nlimiters = [{ by = \"cookie\", rules = [\"1/1m\"] }]\n",
+            r#"error: DIR/tollgate.toml:2: policies.a.limiters[0].by: unknown dimension "cookie" (use global, ip, user_id, user_name, header:<name> or arg:<name>)"#,
+        ),
+        (
+            "[policies.a]\nlimiters = [{ by = \"ip\", rules = [\"1/1m\"] }]\nbypass = { ips = [\"10.0.0.0/33\"] }\n",
+            "error: DIR/tollgate.toml:3: policies.a.bypass.ips[0]: \"10.0.0.0/33\": ",
+        ),
+        (
+            "[server]\nhttp = \"localhost\"\n",
+            "error: DIR/tollgate.toml:2: server.http: \"localhost\": invalid socket address syntax",
+        ),
+        (
+            "[store]\nurl = \"mysql://db\"\n",
+            r#"error: DIR/tollgate.toml:2: store.url: "mysql://db": unknown store scheme "mysql""#,
+        ),
+        (
+            "[[envoy.domains]]\nname = \"edge\"\ndescriptors = [{ key = \"a\", rules = [\"1/1m\"], shadw = true }]\n",
+            "error: DIR/tollgate.toml:3: envoy.domains[0].descriptors[0].shadw: unknown field `shadw`",
+        ),
+        ("[server\n", "error: DIR/tollgate.toml:1: "),
+    ];
+    for (text, expected) in cases {
+        let (code, stdout, stderr) = check_config(text);
+        assert_eq!(code, 1, "{text}\nstdout: {stdout}");
+        assert!(
+            stderr.starts_with(expected),
+            "{text}\nexpected: {expected}\ngot:      {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_file_and_help() {
+    let out = Command::new(binary())
+        .args(["check-config", "/nonexistent/tollgate.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("/nonexistent/tollgate.toml: cannot read the file"),
+        "{stderr}"
+    );
+
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["check-config", "--help"],
+    ] {
+        let out = Command::new(binary()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("Usage: tollgate"), "{stdout}");
+    }
+}
+
+#[test]
+fn serve_refuses_an_invalid_file() {
+    let dir = TempDir::new();
+    let path = dir.write("tollgate.toml", "[policies.a]\nlimiters = []\n");
+    let out = Command::new(binary())
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("policies.a.limiters: a policy needs at least one limiter"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,184 @@
+//! The Envoy rate-limit gRPC service, driven with the tonic client from envoy-types.
+
+use envoy_types::pb::{
+    envoy::service::ratelimit::v3::{
+        RateLimitResponse,
+        rate_limit_response::{Code, DescriptorStatus, rate_limit::Unit},
+    },
+    google::protobuf::UInt64Value,
+};
+
+use crate::support::{Server, descriptor, should_rate_limit};
+
+const CONFIG: &str = r#"
+[[envoy.domains]]
+name = "edge"
+descriptors = [
+  { key = "remote_address", rules = ["2/1m", "100/1h"] },
+  { key = "path", rules = ["100/1m"] },
+  { key = "path", value = "/login", rules = ["1/1m"] },
+  { key = "shadowed", rules = ["1/1m"], shadow = true },
+  { key = "tenant", descriptors = [
+      { key = "plan", value = "free", rules = ["1/1m"] },
+      { key = "plan", rules = ["3/30s"] },
+  ] },
+]
+
+[[envoy.domains]]
+name = "other"
+descriptors = [{ key = "remote_address", rules = ["1/1h"] }]
+"#;
+
+fn code(status: &DescriptorStatus) -> Code {
+    Code::try_from(status.code).unwrap()
+}
+
+fn overall(response: &RateLimitResponse) -> Code {
+    Code::try_from(response.overall_code).unwrap()
+}
+
+/// (requests_per_unit, unit, remaining) of a status.
+fn limit(status: &DescriptorStatus) -> (u32, Unit, u32) {
+    let l = status.current_limit.as_ref().expect("current_limit");
+    (
+        l.requests_per_unit,
+        Unit::try_from(l.unit).unwrap(),
+        status.limit_remaining,
+    )
+}
+
+#[tokio::test]
+async fn descriptors_match_like_envoys_reference_service() {
+    let server = Server::start(CONFIG);
+    let mut rls = server.grpc_client().await;
+
+    // Key-only entries count every value separately; several rules, the strictest reported.
+    let ra = |ip: &str| descriptor(&[("remote_address", ip)]);
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("192.0.2.1")], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(limit(&r.statuses[0]), (2, Unit::Minute, 1));
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    assert!(reset.seconds <= 60 && reset.seconds >= 59, "{reset:?}");
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("192.0.2.1")], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (2, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("192.0.2.1")], 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    assert_eq!(limit(&r.statuses[0]).0, 2);
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("192.0.2.2")], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    // Domains are separate.
+    let r = should_rate_limit(&mut rls, "other", vec![ra("192.0.2.1")], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (1, Unit::Hour, 0));
+
+    // A value-specific entry wins over the key-only one.
+    let path = |p: &str| descriptor(&[("path", p)]);
+    let r = should_rate_limit(&mut rls, "edge", vec![path("/login")], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (1, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![path("/login")], 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let r = should_rate_limit(&mut rls, "edge", vec![path("/home")], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (100, Unit::Minute, 99));
+
+    // Nested descriptors, value-specific first, the rule given per its nearest unit.
+    let plan = |p: &str| descriptor(&[("tenant", "acme"), ("plan", p)]);
+    let r = should_rate_limit(&mut rls, "edge", vec![plan("free")], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (1, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![plan("pro")], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (6, Unit::Minute, 2));
+    // Stopping short of a rule, or going past the tree, limits nothing.
+    for d in [
+        descriptor(&[("tenant", "acme")]),
+        descriptor(&[("remote_address", "192.0.2.1"), ("path", "/")]),
+        descriptor(&[("unknown", "x")]),
+    ] {
+        let r = should_rate_limit(&mut rls, "edge", vec![d], 0).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+
+    // An unknown domain is not limited: one OK status per descriptor.
+    let r = should_rate_limit(
+        &mut rls,
+        "nowhere",
+        vec![ra("192.0.2.1"), path("/login")],
+        0,
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses.len(), 2);
+    assert!(r.statuses.iter().all(|s| code(s) == Code::Ok));
+
+    // An empty domain is an invalid request, as in Envoy's service.
+    let err = rls
+        .should_rate_limit(
+            envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+                domain: String::new(),
+                descriptors: vec![ra("192.0.2.1")],
+                hits_addend: 0,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn hits_addend_shadow_and_all_or_nothing() {
+    let server = Server::start(CONFIG);
+    let mut rls = server.grpc_client().await;
+    let ra = |ip: &str| descriptor(&[("remote_address", ip)]);
+
+    // hits_addend: 0 means 1; 2 takes two.
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("198.51.100.1")], 2).await;
+    assert_eq!(limit(&r.statuses[0]), (2, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("198.51.100.1")], 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    // A descriptor's own hits_addend overrides the request's.
+    let mut own = ra("198.51.100.2");
+    own.hits_addend = Some(UInt64Value { value: 2 });
+    let r = should_rate_limit(&mut rls, "edge", vec![own], 1).await;
+    assert_eq!(limit(&r.statuses[0]), (2, Unit::Minute, 0));
+
+    // All or nothing across descriptors: /login is spent, so the request is over the limit
+    // and the address it came from is not charged.
+    let login = descriptor(&[("path", "/login")]);
+    should_rate_limit(&mut rls, "edge", vec![login.clone()], 0).await;
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("198.51.100.3"), login.clone()], 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+    assert_eq!(limit(&r.statuses[0]), (2, Unit::Minute, 2));
+    let r = should_rate_limit(&mut rls, "edge", vec![ra("198.51.100.3")], 0).await;
+    assert_eq!(
+        limit(&r.statuses[0]),
+        (2, Unit::Minute, 1),
+        "the denied request cost nothing"
+    );
+
+    // Shadow: recorded and reported, never OVER_LIMIT, and it does not stop the others.
+    let shadow = descriptor(&[("shadowed", "x")]);
+    let r = should_rate_limit(&mut rls, "edge", vec![shadow.clone()], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (1, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![shadow.clone()], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(limit(&r.statuses[0]), (1, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![shadow, ra("198.51.100.4")], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(
+        limit(&r.statuses[1]),
+        (2, Unit::Minute, 1),
+        "recorded despite the shadow"
+    );
+
+    // Decisions are counted per domain.
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains(
+            r#"tollgate_decisions_total{policy="envoy:edge",reason="rate_limited",allowed="false"}"#
+        ),
+        "{metrics}"
+    );
+}

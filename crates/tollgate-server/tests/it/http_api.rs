@@ -1,0 +1,452 @@
+//! The HTTP/JSON API, black-box.
+
+use serde_json::{Value, json};
+
+use crate::support::{Server, error_message, remaining};
+
+const CONFIG: &str = r#"
+[server]
+admin_token_env = "TG_TEST_ADMIN"
+
+[policies.login]
+limiters = [
+  { by = "ip", rules = ["2/3s", "3/1h"] },
+  { by = "user_id", rules = ["5/1h"], message = "too many for this user" },
+]
+
+[policies.sms_code]
+limiters = [{ by = "ip", rules = ["1/1h"], blocklist = "1h" }]
+bypass = { user_ids = ["admin"], ips = ["10.0.0.0/8"] }
+duplicate = { by = "args", ttl = "30s" }
+
+[policies.by_header]
+limiters = [{ by = "header:x-api-key", rules = ["1/1h"] }]
+"#;
+
+fn who(ip: &str, user: &str) -> Value {
+    json!({ "ip": ip, "user_id": user })
+}
+
+#[tokio::test]
+async fn check_enforces_every_rule_of_every_limiter_all_or_nothing() {
+    let server = Server::start(CONFIG);
+
+    // Two rules on one limiter: the short window denies first, the hour rule counts too.
+    let first = server.check("login", who("192.0.2.1", "u1")).await;
+    assert_eq!(first["allowed"], true);
+    assert_eq!(first["reason"], "ok");
+    assert_eq!(first["retry_after_ms"], Value::Null);
+    assert_eq!(remaining(&first, "ip", "2/3s"), 1);
+    assert_eq!(remaining(&first, "ip", "3/1h"), 2);
+    assert_eq!(remaining(&first, "user_id", "5/1h"), 4);
+    let rule = &first["rules"][0];
+    assert_eq!(rule["limit"], 2);
+    assert!(rule["reset_after_ms"].as_u64().unwrap() <= 3000);
+
+    assert_eq!(
+        server.check("login", who("192.0.2.1", "u1")).await["allowed"],
+        true
+    );
+    let denied = server.check("login", who("192.0.2.1", "u1")).await;
+    assert_eq!(denied["allowed"], false, "{denied}");
+    assert_eq!(denied["reason"], "rate_limited");
+    let retry = denied["retry_after_ms"].as_u64().unwrap();
+    assert!(retry > 0 && retry <= 3000, "{denied}");
+    // The denied request cost nothing anywhere: the user's quota is as it was.
+    assert_eq!(remaining(&denied, "user_id", "5/1h"), 3);
+    assert_eq!(remaining(&denied, "ip", "3/1h"), 1);
+
+    // Once the short window has moved on, the hour rule has one left, then denies.
+    tokio::time::sleep(std::time::Duration::from_millis(retry + 50)).await;
+    let third = server.check("login", who("192.0.2.1", "u1")).await;
+    assert_eq!(third["allowed"], true, "{third}");
+    assert_eq!(remaining(&third, "ip", "3/1h"), 0);
+    let over = server.check("login", who("192.0.2.1", "u1")).await;
+    assert_eq!(over["allowed"], false);
+    let denying: Vec<&str> = over["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["remaining"] == 0)
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert!(denying.contains(&"3/1h"), "{over}");
+
+    // Across limiters: the user limiter denies, and the fresh IP it came from is not charged.
+    for i in 0..2 {
+        let d = server
+            .check("login", who(&format!("198.51.100.{i}"), "u1"))
+            .await;
+        assert_eq!(d["allowed"], true, "{d}");
+    }
+    let user_denied = server.check("login", who("198.51.100.9", "u1")).await;
+    assert_eq!(user_denied["allowed"], false, "{user_denied}");
+    assert_eq!(user_denied["message"], "too many for this user");
+    assert_eq!(remaining(&user_denied, "ip", "2/3s"), 2);
+    let other_user = server.check("login", who("198.51.100.9", "u2")).await;
+    assert_eq!(other_user["allowed"], true);
+    assert_eq!(remaining(&other_user, "ip", "3/1h"), 2);
+
+    // Cost: several units at once.
+    let (status, body) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": who("203.0.113.1", "u3"), "cost": 2 }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(remaining(&body, "ip", "2/3s"), 0);
+    assert_eq!(remaining(&body, "user_id", "5/1h"), 3);
+
+    // Dimensions from headers (case-insensitive names).
+    let key = json!({ "headers": { "X-Api-Key": "k1" } });
+    assert_eq!(
+        server.check("by_header", key.clone()).await["allowed"],
+        true
+    );
+    assert_eq!(server.check("by_header", key).await["allowed"], false);
+}
+
+#[tokio::test]
+async fn peek_consumes_nothing_and_reset_is_admin_only() {
+    let server = Server::start(CONFIG);
+    let req = json!({ "policy": "login", "identity": who("192.0.2.7", "p1") });
+    for _ in 0..2 {
+        let (status, peek) = server.post("/v1/peek", req.clone()).await;
+        assert_eq!(status, 200);
+        assert_eq!(peek["allowed"], true);
+        assert_eq!(remaining(&peek, "user_id", "5/1h"), 4);
+    }
+    server.check("login", who("192.0.2.7", "p1")).await;
+    let (_, peek) = server.post("/v1/peek", req.clone()).await;
+    assert_eq!(remaining(&peek, "user_id", "5/1h"), 3);
+
+    // Reset: 401 without or with a wrong token, and counters stay.
+    let reset = json!({ "policy": "login", "identity": who("192.0.2.7", "p1") });
+    let (status, body) = server.post("/v1/reset", reset.clone()).await;
+    let msg = error_message(status, &body, 401);
+    assert!(msg.contains("Bearer"), "{msg}");
+    let (status, body) = server
+        .send(
+            server
+                .request(reqwest::Method::POST, "/v1/reset")
+                .bearer_auth("wrong")
+                .json(&reset),
+        )
+        .await;
+    error_message(status, &body, 401);
+    let (_, peek) = server.post("/v1/peek", req.clone()).await;
+    assert_eq!(remaining(&peek, "user_id", "5/1h"), 3);
+
+    let (status, body) = server.post_admin("/v1/reset", reset).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({ "reset": true }));
+    let (_, peek) = server.post("/v1/peek", req).await;
+    assert_eq!(remaining(&peek, "user_id", "5/1h"), 4);
+    assert_eq!(remaining(&peek, "ip", "3/1h"), 2);
+}
+
+#[tokio::test]
+async fn every_client_error_is_a_json_body_saying_what_is_wrong() {
+    let server = Server::start(CONFIG);
+    let post_raw = |body: &'static str, content_type: &'static str| {
+        server
+            .request(reqwest::Method::POST, "/v1/check")
+            .header("content-type", content_type)
+            .body(body)
+    };
+
+    let (s, b) = server
+        .send(post_raw(r#"{"policy": "login""#, "application/json"))
+        .await;
+    assert!(
+        error_message(s, &b, 400).starts_with("malformed JSON"),
+        "{b}"
+    );
+
+    let (s, b) = server
+        .send(post_raw(r#"{"policy": "login"}"#, "text/plain"))
+        .await;
+    assert!(
+        error_message(s, &b, 415).contains("Content-Type: application/json"),
+        "{b}"
+    );
+
+    let (s, b) = server.post("/v1/check", json!({ "identity": {} })).await;
+    assert!(
+        error_message(s, &b, 422).contains("missing field `policy`"),
+        "{b}"
+    );
+
+    let (s, b) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": { "ip": "300.1.1.1" } }),
+        )
+        .await;
+    let msg = error_message(s, &b, 422);
+    assert!(
+        msg.contains("identity.ip") && msg.contains("invalid IP address"),
+        "{msg}"
+    );
+
+    let (s, b) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": { "ipp": "1.1.1.1" } }),
+        )
+        .await;
+    assert!(
+        error_message(s, &b, 422).contains("unknown field `ipp`"),
+        "{b}"
+    );
+
+    let (s, b) = server
+        .post("/v1/check", json!({ "policy": "login", "cost": -1 }))
+        .await;
+    assert!(error_message(s, &b, 422).contains("cost"), "{b}");
+
+    let (s, b) = server.post("/v1/check", json!({ "policy": "nope" })).await;
+    assert_eq!(error_message(s, &b, 404), r#"unknown policy "nope""#);
+    let (s, b) = server.post("/v1/peek", json!({ "policy": "nope" })).await;
+    error_message(s, &b, 404);
+
+    let (s, b) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": { "ip": "192.0.2.1" } }),
+        )
+        .await;
+    let msg = error_message(s, &b, 422);
+    assert!(
+        msg.contains("user_id") && msg.contains("does not carry"),
+        "{msg}"
+    );
+
+    let (s, b) = server.get("/v1/nothing-here").await;
+    error_message(s, &b, 404);
+    let (s, b) = server.get("/v1/check").await;
+    error_message(s, &b, 405);
+
+    let (s, b) = server
+        .post("/v1/duplicate/release", json!({ "lease": "junk" }))
+        .await;
+    assert!(
+        error_message(s, &b, 400).starts_with("malformed lease"),
+        "{b}"
+    );
+    let (s, b) = server
+        .post(
+            "/v1/duplicate/acquire",
+            json!({ "policy": "login", "identity": {} }),
+        )
+        .await;
+    assert!(
+        error_message(s, &b, 404).contains("no duplicate guard"),
+        "{b}"
+    );
+
+    let (s, b) = server.get("/v1/blocklist").await;
+    error_message(s, &b, 401);
+    let (s, b) = server
+        .send(server.request(reqwest::Method::DELETE, "/v1/blocklist/ip/192.0.2.1"))
+        .await;
+    error_message(s, &b, 401);
+    let (s, b) = server
+        .send(
+            server
+                .request(reqwest::Method::DELETE, "/v1/blocklist/cookie/x")
+                .bearer_auth(crate::support::ADMIN_TOKEN),
+        )
+        .await;
+    assert!(
+        error_message(s, &b, 400).contains("unknown ban kind"),
+        "{b}"
+    );
+    let (s, b) = server
+        .send(
+            server
+                .request(reqwest::Method::DELETE, "/v1/blocklist/ip/not-an-ip")
+                .bearer_auth(crate::support::ADMIN_TOKEN),
+        )
+        .await;
+    assert!(
+        error_message(s, &b, 400).contains("not an IP address"),
+        "{b}"
+    );
+    let (s, b) = server
+        .send(
+            server
+                .request(reqwest::Method::DELETE, "/v1/blocklist/ip/192.0.2.200")
+                .bearer_auth(crate::support::ADMIN_TOKEN),
+        )
+        .await;
+    assert!(
+        error_message(s, &b, 404).contains("not on the blocklist"),
+        "{b}"
+    );
+}
+
+#[tokio::test]
+async fn a_violation_bans_and_an_admin_unbans() {
+    let server = Server::start(CONFIG);
+    let offender = who("192.0.2.66", "mallory");
+    assert_eq!(
+        server.check("sms_code", offender.clone()).await["allowed"],
+        true
+    );
+    let denied = server.check("sms_code", offender.clone()).await;
+    assert_eq!(denied["allowed"], false);
+    let blocked = server.check("sms_code", offender.clone()).await;
+    assert_eq!(blocked["reason"], "blocked", "{blocked}");
+    assert!(
+        blocked["retry_after_ms"].as_u64().unwrap() > 3_500_000,
+        "{blocked}"
+    );
+    // The ban holds for the user on another address too.
+    let elsewhere = server.check("sms_code", who("192.0.2.67", "mallory")).await;
+    assert_eq!(elsewhere["reason"], "blocked", "{elsewhere}");
+
+    let (status, list) = server.get_admin("/v1/blocklist").await;
+    assert_eq!(status, 200, "{list}");
+    let list = list.as_array().unwrap().clone();
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert_eq!(list[0]["kind"], "ip");
+    assert_eq!(list[0]["value"], "192.0.2.66");
+    assert_eq!(list[1]["kind"], "user_id");
+    assert_eq!(list[1]["value"], "mallory");
+    let left = list[0]["expires_in_ms"].as_u64().unwrap();
+    assert!(left > 3_500_000 && left <= 3_600_000, "{left}");
+
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_blocklist_entries 2"),
+        "{metrics}"
+    );
+
+    for path in [
+        "/v1/blocklist/ip/192.0.2.66",
+        "/v1/blocklist/user_id/mallory",
+    ] {
+        let (status, body) = server
+            .send(
+                server
+                    .request(reqwest::Method::DELETE, path)
+                    .bearer_auth(crate::support::ADMIN_TOKEN),
+            )
+            .await;
+        assert_eq!((status, body), (200, json!({ "removed": true })));
+    }
+    let (_, list) = server.get_admin("/v1/blocklist").await;
+    assert_eq!(list, json!([]));
+    // No longer blocked: the hour rule still counts the first request.
+    let after = server.check("sms_code", offender.clone()).await;
+    assert_eq!(after["reason"], "rate_limited", "{after}");
+
+    // An admin can ban by hand.
+    let (status, body) = server
+        .post_admin(
+            "/v1/blocklist",
+            json!({ "kind": "ip", "value": "192.0.2.99", "duration": "5m" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let banned = server.check("sms_code", who("192.0.2.99", "someone")).await;
+    assert_eq!(banned["reason"], "blocked", "{banned}");
+}
+
+#[tokio::test]
+async fn bypassed_identities_are_never_limited() {
+    let server = Server::start(CONFIG);
+    for _ in 0..3 {
+        let inside = server.check("sms_code", who("10.1.2.3", "u")).await;
+        assert_eq!(inside["allowed"], true, "{inside}");
+        assert_eq!(inside["reason"], "bypassed");
+        let admin = server.check("sms_code", who("192.0.2.10", "admin")).await;
+        assert_eq!(admin["reason"], "bypassed");
+    }
+    let outside = server.check("sms_code", who("11.1.2.3", "u")).await;
+    assert_eq!(outside["reason"], "ok");
+}
+
+#[tokio::test]
+async fn duplicates_are_refused_until_released() {
+    let server = Server::start(CONFIG);
+    let acquire = |args: Value| json!({ "policy": "sms_code", "identity": who("192.0.2.5", "d"), "args": args });
+    let (status, first) = server
+        .post(
+            "/v1/duplicate/acquire",
+            acquire(json!({ "phone": "123", "kind": "login" })),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["acquired"], true);
+    assert_eq!(first["state"], Value::Null);
+    let lease = first["lease"].as_str().unwrap().to_owned();
+
+    // The same arguments in another key order are the same submission.
+    let (_, again) = server
+        .post(
+            "/v1/duplicate/acquire",
+            acquire(json!({ "kind": "login", "phone": "123" })),
+        )
+        .await;
+    assert_eq!(again["acquired"], false, "{again}");
+    assert_eq!(again["lease"], Value::Null);
+    assert_eq!(again["state"], "in_progress");
+    let retry = again["retry_after_ms"].as_u64().unwrap();
+    assert!(retry > 0 && retry <= 30_000, "{again}");
+
+    let (_, other) = server
+        .post(
+            "/v1/duplicate/acquire",
+            acquire(json!({ "phone": "456", "kind": "login" })),
+        )
+        .await;
+    assert_eq!(other["acquired"], true);
+
+    let (status, released) = server
+        .post("/v1/duplicate/release", json!({ "lease": lease }))
+        .await;
+    assert_eq!((status, released), (200, json!({ "released": true })));
+    let (_, twice) = server
+        .post("/v1/duplicate/release", json!({ "lease": lease }))
+        .await;
+    assert_eq!(twice, json!({ "released": false }));
+    let (_, after) = server
+        .post(
+            "/v1/duplicate/acquire",
+            acquire(json!({ "phone": "123", "kind": "login" })),
+        )
+        .await;
+    assert_eq!(after["acquired"], true, "{after}");
+}
+
+#[tokio::test]
+async fn metrics_and_health() {
+    let server = Server::start(CONFIG);
+    for _ in 0..3 {
+        server.check("sms_code", who("192.0.2.30", "m")).await;
+    }
+    let (status, text) = server.get_text("/metrics").await;
+    assert_eq!(status, 200);
+    for needle in [
+        r#"tollgate_decisions_total{policy="sms_code",reason="ok",allowed="true"} 1"#,
+        r#"tollgate_decisions_total{policy="sms_code",reason="rate_limited",allowed="false"} 1"#,
+        r#"tollgate_decisions_total{policy="sms_code",reason="blocked",allowed="false"} 1"#,
+        r#"tollgate_store_latency_seconds_count{op="check"} 3"#,
+        r#"tollgate_store_errors_total{op="check"} 0"#,
+        "# TYPE tollgate_blocklist_entries gauge",
+        "tollgate_blocklist_entries 2",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+    assert_eq!(
+        server.get("/healthz").await,
+        (200, json!({ "status": "ok" }))
+    );
+    assert_eq!(
+        server.get("/readyz").await,
+        (200, json!({ "status": "ready" }))
+    );
+}

@@ -1,0 +1,12 @@
+//! Black-box tests: the built `tollgate` binary on free loopback ports, driven over HTTP and
+//! gRPC like a client would.
+
+// Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+mod cli;
+mod grpc;
+mod http_api;
+mod redis;
+mod reload;
+mod support;

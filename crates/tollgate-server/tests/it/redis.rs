@@ -1,0 +1,57 @@
+//! The server on a real Redis: checks go to Redis, and a Redis that dies is a decision
+//! (`on_error`) and an unready `/readyz`, not a crash.
+
+use serde_json::json;
+use tollgate_testkit::RedisServer;
+
+use crate::support::{Server, remaining};
+
+#[tokio::test]
+async fn checks_on_redis_and_survive_its_loss() {
+    let mut redis = RedisServer::start();
+    let config = format!(
+        r#"
+[server]
+admin_token_env = "TG_TEST_ADMIN"
+
+[store]
+url = "{}"
+on_error = "deny"
+timeout = "200ms"
+
+[policies.a]
+limiters = [{{ by = "ip", rules = ["2/1h"] }}]
+"#,
+        redis.url()
+    );
+    let server = Server::start(&config);
+    assert_eq!(server.get("/readyz").await.0, 200);
+    let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(remaining(&d, "ip", "2/1h"), 1);
+
+    // A second server on the same Redis shares the counters.
+    let twin = Server::start(&config);
+    let d = twin.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(remaining(&d, "ip", "2/1h"), 0);
+    drop(twin);
+
+    redis.kill();
+    let d = server.check("a", json!({ "ip": "192.0.2.2" })).await;
+    assert_eq!(d["allowed"], false, "{d}");
+    assert_eq!(d["reason"], "store_unavailable");
+    let (status, body) = server.get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("store"), "{body}");
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains(r#"tollgate_store_errors_total{op="check"} 1"#),
+        "{metrics}"
+    );
+    let (status, body) = server
+        .post_admin(
+            "/v1/reset",
+            json!({ "policy": "a", "identity": { "ip": "192.0.2.1" } }),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+}
