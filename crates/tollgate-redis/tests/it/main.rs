@@ -13,3 +13,4 @@ mod redis_time;
 mod round_trip;
 mod script;
 mod support;
+mod tls;
