@@ -1,0 +1,341 @@
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{Json, Router, extract::State, routing::post};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tollgate::{Identity, Reason};
+use tollgate_tower::{
+    Context, ContextLayer, IdentityResolver, Rejection, prevent_duplicate, rate_limit,
+};
+
+use crate::support::{Server, client, gate, header, problem};
+
+#[rate_limit(by = "ip", rules = ["2/1m"])]
+#[rate_limit(by = "user_id", rules = ["3/1d"])]
+async fn send_code(Json(body): Json<Value>) -> Result<Json<Value>, Rejection> {
+    Ok(Json(json!({ "sent": true, "to": body["phone"] })))
+}
+
+fn proxied_users() -> IdentityResolver {
+    IdentityResolver::new()
+        .trust_proxy("127.0.0.1/32".parse().unwrap())
+        .enrich(
+            |who, headers, _| match headers.get("x-user-id").and_then(|v| v.to_str().ok()) {
+                Some(id) => who.with_user_id(id),
+                None => who,
+            },
+        )
+}
+
+#[tokio::test]
+async fn stacked_limits_are_one_atomic_check_with_ratelimit_fields() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/sms/code", post(send_code))
+        .layer(ContextLayer::new(gate, proxied_users()));
+    let server = Server::start(app).await;
+    let send = |ip: &str, user: Option<&str>| {
+        let mut request = client()
+            .post(server.at("/sms/code"))
+            .header("x-forwarded-for", ip)
+            .json(&json!({ "phone": "+15550100" }));
+        if let Some(user) = user {
+            request = request.header("x-user-id", user);
+        }
+        request.send()
+    };
+
+    let first = send("203.0.113.1", Some("alice")).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        header(&first, "ratelimit-policy").as_deref(),
+        Some(r#""ip-1m";q=2;w=60, "user_id-1d";q=3;w=86400"#)
+    );
+    assert_eq!(
+        header(&first, "ratelimit").as_deref(),
+        Some(r#""ip-1m";r=1;t=60, "user_id-1d";r=2;t=86400"#)
+    );
+    assert_eq!(first.json::<Value>().await.unwrap()["to"], "+15550100");
+    assert_eq!(
+        send("203.0.113.1", Some("alice")).await.unwrap().status(),
+        200
+    );
+
+    // The address's minute is used up; the refusal costs the user nothing.
+    let by_ip = send("203.0.113.1", Some("alice")).await.unwrap();
+    assert_eq!(by_ip.status(), 429);
+    assert_eq!(
+        header(&by_ip, "ratelimit")
+            .as_deref()
+            .map(|v| v.split(", ").nth(1).unwrap().to_owned()),
+        Some(r#""user_id-1d";r=1;t=86400"#.to_owned())
+    );
+    assert_eq!(
+        send("203.0.113.2", Some("alice")).await.unwrap().status(),
+        200
+    );
+
+    // The user's day is used up; the refusal costs the new address nothing.
+    let by_user = send("203.0.113.2", Some("alice")).await.unwrap();
+    assert_eq!(by_user.status(), 429);
+    assert_eq!(
+        header(&by_user, "ratelimit").as_deref(),
+        Some(r#""ip-1m";r=1;t=60, "user_id-1d";r=0;t=86400"#)
+    );
+    let body = problem(by_user).await;
+    assert_eq!(body["violated"][0]["policy"], "user_id-1d");
+    assert_eq!(body["violated"].as_array().unwrap().len(), 1);
+
+    let anonymous = send("203.0.113.3", None).await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+}
+
+#[tokio::test]
+async fn a_guarded_handler_without_a_context_layer_is_a_500_that_says_why() {
+    let app = Router::new().route("/sms/code", post(send_code));
+    let server = Server::start(app).await;
+    let response = client()
+        .post(server.at("/sms/code"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let body = problem(response).await;
+    assert_eq!(body["reason"], "no_context");
+    assert!(body["detail"].as_str().unwrap().contains("ContextLayer"));
+}
+
+#[derive(Clone, Default)]
+struct Hold {
+    hold: Arc<AtomicBool>,
+    entered: Arc<Notify>,
+    proceed: Arc<Notify>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Hold {
+    async fn pass(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hold.load(Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.proceed.notified().await;
+        }
+    }
+}
+
+#[prevent_duplicate(by = "user_id", ttl = "2s")]
+async fn save_profile(
+    State(hold): State<Hold>,
+    Json(body): Json<Value>,
+) -> Result<Json<Value>, Rejection> {
+    hold.pass().await;
+    if body["fail"] == true {
+        return Err(Rejection::BadBody("refused by the handler".into()));
+    }
+    Ok(Json(json!({ "saved": true })))
+}
+
+#[prevent_duplicate(by = "args", ttl = "5s", args = ["body"])]
+async fn post_comment(
+    State(hold): State<Hold>,
+    Json(body): Json<Value>,
+) -> Result<&'static str, Rejection> {
+    hold.pass().await;
+    Ok("posted")
+}
+
+async fn duplicate_app() -> (Server, Hold) {
+    let (gate, _) = gate();
+    let hold = Hold::default();
+    let app = Router::new()
+        .route("/profile", post(save_profile))
+        .route("/comments", post(post_comment))
+        .with_state(hold.clone())
+        .layer(ContextLayer::new(gate, proxied_users()));
+    (Server::start(app).await, hold)
+}
+
+#[tokio::test]
+async fn prevent_duplicate_by_user_is_409_in_flight_then_429() {
+    let (server, hold) = duplicate_app().await;
+    let save = |body: Value| {
+        client()
+            .post(server.at("/profile"))
+            .header("x-user-id", "alice")
+            .json(&body)
+            .send()
+    };
+    hold.hold.store(true, Ordering::SeqCst);
+    let first = tokio::spawn(save(json!({ "name": "A" })));
+    hold.entered.notified().await;
+    let in_flight = save(json!({ "name": "B" })).await.unwrap();
+    assert_eq!(in_flight.status(), 409);
+    assert_eq!(problem(in_flight).await["reason"], "in_progress");
+    hold.hold.store(false, Ordering::SeqCst);
+    hold.proceed.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+
+    let after = save(json!({ "name": "C" })).await.unwrap();
+    assert_eq!(after.status(), 429);
+    let wait: u64 = header(&after, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    assert_eq!(hold.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_err_from_the_guarded_handler_frees_the_lock() {
+    let (server, hold) = duplicate_app().await;
+    let save = |body: Value| {
+        client()
+            .post(server.at("/profile"))
+            .header("x-user-id", "bob")
+            .json(&body)
+            .send()
+    };
+    assert_eq!(save(json!({ "fail": true })).await.unwrap().status(), 400);
+    assert_eq!(save(json!({ "name": "ok" })).await.unwrap().status(), 200);
+    assert_eq!(save(json!({ "name": "ok" })).await.unwrap().status(), 429);
+    assert_eq!(hold.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn prevent_duplicate_by_args_fingerprints_the_chosen_arguments() {
+    let (server, hold) = duplicate_app().await;
+    let comment = |text: &str| {
+        client()
+            .post(server.at("/comments"))
+            .json(&json!({ "text": text }))
+            .send()
+    };
+    assert_eq!(comment("first!").await.unwrap().status(), 200);
+    let again = comment("first!").await.unwrap();
+    assert_eq!(again.status(), 429);
+    assert_eq!(problem(again).await["detail"], "repeated request");
+    assert_eq!(comment("second").await.unwrap().status(), 200);
+    assert_eq!(hold.calls.load(Ordering::SeqCst), 2);
+}
+
+#[rate_limit(by = "arg:phone", rules = ["1/1m"], name = "phone", message = "one code per number per minute")]
+async fn code_for(phone: String) -> Result<String, Rejection> {
+    Ok(format!("code for {phone}"))
+}
+
+#[tokio::test]
+async fn outside_http_a_scope_supplies_the_context_and_args_are_dimensions() {
+    let (gate, _) = gate();
+    let context = Context::new(gate, Identity::new());
+    context
+        .scope(async {
+            assert!(code_for("+1555".into()).await.is_ok());
+            let Err(Rejection::RateLimited(decision)) = code_for("+1555".into()).await else {
+                panic!("the second code for one number is refused");
+            };
+            assert_eq!(decision.reason(), Reason::RateLimited);
+            assert_eq!(decision.message(), Some("one code per number per minute"));
+            assert!(code_for("+1666".into()).await.is_ok());
+            let admitted = Context::current().unwrap().admitted_rules();
+            assert_eq!(admitted.len(), 2);
+        })
+        .await;
+    assert!(matches!(
+        code_for("+1777".into()).await,
+        Err(Rejection::NoContext)
+    ));
+}
+
+/// An application error that wraps refusals, and a body using `?`.
+#[derive(Debug)]
+enum AppError {
+    Refused(Rejection),
+    Parse(std::num::ParseIntError),
+}
+
+impl From<Rejection> for AppError {
+    fn from(r: Rejection) -> AppError {
+        AppError::Refused(r)
+    }
+}
+
+impl From<std::num::ParseIntError> for AppError {
+    fn from(e: std::num::ParseIntError) -> AppError {
+        AppError::Parse(e)
+    }
+}
+
+struct Jobs {
+    entered: Arc<Notify>,
+    hold: AtomicBool,
+}
+
+impl Jobs {
+    #[rate_limit(by = "user_id", rules = ["100/1m"])]
+    #[prevent_duplicate(by = "args", ttl = "1m")]
+    async fn run(&self, job: String) -> Result<u32, AppError> {
+        if self.hold.load(Ordering::SeqCst) {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(job.parse::<u32>()?)
+    }
+}
+
+#[tokio::test]
+async fn methods_custom_errors_and_cancelled_calls() {
+    let (gate, _) = gate();
+    let jobs = Arc::new(Jobs {
+        entered: Arc::new(Notify::new()),
+        hold: AtomicBool::new(false),
+    });
+    let context = Context::new(gate, Identity::new().with_user_id("u1"));
+
+    let outcome = context
+        .clone()
+        .scope(async {
+            // A failed call (here a parse error through `?`) frees the lock for a retry.
+            for _ in 0..2 {
+                let Err(AppError::Parse(e)) = jobs.run("x".into()).await else {
+                    panic!("the parse error comes through `?`");
+                };
+                assert_eq!(e.to_string(), "invalid digit found in string");
+            }
+            assert_eq!(jobs.run("7".into()).await.unwrap(), 7);
+            jobs.run("7".into()).await
+        })
+        .await;
+    assert!(matches!(
+        outcome,
+        Err(AppError::Refused(Rejection::Repeated { .. }))
+    ));
+
+    // A call cancelled mid-way frees its lock too.
+    jobs.hold.store(true, Ordering::SeqCst);
+    let running = tokio::spawn(context.clone().scope({
+        let jobs = jobs.clone();
+        async move { jobs.run("9".into()).await.map_err(|e| format!("{e:?}")) }
+    }));
+    jobs.entered.notified().await;
+    running.abort();
+    let _ = running.await;
+    jobs.hold.store(false, Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match context.clone().scope(jobs.run("9".into())).await {
+            Ok(n) => {
+                assert_eq!(n, 9);
+                break;
+            }
+            Err(AppError::Refused(Rejection::InProgress { .. })) => {
+                assert!(tokio::time::Instant::now() < deadline, "never released");
+                tokio::task::yield_now().await;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+}

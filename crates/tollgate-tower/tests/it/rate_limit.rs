@@ -1,0 +1,357 @@
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{Router, http::StatusCode, response::IntoResponse, routing::get};
+use serde_json::json;
+use tollgate::{
+    BanRule, Bypass, CheckPlan, Dimension, Limiter, OnError, Policy, Store, StoreError,
+    StoreErrorKind, Tollgate, Verdict,
+};
+use tollgate_tower::{IdentityResolver, RateLimitLayer};
+
+use crate::support::{Server, client, gate, header, problem};
+
+fn rules(texts: &[&str]) -> Vec<tollgate::Rule> {
+    texts.iter().map(|t| t.parse().unwrap()).collect()
+}
+
+fn counted(layer: RateLimitLayer) -> (Router, Arc<AtomicUsize>) {
+    counted_at("/", layer)
+}
+
+fn counted_at(path: &str, layer: RateLimitLayer) -> (Router, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let app = Router::new().route(
+        path,
+        get(move || {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                "ok"
+            }
+        })
+        .layer(layer),
+    );
+    (app, calls)
+}
+
+#[tokio::test]
+async fn denied_requests_get_429_retry_after_ratelimit_fields_and_a_problem() {
+    let (gate, clock) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m", "10/1h"])))
+        .build()
+        .unwrap();
+    let (app, calls) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+
+    let first = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        header(&first, "ratelimit-policy").as_deref(),
+        Some(r#""ip-1m";q=2;w=60, "ip-1h";q=10;w=3600"#)
+    );
+    assert_eq!(
+        header(&first, "ratelimit").as_deref(),
+        Some(r#""ip-1m";r=1;t=60, "ip-1h";r=9;t=3600"#)
+    );
+    assert_eq!(header(&first, "retry-after"), None);
+
+    clock.advance(Duration::from_secs(20));
+    let second = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(
+        header(&second, "ratelimit").as_deref(),
+        Some(r#""ip-1m";r=0;t=60, "ip-1h";r=8;t=3600"#)
+    );
+
+    // The oldest entry leaves the minute window 40 s from now.
+    clock.advance(Duration::from_millis(19_500));
+    let denied = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(denied.status(), 429);
+    // 20.5 s left: 21.
+    assert_eq!(header(&denied, "retry-after").as_deref(), Some("21"));
+    assert_eq!(
+        header(&denied, "ratelimit-policy").as_deref(),
+        Some(r#""ip-1m";q=2;w=60, "ip-1h";q=10;w=3600"#)
+    );
+    let limit = header(&denied, "ratelimit").unwrap();
+    assert!(limit.starts_with(r#""ip-1m";r=0;t="#), "{limit}");
+    let body = problem(denied).await;
+    assert_eq!(body["type"], "about:blank");
+    assert_eq!(body["title"], "Too Many Requests");
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["reason"], "rate_limited");
+    assert_eq!(body["detail"], "rate limit exceeded: ip 2/1m");
+    assert_eq!(body["retry_after"], 21);
+    assert_eq!(
+        body["violated"],
+        json!([{"policy": "ip-1m", "limiter": "ip", "rule": "2/1m", "remaining": 0,
+                "reset_after": body["violated"][0]["reset_after"]}])
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "a denied request never reaches the handler"
+    );
+
+    clock.advance(Duration::from_millis(20_000));
+    assert_eq!(http.get(server.at("/")).send().await.unwrap().status(), 429);
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(http.get(server.at("/")).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn retry_after_is_whole_seconds_rounded_up() {
+    let (gate, clock) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])))
+        .build()
+        .unwrap();
+    let (app, _) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+    assert_eq!(http.get(server.at("/")).send().await.unwrap().status(), 200);
+    clock.advance(Duration::from_millis(18_001));
+    let denied = http.get(server.at("/")).send().await.unwrap();
+    // 41.999 s left: 42.
+    assert_eq!(header(&denied, "retry-after").as_deref(), Some("42"));
+    assert_eq!(
+        header(&denied, "ratelimit").as_deref(),
+        Some(r#""ip-1m";r=0;t=42"#)
+    );
+}
+
+#[tokio::test]
+async fn ratelimit_fields_on_allowed_responses_can_be_turned_off() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])))
+        .build()
+        .unwrap();
+    let (app, _) = counted(RateLimitLayer::new(gate, policy).headers(false));
+    let server = Server::start(app).await;
+    let http = client();
+    let ok = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(header(&ok, "ratelimit"), None);
+    assert_eq!(header(&ok, "ratelimit-policy"), None);
+    let denied = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert!(
+        header(&denied, "ratelimit").is_some(),
+        "refusals always say why"
+    );
+}
+
+#[tokio::test]
+async fn the_limiter_message_and_a_custom_response() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])).with_message("slow down, please"))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate, policy).on_rejection(|rejection| {
+        let mut response = rejection.into_response();
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        response
+    });
+    let (app, _) = counted(layer);
+    let server = Server::start(app).await;
+    let http = client();
+    http.get(server.at("/")).send().await.unwrap();
+    let denied = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(denied.status(), 503);
+    assert_eq!(header(&denied, "retry-after").as_deref(), Some("60"));
+    assert_eq!(problem(denied).await["detail"], "slow down, please");
+}
+
+#[tokio::test]
+async fn blocked_clients_get_403_with_retry_after_until_the_ban_ends() {
+    let (gate, clock) = gate();
+    let policy = Policy::builder("sms")
+        .limiter(
+            Limiter::new(Dimension::Ip, rules(&["1/1m"]))
+                .with_blocklist(BanRule::new(Duration::from_secs(600))),
+        )
+        .build()
+        .unwrap();
+    let (app, calls) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+
+    assert_eq!(http.get(server.at("/")).send().await.unwrap().status(), 200);
+    let violation = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(violation.status(), 429);
+    assert_eq!(header(&violation, "retry-after").as_deref(), Some("600"));
+
+    clock.advance(Duration::from_secs(100));
+    let blocked = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(blocked.status(), 403);
+    assert_eq!(header(&blocked, "retry-after").as_deref(), Some("500"));
+    let body = problem(blocked).await;
+    assert_eq!(body["reason"], "blocked");
+    assert_eq!(body["status"], 403);
+
+    clock.advance(Duration::from_secs(500));
+    assert_eq!(http.get(server.at("/")).send().await.unwrap().status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_user_dimension_without_a_user_is_401() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::UserId, rules(&["5/1m"])))
+        .build()
+        .unwrap();
+    let resolver = IdentityResolver::new().enrich(|who, headers, _| {
+        match headers.get("x-user-id").and_then(|v| v.to_str().ok()) {
+            Some(id) => who.with_user_id(id),
+            None => who,
+        }
+    });
+    let (app, calls) = counted(RateLimitLayer::new(gate, policy).resolver(resolver));
+    let server = Server::start(app).await;
+    let http = client();
+
+    let anonymous = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let body = problem(anonymous).await;
+    assert_eq!(body["reason"], "missing_identity");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    let known = http
+        .get(server.at("/"))
+        .header("x-user-id", "42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(known.status(), 200);
+    assert_eq!(
+        header(&known, "ratelimit").as_deref(),
+        Some(r#""user_id-1m";r=4;t=60"#)
+    );
+}
+
+#[tokio::test]
+async fn header_dimensions_read_the_request_and_400_without_it() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(
+            Dimension::Header("x-api-key".into()),
+            rules(&["1/1m"]),
+        ))
+        .build()
+        .unwrap();
+    let (app, _) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+    let get = |key: Option<&str>| {
+        let mut request = http.get(server.at("/"));
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        request.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 400);
+    assert_eq!(get(Some("a")).await.unwrap().status(), 200);
+    assert_eq!(get(Some("b")).await.unwrap().status(), 200);
+    assert_eq!(get(Some("a")).await.unwrap().status(), 429);
+}
+
+#[tokio::test]
+async fn bypassed_identities_are_neither_counted_nor_labelled() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("stats")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])))
+        .bypass(Bypass::new().user_id("admin"))
+        .build()
+        .unwrap();
+    let resolver = IdentityResolver::new().enrich(|who, headers, _| {
+        match headers.get("x-user-id").and_then(|v| v.to_str().ok()) {
+            Some(id) => who.with_user_id(id),
+            None => who,
+        }
+    });
+    let (app, calls) = counted(RateLimitLayer::new(gate, policy).resolver(resolver));
+    let server = Server::start(app).await;
+    let http = client();
+    for _ in 0..3 {
+        let admin = http
+            .get(server.at("/"))
+            .header("x-user-id", "admin")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(admin.status(), 200);
+        assert_eq!(header(&admin, "ratelimit"), None);
+    }
+    let someone = || http.get(server.at("/")).header("x-user-id", "bob").send();
+    assert_eq!(someone().await.unwrap().status(), 200);
+    assert_eq!(someone().await.unwrap().status(), 429);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+/// A store that is always down.
+struct DownStore;
+
+impl Store for DownStore {
+    async fn check(&self, _: &CheckPlan) -> Result<Verdict, StoreError> {
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        ))
+    }
+
+    async fn reset(&self, _: &CheckPlan) -> Result<(), StoreError> {
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        ))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "connection refused",
+        ))
+    }
+}
+
+#[tokio::test]
+async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
+    let gate = Arc::new(Tollgate::new(DownStore));
+    let policy = |on_error| {
+        Policy::builder("api")
+            .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])))
+            .on_error(on_error)
+            .build()
+            .unwrap()
+    };
+    let (closed, closed_calls) = counted_at(
+        "/closed",
+        RateLimitLayer::new(gate.clone(), policy(OnError::Deny)),
+    );
+    let (open, _) = counted_at("/open", RateLimitLayer::new(gate, policy(OnError::Allow)));
+    let app = closed.merge(open);
+    let server = Server::start(app).await;
+    let http = client();
+
+    let denied = http.get(server.at("/closed")).send().await.unwrap();
+    assert_eq!(denied.status(), 503);
+    assert_eq!(problem(denied).await["reason"], "store_unavailable");
+    assert_eq!(closed_calls.load(Ordering::SeqCst), 0);
+
+    for _ in 0..3 {
+        let admitted = http.get(server.at("/open")).send().await.unwrap();
+        assert_eq!(admitted.status(), 200);
+    }
+}
