@@ -14,7 +14,8 @@
 --                stand still while real time, which PEXPIRE counts, goes on.
 --   4  nonce     random bytes, fresh per call; sliding-log members are nonce .. unit index
 --   5  limiters  number of limiters; then per limiter:
---        rule count, ban duration µs (0 = the limiter bans nobody), ban factor, ban cap µs;
+--        rule count, bans (1 = the limiter bans offenders, 0 = it does not), ban duration µs,
+--        ban factor, ban cap µs;
 --        then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
 --   then  bans   number of ban keys; then per ban key: target kind, target value
 -- Reply: a flat array of integers:
@@ -84,15 +85,15 @@ for _ = 1, tonumber(ARGV[5]) do
   local log_window = 0
   local n = tonumber(ARGV[argi])
   local ban
-  if tonumber(ARGV[argi + 1]) > 0 then
+  if ARGV[argi + 1] == '1' then
     ban = {
-      duration = tonumber(ARGV[argi + 1]),
-      factor = tonumber(ARGV[argi + 2]),
-      cap = tonumber(ARGV[argi + 3]),
+      duration = tonumber(ARGV[argi + 2]),
+      factor = tonumber(ARGV[argi + 3]),
+      cap = tonumber(ARGV[argi + 4]),
     }
   end
   limiters[#limiters + 1] = { first = first, last = first + n - 1, ban = ban }
-  argi = argi + 3
+  argi = argi + 4
   for _ = 1, n do
     local rule = {
       kind = tonumber(ARGV[argi + 1]),

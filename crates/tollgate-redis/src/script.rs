@@ -154,12 +154,12 @@ pub(crate) fn prepare(
         invocation.key(limiter.state_keys());
         invocation.arg(limiter.rules.len());
         match limiter.ban {
-            // A zero-length ban bans nobody, which is what 0 tells the script.
             Some(ban) => invocation
+                .arg(1)
                 .arg(micros(ban.duration()))
                 .arg(ban.factor())
                 .arg(micros(ban.cap())),
-            None => invocation.arg(0).arg(1).arg(0),
+            None => invocation.arg(&[0, 0, 1, 0]),
         };
         for rule in limiter.rules.iter() {
             if rule.limit() >= MAX_EXACT {

@@ -40,7 +40,7 @@ struct Scenario {
 }
 
 fn ban_strategy() -> impl Strategy<Value = Option<BanRule>> {
-    let ms = || prop::sample::select(vec![1u64, 250, 1_000, 2_500]);
+    let ms = || prop::sample::select(vec![0u64, 1, 250, 1_000, 2_500]);
     prop_oneof![
         2 => Just(None),
         1 => (ms(), 1..=3u32, ms()).prop_map(|(duration, factor, cap)| Some(
@@ -181,8 +181,13 @@ fn redis_and_memory_agree_step_by_step() {
                 .build(),
         )
         .unwrap();
+    // PROPTEST_CASES=5000 for a longer hunt; 200 keeps the suite at a few seconds.
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
     let mut runner = TestRunner::new(ProptestConfig {
-        cases: 200,
+        cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     });

@@ -25,7 +25,7 @@ async fn check_with_nonce(
         .arg(nonce)
         .arg(1) // limiters
         .arg(1) // rules
-        .arg(&[0, 1, 0]) // bans nobody
+        .arg(&[0, 0, 1, 0]) // bans nobody
         .arg(1) // sliding log
         .arg(limit)
         .arg(3_600_000_000u64)
@@ -65,7 +65,7 @@ async fn a_key_count_that_does_not_match_the_plan_is_refused() {
         .arg("nonce123")
         .arg(1)
         .arg(1)
-        .arg(&[0, 1, 0])
+        .arg(&[0, 0, 1, 0])
         .arg(1)
         .arg(5)
         .arg(1_000_000)
