@@ -76,66 +76,65 @@ end
 local nonce = ARGV[4]
 
 -- The plan: rules in reply order, each with its key; limiters with their log key.
+local argi, keyi = 4, 0
+local function next_arg()
+  argi = argi + 1
+  return ARGV[argi]
+end
+local function next_number()
+  return tonumber(next_arg())
+end
+local function next_key()
+  keyi = keyi + 1
+  return KEYS[keyi]
+end
+
 local rules = {}
 local logs = {}
 local limiters = {}
-local argi, keyi = 6, 1
-for _ = 1, tonumber(ARGV[5]) do
+for _ = 1, next_number() do
   local first = #rules + 1
-  local log_window = 0
-  local n = tonumber(ARGV[argi])
+  local n = next_number()
   local ban
-  if ARGV[argi + 1] == '1' then
-    ban = {
-      duration = tonumber(ARGV[argi + 2]),
-      factor = tonumber(ARGV[argi + 3]),
-      cap = tonumber(ARGV[argi + 4]),
-    }
+  if next_arg() == '1' then
+    ban = { duration = next_number(), factor = next_number(), cap = next_number() }
+  else
+    next_arg()
+    next_arg()
+    next_arg()
   end
   limiters[#limiters + 1] = { first = first, last = first + n - 1, ban = ban }
-  argi = argi + 4
+  local log_window = 0
   for _ = 1, n do
-    local rule = {
-      kind = tonumber(ARGV[argi + 1]),
-      limit = tonumber(ARGV[argi + 2]),
-      window = tonumber(ARGV[argi + 3]),
-    }
+    local rule = { kind = next_number(), limit = next_number(), window = next_number() }
     if rule.kind == SLIDING_LOG and rule.window > log_window then
       log_window = rule.window
     end
     rules[#rules + 1] = rule
-    argi = argi + 3
   end
-  argi = argi + 1
   local log_key
   if log_window > 0 then
-    log_key = KEYS[keyi]
-    keyi = keyi + 1
+    log_key = next_key()
     logs[#logs + 1] = { key = log_key, window = log_window }
   end
   for i = first, #rules do
-    local rule = rules[i]
-    if rule.kind == SLIDING_LOG then
-      rule.key = log_key
+    if rules[i].kind == SLIDING_LOG then
+      rules[i].key = log_key
     else
-      rule.key = KEYS[keyi]
-      keyi = keyi + 1
+      rules[i].key = next_key()
     end
   end
 end
 local bans = {}
-for _ = 1, tonumber(ARGV[argi]) do
-  bans[#bans + 1] = { key = KEYS[keyi], kind = ARGV[argi + 1], value = ARGV[argi + 2] }
-  keyi = keyi + 1
-  argi = argi + 2
+for _ = 1, next_number() do
+  bans[#bans + 1] = { key = next_key(), kind = next_arg(), value = next_arg() }
 end
 local ban_index
 if #bans > 0 then
-  ban_index = KEYS[keyi]
-  keyi = keyi + 1
+  ban_index = next_key()
 end
-if keyi - 1 ~= #KEYS then
-  return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the plan needs ' .. (keyi - 1))
+if keyi ~= #KEYS then
+  return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the plan needs ' .. keyi)
 end
 
 -- A live ban blocks before any rule is looked at.
