@@ -1044,7 +1044,7 @@ pub async fn check_group_and_check_single<S: Store>(s: Subject<S>) {
         .check_single("s2", &[fixed("2/1m"), gcra("4/1m")], 3)
         .await;
     assert_eq!(d.reason(), Reason::CostExceedsLimit);
-    assert_eq!(denied_rules(&d), ["2/1m:2/1m/fixed_window"]);
+    assert_eq!(denied_rules(&d), ["2/1m fixed_window:2/1m/fixed_window"]);
 }
 
 /// Scenario 12b: `check_single` treats the same limit and window counted by two algorithms as
@@ -1055,6 +1055,7 @@ pub async fn check_single_keeps_rules_that_differ_only_in_algorithm<S: Store>(s:
     let two_ways = [rule("2/10s"), fixed("2/10s")];
     let d = gate.check_single("t", &two_ways, 1).await;
     expect(&d, None, &[(true, 1, 10_000), (true, 1, 10_000)]);
+    assert_eq!(limiter_names(&d), ["2/10s", "2/10s fixed_window"]);
     let d = gate.check_single("t", &[fixed("2/10s")], 1).await;
     expect(&d, None, &[(true, 0, 10_000)]);
     let d = gate.check_single("t", &two_ways, 1).await;

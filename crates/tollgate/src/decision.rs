@@ -107,7 +107,7 @@ impl Decision {
         self.rules.iter().filter(|r| !r.allowed)
     }
 
-    /// The message of the first limiter that denied the request, if it has one.
+    /// The message of the first denying limiter that has one.
     pub fn message(&self) -> Option<&str> {
         self.message.as_deref()
     }

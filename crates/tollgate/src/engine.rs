@@ -14,7 +14,7 @@ use crate::{
     key,
     memory::MemoryStore,
     policy::{Limiter, OnError, Policy},
-    rule::Rule,
+    rule::{Algorithm, Rule},
     store::{CheckPlan, LockReply, PlanBan, PlanLimiter, Store, Verdict},
 };
 
@@ -151,16 +151,26 @@ impl<S: Store> Tollgate<S> {
     }
 
     /// The seed's single check: every rule counted on a key of its own (`name` + the rule).
+    ///
+    /// Each rule is its own limiter in the decision, named like the rule (`10/1m`, or
+    /// `10/1m fixed_window` for a non-default algorithm).
     pub async fn check_single(&self, name: &str, rules: &[Rule], cost: u64) -> Decision {
         let mut limiters = Vec::with_capacity(rules.len());
         let mut keys = Vec::with_capacity(rules.len());
         let base = key::group_key(&self.prefix, name);
         for rule in rules {
             // Compare rules, not their text: `2/10s` counted by two algorithms is two rules.
-            if limiters.iter().any(|l: &Limiter| l.rules.first() == Some(rule)) {
+            if limiters
+                .iter()
+                .any(|l: &Limiter| l.rules.first() == Some(rule))
+            {
                 continue;
             }
-            let text = format!("{rule}");
+            // Named like the rule, with its algorithm unless it is the default.
+            let text = match rule.algorithm() {
+                Algorithm::SlidingLog => rule.to_string(),
+                other => format!("{rule} {other}"),
+            };
             keys.push(format!(
                 "{base}:r{}/{}:{}",
                 rule.limit(),
