@@ -32,7 +32,23 @@ impl Kind {
     }
 }
 
-pub(crate) fn expand(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+/// The expansion, or the error followed by the function without its tollgate attributes, so
+/// that the error is the only one reported (no "unused import" or "unknown function" noise).
+pub(crate) fn expand(kind: Kind, args: TokenStream, item: TokenStream) -> TokenStream {
+    match generate(kind, args, item.clone()) {
+        Ok(tokens) => tokens,
+        Err(error) => {
+            let mut tokens = error.into_compile_error();
+            if let Ok(mut item) = syn::parse2::<ItemFn>(item) {
+                item.attrs.retain(|a| Kind::of(a).is_none());
+                tokens.extend(item.into_token_stream());
+            }
+            tokens
+        }
+    }
+}
+
+fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let mut item: ItemFn = syn::parse2(item)
         .map_err(|e| syn::Error::new(e.span(), format!("{} goes on an async fn", kind.name())))?;
 
@@ -54,7 +70,7 @@ pub(crate) fn expand(kind: Kind, args: TokenStream, item: TokenStream) -> syn::R
                         ));
                     }
                 };
-                found.push((k, tokens, attr.span()));
+                found.push((k, tokens, attr.path().span()));
             }
             None => kept.push(attr),
         }

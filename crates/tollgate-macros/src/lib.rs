@@ -90,15 +90,11 @@ use expand::{Kind, expand};
 /// Rate-limits an async fn; see the [crate docs](crate).
 #[proc_macro_attribute]
 pub fn rate_limit(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand(Kind::RateLimit, args.into(), item.into())
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    expand(Kind::RateLimit, args.into(), item.into()).into()
 }
 
 /// Refuses duplicate calls of an async fn; see the [crate docs](crate).
 #[proc_macro_attribute]
 pub fn prevent_duplicate(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand(Kind::PreventDuplicate, args.into(), item.into())
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    expand(Kind::PreventDuplicate, args.into(), item.into()).into()
 }
