@@ -18,13 +18,22 @@
 //! - [`server`](RedisServer): [`RedisServer`] and [`RedisServerBuilder`], one standalone
 //!   `redis-server` child process on a free loopback port, with kill and restart on the same port
 //!   for failure tests.
+//! - `cluster`: [`RedisCluster`] and [`RedisClusterBuilder`], a local Redis Cluster (three
+//!   primaries, three replicas, `redis-cli --cluster create`) with slot look-ups, killing a
+//!   slot's primary and waiting for the failover.
+//! - `sentinel`: [`RedisSentinelSet`], a primary, its replica and three sentinels (quorum 2),
+//!   with killing the primary and waiting for the sentinels to promote the replica.
 //! - [`guards`]: conformance scenarios for the duplicate guard, blocklist and bypass, and
 //!   [`guard_suite!`].
 //! - [`conformance`]: the store conformance suite, scenarios every [`tollgate::Store`] must
 //!   pass with the same numbers, and [`conformance_suite!`] that turns them into one test each.
 
+mod cluster;
 pub mod conformance;
 pub mod guards;
+mod sentinel;
 mod server;
 
+pub use cluster::{RedisCluster, RedisClusterBuilder};
+pub use sentinel::RedisSentinelSet;
 pub use server::{RedisServer, RedisServerBuilder};
