@@ -114,9 +114,20 @@ impl LeaseGuard {
             return;
         };
         let gate = self.gate.clone();
-        // A failed completion leaves the lock held until its TTL: repeats are refused as in
-        // progress meanwhile, which is the safe side.
-        let _ = tokio::spawn(async move { gate.complete(&lease, &response, keep_for).await }).await;
+        let _ = tokio::spawn(async move {
+            match gate.complete(&lease, &response, keep_for).await {
+                // The engine keeps smaller responses than asked: record the completion
+                // without a replay rather than leave the lock to expire, which would let a
+                // repeat run the operation again.
+                Err(CheckError::ResponseTooLarge { .. }) => {
+                    gate.complete(&lease, &[], keep_for).await
+                }
+                // Any other failure leaves the lock held until its TTL: repeats are refused
+                // as in progress meanwhile, which is the safe side.
+                other => other,
+            }
+        })
+        .await;
     }
 }
 

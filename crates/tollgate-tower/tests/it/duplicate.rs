@@ -370,3 +370,35 @@ async fn bodies_without_a_length_are_capped_while_read() {
     let response = service.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+#[tokio::test]
+async fn responses_too_large_to_keep_are_delivered_and_repeats_refused_not_rerun() {
+    // Over the layer's cap: the response streams through, unstored.
+    let (server, handler, _) = serve(|gate| orders(gate).max_response(8)).await;
+    let first = keyed(&server, "k", "{}").send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    let body: serde_json::Value = first.json().await.unwrap();
+    assert_eq!(body["order_id"], 1);
+    let repeat = keyed(&server, "k", "{}").send().await.unwrap();
+    assert_eq!(repeat.status(), 429);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+
+    // Over the engine's cap (smaller than the layer's): same outcome, not a lock left to expire.
+    let (gate, _) = gate();
+    let gate = Arc::new(Arc::into_inner(gate).unwrap().with_max_stored_response(8));
+    let handler = Handler::default();
+    let app = Router::new()
+        .route("/orders", post(order).layer(orders(gate.clone())))
+        .with_state(handler.clone())
+        .layer(ContextLayer::new(gate, users()));
+    let server = Server::start(app).await;
+    assert_eq!(
+        keyed(&server, "k", "{}").send().await.unwrap().status(),
+        201
+    );
+    assert_eq!(
+        keyed(&server, "k", "{}").send().await.unwrap().status(),
+        429
+    );
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}
