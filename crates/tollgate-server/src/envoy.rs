@@ -80,7 +80,8 @@ struct KeyEntry {
 struct Node {
     /// `key` or `key=value` segments joined by `/`, for names and logs.
     path: Arc<str>,
-    rules: Arc<[Rule]>,
+    /// The node's rules in a limiter, built once; a request only renames a clone of it.
+    limiter: Limiter,
     shadow: bool,
     children: Level,
 }
@@ -94,7 +95,7 @@ impl Domain {
             let keyed = level.by_key.get(&entry.key)?;
             let node = keyed.by_value.get(&entry.value).or(keyed.any.as_ref())?;
             if i == last {
-                return (!node.rules.is_empty()).then_some(node);
+                return (!node.limiter.rules().is_empty()).then_some(node);
             }
             level = &node.children;
         }
@@ -205,9 +206,10 @@ impl DomainsBuilder {
             }
             self.summary.push('\n');
             let children = self.level(raw.descriptors, &here, &path, depth + 1)?;
+            let limiter = Limiter::new(Dimension::Global, rules.iter().copied());
             let node = Arc::new(Node {
                 path: path.into(),
-                rules: rules.into(),
+                limiter,
                 shadow: raw.shadow,
                 children,
             });
@@ -386,10 +388,7 @@ async fn check_group(
         let mut builder = Policy::builder(&*domain.scope).on_error(domain.on_error);
         for &c in &active {
             let counter = &counters[c];
-            builder = builder.limiter(
-                Limiter::new(Dimension::Global, counter.node.rules.iter().copied())
-                    .with_name(&counter.name),
-            );
+            builder = builder.limiter(counter.node.limiter.clone().with_name(&counter.name));
         }
         let decision = match builder.build() {
             Ok(policy) => {
@@ -479,7 +478,7 @@ fn status(decision: &Decision, counter: &Counter<'_>, over: bool) -> DescriptorS
         },
         None => DescriptorStatus {
             code,
-            current_limit: lowest_rate(&counter.node.rules)
+            current_limit: lowest_rate(counter.node.limiter.rules())
                 .map(|rule| current_limit(rule, &counter.node.path)),
             ..DescriptorStatus::default()
         },

@@ -3,6 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use axum::serve::ListenerExt as _;
 use tokio::{net::TcpListener, sync::watch};
 use tollgate::Tollgate;
 
@@ -27,6 +28,7 @@ pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
 /// Errors (invalid configuration, unreachable store, address in use) are returned before
 /// anything listens.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    let (shutdown, hangup) = Signals::register().split();
     let mut config = Config::load(&args.config).map_err(|e| e.to_string())?;
     if let Some(addr) = args.http {
         config.server.http = addr;
@@ -82,22 +84,27 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        shutdown.recv().await;
         tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
     });
     tokio::spawn(reload_loop(
         app.clone(),
         args.watch_interval,
+        hangup,
         stop_rx.clone(),
     ));
 
     let router = http::router(app.clone());
+    // Small request/response pairs: Nagle's delay would dominate their latency.
+    let http_listener = http_listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let http = axum::serve(http_listener, router).with_graceful_shutdown(stopped(stop_rx.clone()));
     let grpc = tonic::transport::Server::builder()
         .add_service(envoy::service(app))
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
             stopped(stop_rx),
         );
     tracing::info!(addr = %http_addr, "HTTP API listening");
@@ -113,49 +120,116 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|&s| s).await;
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// The signals the server acts on, registered before it listens: until a handler is
+/// registered, SIGTERM and SIGHUP would kill the process outright.
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn register() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
+                hup: signal(SignalKind::hangup()).ok(),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// Splits into the shutdown signals and the reload signal.
+    fn split(self) -> (Shutdown, Hangup) {
+        #[cfg(unix)]
+        {
+            (
+                Shutdown {
+                    term: self.term,
+                    int: self.int,
+                },
+                Hangup(self.hup),
+            )
+        }
+        #[cfg(not(unix))]
+        (Shutdown {}, Hangup {})
+    }
+}
+
+/// SIGTERM or Ctrl-C.
+struct Shutdown {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Shutdown {
+    async fn recv(mut self) {
+        #[cfg(unix)]
+        {
+            let term = recv_or_pending(self.term.as_mut());
+            let int = recv_or_pending(self.int.as_mut());
+            tokio::select! {
+                () = term => {}
+                () = int => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = &mut self;
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// SIGHUP (never fires where there is none).
+struct Hangup(#[cfg(unix)] Option<tokio::signal::unix::Signal>);
+
+impl Hangup {
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        recv_or_pending(self.0.as_mut()).await;
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(unix)]
+async fn recv_or_pending(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 
 /// Reloads on SIGHUP, and when the file's bytes change (checked every `interval`).
-async fn reload_loop(app: Arc<App>, interval: Duration, stop: watch::Receiver<bool>) {
+async fn reload_loop(
+    app: Arc<App>,
+    interval: Duration,
+    mut hup: Hangup,
+    stop: watch::Receiver<bool>,
+) {
     let path = app.path().to_owned();
     let mut seen = tokio::fs::read(&path).await.ok();
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut tick = (!interval.is_zero()).then(|| {
         let mut t = tokio::time::interval(interval);
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         t
     });
     loop {
-        let hup_recv = async {
-            #[cfg(unix)]
-            if let Some(h) = hup.as_mut() {
-                h.recv().await;
-                return;
-            }
-            std::future::pending::<()>().await;
-        };
+        let hup_recv = hup.recv();
         let tick_recv = async {
             match tick.as_mut() {
                 Some(t) => {
