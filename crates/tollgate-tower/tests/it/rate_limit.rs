@@ -355,3 +355,31 @@ async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
         assert_eq!(admitted.status(), 200);
     }
 }
+
+#[tokio::test]
+async fn a_router_wide_layer_guards_every_route_with_one_policy() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("everything")
+        .limiter(Limiter::new(Dimension::Global, rules(&["3/1m"])))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }))
+        .route("/b", get(|| async { "b" }))
+        .layer(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+    let mut statuses = Vec::new();
+    for path in ["/a", "/b", "/a", "/b", "/missing"] {
+        statuses.push(
+            http.get(server.at(path))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    // The unknown route is counted too: the layer sits in front of the whole router.
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}
