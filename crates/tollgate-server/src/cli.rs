@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// The gRPC listen address, overriding server.grpc (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     pub grpc: Option<SocketAddr>,
-    /// The store URL, overriding store.url (memory://, redis://host:6379, rediss://...).
+    /// The store URL, overriding store.url (memory://, redis://host:6379, rediss://...,
+    /// redis+cluster://a:7000,b:7001, redis+sentinel://host:26379/master).
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
     /// Log lines as text or as JSON objects (filter with RUST_LOG, default info).

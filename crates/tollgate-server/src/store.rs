@@ -12,9 +12,13 @@ pub(crate) fn check_url(url: &str) -> Result<(), String> {
         Some("memory") => Err(format!(
             "{url:?}: the memory store takes no options; use memory://"
         )),
-        Some("redis" | "rediss") => Ok(()),
+        // tollgate-redis checks the rest when the server opens the store.
+        Some(
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+            | "rediss+sentinel",
+        ) => Ok(()),
         Some(other) => Err(format!(
-            "{url:?}: unknown store scheme {other:?} (use memory://, redis://host:6379 or rediss://host:6380)"
+            "{url:?}: unknown store scheme {other:?} (use memory://, redis://host:6379, rediss://, redis+cluster://, redis+sentinel://)"
         )),
         None => Err(format!(
             "{url:?}: a store URL starts with a scheme: memory://, redis://host:6379 or rediss://host:6380"
@@ -63,6 +67,8 @@ mod tests {
         assert!(check_url("memory://").is_ok());
         assert!(check_url("redis://127.0.0.1:6379/0").is_ok());
         assert!(check_url("rediss://h:6380").is_ok());
+        assert!(check_url("redis+cluster://a:7000,b:7001").is_ok());
+        assert!(check_url("rediss+sentinel://s:26379/mymaster").is_ok());
         assert!(
             check_url("mysql://h")
                 .unwrap_err()
@@ -76,5 +82,9 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact("redis://u:pw@h"), "redis://u:***@h");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!(
+            redact("rediss+cluster://app:p%40ss@a:7000,b:7001/"),
+            "rediss+cluster://app:***@a:7000,b:7001/"
+        );
     }
 }

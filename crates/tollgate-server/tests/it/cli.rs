@@ -135,3 +135,43 @@ fn serve_refuses_an_invalid_file() {
         "{stderr}"
     );
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    use std::io::{BufRead, BufReader};
+    let dir = TempDir::new();
+    let path = dir.write(
+        "tollgate.toml",
+        "[policies.a]\nlimiters = [{ by = \"ip\", rules = [\"1/1m\"] }]\n",
+    );
+    let mut child = Command::new(binary())
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut listening = None;
+    for line in BufReader::new(stderr).lines().take(10) {
+        let line = line.unwrap();
+        let value: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if value["fields"]["message"] == "HTTP API listening" {
+            listening = value["fields"]["addr"].as_str().map(str::to_owned);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let addr = listening.expect("a JSON 'HTTP API listening' line");
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+}
