@@ -161,6 +161,16 @@ impl DuplicateGuard {
         self
     }
 
+    /// The action this guard protects.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// Whether the lock is shared across every action.
+    pub fn is_global(&self) -> bool {
+        self.global
+    }
+
     /// The lock's TTL.
     pub fn ttl(&self) -> Duration {
         self.ttl

@@ -98,6 +98,11 @@ impl<S: Store> Tollgate<S> {
         &self.store
     }
 
+    /// The largest response [`complete`](Self::complete) stores.
+    pub fn max_stored_response(&self) -> usize {
+        self.max_stored_response
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
