@@ -33,6 +33,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/reset", post(reset))
         .route("/v1/duplicate/acquire", post(acquire))
         .route("/v1/duplicate/release", post(release))
+        .route("/v1/duplicate/complete", post(complete))
         .route("/v1/blocklist", get(blocklist).post(ban))
         .route("/v1/blocklist/{kind}/{value}", delete(unban))
         .route("/metrics", get(metrics))
@@ -86,6 +87,9 @@ fn check_error(e: CheckError) -> ApiError {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
         }
         CheckError::Store(e) => ApiError::store("check", &e),
+        e @ CheckError::ResponseTooLarge { .. } => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+        }
         other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
     }
 }
@@ -362,6 +366,10 @@ struct AcquireJson {
     state: Option<DuplicateState>,
     retry_after_ms: u64,
     message: Option<&'static str>,
+    /// Whether the first submission had the same `args` (false: a reused key with others).
+    same_args: Option<bool>,
+    /// The first submission's response, stored by `/v1/duplicate/complete`.
+    response: Option<Value>,
 }
 
 /// JSON with object keys sorted at every depth, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are
@@ -428,6 +436,8 @@ async fn acquire(
             state: None,
             retry_after_ms: 0,
             message: None,
+            same_args: None,
+            response: None,
         },
         Acquire::Duplicate(dup) => AcquireJson {
             acquired: false,
@@ -435,9 +445,56 @@ async fn acquire(
             state: Some(dup.state),
             retry_after_ms: ceil_ms(dup.retry_after),
             message: Some(dup.message(guard.by())),
+            same_args: Some(dup.fingerprint_matches),
+            response: dup.response.as_deref().map(|bytes| {
+                serde_json::from_slice(bytes)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
+            }),
         },
     };
     Ok(Json(body))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteRequest {
+    lease: String,
+    #[serde(default)]
+    response: Value,
+    keep_for: Option<String>,
+}
+
+async fn complete(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<CompleteRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let lease: Lease = req
+        .lease
+        .parse()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}")))?;
+    let keep_for = match &req.keep_for {
+        Some(text) => parse_duration(text)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("keep_for {text:?}: expected e.g. \"1m\" (units ms, s, m, h, d)"),
+                )
+            })?,
+        None => Duration::from_secs(60),
+    };
+    let mut body = String::new();
+    canonical_json(&req.response, &mut body);
+    let started = Instant::now();
+    let result = app.gate.complete(&lease, body.as_bytes(), keep_for).await;
+    app.metrics.store_call(
+        "complete",
+        started.elapsed(),
+        matches!(result, Err(CheckError::Store(_))),
+    );
+    let completed = result.map_err(check_error)?;
+    Ok(Json(serde_json::json!({ "completed": completed })))
 }
 
 #[derive(Debug, Deserialize)]

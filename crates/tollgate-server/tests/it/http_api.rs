@@ -19,6 +19,10 @@ limiters = [{ by = "ip", rules = ["1/1h"], blocklist = "1h" }]
 bypass = { user_ids = ["admin"], ips = ["10.0.0.0/8"] }
 duplicate = { by = "args", ttl = "30s" }
 
+[policies.order]
+limiters = [{ by = "user_id", rules = ["100/1h"] }]
+duplicate = { by = "key", ttl = "30s" }
+
 [policies.by_header]
 limiters = [{ by = "header:x-api-key", rules = ["1/1h"] }]
 "#;
@@ -449,4 +453,59 @@ async fn metrics_and_health() {
         server.get("/readyz").await,
         (200, json!({ "status": "ready" }))
     );
+}
+
+#[tokio::test]
+async fn completed_submissions_replay_their_response() {
+    let server = Server::start(CONFIG);
+    let acquire = |key: &str, args: Value| {
+        json!({
+            "policy": "order",
+            "identity": { "user_id": "7", "headers": { "Idempotency-Key": key } },
+            "args": args,
+        })
+    };
+    let (_, first) = server
+        .post("/v1/duplicate/acquire", acquire("k1", json!({ "item": 1 })))
+        .await;
+    assert_eq!(first["acquired"], true, "{first}");
+    let lease = first["lease"].as_str().unwrap().to_owned();
+    let (status, done) = server
+        .post(
+            "/v1/duplicate/complete",
+            json!({ "lease": lease, "response": { "order": 42 }, "keep_for": "1m" }),
+        )
+        .await;
+    assert_eq!((status, done), (200, json!({ "completed": true })));
+
+    let (_, replay) = server
+        .post("/v1/duplicate/acquire", acquire("k1", json!({ "item": 1 })))
+        .await;
+    assert_eq!(replay["acquired"], false, "{replay}");
+    assert_eq!(replay["state"], "completed");
+    assert_eq!(replay["message"], "repeated request");
+    assert_eq!(replay["same_args"], true);
+    assert_eq!(replay["response"], json!({ "order": 42 }));
+    let retry = replay["retry_after_ms"].as_u64().unwrap();
+    assert!(retry > 30_000 && retry <= 60_000, "{replay}");
+
+    // The same key with other arguments is reported as such.
+    let (_, reused) = server
+        .post("/v1/duplicate/acquire", acquire("k1", json!({ "item": 2 })))
+        .await;
+    assert_eq!(reused["acquired"], false);
+    assert_eq!(reused["same_args"], false, "{reused}");
+
+    // A request without the key lacks the guard's dimension.
+    let (s, b) = server
+        .post(
+            "/v1/duplicate/acquire",
+            json!({ "policy": "order", "identity": { "user_id": "7" } }),
+        )
+        .await;
+    assert!(error_message(s, &b, 422).contains("idempotency-key"), "{b}");
+    let (s, b) = server
+        .post("/v1/duplicate/complete", json!({ "lease": "junk" }))
+        .await;
+    error_message(s, &b, 400);
 }
