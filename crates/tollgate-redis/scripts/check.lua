@@ -18,10 +18,19 @@
 --        ban factor, ban cap µs;
 --        then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
 --   then  bans   number of ban keys; then per ban key: target kind, target value
+--   then  report (optional, Cluster stores only; absent or 0 on a standalone call):
+--                1 = append what this call recorded, so that the store can undo the
+--                reservation (undo.lua) when another hash slot denies; 2 = also append each
+--                rule's outcome at cost 0, the state as it stays once undone
 -- Reply: a flat array of integers:
 --   allowed (1/0), blocked_us (-1 = not banned), banned_us (-1 = this check banned nobody),
 --   then, unless blocked, per rule (limiters in order, rules in order):
 --   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
+--   then, if report > 0: recorded (1/0); if recorded: now (the sliding-log score), then per
+--   rule two integers: sliding log: retried members of its log (see the ZADD below), 0;
+--   fixed window: window start, count written; gcra: tat before (at least now), tat written;
+--   then, if report = 2 and every rule admitted, per rule the four integers of its outcome
+--   at cost 0
 --
 -- Lua numbers are doubles: integers below 2^53 (µs timestamps are ~1.8e15) are exact, but
 -- a / b is not floor division and tostring() keeps only 14 digits, hence divmod() and int().
@@ -112,14 +121,15 @@ for _ = 1, next_number() do
     end
     rules[#rules + 1] = rule
   end
-  local log_key
+  local log
   if log_window > 0 then
-    log_key = next_key()
-    logs[#logs + 1] = { key = log_key, window = log_window }
+    log = { key = next_key(), window = log_window, retries = 0 }
+    logs[#logs + 1] = log
   end
   for i = first, #rules do
     if rules[i].kind == SLIDING_LOG then
-      rules[i].key = log_key
+      rules[i].key = log.key
+      rules[i].log = log
     else
       rules[i].key = next_key()
     end
@@ -133,6 +143,7 @@ local ban_index
 if #bans > 0 then
   ban_index = next_key()
 end
+local report = tonumber(next_arg() or '0') or 0
 if keyi ~= #KEYS then
   return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the plan needs ' .. keyi)
 end
@@ -216,7 +227,8 @@ local function gcra(rule, c)
   end
   local new_tat = tat + interval * c
   if new_tat - now <= capacity then
-    return { 1, (divmod(capacity - (new_tat - now), interval)), new_tat - now, -1 }, new_tat
+    return { 1, (divmod(capacity - (new_tat - now), interval)), new_tat - now, -1 },
+      { old = tat, new = new_tat }
   end
   local remaining = 0
   if capacity > tat - now then
@@ -312,6 +324,15 @@ local function ban_offender()
 end
 
 local banned = -1
+local recorded = false
+-- Cluster stores: how each rule stays if another slot denies and this slot's reservation
+-- is undone.
+local zero = {}
+if allowed and report >= 2 then
+  for i, rule in ipairs(rules) do
+    zero[i] = evaluate(rule, 0)
+  end
+end
 if not allowed then
   -- Nothing is recorded: rules that would have admitted report the state as it stays.
   for i, rule in ipairs(rules) do
@@ -323,6 +344,7 @@ if not allowed then
     banned = ban_offender()
   end
 elseif consume and cost > 0 then
+  recorded = true
   for _, log in ipairs(logs) do
     if now >= log.window then
       redis.call('ZREMRANGEBYSCORE', log.key, '-inf', int(now - log.window))
@@ -350,6 +372,7 @@ elseif consume and cost > 0 then
       end
       missing = missing - redis.call('ZADD', log.key, 'NX', score, nonce .. 'r' .. int(attempt))
     end
+    log.retries = attempt
     redis.call('PEXPIRE', log.key, ttl_ms(log.window))
   end
   for i, rule in ipairs(rules) do
@@ -358,13 +381,37 @@ elseif consume and cost > 0 then
       local ttl = ttl_ms(write.start + rule.window - now)
       redis.call('SET', rule.key, int(write.start) .. ':' .. int(write.count), 'PX', ttl)
     elseif rule.kind == GCRA then
-      redis.call('SET', rule.key, int(write), 'PX', ttl_ms(write - now))
+      redis.call('SET', rule.key, int(write.new), 'PX', ttl_ms(write.new - now))
     end
   end
 end
 
 local reply = { allowed and 1 or 0, -1, banned }
 for _, outcome in ipairs(outcomes) do
+  for j = 1, 4 do
+    reply[#reply + 1] = outcome[j]
+  end
+end
+if report > 0 then
+  reply[#reply + 1] = recorded and 1 or 0
+end
+if recorded and report > 0 then
+  reply[#reply + 1] = now
+  for i, rule in ipairs(rules) do
+    local write = writes[i]
+    if rule.kind == SLIDING_LOG then
+      reply[#reply + 1] = rule.log.retries
+      reply[#reply + 1] = 0
+    elseif rule.kind == FIXED_WINDOW then
+      reply[#reply + 1] = write.start
+      reply[#reply + 1] = write.count
+    else
+      reply[#reply + 1] = write.old
+      reply[#reply + 1] = write.new
+    end
+  end
+end
+for _, outcome in ipairs(zero) do
   for j = 1, 4 do
     reply[#reply + 1] = outcome[j]
   end

@@ -48,8 +48,19 @@ pub(crate) fn timed_out(what: &str, target: &str, timeout: Duration) -> StoreErr
     )
 }
 
-/// `url` with its password replaced by `***`, for messages and `Debug`.
+/// `url` with its passwords (user info, `sentinel_password=`) replaced by `***`, for messages
+/// and `Debug`.
 pub(crate) fn redact(url: &str) -> String {
+    match url.split_once("sentinel_password=") {
+        Some((before, after)) => {
+            let rest = after.find('&').map_or("", |at| &after[at..]);
+            format!("{}sentinel_password=***{rest}", redact_userinfo(before))
+        }
+        None => redact_userinfo(url),
+    }
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -79,6 +90,14 @@ mod tests {
         assert_eq!(redact("redis://db:6379/"), "redis://db:6379/");
         assert_eq!(redact("not a url"), "not a url");
         assert_eq!(redact("redis://u:a/b#c@db/0"), "redis://u:***@db/0");
+        assert_eq!(
+            redact("redis+sentinel://:pw@s1,s2/m?sentinel_password=spw&sentinel_user=u"),
+            "redis+sentinel://:***@s1,s2/m?sentinel_password=***&sentinel_user=u"
+        );
+        assert_eq!(
+            redact("redis+cluster://app:pw@a:1,b:2"),
+            "redis+cluster://app:***@a:1,b:2"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Redis store for tollgate: every rule of every limiter of a policy, checked and recorded in
-//! one atomic script on a standalone Redis server, timed by the server's clock.
+//! one atomic script, timed by the server's clock, on a standalone server, a Sentinel-managed
+//! primary or a Redis Cluster.
 //!
 //! ```no_run
 //! use tollgate::{Dimension, Identity, Limiter, OnError, Policy, Tollgate};
@@ -23,15 +24,34 @@
 //! # }
 //! ```
 //!
-//! URLs: `redis://[user:password@]host:port/db`, and `rediss://...` for TLS (rustls, with the
-//! system's root certificates). Every call is bounded by [`RedisStoreBuilder::timeout`]
-//! (100 ms by default); a failure is a [`tollgate::StoreError`] that the engine answers with
-//! the policy's `on_error`.
+//! URLs (see [`RedisStore::connect`]): `redis://[user:password@]host:port/db` for one server,
+//! `redis+sentinel://host:port[,host:port...]/master_name` for the primary a set of sentinels
+//! names, `redis+cluster://host:port[,host:port...]` for a Cluster; `rediss`, `rediss+sentinel`
+//! and `rediss+cluster` for TLS (rustls, with the system's root certificates). Every call is
+//! bounded by [`RedisStoreBuilder::timeout`] (100 ms by default); a failure is a
+//! [`tollgate::StoreError`] that the engine answers with the policy's `on_error`.
+//!
+//! # Cluster
+//! Every key of one limiter shares the limiter's hash tag, so a limiter is one slot. A plan
+//! whose keys all share one slot is one `EVALSHA`, as on one server. Otherwise the limiters of
+//! each slot run the check script at once, one call per slot, while the identity's bans
+//! (`{ban}` slot) are read beside them; each slot that admits records at once and says what it
+//! wrote. If a slot denies or a ban holds, a second round trip undoes those reservations (the
+//! sliding log's members by their unique ids, a fixed window's count by the cost, a GCRA
+//! timestamp only if it is still the one written) and bans the offender if a denying limiter
+//! says so. Until then other checks see the reservations: that can deny a check that would
+//! have fitted, never admit one too many (`docs/deployment.md`, "The residual window").
 //!
 //! # Layout
 //! - `store`: [`RedisStore`] (the whole [`tollgate::Store`] contract: check, reset, ping,
 //!   duplicate-guard locks, bans) and [`RedisStoreBuilder`] (URL, timeout, test clock,
-//!   connecting).
+//!   connecting to each kind of deployment).
+//! - `url`: which deployment a URL names, its nodes and credentials.
+//! - `conn`: one connection type over the three deployments, and script calls (`EVALSHA`,
+//!   `EVAL` with the source when a node lacks the script).
+//! - `cluster`: the multi-slot check: per-slot calls at once, undo, bans beside them.
+//! - `sentinel`: the connection to the primary the sentinels name, found again after a
+//!   failover.
 //! - `script`: turns a [`tollgate::CheckPlan`] into the keys and arguments of
 //!   `scripts/check.lua` and its reply into a [`tollgate::Verdict`]; loads the guard scripts
 //!   and reads their replies.
@@ -40,7 +60,9 @@
 //! - `scripts/check.lua`: the algorithms of [`tollgate::algorithm`] in Lua, number for number,
 //!   and the plan's bans (blocked first, banned on a denial).
 //! - `scripts/prelude.lua` + `lock_acquire.lua`, `lock_release.lua`, `lock_complete.lua`,
-//!   `ban.lua`, `unban.lua`, `bans.lua`: one small script per guard operation.
+//!   `ban.lua`, `unban.lua`, `bans.lua`: one small script per guard operation; and, for a
+//!   Cluster, `undo.lua` (reverse one slot's reservation), `banned.lua` (read the bans beside
+//!   the limiters), `offend.lua` (ban after a denial).
 //!
 //! # Keys
 //! The keys are the core's ([`tollgate::PlanLimiter::state_keys`], [`tollgate::BanTarget::key`],
@@ -50,8 +72,12 @@
 //! hash holding its own deadline, and `prefix:{ban}:index` lists the bans. Every key carries
 //! `PEXPIRE` for as long as its state can count, and a hash tag.
 
+mod cluster;
+mod conn;
 mod error;
 mod script;
+mod sentinel;
 mod store;
+mod url;
 
 pub use store::{RedisStore, RedisStoreBuilder};

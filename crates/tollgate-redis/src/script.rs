@@ -3,11 +3,13 @@
 
 use std::{fmt, time::Duration};
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::Value;
 use tollgate::{
     Algorithm, BanEntry, BanTarget, CheckPlan, HeldLock, LockReply, StoreError, StoreErrorKind,
     Verdict, algorithm::RuleOutcome,
 };
+
+use crate::conn::{Call, Lua};
 
 /// The Lua source; its header lists KEYS, ARGV and the reply.
 pub(crate) const SOURCE: &str = include_str!("../scripts/check.lua");
@@ -25,31 +27,41 @@ macro_rules! guard_script {
 /// Integers above this are not exact in Lua's doubles.
 const MAX_EXACT: u64 = 1 << 53;
 
-/// Every script the store runs (redis-rs sends EVALSHA and loads the source on NOSCRIPT).
+/// Every script the store runs (EVALSHA, and EVAL on NOSCRIPT: see [`Call::invoke`]).
 pub(crate) struct Scripts {
-    pub(crate) check: Script,
-    pub(crate) lock_acquire: Script,
-    pub(crate) lock_release: Script,
-    pub(crate) lock_complete: Script,
-    pub(crate) ban: Script,
-    pub(crate) unban: Script,
-    pub(crate) bans: Script,
+    pub(crate) check: Lua,
+    pub(crate) lock_acquire: Lua,
+    pub(crate) lock_release: Lua,
+    pub(crate) lock_complete: Lua,
+    pub(crate) ban: Lua,
+    pub(crate) unban: Lua,
+    pub(crate) bans: Lua,
+    /// Cluster only: reverse a slot's reservation (`scripts/undo.lua`).
+    pub(crate) undo: Lua,
+    /// Cluster only: read the identity's bans beside the limiters' slots.
+    pub(crate) banned: Lua,
+    /// Cluster only: ban the offender after a denial.
+    pub(crate) offend: Lua,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            check: Script::new(SOURCE),
-            lock_acquire: Script::new(guard_script!("lock_acquire.lua")),
-            lock_release: Script::new(guard_script!("lock_release.lua")),
-            lock_complete: Script::new(guard_script!("lock_complete.lua")),
-            ban: Script::new(guard_script!("ban.lua")),
-            unban: Script::new(guard_script!("unban.lua")),
-            bans: Script::new(guard_script!("bans.lua")),
+            check: Lua::new(SOURCE),
+            lock_acquire: Lua::new(guard_script!("lock_acquire.lua")),
+            lock_release: Lua::new(guard_script!("lock_release.lua")),
+            lock_complete: Lua::new(guard_script!("lock_complete.lua")),
+            ban: Lua::new(guard_script!("ban.lua")),
+            unban: Lua::new(guard_script!("unban.lua")),
+            bans: Lua::new(guard_script!("bans.lua")),
+            undo: Lua::new(guard_script!("undo.lua")),
+            banned: Lua::new(guard_script!("banned.lua")),
+            offend: Lua::new(guard_script!("offend.lua")),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 7] {
+    /// The scripts every deployment loads up front.
+    pub(crate) fn standalone(&self) -> [&Lua; 7] {
         [
             &self.check,
             &self.lock_acquire,
@@ -59,6 +71,11 @@ impl Scripts {
             &self.unban,
             &self.bans,
         ]
+    }
+
+    /// The scripts only a Cluster store runs.
+    pub(crate) fn cluster(&self) -> [&Lua; 3] {
+        [&self.undo, &self.banned, &self.offend]
     }
 }
 
@@ -136,7 +153,7 @@ pub(crate) fn bans_reply(reply: &[Value]) -> Result<Vec<BanEntry>, StoreError> {
 /// `now_us` overrides the server's `TIME` (tests only); `nonce` makes this call's sliding-log
 /// members unique.
 pub(crate) fn prepare(
-    invocation: &mut ScriptInvocation<'_>,
+    invocation: &mut Call<'_>,
     plan: &CheckPlan,
     now_us: Option<u64>,
     nonce: [u8; 8],
@@ -239,30 +256,131 @@ pub(crate) fn verdict(plan: &CheckPlan, reply: &[i64]) -> Result<Verdict, StoreE
     if outcomes.len() != rules * 4 {
         return Err(bad("wrong length"));
     }
-    let flag = |v: i64| match v {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err(bad("a flag is neither 0 nor 1")),
-    };
-    let count = |v: i64| u64::try_from(v).map_err(|_| bad("a negative count or duration"));
-    let outcomes = outcomes
-        .chunks_exact(4)
-        .map(|o| {
-            Ok(RuleOutcome {
-                allowed: flag(o[0])?,
-                remaining: count(o[1])?,
-                reset_after_us: count(o[2])?,
-                retry_after_us: optional(o[3])?,
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    let allowed = flag(*allowed)?;
+    let outcomes = read_outcomes(outcomes, &bad)?;
+    let allowed = flag(*allowed, &bad)?;
     if allowed != outcomes.iter().all(|o| o.allowed) {
         return Err(bad("the overall flag disagrees with the rules"));
     }
     let mut verdict = Verdict::new(allowed, outcomes);
     verdict.banned_us = optional(*banned)?;
     Ok(verdict)
+}
+
+fn flag(v: i64, bad: &impl Fn(&str) -> StoreError) -> Result<bool, StoreError> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(bad("a flag is neither 0 nor 1")),
+    }
+}
+
+/// Four integers per rule: allowed, remaining, reset_after_us, retry_after_us (-1 = none).
+fn read_outcomes(
+    values: &[i64],
+    bad: &impl Fn(&str) -> StoreError,
+) -> Result<Vec<RuleOutcome>, StoreError> {
+    let count = |v: i64| u64::try_from(v).map_err(|_| bad("a negative count or duration"));
+    values
+        .chunks_exact(4)
+        .map(|o| {
+            Ok(RuleOutcome {
+                allowed: flag(o[0], bad)?,
+                remaining: count(o[1])?,
+                reset_after_us: count(o[2])?,
+                retry_after_us: match o[3] {
+                    -1 => None,
+                    v => Some(count(v)?),
+                },
+            })
+        })
+        .collect()
+}
+
+/// How a Cluster store asks check.lua to report (its optional last argument).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Report {
+    /// What was recorded, to undo it if the identity is banned.
+    Record = 1,
+    /// Also every rule's outcome at cost 0, for when another slot denies.
+    RecordAndZero = 2,
+}
+
+/// What one slot's check.lua call answered, in [`Report`] mode.
+#[derive(Debug)]
+pub(crate) struct SlotReply {
+    /// The slot's own verdict: its rules, as if the plan held only them.
+    pub(crate) verdict: Verdict,
+    /// What the call wrote, if it recorded the admission.
+    pub(crate) record: Option<Record>,
+    /// Every rule's outcome at cost 0, when asked for and the slot admitted.
+    pub(crate) zero: Option<Vec<RuleOutcome>>,
+}
+
+/// What one check.lua call wrote, enough to undo it (see `scripts/undo.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The script's now: the score of the sliding-log members it added.
+    pub(crate) now: i64,
+    /// Per rule: retried members (sliding log); window start (fixed window); tat before and
+    /// tat written (gcra).
+    pub(crate) writes: Vec<(i64, i64)>,
+}
+
+/// Reads a check.lua reply made with `report`, for the plan of one slot (no ban keys).
+pub(crate) fn slot_reply(
+    plan: &CheckPlan,
+    reply: &[i64],
+    report: Report,
+) -> Result<SlotReply, StoreError> {
+    let rules = plan.rule_count();
+    let bad = |why: &str| {
+        StoreError::new(
+            StoreErrorKind::Protocol,
+            format!(
+                "check script reply with report ({} integers for {rules} rules): {why}",
+                reply.len()
+            ),
+        )
+    };
+    let head = 3 + 4 * rules;
+    let Some((&recorded, mut tail)) = reply.get(head..).and_then(<[i64]>::split_first) else {
+        return Err(bad("too short"));
+    };
+    let verdict = verdict(plan, &reply[..head])?;
+    let record = if flag(recorded, &bad)? {
+        if tail.len() < 1 + 2 * rules {
+            return Err(bad("a short record"));
+        }
+        let (record, rest) = tail.split_at(1 + 2 * rules);
+        tail = rest;
+        Some(Record {
+            now: record[0],
+            writes: record[1..].chunks_exact(2).map(|w| (w[0], w[1])).collect(),
+        })
+    } else {
+        None
+    };
+    let zero = if report == Report::RecordAndZero && verdict.allowed {
+        if tail.len() != 4 * rules {
+            return Err(bad("the outcomes at cost 0 have the wrong length"));
+        }
+        let zero = read_outcomes(tail, &bad)?;
+        tail = &[];
+        Some(zero)
+    } else {
+        None
+    };
+    if !tail.is_empty() {
+        return Err(bad("trailing integers"));
+    }
+    if record.is_some() && !(verdict.allowed && plan.consume) {
+        return Err(bad("a record without an admission"));
+    }
+    Ok(SlotReply {
+        verdict,
+        record,
+        zero,
+    })
 }
 
 #[cfg(test)]
@@ -320,6 +438,42 @@ mod tests {
     }
 
     #[test]
+    fn slot_replies_carry_the_record_and_the_outcomes_at_cost_zero() {
+        let p = plan(&["2/1s", "5/1m"]);
+        let head = [1, -1, -1, 1, 1, 1_000_000, -1, 1, 4, 60_000_000, -1];
+        let mut reply = head.to_vec();
+        reply.extend([1, 77, 0, 0, 0, 0]);
+        reply.extend([1, 2, 0, -1, 1, 5, 0, -1]);
+        let r = slot_reply(&p, &reply, Report::RecordAndZero).unwrap();
+        assert!(r.verdict.allowed);
+        assert_eq!(
+            r.record,
+            Some(Record {
+                now: 77,
+                writes: vec![(0, 0), (0, 0)]
+            })
+        );
+        assert_eq!(r.zero.unwrap()[1].remaining, 5);
+        // Not recorded (a peek): the flag alone, then the outcomes at cost 0.
+        let mut peek = p.clone();
+        peek.consume = false;
+        let mut reply = head.to_vec();
+        reply.extend([0, 1, 2, 0, -1, 1, 5, 0, -1]);
+        let r = slot_reply(&peek, &reply, Report::RecordAndZero).unwrap();
+        assert!(r.record.is_none() && r.zero.is_some());
+        // Malformed: a record for a denial, a short record, trailing integers.
+        let mut denied = vec![0, -1, -1, 1, 1, 1_000_000, -1, 0, 0, 60_000_000, 5];
+        denied.extend([1, 77, 0, 0, 0, 0]);
+        assert!(slot_reply(&p, &denied, Report::Record).is_err());
+        let mut short = head.to_vec();
+        short.extend([1, 77, 0]);
+        assert!(slot_reply(&p, &short, Report::Record).is_err());
+        let mut trailing = head.to_vec();
+        trailing.extend([0, 9]);
+        assert!(slot_reply(&p, &trailing, Report::Record).is_err());
+    }
+
+    #[test]
     fn a_blocked_reply_has_no_rules() {
         let v = verdict(&plan(&["2/1s"]), &[0, 1_000, -1]).unwrap();
         assert_eq!(v, Verdict::blocked(1_000));
@@ -328,7 +482,7 @@ mod tests {
     #[test]
     fn huge_numbers_are_refused_before_lua_rounds_them() {
         let scripts = Scripts::new();
-        let mut inv = scripts.check.prepare_invoke();
+        let mut inv = scripts.check.call();
         let mut p = plan(&["2/1s"]);
         p.cost = 1 << 60;
         assert!(prepare(&mut inv, &p, None, [0; 8]).is_err());

@@ -3,8 +3,10 @@
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use redis::{
-    AsyncConnectionConfig, Client, RedisResult, Value,
+    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, RedisResult, TlsMode, Value,
     aio::{ConnectionManager, ConnectionManagerConfig},
+    cluster::ClusterClientBuilder,
+    sentinel::{Sentinel, SentinelNodeConnectionInfo},
 };
 use tollgate::{
     BanEntry, BanTarget, CheckPlan, Clock, LockReply, Store, StoreError, StoreErrorKind, Verdict,
@@ -12,8 +14,12 @@ use tollgate::{
 };
 
 use crate::{
+    cluster,
+    conn::{Conn, Lua},
     error,
     script::{self, Scripts, micros, now_arg},
+    sentinel::SentinelConnection,
+    url::{self, Target},
 };
 
 /// The default bound on every store call.
@@ -22,11 +28,16 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// to a distant server may need more than a check does.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A [`Store`] on one standalone Redis server: every check is one `EVALSHA` of
-/// `scripts/check.lua`, atomic over all the keys of the plan, timed by the server's `TIME`.
+/// A [`Store`] on Redis: a standalone server, a Sentinel-managed primary, or a Cluster.
 ///
-/// Cloning is cheap and clones share one multiplexed connection, which pipelines concurrent
-/// checks and reconnects on its own after the server goes away.
+/// On a standalone server or a Sentinel primary every check is one `EVALSHA` of
+/// `scripts/check.lua`, atomic over all the keys of the plan, timed by the server's `TIME`.
+/// On a Cluster, a plan whose keys share one hash slot is that same single call; a plan whose
+/// limiters live in several slots runs one call per slot, concurrently, and undoes the
+/// admitting slots' reservations when another slot denies (see the crate docs, "Cluster").
+///
+/// Cloning is cheap and clones share one multiplexed connection (one per node on a Cluster),
+/// which pipelines concurrent checks and reconnects on its own after a server goes away.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -47,7 +58,7 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: Scripts,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -58,7 +69,17 @@ struct Inner {
 impl RedisStore {
     /// Connects to `url` with the default settings; the same as `builder(url).build()`.
     ///
-    /// `url` is `redis://[user:password@]host:port/db` or, for TLS, `rediss://...`.
+    /// `url` is one of:
+    /// - `redis://[user:password@]host:port/db`: a standalone server;
+    /// - `redis+sentinel://[user:password@]host:port[,host:port...]/master_name[/db]`: the
+    ///   primary that these sentinels name, followed across failovers; the credentials are the
+    ///   data nodes'; add `?sentinel_user=...&sentinel_password=...` for sentinels that
+    ///   require their own;
+    /// - `redis+cluster://[user:password@]host:port[,host:port...]`: a Redis Cluster, found
+    ///   from these seed nodes;
+    ///
+    /// and `rediss://`, `rediss+sentinel://`, `rediss+cluster://` for the same over TLS.
+    /// Special characters in user names and passwords are percent-encoded.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).build().await
     }
@@ -73,8 +94,26 @@ impl RedisStore {
     }
 
     /// The test clock's time, if any (production: `None`, the scripts read `TIME`).
+    pub(crate) fn test_now(&self) -> Option<u64> {
+        self.inner.clock.as_ref().map(|c| c.now_us())
+    }
+
+    /// The test clock's time as the scripts take it.
     fn now_arg(&self) -> String {
-        now_arg(self.inner.clock.as_ref().map(|c| c.now_us()))
+        now_arg(self.test_now())
+    }
+
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.inner.scripts
+    }
+
+    fn conn(&self) -> Conn {
+        self.inner.conn.clone()
+    }
+
+    /// `err`, raised while doing `what`, as a store error naming the target.
+    pub(crate) fn redis_error(&self, what: &str, err: RedisError) -> StoreError {
+        error::from_redis(what, &self.inner.target, err)
     }
 
     /// Runs `fut` within the store's timeout, naming `what` in any error.
@@ -83,12 +122,32 @@ impl RedisStore {
         what: &str,
         fut: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, StoreError> {
+        self.bounded_store(what, async {
+            fut.await.map_err(|e| self.redis_error(what, e))
+        })
+        .await
+    }
+
+    /// Runs `fut` within the store's timeout; a timeout names `what`.
+    pub(crate) async fn bounded_store<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let inner = &self.inner;
         match tokio::time::timeout(inner.timeout, fut).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(error::from_redis(what, &inner.target, err)),
+            Ok(result) => result,
             Err(_) => Err(error::timed_out(what, &inner.target, inner.timeout)),
         }
+    }
+
+    /// The whole plan as one check.lua call: every key must live on one node (one slot).
+    pub(crate) async fn check_one_call(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
+        let mut call = self.inner.scripts.check.call();
+        script::prepare(&mut call, plan, self.test_now(), rand::random())?;
+        let mut conn = self.conn();
+        let reply: Vec<i64> = self.bounded("check", call.invoke(&mut conn)).await?;
+        script::verdict(plan, &reply)
     }
 }
 
@@ -104,14 +163,10 @@ impl fmt::Debug for RedisStore {
 
 impl Store for RedisStore {
     async fn check(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
-        let mut invocation = self.inner.scripts.check.prepare_invoke();
-        let now = self.inner.clock.as_ref().map(|c| c.now_us());
-        script::prepare(&mut invocation, plan, now, rand::random())?;
-        let mut conn = self.inner.conn.clone();
-        let reply: Vec<i64> = self
-            .bounded("check", invocation.invoke_async(&mut conn))
-            .await?;
-        script::verdict(plan, &reply)
+        match &self.inner.conn {
+            Conn::Cluster(conn) => cluster::check(self, conn, plan).await,
+            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan).await,
+        }
     }
 
     async fn reset(&self, plan: &CheckPlan) -> Result<(), StoreError> {
@@ -119,7 +174,7 @@ impl Store for RedisStore {
         if keys.is_empty() {
             return Ok(());
         }
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.conn();
         let _deleted: u64 = self
             .bounded("reset", redis::cmd("DEL").arg(keys).query_async(&mut conn))
             .await?;
@@ -127,7 +182,7 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.inner.conn.clone();
+        let mut conn = self.conn();
         let pong: String = self
             .bounded("ping", redis::cmd("PING").query_async(&mut conn))
             .await?;
@@ -148,25 +203,23 @@ impl Store for RedisStore {
         fingerprint: &str,
         ttl: Duration,
     ) -> Result<LockReply, StoreError> {
-        let mut invocation = self.inner.scripts.lock_acquire.key(key);
+        let mut invocation = self.inner.scripts.lock_acquire.call();
         invocation
+            .key(key)
             .arg(self.now_arg())
             .arg(token)
             .arg(fingerprint)
             .arg(micros(ttl));
-        let mut conn = self.inner.conn.clone();
-        let reply: Vec<Value> = self
-            .bounded("lock", invocation.invoke_async(&mut conn))
-            .await?;
+        let mut conn = self.conn();
+        let reply: Vec<Value> = self.bounded("lock", invocation.invoke(&mut conn)).await?;
         script::lock_reply(&reply)
     }
 
     async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
-        let mut invocation = self.inner.scripts.lock_release.key(key);
-        invocation.arg(self.now_arg()).arg(token);
-        let mut conn = self.inner.conn.clone();
-        self.bounded("unlock", invocation.invoke_async(&mut conn))
-            .await
+        let mut invocation = self.inner.scripts.lock_release.call();
+        invocation.key(key).arg(self.now_arg()).arg(token);
+        let mut conn = self.conn();
+        self.bounded("unlock", invocation.invoke(&mut conn)).await
     }
 
     async fn lock_complete(
@@ -176,23 +229,23 @@ impl Store for RedisStore {
         response: &[u8],
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let mut invocation = self.inner.scripts.lock_complete.key(key);
+        let mut invocation = self.inner.scripts.lock_complete.call();
         invocation
+            .key(key)
             .arg(self.now_arg())
             .arg(token)
             .arg(response)
             .arg(micros(keep_for));
-        let mut conn = self.inner.conn.clone();
-        self.bounded("complete", invocation.invoke_async(&mut conn))
-            .await
+        let mut conn = self.conn();
+        self.bounded("complete", invocation.invoke(&mut conn)).await
     }
 
     async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
-        let mut invocation = self.inner.scripts.bans.key(ban_index_key(prefix));
-        invocation.arg(self.now_arg());
-        let mut conn = self.inner.conn.clone();
+        let mut invocation = self.inner.scripts.bans.call();
+        invocation.key(ban_index_key(prefix)).arg(self.now_arg());
+        let mut conn = self.conn();
         let reply: Vec<Value> = self
-            .bounded("list bans", invocation.invoke_async(&mut conn))
+            .bounded("list bans", invocation.invoke(&mut conn))
             .await?;
         script::bans_reply(&reply)
     }
@@ -203,26 +256,27 @@ impl Store for RedisStore {
         target: &BanTarget,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        let mut invocation = self.inner.scripts.ban.key(target.key(prefix));
+        let mut invocation = self.inner.scripts.ban.call();
         invocation
+            .key(target.key(prefix))
             .key(ban_index_key(prefix))
             .arg(self.now_arg())
             .arg(micros(duration))
             .arg(target.kind())
             .arg(target.value());
-        let mut conn = self.inner.conn.clone();
-        let _: i64 = self
-            .bounded("ban", invocation.invoke_async(&mut conn))
-            .await?;
+        let mut conn = self.conn();
+        let _: i64 = self.bounded("ban", invocation.invoke(&mut conn)).await?;
         Ok(())
     }
 
     async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
-        let mut invocation = self.inner.scripts.unban.key(target.key(prefix));
-        invocation.key(ban_index_key(prefix)).arg(self.now_arg());
-        let mut conn = self.inner.conn.clone();
-        self.bounded("unban", invocation.invoke_async(&mut conn))
-            .await
+        let mut invocation = self.inner.scripts.unban.call();
+        invocation
+            .key(target.key(prefix))
+            .key(ban_index_key(prefix))
+            .arg(self.now_arg());
+        let mut conn = self.conn();
+        self.bounded("unban", invocation.invoke(&mut conn)).await
     }
 }
 
@@ -272,73 +326,101 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects, loads the check script, and returns the store.
+    /// Connects, loads the scripts, and returns the store.
     ///
     /// Fails with an [`Unavailable`](StoreErrorKind::Unavailable) error when the URL is invalid
-    /// or the first connection fails (refused, unreachable, TLS or authentication failure).
-    /// After that the store reconnects by itself; calls made while it cannot reach the server
+    /// or the first connection fails (refused, unreachable, TLS or authentication failure; on
+    /// Sentinel, no sentinel names a reachable primary; on a Cluster, no seed node answers).
+    /// After that the store reconnects by itself; calls made while it cannot reach a server
     /// fail within the timeout.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         let target = error::redact(&self.url);
-        let unavailable = |message: String| StoreError::new(StoreErrorKind::Unavailable, message);
-        if self.url.starts_with("rediss:") {
+        let parsed = url::parse(&self.url)
+            .map_err(|why| unavailable(format!("invalid Redis URL {target:?}: {why}")))?;
+        if self.url.starts_with("rediss") {
             install_crypto_provider();
         }
-        let client = Client::open(self.url.as_str())
-            .map_err(|err| unavailable(format!("invalid Redis URL {target:?}")).with_source(err))?;
         let connect_timeout = self.timeout.max(MIN_CONNECT_TIMEOUT);
+        let limit = connect_timeout * 2;
+        let invalid =
+            |err: RedisError| unavailable(format!("invalid Redis URL {target:?}")).with_source(err);
 
-        // One attempt of our own first: the connection manager retries with backoff, which
-        // would turn "connection refused" into a slow, vague timeout.
-        let probe_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(connect_timeout));
-        let probe = async {
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&probe_config)
+        let scripts = Scripts::new();
+        let (conn, cluster) = match parsed {
+            Target::Standalone(url) => {
+                let client = Client::open(url.as_str()).map_err(invalid)?;
+                // One attempt of our own first: the connection manager retries with backoff,
+                // which would turn "connection refused" into a slow, vague timeout.
+                let probe = async {
+                    let mut conn = client
+                        .get_multiplexed_async_connection_with_config(&probe_config(
+                            connect_timeout,
+                        ))
+                        .await?;
+                    redis::cmd("PING").query_async::<String>(&mut conn).await
+                };
+                connecting(&target, limit, probe).await?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_min_delay(Duration::from_millis(50))
+                    // Keeps recovery prompt once the server is back.
+                    .set_max_delay(Duration::from_secs(1));
+                let conn = connecting(
+                    &target,
+                    limit,
+                    ConnectionManager::new_with_config(client, config),
+                )
                 .await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await
+                (Conn::Standalone(conn), false)
+            }
+            Target::Cluster { nodes } => {
+                let client = ClusterClientBuilder::new(nodes)
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(self.timeout)
+                    // Our own timeout bounds every call; within it, follow redirections and
+                    // retry promptly rather than back off for seconds.
+                    .retries(5)
+                    .min_retry_wait(5)
+                    .max_retry_wait(200)
+                    .build()
+                    .map_err(invalid)?;
+                let conn = connecting(&target, limit, client.get_async_connection()).await?;
+                (Conn::Cluster(conn), true)
+            }
+            Target::Sentinel(t) => {
+                let sentinel = Sentinel::build(t.sentinels).map_err(invalid)?;
+                let redis = t
+                    .node_template
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(invalid)?
+                    .redis_settings()
+                    .clone();
+                let mut node =
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
+                if t.tls {
+                    node = node.set_tls_mode(TlsMode::Secure);
+                }
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(self.timeout));
+                let conn = SentinelConnection::new(sentinel, t.master_name, node, config, t.db);
+                (Conn::Sentinel(conn), false)
+            }
         };
-        match tokio::time::timeout(connect_timeout * 2, probe).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => {
-                return Err(unavailable(format!("cannot connect to {target}")).with_source(err));
-            }
-            Err(_) => {
-                return Err(unavailable(format!(
-                    "cannot connect to {target}: no answer within {:?}",
-                    connect_timeout * 2
-                )));
-            }
-        }
 
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_min_delay(Duration::from_millis(50))
-            // Keeps recovery prompt once the server is back.
-            .set_max_delay(Duration::from_secs(1));
-        let connecting = async {
-            let mut conn = ConnectionManager::new_with_config(client, config).await?;
-            let scripts = Scripts::new();
-            // Loaded now so that the first check is one round trip too.
-            for script in scripts.all() {
-                script.load_async(&mut conn).await?;
+        // Loaded now so that the first check is one round trip too (on a Cluster, by every
+        // node, replicas included, so that a promoted replica has them).
+        let loading = async {
+            let mut conn = conn.clone();
+            let extra: &[&Lua] = if cluster { &scripts.cluster() } else { &[] };
+            for lua in scripts.standalone().iter().chain(extra) {
+                lua.load_cmd().query_async::<Value>(&mut conn).await?;
             }
-            Ok::<_, redis::RedisError>((conn, scripts))
+            Ok(conn)
         };
-        let (conn, scripts) = match tokio::time::timeout(connect_timeout * 2, connecting).await {
-            Ok(Ok(ready)) => ready,
-            Ok(Err(err)) => {
-                return Err(unavailable(format!("cannot connect to {target}")).with_source(err));
-            }
-            Err(_) => {
-                return Err(unavailable(format!(
-                    "cannot connect to {target}: no answer within {:?}",
-                    connect_timeout * 2
-                )));
-            }
-        };
+        let conn = connecting(&target, limit, loading).await?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -349,6 +431,31 @@ impl RedisStoreBuilder {
             }),
         })
     }
+}
+
+/// Awaits one step of connecting within `limit`; a failure says "cannot connect".
+async fn connecting<T>(
+    target: &str,
+    limit: Duration,
+    step: impl Future<Output = RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, step).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(unavailable(format!("cannot connect to {target}")).with_source(err)),
+        Err(_) => Err(unavailable(format!(
+            "cannot connect to {target}: no answer within {limit:?}"
+        ))),
+    }
+}
+
+fn unavailable(message: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Unavailable, message)
+}
+
+fn probe_config(timeout: Duration) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
 }
 
 /// rustls needs a process-wide crypto provider; install ring unless the application chose one.

@@ -162,12 +162,29 @@ impl RedisCluster {
         &self.nodes
     }
 
-    /// The ports of the running nodes.
-    pub fn live_ports(&mut self) -> Vec<u16> {
+    /// The ports of the nodes that answer `PING`.
+    pub fn live_ports(&self) -> Vec<u16> {
         self.nodes
-            .iter_mut()
-            .filter_map(|n| n.is_running().then(|| n.port()))
+            .iter()
+            .map(RedisServer::port)
+            .filter(|&port| is_up(port, &self.auth))
             .collect()
+    }
+
+    /// The ports of the live primaries that serve slots, as the first live node sees them.
+    pub fn primaries(&self) -> Vec<u16> {
+        let live = self.live_ports();
+        live.iter()
+            .find_map(|&port| cluster_nodes(port, &self.auth).ok())
+            .map(|nodes| {
+                nodes
+                    .iter()
+                    .filter(|n| n.is_healthy_primary() && !n.slots.is_empty())
+                    .map(|n| n.port)
+                    .filter(|p| live.contains(p))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The hash slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
@@ -175,7 +192,7 @@ impl RedisCluster {
     /// # Panics
     ///
     /// If no node answers.
-    pub fn slot_of(&mut self, key: &str) -> u16 {
+    pub fn slot_of(&self, key: &str) -> u16 {
         let ports = self.live_ports();
         for port in ports {
             if let Ok(Reply::Int(slot)) = command(port, &self.auth, &["CLUSTER", "KEYSLOT", key]) {
@@ -187,7 +204,7 @@ impl RedisCluster {
 
     /// The port of the primary serving `slot`, as the running nodes see it; `None` while no
     /// healthy primary serves it (e.g. during a failover).
-    pub fn primary_for_slot(&mut self, slot: u16) -> Option<u16> {
+    pub fn primary_for_slot(&self, slot: u16) -> Option<u16> {
         let live = self.live_ports();
         live.iter().find_map(|&port| {
             cluster_nodes(port, &self.auth)
@@ -246,7 +263,7 @@ impl RedisCluster {
     /// # Panics
     ///
     /// If that does not happen within `timeout` (a hang detector).
-    pub fn wait_for_failover(&mut self, timeout: Duration) -> Duration {
+    pub fn wait_for_failover(&self, timeout: Duration) -> Duration {
         let start = Instant::now();
         let running = self.live_ports();
         loop {
@@ -475,6 +492,11 @@ fn read(reader: &mut impl BufRead) -> io::Result<Reply> {
         }
         _ => Err(bad()),
     }
+}
+
+/// Whether the server on `port` answers `PING`.
+pub(crate) fn is_up(port: u16, auth: &Auth) -> bool {
+    matches!(command(port, auth, &["PING"]), Ok(Reply::Simple(pong)) if pong == "PONG")
 }
 
 /// A port that was free a moment ago.

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::RedisServer;
-use crate::cluster::{Auth, Reply, command, free_port, info_field};
+use crate::cluster::{Auth, Reply, command, free_port, info_field, is_up};
 
 const MASTER_NAME: &str = "tollgate";
 /// How long [`RedisSentinelSet::start`] waits for the sentinels to see everyone.
@@ -139,11 +139,12 @@ impl RedisSentinelSet {
     /// # Panics
     ///
     /// If that does not happen within `timeout` (a hang detector).
-    pub fn wait_for_failover(&mut self, timeout: Duration) -> Duration {
+    pub fn wait_for_failover(&self, timeout: Duration) -> Duration {
         let running: Vec<u16> = self
             .servers
-            .iter_mut()
-            .filter_map(|s| s.is_running().then(|| s.port()))
+            .iter()
+            .map(RedisServer::port)
+            .filter(|&port| is_up(port, &self.auth))
             .collect();
         self.wait(timeout, "fail over", |set| set.check_promoted(&running))
     }

@@ -1,0 +1,397 @@
+//! Checks on a Redis Cluster: one check.lua call per hash slot, all at once, and the
+//! reservations undone when any slot denies or the identity is banned.
+//!
+//! Every key of one limiter carries the limiter's hash tag, so a limiter lives in one slot;
+//! the bans live under `{ban}`. A plan whose keys all share one slot is one EVALSHA, exactly as
+//! on a standalone server. Otherwise each slot's limiters run check.lua at once (the bans are
+//! read beside them by banned.lua): a slot that admits records its admission at once, and
+//! reports what it wrote. If every slot admits and nobody is banned, that is the answer, one
+//! round trip later. If not, a second round trip undoes what the admitting slots wrote
+//! (undo.lua, concurrently) and, when a denying limiter bans, bans the offender (offend.lua).
+//!
+//! Between the two round trips the reservations are visible: a concurrent check may count
+//! them and be denied when it would have been admitted. That is the residual window, and it
+//! can only cost an admission, never add one: every slot still checks its rules atomically
+//! against everything recorded, reservations included.
+
+use std::collections::HashMap;
+
+use futures_util::future::join_all;
+use redis::{RedisResult, cluster_async::ClusterConnection, cluster_routing::Slot};
+use tollgate::{
+    Algorithm, CheckPlan, PlanLimiter, StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome,
+    key,
+};
+
+use crate::{
+    script::{self, Record, Report, SlotReply},
+    store::RedisStore,
+};
+
+/// The limiters of a plan that share one slot, in plan order.
+struct Group {
+    slot: Slot,
+    /// Indices into the plan's limiters.
+    limiters: Vec<usize>,
+}
+
+/// Where a plan's keys live.
+enum Layout {
+    /// Every key in one slot (or no key at all): the standalone script, one call.
+    OneSlot,
+    /// The limiters' slots, and whether the bans need reading beside them.
+    Slots(Vec<Group>),
+}
+
+fn layout(plan: &CheckPlan) -> Result<Layout, StoreError> {
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, limiter) in plan.limiters.iter().enumerate() {
+        let slot = limiter_slot(limiter)?;
+        match groups.iter_mut().find(|g| g.slot == slot) {
+            Some(group) => group.limiters.push(i),
+            None => groups.push(Group {
+                slot,
+                limiters: vec![i],
+            }),
+        }
+    }
+    let ban_slot = ban_slot(plan)?;
+    let one_slot = match (groups.as_slice(), ban_slot) {
+        ([], _) | ([_], None) => true,
+        ([group], Some(bans)) => group.slot == bans,
+        _ => false,
+    };
+    Ok(if one_slot {
+        Layout::OneSlot
+    } else {
+        Layout::Slots(groups)
+    })
+}
+
+/// The one slot of all of a limiter's keys.
+fn limiter_slot(limiter: &PlanLimiter) -> Result<Slot, StoreError> {
+    let slot = Slot::for_key(&limiter.key);
+    if limiter
+        .state_keys()
+        .iter()
+        .any(|k| Slot::for_key(k) != slot)
+    {
+        return Err(cross_slot(&limiter.key));
+    }
+    Ok(slot)
+}
+
+/// The one slot of the ban keys and the ban index, if the plan has bans.
+fn ban_slot(plan: &CheckPlan) -> Result<Option<Slot>, StoreError> {
+    let Some(first) = plan.bans.first() else {
+        return Ok(None);
+    };
+    let slot = Slot::for_key(&first.key);
+    let keys = plan
+        .bans
+        .iter()
+        .map(|b| b.key.as_str())
+        .chain([plan.ban_index.as_str()]);
+    for k in keys {
+        if Slot::for_key(k) != slot {
+            return Err(cross_slot(k));
+        }
+    }
+    Ok(Some(slot))
+}
+
+fn cross_slot(key: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!(
+            "key {key:?} has no hash tag shared with its siblings: on a Redis Cluster every key \
+             of one limiter (and every ban key) must share a hash tag"
+        ),
+    )
+}
+
+/// One slot's call and its plan (the slot's limiters, no bans).
+struct SlotCall {
+    plan: CheckPlan,
+    limiters: Vec<usize>,
+}
+
+/// One slot's answer; `None` if its call failed.
+struct SlotAnswer {
+    call: SlotCall,
+    reply: Option<SlotReply>,
+}
+
+/// Checks `plan` on the cluster behind `conn` (see the module docs).
+pub(crate) async fn check(
+    store: &RedisStore,
+    conn: &ClusterConnection,
+    plan: &CheckPlan,
+) -> Result<Verdict, StoreError> {
+    let groups = match layout(plan)? {
+        Layout::OneSlot => return store.check_one_call(plan).await,
+        Layout::Slots(groups) => groups,
+    };
+    let report = if groups.len() > 1 {
+        Report::RecordAndZero
+    } else {
+        Report::Record
+    };
+    let nonce: [u8; 8] = rand::random();
+    let now = store.test_now();
+    let scripts = store.scripts();
+    let calls: Vec<SlotCall> = groups
+        .into_iter()
+        .map(|g| SlotCall {
+            plan: CheckPlan::new(
+                plan.cost,
+                plan.consume,
+                g.limiters
+                    .iter()
+                    .map(|&i| plan.limiters[i].clone())
+                    .collect(),
+            ),
+            limiters: g.limiters,
+        })
+        .collect();
+
+    // Round trip 1: every slot, and the bans, at once.
+    let slots = join_all(calls.iter().map(|c| {
+        let mut conn = conn.clone();
+        async move {
+            let mut call = scripts.check.call();
+            script::prepare(&mut call, &c.plan, now, nonce)?;
+            call.arg(report as u8);
+            let reply: RedisResult<Vec<i64>> = call.invoke(&mut conn).await;
+            let reply = reply.map_err(|e| store.redis_error("check", e))?;
+            script::slot_reply(&c.plan, &reply, report)
+        }
+    }));
+    let bans = async {
+        if plan.bans.is_empty() {
+            return Ok(None);
+        }
+        let mut call = scripts.banned.call();
+        for ban in &plan.bans {
+            call.key(&ban.key);
+        }
+        call.arg(script::now_arg(now));
+        let mut conn = conn.clone();
+        let left: i64 = call
+            .invoke(&mut conn)
+            .await
+            .map_err(|e| store.redis_error("check bans", e))?;
+        Ok::<_, StoreError>(u64::try_from(left).ok())
+    };
+    let (replies, banned) = store
+        .bounded_store("check", async { Ok(tokio::join!(slots, bans)) })
+        .await?;
+    let mut failure = None;
+    let mut answers = Vec::with_capacity(calls.len());
+    for (call, reply) in calls.into_iter().zip(replies) {
+        let reply = reply.map_err(|e| failure.get_or_insert(e)).ok();
+        answers.push(SlotAnswer { call, reply });
+    }
+    let blocked = banned.map_err(|e| failure.get_or_insert(e)).ok().flatten();
+
+    // Every slot admitted and nobody is banned: done, in one round trip.
+    let allowed = answers
+        .iter()
+        .all(|a| a.reply.as_ref().is_some_and(|r| r.verdict.allowed));
+    if failure.is_none() && blocked.is_none() && allowed {
+        return Ok(assemble(plan, answers, true));
+    }
+
+    // Round trip 2: undo every reservation; ban the offender if a denying limiter says so.
+    let undo = join_all(
+        answers
+            .iter()
+            .filter_map(|a| {
+                let record = a.reply.as_ref()?.record.as_ref()?;
+                Some(undo(store, conn, plan, &a.call, record, nonce, now))
+            })
+            .collect::<Vec<_>>(),
+    );
+    let offence = async {
+        match (&failure, blocked) {
+            (None, None) => offend(store, conn, plan, &answers, now).await,
+            _ => Ok(None),
+        }
+    };
+    // A failed undo leaves a reservation that expires with its window: the denied request is
+    // charged, which can cost a later admission but never adds one.
+    let (_undone, banned_us) = store
+        .bounded_store("undo", async { Ok(tokio::join!(undo, offence)) })
+        .await
+        .unwrap_or_else(|err| (Vec::new(), Err(err)));
+    if let Some(err) = failure {
+        return Err(err);
+    }
+    if let Some(left) = blocked {
+        return Ok(Verdict::blocked(left));
+    }
+    let mut verdict = assemble(plan, answers, false);
+    // The denial stands even if the ban could not be written.
+    verdict.banned_us = banned_us.ok().flatten();
+    Ok(verdict)
+}
+
+/// The plan's verdict from every slot's: rules back in plan order; when denied, the rules of
+/// the slots that admitted show the state as it stays once undone.
+fn assemble(plan: &CheckPlan, answers: Vec<SlotAnswer>, allowed: bool) -> Verdict {
+    let mut per_limiter: Vec<Vec<RuleOutcome>> = vec![Vec::new(); plan.limiters.len()];
+    for answer in answers {
+        let Some(reply) = answer.reply else { continue };
+        let outcomes = match (allowed, reply.zero) {
+            (false, Some(zero)) => zero,
+            _ => reply.verdict.rules,
+        };
+        let mut outcomes = outcomes.into_iter();
+        for &i in &answer.call.limiters {
+            per_limiter[i].extend(outcomes.by_ref().take(plan.limiters[i].rules.len()));
+        }
+    }
+    Verdict::new(allowed, per_limiter.into_iter().flatten().collect())
+}
+
+/// Undoes what one slot's call wrote (undo.lua): each state key once.
+async fn undo(
+    store: &RedisStore,
+    conn: &ClusterConnection,
+    plan: &CheckPlan,
+    call: &SlotCall,
+    record: &Record,
+    nonce: [u8; 8],
+    now: Option<u64>,
+) -> Result<i64, StoreError> {
+    let scripts = store.scripts();
+    let mut undo = scripts.undo.call();
+    undo.arg(script::now_arg(now))
+        .arg(plan.cost)
+        .arg(&nonce[..]);
+    // (key, op, a, b), each key once: a limiter's sliding-log rules share one log.
+    let mut ops: Vec<(String, u8, i64, i64)> = Vec::new();
+    let mut writes = record.writes.iter();
+    for &i in &call.limiters {
+        let limiter = &plan.limiters[i];
+        for (rule, &(a, b)) in limiter.rules.iter().zip(writes.by_ref()) {
+            let key = key::rule_key(&limiter.key, rule);
+            if ops.iter().any(|(k, ..)| *k == key) {
+                continue;
+            }
+            ops.push(match rule.algorithm() {
+                Algorithm::SlidingLog => (key, 1, record.now, a),
+                Algorithm::FixedWindow => (key, 2, a, b),
+                _ => (key, 3, a, b),
+            });
+        }
+    }
+    for (key, op, a, b) in &ops {
+        undo.key(key).arg(op).arg(a).arg(b);
+    }
+    let mut conn = conn.clone();
+    undo.invoke(&mut conn)
+        .await
+        .map_err(|e| store.redis_error("undo", e))
+}
+
+/// Bans the plan's targets if a denying limiter bans offenders (offend.lua); the ban's length.
+async fn offend(
+    store: &RedisStore,
+    conn: &ClusterConnection,
+    plan: &CheckPlan,
+    answers: &[SlotAnswer],
+    now: Option<u64>,
+) -> Result<Option<u64>, StoreError> {
+    if !plan.may_ban() {
+        return Ok(None);
+    }
+    let mut denied: HashMap<usize, bool> = HashMap::new();
+    for answer in answers {
+        let Some(reply) = &answer.reply else { continue };
+        let mut outcomes = reply.verdict.rules.iter();
+        for &i in &answer.call.limiters {
+            let n = plan.limiters[i].rules.len();
+            let denies = outcomes.by_ref().take(n).any(|o| !o.allowed);
+            denied.insert(i, denies);
+        }
+    }
+    let bans: Vec<_> = plan
+        .limiters
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| denied.get(i).copied().unwrap_or(false))
+        .filter_map(|(_, l)| l.ban)
+        .collect();
+    if bans.is_empty() {
+        return Ok(None);
+    }
+    let mut call = store.scripts().offend.call();
+    for ban in &plan.bans {
+        call.key(&ban.key);
+    }
+    call.key(&plan.ban_index);
+    call.arg(script::now_arg(now)).arg(bans.len());
+    for ban in &bans {
+        call.arg(script::micros(ban.duration()))
+            .arg(ban.factor())
+            .arg(script::micros(ban.cap()));
+    }
+    for ban in &plan.bans {
+        call.arg(ban.target.kind()).arg(ban.target.value());
+    }
+    let mut conn = conn.clone();
+    let longest: i64 = call
+        .invoke(&mut conn)
+        .await
+        .map_err(|e| store.redis_error("ban", e))?;
+    Ok(u64::try_from(longest).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate::{BanTarget, PlanBan, Rule, ban_index_key};
+
+    use super::*;
+
+    fn limiter(key: &str) -> PlanLimiter {
+        let rules: Arc<[Rule]> = ["2/1s".parse().unwrap()].into_iter().collect();
+        PlanLimiter {
+            key: key.to_owned(),
+            rules,
+            ban: None,
+        }
+    }
+
+    fn bans() -> Vec<PlanBan> {
+        let target = BanTarget::Ip("10.0.0.1".parse().unwrap());
+        vec![PlanBan {
+            key: target.key("tg"),
+            target,
+        }]
+    }
+
+    #[test]
+    fn one_slot_plans_are_one_call() {
+        let same = CheckPlan::new(1, true, vec![limiter("tg:{a}"), limiter("tg:{a}:x")]);
+        assert!(matches!(layout(&same).unwrap(), Layout::OneSlot));
+        let banned = same.clone().with_bans(bans(), ban_index_key("tg"));
+        assert!(matches!(layout(&banned).unwrap(), Layout::Slots(g) if g.len() == 1));
+        let two = CheckPlan::new(1, true, vec![limiter("tg:{a}"), limiter("tg:{b}")]);
+        let Layout::Slots(groups) = layout(&two).unwrap() else {
+            panic!("two slots")
+        };
+        assert_eq!(groups.len(), 2);
+        let only_bans = CheckPlan::new(1, true, vec![]).with_bans(bans(), ban_index_key("tg"));
+        assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot));
+    }
+
+    #[test]
+    fn untagged_limiters_are_refused() {
+        let plan = CheckPlan::new(1, true, vec![limiter("tg:untagged")]);
+        let err = layout(&plan).err().unwrap();
+        assert_eq!(err.kind(), StoreErrorKind::Protocol);
+    }
+}

@@ -1,0 +1,141 @@
+//! The connection behind a store, whatever the deployment, and script calls that survive a
+//! node without the script.
+
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, ServerErrorKind,
+    ToRedisArgs, Value,
+    aio::{ConnectionLike, ConnectionManager},
+    cluster_async::ClusterConnection,
+};
+
+use crate::sentinel::SentinelConnection;
+
+/// One connection handle, cheap to clone, for each kind of deployment.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    /// One server; reconnects by itself.
+    Standalone(ConnectionManager),
+    /// A Redis Cluster: routes each command to its slot's primary, follows MOVED/ASK.
+    Cluster(ClusterConnection),
+    /// The primary the sentinels name, found again after a failover.
+    Sentinel(SentinelConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Standalone(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
+        }
+    }
+}
+
+/// A Lua script: its source and SHA-1.
+pub(crate) struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: &'static str) -> Lua {
+        Lua {
+            code,
+            hash: redis::Script::new(code).get_hash().to_owned(),
+        }
+    }
+
+    /// A call of this script, to be filled with keys and arguments.
+    pub(crate) fn call(&self) -> Call<'_> {
+        Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// `SCRIPT LOAD`: on a cluster connection, every node loads it.
+    pub(crate) fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.code);
+        cmd
+    }
+}
+
+/// One call of a [`Lua`] script: `KEYS` and `ARGV`.
+pub(crate) struct Call<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    /// Appends to `KEYS` (a list appends each item).
+    pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    /// Appends to `ARGV` (a list appends each item).
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    fn cmd(&self, by_hash: bool) -> Cmd {
+        let mut cmd = if by_hash {
+            let mut c = redis::cmd("EVALSHA");
+            c.arg(&self.lua.hash);
+            c
+        } else {
+            let mut c = redis::cmd("EVAL");
+            c.arg(self.lua.code);
+            c
+        };
+        cmd.arg(self.keys.len());
+        for key in &self.keys {
+            cmd.arg(&key[..]);
+        }
+        for arg in &self.args {
+            cmd.arg(&arg[..]);
+        }
+        cmd
+    }
+
+    /// `EVALSHA`, and `EVAL` with the source if the node does not know the script (a node
+    /// that restarted, a replica promoted since the store loaded its scripts): `EVAL` goes to
+    /// the same node as the `EVALSHA` (the one serving the first key) and caches the script
+    /// there, without reaching for the other nodes, some of which may be down.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        match self.cmd(true).query_async(conn).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.cmd(false).query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}

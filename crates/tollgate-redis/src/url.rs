@@ -1,0 +1,220 @@
+//! Store URLs: which deployment, which nodes, which credentials.
+
+/// What a store URL names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// `redis://` or `rediss://`: one server, the URL as redis-rs reads it.
+    Standalone(String),
+    /// `redis+cluster://` or `rediss+cluster://`: the seed nodes, each as a redis-rs URL.
+    Cluster { nodes: Vec<String> },
+    /// `redis+sentinel://` or `rediss+sentinel://`.
+    Sentinel(SentinelTarget),
+}
+
+/// The parts of a Sentinel URL.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SentinelTarget {
+    /// Each sentinel as a redis-rs URL, with the `sentinel_user` / `sentinel_password`
+    /// credentials if given.
+    pub(crate) sentinels: Vec<String>,
+    /// The name the sentinels know the primary by.
+    pub(crate) master_name: String,
+    /// A redis-rs URL for the data nodes with a placeholder address: its credentials, database
+    /// and TLS apply to whichever primary the sentinels name.
+    pub(crate) node_template: String,
+    /// The database number on the data nodes.
+    pub(crate) db: i64,
+    /// TLS to the data nodes and the sentinels.
+    pub(crate) tls: bool,
+}
+
+/// Reads `url`; the error says what is wrong, never the password.
+pub(crate) fn parse(url: &str) -> Result<Target, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(Target::Standalone(url.to_owned()));
+    };
+    let (base, kind) = match scheme {
+        "redis+cluster" => ("redis", Kind::Cluster),
+        "rediss+cluster" => ("rediss", Kind::Cluster),
+        "redis+sentinel" => ("redis", Kind::Sentinel),
+        "rediss+sentinel" => ("rediss", Kind::Sentinel),
+        _ => return Ok(Target::Standalone(url.to_owned())),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    // The last `@` ends the user info, as in `error::redact`.
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, rest)) => (Some(userinfo), rest),
+        None => (None, rest),
+    };
+    let (hosts, path) = match rest.split_once('/') {
+        Some((hosts, path)) => (hosts, path),
+        None => (rest, ""),
+    };
+    let default_port = match kind {
+        Kind::Cluster => 6379,
+        Kind::Sentinel => 26379,
+    };
+    let hosts = hosts
+        .split(',')
+        .map(|h| host_port(h, default_port))
+        .collect::<Result<Vec<_>, String>>()?;
+    let mut sentinel_user = None;
+    let mut sentinel_password = None;
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("sentinel_user", v)) if kind == Kind::Sentinel => sentinel_user = Some(v),
+            Some(("sentinel_password", v)) if kind == Kind::Sentinel => {
+                sentinel_password = Some(v);
+            }
+            _ => {
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                return Err(format!("unknown URL parameter {name:?}"));
+            }
+        }
+    }
+    let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    match kind {
+        Kind::Cluster => {
+            let db = path.trim_end_matches('/');
+            if !db.is_empty() && db != "0" {
+                return Err("a Redis Cluster has only database 0".to_owned());
+            }
+            let nodes = hosts
+                .iter()
+                .map(|(host, port)| format!("{base}://{auth}{host}:{port}/"))
+                .collect();
+            Ok(Target::Cluster { nodes })
+        }
+        Kind::Sentinel => {
+            let path = path.trim_end_matches('/');
+            let (master_name, db) = match path.split_once('/') {
+                Some((name, db)) => (name, db),
+                None => (path, "0"),
+            };
+            if master_name.is_empty() {
+                return Err(
+                    "a Sentinel URL names its master: redis+sentinel://host:port/<master name>"
+                        .to_owned(),
+                );
+            }
+            let db: i64 = db
+                .parse()
+                .map_err(|_| format!("{db:?} is not a database number"))?;
+            let sentinel_auth = match (sentinel_user, sentinel_password) {
+                (None, None) => String::new(),
+                (user, password) => format!(
+                    "{}{}@",
+                    user.unwrap_or_default(),
+                    password.map(|p| format!(":{p}")).unwrap_or_default()
+                ),
+            };
+            let sentinels = hosts
+                .iter()
+                .map(|(host, port)| format!("{base}://{sentinel_auth}{host}:{port}/"))
+                .collect();
+            Ok(Target::Sentinel(SentinelTarget {
+                sentinels,
+                master_name: master_name.to_owned(),
+                node_template: format!("{base}://{auth}localhost:6379/{db}"),
+                db,
+                tls: base == "rediss",
+            }))
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Cluster,
+    Sentinel,
+}
+
+/// `host:port`, `host` or `[v6]:port`.
+fn host_port(text: &str, default_port: u16) -> Result<(String, u16), String> {
+    if text.is_empty() {
+        return Err("an empty host in the node list".to_owned());
+    }
+    let (host, port) = match text.rsplit_once(':') {
+        // `[::1]` alone ends with `]`; a colon inside brackets is not a port.
+        Some((host, port)) if !port.ends_with(']') => (host, Some(port)),
+        _ => (text, None),
+    };
+    let port = match port {
+        Some(p) => p
+            .parse()
+            .map_err(|_| format!("{p:?} in {text:?} is not a port"))?,
+        None => default_port,
+    };
+    Ok((host.to_owned(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_name_every_seed() {
+        assert_eq!(
+            parse("redis+cluster://a:7000,b,[::1]:7002").unwrap(),
+            Target::Cluster {
+                nodes: vec![
+                    "redis://a:7000/".into(),
+                    "redis://b:6379/".into(),
+                    "redis://[::1]:7002/".into()
+                ]
+            }
+        );
+        assert_eq!(
+            parse("rediss+cluster://app:p%40ss@a:7000,b:7001/").unwrap(),
+            Target::Cluster {
+                nodes: vec![
+                    "rediss://app:p%40ss@a:7000/".into(),
+                    "rediss://app:p%40ss@b:7001/".into()
+                ]
+            }
+        );
+        assert!(parse("redis+cluster://a:7000/3").is_err());
+        assert!(parse("redis+cluster://a:x").is_err());
+        assert!(parse("redis+cluster://a:1,,b:2").is_err());
+        assert!(parse("redis+cluster://a:1?db=2").is_err());
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_master_and_keep_two_sets_of_credentials() {
+        let Target::Sentinel(t) = parse(
+            "rediss+sentinel://:pw@s1:26379,s2/main/2?sentinel_user=watch&sentinel_password=spw",
+        )
+        .unwrap() else {
+            panic!("not a sentinel target")
+        };
+        assert_eq!(
+            t.sentinels,
+            [
+                "rediss://watch:spw@s1:26379/",
+                "rediss://watch:spw@s2:26379/"
+            ]
+        );
+        assert_eq!(t.master_name, "main");
+        assert_eq!(t.db, 2);
+        assert!(t.tls);
+        assert_eq!(t.node_template, "rediss://:pw@localhost:6379/2");
+        assert!(parse("redis+sentinel://s1:26379").is_err());
+        assert!(parse("redis+sentinel://s1:26379/").is_err());
+        assert!(parse("redis+sentinel://s1:26379/m/x").is_err());
+    }
+
+    #[test]
+    fn other_urls_are_standalone() {
+        for url in [
+            "redis://h:1/0",
+            "rediss://h/",
+            "unix:///tmp/r.sock",
+            "nonsense",
+        ] {
+            assert_eq!(parse(url).unwrap(), Target::Standalone(url.to_owned()));
+        }
+    }
+}
