@@ -6,6 +6,7 @@
 mod cluster;
 mod concurrency;
 mod connect;
+mod failover;
 mod failure;
 mod guards;
 mod layout;
