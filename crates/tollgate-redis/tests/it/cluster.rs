@@ -409,3 +409,53 @@ async fn one_slot_is_one_evalsha_and_several_slots_one_each() {
     .await;
     assert_eq!(sent, vec!["evalsha"; 3]);
 }
+
+#[tokio::test]
+async fn acl_users_and_passwords_come_from_the_url() {
+    let cluster = shared_cluster();
+    // An ACL user on every node; the default user stays open for the other tests.
+    for port in cluster.live_ports() {
+        let mut node = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "tgapp", "on", ">app%pass", "~*", "+@all"])
+            .query_async(&mut node)
+            .await
+            .unwrap();
+    }
+    let seeds: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let url = format!("redis+cluster://tgapp:app%25pass@{}", seeds.join(","));
+    let store = RedisStore::connect(&url).await.unwrap();
+    let tags = tags_on_distinct_primaries(&cluster, "acl", 2);
+    let p = plan(
+        1,
+        &[
+            limiter(
+                &format!("acl:{{{}}}", tags[0]),
+                &[rule("1/1h", Algorithm::SlidingLog)],
+            ),
+            limiter(
+                &format!("acl:{{{}}}", tags[1]),
+                &[rule("5/1h", Algorithm::FixedWindow)],
+            ),
+        ],
+    );
+    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(!store.check(&p).await.unwrap().allowed);
+
+    let wrong = format!("redis+cluster://tgapp:nope@{}", seeds.join(","));
+    let err = RedisStore::connect(&wrong).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(!format!("{err:?} {err}").contains("nope"), "{err}");
+}

@@ -14,5 +14,6 @@ mod parity;
 mod redis_time;
 mod round_trip;
 mod script;
+mod sentinel;
 mod support;
 mod tls;
