@@ -15,14 +15,14 @@ use std::{
     hint::black_box,
     net::IpAddr,
     num::NonZeroU32,
+    path::PathBuf,
     pin::pin,
+    process::Command,
     task::{Context, Poll, Waker},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
-use criterion::{
-    BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
-};
+use criterion::{BenchmarkGroup, Criterion, criterion_group, measurement::WallTime};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{
     Algorithm, Dimension, Identity, Limiter, ManualClock, MemoryStore, Policy, Rule, Tollgate,
@@ -243,4 +243,104 @@ criterion_group! {
     config = config();
     targets = gcra_one_rule, sliding_log_three_rules
 }
-criterion_main!(benches);
+/// What `criterion_main!` does, then the ratios the targets are stated in.
+fn main() {
+    let started = SystemTime::now();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    print_ratios(started);
+}
+
+/// The target each tollgate benchmark is held to: its time over governor's in the same group.
+const TARGETS: [(&str, &str, &str, Option<f64>); 7] = [
+    ("gcra_1_rule_admit", "tollgate", "governor", Some(1.5)),
+    (
+        "gcra_1_rule_admit",
+        "tollgate_no_blocklist",
+        "governor",
+        None,
+    ),
+    ("gcra_1_rule_deny", "tollgate", "governor", Some(1.5)),
+    (
+        "gcra_1_rule_deny",
+        "tollgate_no_blocklist",
+        "governor",
+        None,
+    ),
+    (
+        "sliding_log_3_rules_admit",
+        "tollgate",
+        "governor_1_rule",
+        Some(4.0),
+    ),
+    (
+        "sliding_log_3_rules_admit",
+        "tollgate_short_log",
+        "governor_1_rule",
+        None,
+    ),
+    (
+        "sliding_log_3_rules_deny",
+        "tollgate",
+        "governor_1_rule",
+        Some(4.0),
+    ),
+];
+
+/// Prints a table of tollgate's time over governor's, from the estimates criterion wrote in
+/// this run (benchmarks a filter skipped are left out).
+fn print_ratios(started: SystemTime) {
+    let dir = criterion_dir();
+    let estimate = |group: &str, bench: &str| -> Option<f64> {
+        let path = dir
+            .join(group)
+            .join(bench)
+            .join("new")
+            .join("estimates.json");
+        let fresh = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= started);
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).ok()?).ok()?;
+        // The figure criterion prints: the slope of time over iterations, else the mean.
+        let ns = json["slope"]["point_estimate"]
+            .as_f64()
+            .or_else(|| json["mean"]["point_estimate"].as_f64())?;
+        fresh.then_some(ns)
+    };
+    println!("\n| group | tollgate | governor | ratio | target | |\n|---|---|---|---|---|---|");
+    for (group, ours, theirs, target) in TARGETS {
+        let (Some(a), Some(b)) = (estimate(group, ours), estimate(group, theirs)) else {
+            continue;
+        };
+        let ratio = a / b;
+        let (target, verdict) = match target {
+            Some(t) => (format!("<= {t}x"), if ratio <= t { "pass" } else { "MISS" }),
+            None => ("(for comparison)".to_owned(), ""),
+        };
+        println!(
+            "| {group} | {ours} {a:.0} ns | {theirs} {b:.0} ns | {ratio:.1}x | {target} | {verdict} |"
+        );
+    }
+}
+
+/// Where criterion writes its estimates: the same rule criterion follows.
+fn criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return PathBuf::from(home);
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(target).join("criterion");
+    }
+    let metadata = std::env::var_os("CARGO").and_then(|cargo| {
+        let out = Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--no-deps"])
+            .output()
+            .ok()?;
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some(PathBuf::from(json["target_directory"].as_str()?))
+    });
+    metadata.map_or_else(
+        || PathBuf::from("target/criterion"),
+        |t| t.join("criterion"),
+    )
+}

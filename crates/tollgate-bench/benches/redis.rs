@@ -31,9 +31,9 @@ use tollgate_testkit::RedisServer;
 /// Repetitions of every measurement; the table shows medians.
 const ROUNDS: usize = 3;
 /// Checks per throughput run (one limiter).
-const CHECKS: usize = 200_000;
+const CHECKS: usize = 100_000;
 /// Decisions per throughput run (two limiters).
-const DECISIONS: usize = 100_000;
+const DECISIONS: usize = 50_000;
 /// Decisions per latency run (two limiters, one in flight).
 const LATENCY_DECISIONS: usize = 3_000;
 /// Distinct client IPs / user ids the random keys are drawn from.
@@ -291,8 +291,9 @@ impl Bench {
     /// Target 2: two limiters, one EVALSHA vs the seed's two, latency and throughput.
     async fn two_limiters(&self, table: &mut Table) {
         let policy = Arc::new(policy(&[Dimension::Ip, Dimension::UserId]));
-        let (mut lat_seed, mut lat_ours, mut tp_seed, mut tp_ours) =
+        let (mut p50_seed, mut p50_ours, mut mean_seed, mut mean_ours) =
             (vec![], vec![], vec![], vec![]);
+        let (mut tp_seed, mut tp_ours) = (vec![], vec![]);
         for round in 0..rounds() {
             for side in order(round) {
                 self.flush().await;
@@ -306,7 +307,8 @@ impl Bench {
                         "  2 limiters, round {round}: seed way: {lat}; 50 in flight: {run}; \
                          {cpu} per decision"
                     );
-                    lat_seed.push(lat.mean_us);
+                    p50_seed.push(lat.p50_us);
+                    mean_seed.push(lat.mean_us);
                     tp_seed.push(run.per_second);
                 } else {
                     let lat = self.tollgate_latency(&policy).await;
@@ -320,16 +322,26 @@ impl Bench {
                         "  2 limiters, round {round}: tollgate: {lat}; 50 in flight: {run}; \
                          {cpu} per decision"
                     );
-                    lat_ours.push(lat.mean_us);
+                    p50_ours.push(lat.p50_us);
+                    mean_ours.push(lat.mean_us);
                     tp_ours.push(run.per_second);
                 }
             }
         }
+        // The median is the steadier figure on a shared machine: a few descheduled requests
+        // move the mean by tens of percent.
         table.row(
-            "Redis, 2 limiters (IP + user) x 3 rules, 1 in flight: mean latency per decision \
-             vs the seed's way (one script call per limiter)",
-            median(&lat_ours),
-            median(&lat_seed),
+            "Redis, 2 limiters (IP + user) x 3 rules, 1 in flight: median (p50) latency per \
+             decision vs the seed's way (one script call per limiter, in sequence)",
+            median(&p50_ours),
+            median(&p50_seed),
+            Target::AtMost(0.65),
+            " µs",
+        );
+        table.row(
+            "same, mean latency per decision",
+            median(&mean_ours),
+            median(&mean_seed),
             Target::AtMost(0.65),
             " µs",
         );
