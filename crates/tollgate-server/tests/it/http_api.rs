@@ -509,3 +509,50 @@ async fn completed_submissions_replay_their_response() {
         .await;
     error_message(s, &b, 400);
 }
+
+#[tokio::test]
+async fn concurrent_checks_never_over_admit() {
+    let server = std::sync::Arc::new(Server::start(
+        r#"
+[policies.burst]
+limiters = [{ by = "global", rules = ["10/1h", "25/1d"] }]
+
+[[envoy.domains]]
+name = "edge"
+descriptors = [{ key = "k", rules = ["10/1h"] }]
+"#,
+    ));
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let server = server.clone();
+            tokio::spawn(async move { server.check("burst", json!({})).await["allowed"] == true })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 10);
+
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let mut client = server.grpc_client().await;
+                let r = crate::support::should_rate_limit(
+                    &mut client,
+                    "edge",
+                    vec![crate::support::descriptor(&[("k", "v")])],
+                    1,
+                )
+                .await;
+                r.overall_code == 1
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 10);
+}
