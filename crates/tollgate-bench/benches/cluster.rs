@@ -103,7 +103,10 @@ fn plan(n: u32, layout: Layout, bans: bool, rules: &Arc<[Rule]>) -> CheckPlan {
 
 /// Checks per second over `checks` random plans, `IN_FLIGHT` at a time.
 async fn throughput(store: &RedisStore, layout: Layout, bans: bool, checks: usize) -> f64 {
-    let rules: Arc<[Rule]> = RULES.iter().map(|r| r.parse().unwrap()).collect();
+    let rules: Arc<[Rule]> = RULES
+        .iter()
+        .map(|r| r.parse().expect("the bench rules are valid"))
+        .collect();
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = (0..IN_FLIGHT)
@@ -134,10 +137,10 @@ fn median(values: &[f64]) -> f64 {
 async fn flush(urls: &[String]) {
     for url in urls {
         let mut conn = redis::Client::open(url.as_str())
-            .unwrap()
+            .expect("a node URL")
             .get_multiplexed_async_connection()
             .await
-            .unwrap();
+            .expect("connect to a node");
         // A replica refuses writes; its primary's FLUSHALL reaches it anyway.
         let _: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut conn).await;
     }
@@ -156,12 +159,12 @@ fn main() {
             .timeout(timeout)
             .build()
             .await
-            .unwrap();
+            .expect("connect to the bench's redis-server");
         let clustered = RedisStore::builder(&cluster.url())
             .timeout(timeout)
             .build()
             .await
-            .unwrap();
+            .expect("connect to the bench's cluster");
         let checks = scaled(CHECKS);
         println!(
             "tollgate on Redis Cluster (3 primaries + 3 replicas) vs standalone, both started \
@@ -180,13 +183,11 @@ fn main() {
                     flush(&[server.url()]).await;
                     flush(&cluster.urls()).await;
                     match (round + turn) % 3 {
-                        0 => alone.push(
-                            throughput(&standalone, Layout::OneSlot, bans, checks).await,
-                        ),
-                        1 => one
-                            .push(throughput(&clustered, Layout::OneSlot, bans, checks).await),
-                        _ => two
-                            .push(throughput(&clustered, Layout::TwoSlots, bans, checks).await),
+                        0 => {
+                            alone.push(throughput(&standalone, Layout::OneSlot, bans, checks).await)
+                        }
+                        1 => one.push(throughput(&clustered, Layout::OneSlot, bans, checks).await),
+                        _ => two.push(throughput(&clustered, Layout::TwoSlots, bans, checks).await),
                     }
                 }
                 println!(

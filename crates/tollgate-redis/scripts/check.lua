@@ -27,10 +27,12 @@
 --   then, unless blocked, per rule (limiters in order, rules in order):
 --   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
 --   then, if report > 0: recorded (1/0); if recorded: now (the sliding-log score), then per
---   rule two integers: sliding log: retried members of its log (see the ZADD below), 0;
---   fixed window: window start, count written; gcra: tat before (at least now), tat written;
---   then, if report = 2 and every rule admitted, per rule the four integers of its outcome
---   at cost 0
+--   rule two integers: sliding log: retried members of its log (see the ZADD below), µs
+--   until the newest entry before this one leaves (0: none); fixed window: window start,
+--   count written; gcra: tat before (at least now), tat written (enough for the store to
+--   work out each rule's outcome at cost 0 itself);
+--   then, if report = 2, every rule admitted and nothing was recorded (a peek, or cost 0),
+--   per rule the four integers of its outcome at cost 0
 --
 -- Lua numbers are doubles: integers below 2^53 (µs timestamps are ~1.8e15) are exact, but
 -- a / b is not floor division and tostring() keeps only 14 digits, hence divmod() and int().
@@ -181,7 +183,7 @@ local function sliding_log(rule, c)
     if c > 0 then
       reset = window
     end
-    return { 1, limit - count - c, reset, -1 }
+    return { 1, limit - count - c, reset, -1 }, { newest = newest }
   end
   -- The request fits once the (count + c - limit) oldest live entries have left.
   local must_leave = count + c - limit
@@ -325,10 +327,10 @@ end
 
 local banned = -1
 local recorded = false
--- Cluster stores: how each rule stays if another slot denies and this slot's reservation
--- is undone.
+-- Cluster stores: how each rule stays if another slot denies. (When this call records, the
+-- store works that out from the record instead.)
 local zero = {}
-if allowed and report >= 2 then
+if allowed and report >= 2 and not (consume and cost > 0) then
   for i, rule in ipairs(rules) do
     zero[i] = evaluate(rule, 0)
   end
@@ -401,7 +403,7 @@ if recorded and report > 0 then
     local write = writes[i]
     if rule.kind == SLIDING_LOG then
       reply[#reply + 1] = rule.log.retries
-      reply[#reply + 1] = 0
+      reply[#reply + 1] = write.newest
     elseif rule.kind == FIXED_WINDOW then
       reply[#reply + 1] = write.start
       reply[#reply + 1] = write.count

@@ -68,17 +68,20 @@ fn layout(plan: &CheckPlan) -> Result<Layout, StoreError> {
     })
 }
 
-/// The one slot of all of a limiter's keys.
+/// The one slot of all of a limiter's keys: its state keys are its base key plus a suffix, so
+/// a hash tag in the base key is every state key's tag.
 fn limiter_slot(limiter: &PlanLimiter) -> Result<Slot, StoreError> {
-    let slot = Slot::for_key(&limiter.key);
-    if limiter
-        .state_keys()
-        .iter()
-        .any(|k| Slot::for_key(k) != slot)
-    {
+    if !has_hash_tag(&limiter.key) {
         return Err(cross_slot(&limiter.key));
     }
-    Ok(slot)
+    Ok(Slot::for_key(&limiter.key))
+}
+
+/// Whether `key` has a non-empty `{...}` hash tag, which alone then decides its slot.
+fn has_hash_tag(key: &str) -> bool {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .is_some_and(|(tag, _)| !tag.is_empty())
 }
 
 /// The one slot of the ban keys and the ban index, if the plan has bans.
@@ -386,6 +389,15 @@ mod tests {
         assert_eq!(groups.len(), 2);
         let only_bans = CheckPlan::new(1, true, vec![]).with_bans(bans(), ban_index_key("tg"));
         assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot));
+    }
+
+    #[test]
+    fn hash_tags_are_found_as_redis_finds_them() {
+        assert!(has_hash_tag("tg:{a:b}:l"));
+        assert!(has_hash_tag("{a}"));
+        assert!(!has_hash_tag("tg:{}:x"));
+        assert!(!has_hash_tag("tg:{open"));
+        assert!(!has_hash_tag("tg:}x{"));
     }
 
     #[test]

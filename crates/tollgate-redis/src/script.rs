@@ -321,9 +321,43 @@ pub(crate) struct SlotReply {
 pub(crate) struct Record {
     /// The script's now: the score of the sliding-log members it added.
     pub(crate) now: i64,
-    /// Per rule: retried members (sliding log); window start (fixed window); tat before and
-    /// tat written (gcra).
+    /// Per rule: retried members and µs until the newest older entry leaves (sliding log);
+    /// window start and count written (fixed window); tat before and tat written (gcra).
     pub(crate) writes: Vec<(i64, i64)>,
+}
+
+/// Each rule's outcome at cost 0 (the state as it stays once the reservation is undone),
+/// from its outcome at the plan's cost and what the call wrote, as `tollgate::algorithm`
+/// would compute it: the remaining count grows back by the cost; the reset is the newest
+/// older entry's (sliding log), 0 for an empty window (fixed window), or the tat before
+/// (gcra).
+fn zero_from_record(
+    plan: &CheckPlan,
+    outcomes: &[RuleOutcome],
+    record: &Record,
+    bad: &impl Fn(&str) -> StoreError,
+) -> Result<Vec<RuleOutcome>, StoreError> {
+    let cost = plan.cost;
+    let rules = plan.limiters.iter().flat_map(|l| l.rules.iter());
+    rules
+        .zip(outcomes)
+        .zip(&record.writes)
+        .map(|((rule, outcome), &(a, b))| {
+            let us = |v: i64| u64::try_from(v).map_err(|_| bad("a negative value in the record"));
+            let reset_after_us = match rule.algorithm() {
+                Algorithm::SlidingLog => us(b)?,
+                Algorithm::FixedWindow if us(b)? == cost => 0,
+                Algorithm::FixedWindow => outcome.reset_after_us,
+                _ => us(a - record.now)?,
+            };
+            Ok(RuleOutcome {
+                allowed: true,
+                remaining: outcome.remaining + cost,
+                reset_after_us,
+                retry_after_us: None,
+            })
+        })
+        .collect()
 }
 
 /// Reads a check.lua reply made with `report`, for the plan of one slot (no ban keys).
@@ -360,21 +394,25 @@ pub(crate) fn slot_reply(
     } else {
         None
     };
-    let zero = if report == Report::RecordAndZero && verdict.allowed {
-        if tail.len() != 4 * rules {
-            return Err(bad("the outcomes at cost 0 have the wrong length"));
+    if record.is_some() && !(verdict.allowed && plan.consume) {
+        return Err(bad("a record without an admission"));
+    }
+    let zero = match (report, verdict.allowed, &record) {
+        (Report::RecordAndZero, true, Some(record)) => {
+            Some(zero_from_record(plan, &verdict.rules, record, &bad)?)
         }
-        let zero = read_outcomes(tail, &bad)?;
-        tail = &[];
-        Some(zero)
-    } else {
-        None
+        (Report::RecordAndZero, true, None) => {
+            if tail.len() != 4 * rules {
+                return Err(bad("the outcomes at cost 0 have the wrong length"));
+            }
+            let zero = read_outcomes(tail, &bad)?;
+            tail = &[];
+            Some(zero)
+        }
+        _ => None,
     };
     if !tail.is_empty() {
         return Err(bad("trailing integers"));
-    }
-    if record.is_some() && !(verdict.allowed && plan.consume) {
-        return Err(bad("a record without an admission"));
     }
     Ok(SlotReply {
         verdict,
@@ -442,18 +480,24 @@ mod tests {
         let p = plan(&["2/1s", "5/1m"]);
         let head = [1, -1, -1, 1, 1, 1_000_000, -1, 1, 4, 60_000_000, -1];
         let mut reply = head.to_vec();
-        reply.extend([1, 77, 0, 0, 0, 0]);
-        reply.extend([1, 2, 0, -1, 1, 5, 0, -1]);
+        reply.extend([1, 77, 0, 0, 0, 30_000_000]);
         let r = slot_reply(&p, &reply, Report::RecordAndZero).unwrap();
         assert!(r.verdict.allowed);
         assert_eq!(
             r.record,
             Some(Record {
                 now: 77,
-                writes: vec![(0, 0), (0, 0)]
+                writes: vec![(0, 0), (0, 30_000_000)]
             })
         );
-        assert_eq!(r.zero.unwrap()[1].remaining, 5);
+        // At cost 0: one more left, and the reset is the older entries' own.
+        let zero: Vec<(u64, u64)> = r
+            .zero
+            .unwrap()
+            .iter()
+            .map(|o| (o.remaining, o.reset_after_us))
+            .collect();
+        assert_eq!(zero, [(2, 0), (5, 30_000_000)]);
         // Not recorded (a peek): the flag alone, then the outcomes at cost 0.
         let mut peek = p.clone();
         peek.consume = false;
