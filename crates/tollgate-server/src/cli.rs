@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// (SIGHUP still reloads).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
     pub watch_interval: Duration,
+    /// On SIGTERM or Ctrl-C, how long to wait for in-flight requests before exiting anyway.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
+    pub drain_timeout: Duration,
 }
 
 /// `tollgate check-config`.

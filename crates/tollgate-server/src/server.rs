@@ -29,6 +29,9 @@ pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
 /// anything listens.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let (shutdown, hangup) = Signals::register().split();
+    // The bytes the watcher compares against, read before parsing: a change in between is
+    // then seen as a change rather than missed.
+    let loaded = std::fs::read(&args.config).ok();
     let mut config = Config::load(&args.config).map_err(|e| e.to_string())?;
     if let Some(addr) = args.http {
         config.server.http = addr;
@@ -90,6 +93,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     });
     tokio::spawn(reload_loop(
         app.clone(),
+        loaded,
         args.watch_interval,
         hangup,
         stop_rx.clone(),
@@ -105,14 +109,28 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .add_service(envoy::service(app))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            stopped(stop_rx),
+            stopped(stop_rx.clone()),
         );
     tracing::info!(addr = %http_addr, "HTTP API listening");
     tracing::info!(addr = %grpc_addr, "Envoy gRPC listening");
-    let (http, grpc) = tokio::join!(http, grpc);
-    http.map_err(|e| format!("http server failed: {e}"))?;
-    grpc.map_err(|e| format!("grpc server failed: {e}"))?;
-    tracing::info!("stopped");
+    let servers = async { tokio::join!(http, grpc) };
+    let drain_limit = async {
+        stopped(stop_rx.clone()).await;
+        tokio::time::sleep(args.drain_timeout).await;
+    };
+    tokio::select! {
+        (http, grpc) = servers => {
+            http.map_err(|e| format!("http server failed: {e}"))?;
+            grpc.map_err(|e| format!("grpc server failed: {e}"))?;
+            tracing::info!("stopped");
+        }
+        () = drain_limit => {
+            tracing::warn!(
+                "stopped with requests still in flight after --drain-timeout {}",
+                tollgate::format_duration(args.drain_timeout)
+            );
+        }
+    }
     Ok(())
 }
 
@@ -217,12 +235,12 @@ async fn recv_or_pending(signal: Option<&mut tokio::signal::unix::Signal>) {
 /// Reloads on SIGHUP, and when the file's bytes change (checked every `interval`).
 async fn reload_loop(
     app: Arc<App>,
+    mut seen: Option<Vec<u8>>,
     interval: Duration,
     mut hup: Hangup,
     stop: watch::Receiver<bool>,
 ) {
     let path = app.path().to_owned();
-    let mut seen = tokio::fs::read(&path).await.ok();
     let mut tick = (!interval.is_zero()).then(|| {
         let mut t = tokio::time::interval(interval);
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
