@@ -299,11 +299,13 @@ impl fmt::Debug for RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// The bound on every store call: check, reset and ping (default 100 ms).
+    /// The bound on every store call: check, reset, ping, locks and bans (default 100 ms).
     ///
     /// A call that gets no answer in time fails with a timeout error, which the engine answers
     /// with the policy's `on_error`. A check that timed out may still have been recorded by the
-    /// server. Connecting is given at least 1 s.
+    /// server. On a Cluster, a check denied across several slots takes a second round trip to
+    /// undo the other slots' reservations, bounded by the same timeout. Connecting is given at
+    /// least 1 s.
     pub fn timeout(mut self, timeout: Duration) -> RedisStoreBuilder {
         self.timeout = timeout;
         self
