@@ -33,6 +33,8 @@ const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Each node's TLS port, when started with [`RedisClusterBuilder::tls`].
+    tls_ports: Vec<u16>,
     auth: Auth,
 }
 
@@ -42,6 +44,7 @@ pub struct RedisCluster {
 pub struct RedisClusterBuilder {
     node_timeout: Duration,
     extra_args: Vec<String>,
+    tls: Option<[String; 3]>,
 }
 
 impl Default for RedisClusterBuilder {
@@ -49,6 +52,7 @@ impl Default for RedisClusterBuilder {
         RedisClusterBuilder {
             node_timeout: Duration::from_millis(1000),
             extra_args: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -67,6 +71,21 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// Also serve TLS on a port of each node's own (next to the plain one, which the kit keeps
+    /// for itself), with this certificate and key (PEM files), clients not authenticated; the
+    /// nodes speak TLS to each other (`tls-cluster`, `tls-replication`), and answer TLS clients
+    /// with their TLS ports. The certificate must name `127.0.0.1` (the address the nodes
+    /// announce). See [`RedisCluster::tls_url`].
+    pub fn tls(
+        mut self,
+        cert_file: impl Into<String>,
+        key_file: impl Into<String>,
+        ca_file: impl Into<String>,
+    ) -> Self {
+        self.tls = Some([cert_file.into(), key_file.into(), ca_file.into()]);
+        self
+    }
+
     /// Starts six nodes, creates the cluster and waits until every node reports
     /// `cluster_state:ok`, knows all six nodes, and every replica is in sync.
     ///
@@ -76,12 +95,39 @@ impl RedisClusterBuilder {
     /// (the message includes what was last seen).
     pub fn start(self) -> RedisCluster {
         let node_timeout = self.node_timeout.as_millis().max(1).to_string();
+        let mut tls_ports = Vec::new();
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 // The bus port defaults to port + 10000, which may be taken or above 65535.
                 let bus =
                     free_port().unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
+                let mut tls_args: Vec<String> = Vec::new();
+                if let Some([cert, key, ca]) = &self.tls {
+                    let port = free_port()
+                        .unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
+                    tls_ports.push(port);
+                    tls_args.extend(
+                        [
+                            "--tls-port",
+                            &port.to_string(),
+                            "--tls-cert-file",
+                            cert,
+                            "--tls-key-file",
+                            key,
+                            "--tls-ca-cert-file",
+                            ca,
+                            "--tls-auth-clients",
+                            "no",
+                            "--tls-cluster",
+                            "yes",
+                            "--tls-replication",
+                            "yes",
+                        ]
+                        .map(str::to_owned),
+                    );
+                }
                 RedisServer::builder()
+                    .args(&tls_args)
                     .args(["--cluster-enabled", "yes"])
                     .args(["--cluster-config-file", "nodes.conf"])
                     .args(["--cluster-node-timeout", &node_timeout])
@@ -97,6 +143,7 @@ impl RedisClusterBuilder {
             .collect();
         let cluster = RedisCluster {
             nodes,
+            tls_ports,
             auth: Auth::default(),
         };
         let mut cli = Command::new(REDIS_CLI);
@@ -155,6 +202,21 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The TLS store URL naming every node's TLS port by `host`:
+    /// `rediss+cluster://<host>:<tls port>,...`; `None` unless started with
+    /// [`RedisClusterBuilder::tls`].
+    pub fn tls_url(&self, host: &str) -> Option<String> {
+        if self.tls_ports.is_empty() {
+            return None;
+        }
+        let nodes: Vec<String> = self
+            .tls_ports
+            .iter()
+            .map(|p| format!("{host}:{p}"))
+            .collect();
+        Some(format!("rediss+cluster://{}", nodes.join(",")))
     }
 
     /// The nodes, in creation order.

@@ -1,4 +1,5 @@
-//! `rediss://` URLs connect over TLS (rustls) and verify the server against the system roots.
+//! `rediss://` and `rediss+cluster://` URLs connect over TLS (rustls) and verify the servers
+//! against the system roots.
 //!
 //! The test makes its own CA with `openssl` and starts `redis-server` with a TLS port. The
 //! client trusts that CA through `SSL_CERT_FILE`, which only a fresh process can set safely, so
@@ -8,7 +9,7 @@ use std::{net::TcpListener, path::Path, process::Command, time::Duration};
 
 use tollgate::{Algorithm, Store};
 use tollgate_redis::RedisStore;
-use tollgate_testkit::RedisServer;
+use tollgate_testkit::{RedisCluster, RedisServer};
 
 use crate::support::{limiter, plan, rule};
 
@@ -72,7 +73,8 @@ fn certificates() -> std::path::PathBuf {
     );
     std::fs::write(
         dir.join("san.ext"),
-        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
+        // 127.0.0.1: the address cluster nodes announce, which clients then verify.
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
     )
     .unwrap();
     openssl(
@@ -146,7 +148,44 @@ fn rediss_urls_connect_over_tls() {
     let _ = std::fs::remove_dir_all(&certs);
 }
 
-/// Not a test of its own: the trusting client of the test above, run in a child process.
+#[test]
+fn rediss_cluster_urls_connect_over_tls() {
+    let certs = certificates();
+    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
+    let cluster = RedisCluster::builder()
+        .tls(path("server.crt"), path("server.key"), path("ca.crt"))
+        .start();
+    let url = cluster.tls_url("localhost").unwrap();
+
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "tls::tls_worker",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(WORKER_ENV, &url)
+        .env("SSL_CERT_FILE", path("ca.crt"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("tls-worker: allowed over TLS"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Untrusted here: every seed fails the handshake, build fails, it does not hang.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = rt.block_on(RedisStore::builder(&url).build()).unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&certs);
+}
+
+/// Not a test of its own: the trusting client of the tests above, run in a child process.
 #[test]
 fn tls_worker() {
     let Ok(url) = std::env::var(WORKER_ENV) else {
@@ -163,9 +202,13 @@ fn tls_worker() {
             .await
             .unwrap();
         store.ping().await.unwrap();
+        // Two limiters, two hash tags: on a cluster, usually two nodes.
         let p = plan(
             1,
-            &[limiter("tls:{k}", &[rule("1/1m", Algorithm::SlidingLog)])],
+            &[
+                limiter("tls:{k}", &[rule("1/1m", Algorithm::SlidingLog)]),
+                limiter("tls:{other}", &[rule("5/1m", Algorithm::FixedWindow)]),
+            ],
         );
         assert!(store.check(&p).await.unwrap().allowed);
         assert!(!store.check(&p).await.unwrap().allowed);
