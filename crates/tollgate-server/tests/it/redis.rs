@@ -55,3 +55,38 @@ limiters = [{{ by = "ip", rules = ["2/1h"] }}]
         .await;
     assert_eq!(status, 503, "{body}");
 }
+
+#[tokio::test]
+async fn checks_on_a_redis_cluster_stay_all_or_nothing_across_slots() {
+    let cluster = tollgate_testkit::RedisCluster::start();
+    let config = format!(
+        r#"
+[store]
+url = "{}"
+timeout = "500ms"
+
+[policies.a]
+limiters = [
+  {{ by = "ip", rules = ["2/1h"] }},
+  {{ by = "user_id", rules = ["10/1h"] }},
+]
+"#,
+        cluster.url()
+    );
+    let server = Server::start(&config);
+    assert_eq!(server.get("/readyz").await.0, 200);
+    let who = json!({ "ip": "192.0.2.1", "user_id": "u" });
+    for left in [1, 0] {
+        let d = server.check("a", who.clone()).await;
+        assert_eq!(remaining(&d, "ip", "2/1h"), left, "{d}");
+    }
+    let denied = server.check("a", who).await;
+    assert_eq!(denied["allowed"], false, "{denied}");
+    // The user's limiter has a hash tag of its own (a slot of its own, as a rule); the
+    // denial took nothing from it.
+    assert_eq!(remaining(&denied, "user_id", "10/1h"), 8, "{denied}");
+    let other = server
+        .check("a", json!({ "ip": "192.0.2.2", "user_id": "u" }))
+        .await;
+    assert_eq!(remaining(&other, "user_id", "10/1h"), 7, "{other}");
+}
