@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::{
     algorithm::RuleOutcome,
     blocklist::{BanEntry, BanRule, BanTarget},
-    error::{StoreError, StoreErrorKind},
+    error::StoreError,
     key,
     rule::{Algorithm, Rule},
 };
@@ -192,13 +192,6 @@ pub enum LockReply {
     Held(HeldLock),
 }
 
-fn unsupported<T>(what: &str) -> Result<T, StoreError> {
-    Err(StoreError::new(
-        StoreErrorKind::Protocol,
-        format!("this store does not support {what} yet"),
-    ))
-}
-
 /// Where rate-limit state lives. Implemented by [`MemoryStore`](crate::MemoryStore) and by
 /// `tollgate_redis::RedisStore`.
 pub trait Store: Send + Sync + 'static {
@@ -219,20 +212,14 @@ pub trait Store: Send + Sync + 'static {
         token: &str,
         fingerprint: &str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
-        let _ = (key, token, fingerprint, ttl);
-        std::future::ready(unsupported("duplicate guards"))
-    }
+    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send;
 
     /// Deletes the lock if `token` holds it (compare-and-delete); true if deleted.
     fn lock_release(
         &self,
         key: &str,
         token: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (key, token);
-        std::future::ready(unsupported("duplicate guards"))
-    }
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Marks the lock completed with `response`, kept for `keep_for`, if `token` holds it and
     /// it is still in progress; true if done.
@@ -242,16 +229,10 @@ pub trait Store: Send + Sync + 'static {
         token: &str,
         response: &[u8],
         keep_for: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (key, token, response, keep_for);
-        std::future::ready(unsupported("duplicate guards"))
-    }
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Every ban under `prefix` that has not ended.
-    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
-        let _ = prefix;
-        std::future::ready(unsupported("blocklists"))
-    }
+    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send;
 
     /// Bans `target` for `duration` from now (replacing a shorter or longer ban).
     fn ban(
@@ -259,20 +240,14 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
         target: &BanTarget,
         duration: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (prefix, target, duration);
-        std::future::ready(unsupported("blocklists"))
-    }
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Lifts the ban on `target` (and forgets its strikes); true if it was banned.
     fn unban(
         &self,
         prefix: &str,
         target: &BanTarget,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let _ = (prefix, target);
-        std::future::ready(unsupported("blocklists"))
-    }
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 impl<S: Store> Store for Arc<S> {
