@@ -303,26 +303,60 @@ async fn bypassed_identities_are_neither_counted_nor_labelled() {
 /// A store that is always down.
 struct DownStore;
 
+fn refused<T>() -> Result<T, StoreError> {
+    Err(StoreError::new(
+        StoreErrorKind::Unavailable,
+        "connection refused",
+    ))
+}
+
 impl Store for DownStore {
     async fn check(&self, _: &CheckPlan) -> Result<Verdict, StoreError> {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "connection refused",
-        ))
+        refused()
     }
 
     async fn reset(&self, _: &CheckPlan) -> Result<(), StoreError> {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "connection refused",
-        ))
+        refused()
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "connection refused",
-        ))
+        refused()
+    }
+
+    async fn lock_acquire(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: Duration,
+    ) -> Result<tollgate::LockReply, StoreError> {
+        refused()
+    }
+
+    async fn lock_release(&self, _: &str, _: &str) -> Result<bool, StoreError> {
+        refused()
+    }
+
+    async fn lock_complete(
+        &self,
+        _: &str,
+        _: &str,
+        _: &[u8],
+        _: Duration,
+    ) -> Result<bool, StoreError> {
+        refused()
+    }
+
+    async fn bans(&self, _: &str) -> Result<Vec<tollgate::BanEntry>, StoreError> {
+        refused()
+    }
+
+    async fn ban(&self, _: &str, _: &tollgate::BanTarget, _: Duration) -> Result<(), StoreError> {
+        refused()
+    }
+
+    async fn unban(&self, _: &str, _: &tollgate::BanTarget) -> Result<bool, StoreError> {
+        refused()
     }
 }
 
