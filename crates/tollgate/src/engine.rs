@@ -45,6 +45,7 @@ pub struct Tollgate<S> {
     prefix: Arc<str>,
     on_error: OnError,
     blocklist: bool,
+    ban_index: Arc<str>,
     max_stored_response: usize,
     local: OnceLock<MemoryStore>,
 }
@@ -57,6 +58,7 @@ impl<S: Store> Tollgate<S> {
             prefix: "tg".into(),
             on_error: OnError::Allow,
             blocklist: true,
+            ban_index: ban_index_key("tg").into(),
             max_stored_response: 1 << 20,
             local: OnceLock::new(),
         }
@@ -82,6 +84,7 @@ impl<S: Store> Tollgate<S> {
     pub fn with_prefix(mut self, prefix: impl AsRef<str>) -> Tollgate<S> {
         let mut escaped = String::new();
         key::push_part(&mut escaped, prefix.as_ref());
+        self.ban_index = ban_index_key(&escaped).into();
         self.prefix = escaped.into();
         self
     }
@@ -310,7 +313,10 @@ impl<S: Store> Tollgate<S> {
             })
             .collect::<Result<Vec<_>, CheckError>>()?;
         let plan = CheckPlan::new(cost, consume, limiters);
-        if !self.blocklist {
+        // Ban keys cost a key per target to build: skip them when this check can neither meet
+        // a ban (the store knows none can be live) nor write one.
+        let may_ban = consume && policy.limiters.iter().any(|l| l.ban.is_some());
+        if !self.blocklist || !(may_ban || self.store.bans_possible()) {
             return Ok(plan);
         }
         let targets = identity.ip().map(BanTarget::Ip).into_iter().chain(
@@ -324,7 +330,7 @@ impl<S: Store> Tollgate<S> {
                 target,
             })
             .collect();
-        Ok(plan.with_bans(bans, ban_index_key(&self.prefix)))
+        Ok(plan.with_bans(bans, self.ban_index.to_string()))
     }
 
     async fn run_limiters(

@@ -697,6 +697,10 @@ impl Store for MemoryStore {
         std::future::ready(Ok(()))
     }
 
+    fn bans_possible(&self) -> bool {
+        self.inner.clock.now_us() < self.inner.ban_horizon.load(Ordering::Acquire)
+    }
+
     fn lock_acquire(
         &self,
         key: &str,

@@ -204,6 +204,13 @@ pub trait Store: Send + Sync + 'static {
     /// Answers when the store is reachable.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Whether a ban may be live now. `false` lets the engine leave ban keys out of a check
+    /// that cannot write one; only a store that sees every ban (an in-process store) can say
+    /// so. The default, `true`, is always correct.
+    fn bans_possible(&self) -> bool {
+        true
+    }
+
     /// Takes the lock `key` with `token` for `ttl` if it is free (set-if-absent), remembering
     /// the fingerprint; otherwise describes who holds it.
     fn lock_acquire(
@@ -263,6 +270,10 @@ impl<S: Store> Store for Arc<S> {
         (**self).ping()
     }
 
+    fn bans_possible(&self) -> bool {
+        (**self).bans_possible()
+    }
+
     fn lock_acquire(
         &self,
         key: &str,
@@ -320,6 +331,7 @@ trait DynStore: Send + Sync + 'static {
     fn check<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<Verdict, StoreError>>;
     fn reset<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn bans_possible(&self) -> bool;
     fn lock_acquire<'a>(
         &'a self,
         key: &'a str,
@@ -364,6 +376,10 @@ impl<S: Store> DynStore for S {
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(Store::ping(self))
+    }
+
+    fn bans_possible(&self) -> bool {
+        Store::bans_possible(self)
     }
 
     fn lock_acquire<'a>(
@@ -452,6 +468,10 @@ impl Store for AnyStore {
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.0.ping()
+    }
+
+    fn bans_possible(&self) -> bool {
+        self.0.bans_possible()
     }
 
     async fn lock_acquire(
