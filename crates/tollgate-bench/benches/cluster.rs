@@ -14,9 +14,10 @@
 //! one more call, on the `{ban}` slot's primary.
 //!
 //! Each measurement runs `ROUNDS` times (the order rotating), every run on an empty data set;
-//! the table reports medians. The cluster's six processes (three primaries, each with a replica
-//! that receives every write) share the machine with the bench: on a small machine the cluster
-//! does not add capacity, it spends some.
+//! the tables report medians: throughput, and CPU per check (all Redis processes of the
+//! deployment, replicas included, from `INFO cpu`; and this process, the client). The
+//! cluster's six processes share the machine with the bench: on a small machine the cluster
+//! does not add capacity, it spends some; the CPU per check says what it costs on any machine.
 
 use std::{
     fmt::Write as _,
@@ -101,6 +102,68 @@ fn plan(n: u32, layout: Layout, bans: bool, rules: &Arc<[Rule]>) -> CheckPlan {
     plan.with_bans(bans, ban_index_key("tg"))
 }
 
+/// One run: checks per second, and CPU µs per check of the servers and of this process.
+#[derive(Clone, Copy)]
+struct Run {
+    per_second: f64,
+    server_us: f64,
+    client_us: f64,
+}
+
+/// CPU seconds (user + sys) the Redis servers behind `urls` have used so far.
+async fn server_cpu(urls: &[String]) -> f64 {
+    let mut total = 0.0;
+    for url in urls {
+        let mut conn = redis::Client::open(url.as_str())
+            .expect("a node URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to a node");
+        let info: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO cpu");
+        total += info
+            .lines()
+            .filter_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                let cpu = matches!(name, "used_cpu_user" | "used_cpu_sys");
+                cpu.then(|| value.trim().parse::<f64>().ok())?
+            })
+            .sum::<f64>();
+    }
+    total
+}
+
+/// CPU seconds (user + sys) this process has used so far.
+fn client_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command name (which may hold spaces): utime and stime are the 12th and 13th
+    // fields, in clock ticks (100 per second on Linux).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
+}
+
+/// [`throughput`] with the CPU the servers behind `urls` and this process spent on it.
+async fn run(store: &RedisStore, urls: &[String], layout: Layout, bans: bool) -> Run {
+    let checks = scaled(CHECKS);
+    let (server, client) = (server_cpu(urls).await, client_cpu());
+    let per_second = throughput(store, layout, bans, checks).await;
+    let per_check = |seconds: f64| seconds * 1e6 / checks as f64;
+    Run {
+        per_second,
+        server_us: per_check(server_cpu(urls).await - server),
+        client_us: per_check(client_cpu() - client),
+    }
+}
+
 /// Checks per second over `checks` random plans, `IN_FLIGHT` at a time.
 async fn throughput(store: &RedisStore, layout: Layout, bans: bool, checks: usize) -> f64 {
     let rules: Arc<[Rule]> = RULES
@@ -131,6 +194,16 @@ fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The median of each figure over `runs`.
+fn medians(runs: &[Run]) -> Run {
+    let of = |f: fn(&Run) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    Run {
+        per_second: of(|r| r.per_second),
+        server_us: of(|r| r.server_us),
+        client_us: of(|r| r.client_us),
+    }
 }
 
 /// FLUSHALL on every node given (primaries; replicas follow).
@@ -172,43 +245,58 @@ fn main() {
              flight, {} rounds, medians",
             rounds()
         );
+        let alone_urls = [server.url()];
+        let cluster_urls = cluster.urls();
         let mut table = String::from(
             "| plan | standalone (checks/s) | cluster, one slot | ratio | cluster, two slots \
              | ratio |\n|---|---|---|---|---|---|\n",
+        );
+        let mut cpu = String::from(
+            "| plan | CPU µs per check: standalone (server + client) | cluster, one slot \
+             | cluster, two slots |\n|---|---|---|---|\n",
         );
         for bans in [false, true] {
             let (mut alone, mut one, mut two) = (vec![], vec![], vec![]);
             for round in 0..rounds() {
                 for turn in 0..3 {
-                    flush(&[server.url()]).await;
-                    flush(&cluster.urls()).await;
+                    flush(&alone_urls).await;
+                    flush(&cluster_urls).await;
                     match (round + turn) % 3 {
-                        0 => {
-                            alone.push(throughput(&standalone, Layout::OneSlot, bans, checks).await)
-                        }
-                        1 => one.push(throughput(&clustered, Layout::OneSlot, bans, checks).await),
-                        _ => two.push(throughput(&clustered, Layout::TwoSlots, bans, checks).await),
+                        0 => alone.push(run(&standalone, &alone_urls, Layout::OneSlot, bans).await),
+                        1 => one.push(run(&clustered, &cluster_urls, Layout::OneSlot, bans).await),
+                        _ => two.push(run(&clustered, &cluster_urls, Layout::TwoSlots, bans).await),
                     }
                 }
                 println!(
                     "  bans {bans}, round {round}: standalone {:.0}/s, cluster one slot \
                      {:.0}/s, two slots {:.0}/s",
-                    alone[round], one[round], two[round]
+                    alone[round].per_second, one[round].per_second, two[round].per_second
                 );
             }
-            let (alone, one, two) = (median(&alone), median(&one), median(&two));
+            let (alone, one, two) = (medians(&alone), medians(&one), medians(&two));
+            let plan = if bans {
+                "2 limiters x 3 rules, with the identity's 2 ban keys"
+            } else {
+                "2 limiters x 3 rules"
+            };
             let _ = writeln!(
                 table,
-                "| 2 limiters x 3 rules{} | {alone:.0} | {one:.0} | {:.2}x | {two:.0} | {:.2}x |",
-                if bans {
-                    ", with the identity's 2 ban keys"
-                } else {
-                    ""
-                },
-                one / alone,
-                two / alone,
+                "| {plan} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x |",
+                alone.per_second,
+                one.per_second,
+                one.per_second / alone.per_second,
+                two.per_second,
+                two.per_second / alone.per_second,
+            );
+            let both = |r: Run| format!("{:.0} + {:.0}", r.server_us, r.client_us);
+            let _ = writeln!(
+                cpu,
+                "| {plan} | {} | {} | {} |",
+                both(alone),
+                both(one),
+                both(two)
             );
         }
-        println!("\n{table}");
+        println!("\n{table}\n{cpu}");
     });
 }
