@@ -192,6 +192,27 @@ impl<S: Store> Tollgate<S> {
     }
 
     /// Every active ban, with the time left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{BanTarget, Identity, MemoryStore, Reason, Tollgate};
+    /// # use tollgate::{Dimension, Limiter, Policy};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// # let login = Policy::builder("login").limiter(Limiter::new(Dimension::UserId, ["5/1m".parse()?])).build()?;
+    /// let mallory = BanTarget::UserId("mallory".into());
+    /// gate.ban(&mallory, Duration::from_secs(3600)).await?;
+    ///
+    /// let who = Identity::new().with_user_id("mallory");
+    /// assert_eq!(gate.check(&login, &who, 1).await?.reason(), Reason::Blocked);
+    /// assert_eq!(gate.blocklist().await?[0].target, mallory);
+    ///
+    /// assert!(gate.unban(&mallory).await?);
+    /// assert!(gate.check(&login, &who, 1).await?.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn blocklist(&self) -> Result<Vec<BanEntry>, StoreError> {
         self.store.bans(&self.prefix).await
     }
