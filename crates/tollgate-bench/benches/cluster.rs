@@ -42,20 +42,13 @@ const KEYSPACE: u32 = 100_000;
 /// Concurrent checks.
 const IN_FLIGHT: usize = 50;
 
-/// `count` scaled by `TOLLGATE_BENCH_SCALE` (default 1; e.g. 0.1 for a quick look).
+/// Checks to run: `count` scaled by `TOLLGATE_BENCH_SCALE`, at least one per task.
 fn scaled(count: usize) -> usize {
-    let scale = std::env::var("TOLLGATE_BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(1.0);
-    ((count as f64 * scale) as usize).max(IN_FLIGHT)
+    tollgate_bench::scaled(count, IN_FLIGHT)
 }
 
 fn rounds() -> usize {
-    std::env::var("TOLLGATE_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(ROUNDS)
+    tollgate_bench::rounds(ROUNDS)
 }
 
 /// Where the two limiters' keys live.

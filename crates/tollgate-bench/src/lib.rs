@@ -50,6 +50,24 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// `count` scaled by `TOLLGATE_BENCH_SCALE` (default 1; e.g. 0.1 for a quick look), never
+/// below `floor`.
+pub fn scaled(count: usize, floor: usize) -> usize {
+    let scale = std::env::var("TOLLGATE_BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(1.0);
+    ((count as f64 * scale) as usize).max(floor)
+}
+
+/// The number of rounds: `TOLLGATE_BENCH_ROUNDS`, or `default`.
+pub fn rounds(default: usize) -> usize {
+    std::env::var("TOLLGATE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
