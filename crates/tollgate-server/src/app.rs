@@ -70,14 +70,16 @@ impl App {
                     );
                 }
                 let policies = new.policy_names().collect::<Vec<_>>().join(", ");
-                tracing::info!(path = %self.path.display(), policies, "configuration reloaded");
+                // Swap first, log after: whoever reads the log line may rely on the new
+                // configuration being in force.
                 self.config.store(Arc::new(new));
                 self.metrics.reload(true);
+                tracing::info!(path = %self.path.display(), policies, "configuration reloaded");
                 Ok(())
             }
             Err(e) => {
-                tracing::error!(error = %e, "configuration rejected; the previous one stays in force");
                 self.metrics.reload(false);
+                tracing::error!(error = %e, "configuration rejected; the previous one stays in force");
                 Err(e)
             }
         }
