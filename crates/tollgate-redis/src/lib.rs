@@ -27,7 +27,8 @@
 //! URLs (see [`RedisStore::connect`]): `redis://[user:password@]host:port/db` for one server,
 //! `redis+sentinel://host:port[,host:port...]/master_name` for the primary a set of sentinels
 //! names, `redis+cluster://host:port[,host:port...]` for a Cluster; `rediss`, `rediss+sentinel`
-//! and `rediss+cluster` for TLS (rustls, with the system's root certificates). Every call is
+//! and `rediss+cluster` for TLS (rustls, with the system's root certificates or a CA file,
+//! and an optional client certificate: `?tls_ca_file=`, `tls_cert_file=`, `tls_key_file=`). Every call is
 //! bounded by [`RedisStoreBuilder::timeout`] (100 ms by default); a failure is a
 //! [`tollgate::StoreError`] that the engine answers with the policy's `on_error`.
 //!
@@ -46,7 +47,8 @@
 //! - `store`: [`RedisStore`] (the whole [`tollgate::Store`] contract: check, reset, ping,
 //!   duplicate-guard locks, bans) and [`RedisStoreBuilder`] (URL, timeout, test clock,
 //!   connecting to each kind of deployment).
-//! - `url`: which deployment a URL names, its nodes and credentials.
+//! - `url`: which deployment a URL names, its nodes and credentials, its TLS files.
+//! - `tls`: the TLS files read and checked.
 //! - `conn`: one connection type over the three deployments, and script calls (`EVALSHA`,
 //!   `EVAL` with the source when a node lacks the script).
 //! - `cluster`: the multi-slot check: per-slot calls at once, undo, bans beside them.
@@ -78,6 +80,7 @@ mod error;
 mod script;
 mod sentinel;
 mod store;
+mod tls;
 mod url;
 
 pub use store::{RedisStore, RedisStoreBuilder};

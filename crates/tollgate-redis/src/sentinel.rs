@@ -8,7 +8,7 @@ use std::sync::{
 use redis::{
     AsyncConnectionConfig, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value,
     aio::{ConnectionLike, MultiplexedConnection},
-    sentinel::{Sentinel, SentinelNodeConnectionInfo},
+    sentinel::SentinelClient,
 };
 
 /// A handle on the current primary of one Sentinel-managed master; clones share it.
@@ -24,9 +24,7 @@ pub(crate) struct SentinelConnection {
 
 struct Shared {
     /// Asked one caller at a time: a failover is discovered once, not by every waiting call.
-    sentinel: tokio::sync::Mutex<Sentinel>,
-    master_name: String,
-    node: SentinelNodeConnectionInfo,
+    sentinel: tokio::sync::Mutex<SentinelClient>,
     config: AsyncConnectionConfig,
     db: i64,
     current: Mutex<Option<Current>>,
@@ -40,19 +38,16 @@ struct Current {
 }
 
 impl SentinelConnection {
-    /// A handle that will find `master_name` through `sentinel`; nothing is connected yet.
+    /// A handle that will find the primary through `sentinel` (which knows the master name
+    /// and how to reach the data nodes); nothing is connected yet.
     pub(crate) fn new(
-        sentinel: Sentinel,
-        master_name: String,
-        node: SentinelNodeConnectionInfo,
+        sentinel: SentinelClient,
         config: AsyncConnectionConfig,
         db: i64,
     ) -> SentinelConnection {
         SentinelConnection {
             shared: Arc::new(Shared {
                 sentinel: tokio::sync::Mutex::new(sentinel),
-                master_name,
-                node,
                 config,
                 db,
                 current: Mutex::new(None),
@@ -79,9 +74,8 @@ impl SentinelConnection {
         if let Some(current) = self.current().clone() {
             return Ok(current);
         }
-        let client = sentinel
-            .async_master_for(&self.shared.master_name, Some(&self.shared.node))
-            .await?;
+        // Asks the sentinels, then checks with `ROLE` that the server named is a primary.
+        let client = sentinel.async_get_client().await?;
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.shared.config)
             .await?;

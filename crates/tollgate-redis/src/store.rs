@@ -1,12 +1,13 @@
 //! [`RedisStore`]: the [`Store`] over one standalone Redis, and its builder.
 
-use std::{fmt, future::Future, sync::Arc, time::Duration};
+use std::{fmt, future::Future, path::PathBuf, sync::Arc, time::Duration};
 
 use redis::{
-    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, RedisResult, TlsMode, Value,
+    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, RedisResult, TlsCertificates,
+    TlsMode, Value,
     aio::{ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClientBuilder,
-    sentinel::{Sentinel, SentinelNodeConnectionInfo},
+    sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType},
 };
 use tollgate::{
     BanEntry, BanTarget, CheckPlan, Clock, LockReply, Store, StoreError, StoreErrorKind, Verdict,
@@ -19,7 +20,8 @@ use crate::{
     error,
     script::{self, Scripts, micros, now_arg},
     sentinel::SentinelConnection,
-    url::{self, Target},
+    tls,
+    url::{self, SentinelTarget, Target, TlsFiles},
 };
 
 /// The default bound on every store call.
@@ -80,6 +82,13 @@ impl RedisStore {
     ///
     /// and `rediss://`, `rediss+sentinel://`, `rediss+cluster://` for the same over TLS.
     /// Special characters in user names and passwords are percent-encoded.
+    ///
+    /// TLS verifies the servers against the system's root certificates, or against the PEM
+    /// file of `?tls_ca_file=<path>`, which replaces them; `&tls_cert_file=<path>&tls_key_file=<path>`
+    /// present a client certificate to servers that require one (`tls-auth-clients yes`).
+    /// The same files apply to every node and, on Sentinel, to the sentinels too. They can be
+    /// given to the builder instead ([`RedisStoreBuilder::tls_ca_file`],
+    /// [`RedisStoreBuilder::tls_client_cert`]); paths in a URL are percent-encoded.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).build().await
     }
@@ -90,6 +99,7 @@ impl RedisStore {
             url: url.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             clock: None,
+            tls: TlsFiles::default(),
         }
     }
 
@@ -286,6 +296,7 @@ pub struct RedisStoreBuilder {
     url: String,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
+    tls: TlsFiles,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -294,6 +305,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("url", &error::redact(&self.url))
             .field("timeout", &self.timeout)
             .field("test_clock", &self.clock)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -328,18 +340,64 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts the certificates of the PEM file at `path` instead of the system's roots, for
+    /// a `rediss` URL; the same as `?tls_ca_file=<path>` in the URL (give it in one place).
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> RedisStoreBuilder {
+        self.tls.ca = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate (PEM chain) at `cert` with the private key (PEM) at
+    /// `key` to servers that require one, for a `rediss` URL; the same as
+    /// `?tls_cert_file=<cert>&tls_key_file=<key>` in the URL (give them in one place).
+    pub fn tls_client_cert(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> RedisStoreBuilder {
+        self.tls.cert = Some(cert.into());
+        self.tls.key = Some(key.into());
+        self
+    }
+
+    /// The TLS files of the URL and of the builder, read; and the URL without them.
+    fn tls(&self) -> Result<(String, Option<TlsCertificates>), String> {
+        let (url, mut files) = url::take_tls_files(&self.url)?;
+        for (name, from_url, from_builder) in [
+            ("tls_ca_file", &mut files.ca, &self.tls.ca),
+            ("tls_cert_file", &mut files.cert, &self.tls.cert),
+            ("tls_key_file", &mut files.key, &self.tls.key),
+        ] {
+            match (from_url.is_some(), from_builder) {
+                (true, Some(_)) => {
+                    return Err(format!(
+                        "{name} is given both in the URL and to the builder"
+                    ));
+                }
+                (false, Some(path)) => *from_url = Some(path.clone()),
+                _ => {}
+            }
+        }
+        if !files.is_empty() && !url.starts_with("rediss") {
+            return Err("TLS files need TLS: use a rediss URL scheme".to_owned());
+        }
+        Ok((url, tls::certificates(&files)?))
+    }
+
     /// Connects, loads the scripts, and returns the store.
     ///
     /// Fails with an [`Unavailable`](StoreErrorKind::Unavailable) error when the URL is invalid
-    /// or the first connection fails (refused, unreachable, TLS or authentication failure; on
+    /// or a TLS file cannot be used, or the first connection fails (refused, unreachable, TLS
+    /// or authentication failure; on
     /// Sentinel, no sentinel names a reachable primary; on a Cluster, no seed node answers).
     /// After that the store reconnects by itself; calls made while it cannot reach a server
     /// fail within the timeout.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         let target = error::redact(&self.url);
-        let parsed = url::parse(&self.url)
-            .map_err(|why| unavailable(format!("invalid Redis URL {target:?}: {why}")))?;
-        if self.url.starts_with("rediss") {
+        let bad_url = |why: String| unavailable(format!("invalid Redis URL {target:?}: {why}"));
+        let (url, certs) = self.tls().map_err(bad_url)?;
+        let parsed = url::parse(&url).map_err(bad_url)?;
+        if url.starts_with("rediss") {
             install_crypto_provider();
         }
         let connect_timeout = self.timeout.max(MIN_CONNECT_TIMEOUT);
@@ -350,7 +408,11 @@ impl RedisStoreBuilder {
         let scripts = Scripts::new();
         let (conn, cluster) = match parsed {
             Target::Standalone(url) => {
-                let client = Client::open(url.as_str()).map_err(invalid)?;
+                let client = match certs {
+                    Some(certs) => Client::build_with_tls(url.as_str(), certs),
+                    None => Client::open(url.as_str()),
+                }
+                .map_err(invalid)?;
                 // One attempt of our own first: the connection manager retries with backoff,
                 // which would turn "connection refused" into a slow, vague timeout.
                 let probe = async {
@@ -377,7 +439,11 @@ impl RedisStoreBuilder {
                 (Conn::Standalone(conn), false)
             }
             Target::Cluster { nodes } => {
-                let client = ClusterClientBuilder::new(nodes)
+                let mut builder = ClusterClientBuilder::new(nodes);
+                if let Some(certs) = certs {
+                    builder = builder.certs(certs);
+                }
+                let client = builder
                     .connection_timeout(connect_timeout)
                     .response_timeout(self.timeout)
                     // Our own timeout bounds every call; within it, follow redirections and
@@ -391,23 +457,11 @@ impl RedisStoreBuilder {
                 (Conn::Cluster(conn), true)
             }
             Target::Sentinel(t) => {
-                let sentinel = Sentinel::build(t.sentinels).map_err(invalid)?;
-                let redis = t
-                    .node_template
-                    .as_str()
-                    .into_connection_info()
-                    .map_err(invalid)?
-                    .redis_settings()
-                    .clone();
-                let mut node =
-                    SentinelNodeConnectionInfo::default().set_redis_connection_info(redis);
-                if t.tls {
-                    node = node.set_tls_mode(TlsMode::Secure);
-                }
+                let sentinel = sentinel_client(&t, certs).map_err(invalid)?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(self.timeout));
-                let conn = SentinelConnection::new(sentinel, t.master_name, node, config, t.db);
+                let conn = SentinelConnection::new(sentinel, config, t.db);
                 (Conn::Sentinel(conn), false)
             }
         };
@@ -433,6 +487,53 @@ impl RedisStoreBuilder {
             }),
         })
     }
+}
+
+/// A client that asks `t`'s sentinels for the primary: the sentinels' credentials and the
+/// data nodes' are both taken from the URL (redis-rs decodes them), TLS and `certs` apply to
+/// both.
+fn sentinel_client(
+    t: &SentinelTarget,
+    certs: Option<TlsCertificates>,
+) -> RedisResult<SentinelClient> {
+    let sentinels = t
+        .sentinels
+        .iter()
+        .map(|url| url.as_str().into_connection_info())
+        .collect::<RedisResult<Vec<_>>>()?;
+    let node = t.node_template.as_str().into_connection_info()?;
+    let node = node.redis_settings();
+    let mut builder = SentinelClientBuilder::new(
+        sentinels.iter().map(|s| s.addr().clone()),
+        &t.master_name,
+        SentinelServerType::Master,
+    )?
+    .set_client_to_redis_db(t.db);
+    // Every sentinel URL carries the same credentials.
+    if let Some(first) = sentinels.first() {
+        let auth = first.redis_settings();
+        if let Some(user) = auth.username() {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = auth.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+    }
+    if let Some(user) = node.username() {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = node.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if t.tls {
+        builder = builder.set_client_to_redis_tls_mode(TlsMode::Secure);
+        if let Some(certs) = certs {
+            builder = builder
+                .set_client_to_redis_certificates(certs.clone())
+                .set_client_to_sentinel_certificates(certs);
+        }
+    }
+    builder.build()
 }
 
 /// Awaits one step of connecting within `limit`; a failure says "cannot connect".

@@ -1,4 +1,6 @@
-//! Store URLs: which deployment, which nodes, which credentials.
+//! Store URLs: which deployment, which nodes, which credentials, which TLS files.
+
+use std::path::PathBuf;
 
 /// What a store URL names.
 #[derive(Debug, PartialEq, Eq)]
@@ -126,6 +128,94 @@ pub(crate) fn parse(url: &str) -> Result<Target, String> {
     }
 }
 
+/// The TLS files a URL names with `tls_ca_file`, `tls_cert_file` and `tls_key_file`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    /// PEM certificates to trust instead of the system's roots.
+    pub(crate) ca: Option<PathBuf>,
+    /// The client certificate (PEM chain) for servers that require one.
+    pub(crate) cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub(crate) key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+}
+
+/// Takes the TLS file parameters out of `url`'s query: the URL without them, and the files
+/// (percent-decoded paths). Every other parameter stays, in order, for the next reader.
+pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), TlsFiles::default()));
+    };
+    // A fragment (`#insecure`) follows the query.
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let mut files = TlsFiles::default();
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match name {
+            "tls_ca_file" => &mut files.ca,
+            "tls_cert_file" => &mut files.cert,
+            "tls_key_file" => &mut files.key,
+            _ => {
+                kept.push(pair);
+                continue;
+            }
+        };
+        if value.is_empty() {
+            return Err(format!("URL parameter {name:?} needs a file path"));
+        }
+        if slot.is_some() {
+            return Err(format!("URL parameter {name:?} is given twice"));
+        }
+        *slot = Some(PathBuf::from(percent_decode(value)?));
+    }
+    if !files.is_empty() && !url.starts_with("rediss") {
+        return Err(
+            "tls_ca_file, tls_cert_file and tls_key_file need TLS: use a rediss URL scheme"
+                .to_owned(),
+        );
+    }
+    let mut rest = base.to_owned();
+    if !kept.is_empty() {
+        rest.push('?');
+        rest.push_str(&kept.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        rest.push('#');
+        rest.push_str(fragment);
+    }
+    Ok((rest, files))
+}
+
+/// `%XX` escapes decoded; the result must be UTF-8.
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("{text:?}: a bad %-escape at byte {i}"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{text:?} is not UTF-8 once decoded"))
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Cluster,
@@ -204,6 +294,47 @@ mod tests {
         assert!(parse("redis+sentinel://s1:26379").is_err());
         assert!(parse("redis+sentinel://s1:26379/").is_err());
         assert!(parse("redis+sentinel://s1:26379/m/x").is_err());
+    }
+
+    #[test]
+    fn tls_files_leave_the_url_and_keep_other_parameters() {
+        let (rest, files) = take_tls_files(
+            "rediss://:pw@h:6380/0?tls_ca_file=/etc/ca.pem&protocol=resp3\
+             &tls_cert_file=/a%20b/c.pem&tls_key_file=k.pem#insecure",
+        )
+        .unwrap();
+        assert_eq!(rest, "rediss://:pw@h:6380/0?protocol=resp3#insecure");
+        assert_eq!(
+            files,
+            TlsFiles {
+                ca: Some("/etc/ca.pem".into()),
+                cert: Some("/a b/c.pem".into()),
+                key: Some("k.pem".into()),
+            }
+        );
+        let (rest, files) =
+            take_tls_files("rediss+sentinel://s/m?sentinel_password=x&tls_ca_file=ca").unwrap();
+        assert_eq!(rest, "rediss+sentinel://s/m?sentinel_password=x");
+        assert_eq!(files.ca, Some("ca".into()));
+        let (rest, files) = take_tls_files("rediss+cluster://a,b?tls_ca_file=ca").unwrap();
+        assert_eq!(rest, "rediss+cluster://a,b");
+        assert!(files.cert.is_none());
+        assert_eq!(
+            take_tls_files("redis://h").unwrap(),
+            ("redis://h".to_owned(), TlsFiles::default())
+        );
+    }
+
+    #[test]
+    fn tls_files_need_tls_a_path_and_one_mention() {
+        let err = take_tls_files("redis://h?tls_ca_file=ca").unwrap_err();
+        assert!(err.contains("rediss"), "{err}");
+        let err = take_tls_files("rediss://h?tls_ca_file=").unwrap_err();
+        assert!(err.contains("needs a file path"), "{err}");
+        let err = take_tls_files("rediss://h?tls_ca_file=a&tls_ca_file=b").unwrap_err();
+        assert!(err.contains("twice"), "{err}");
+        let err = take_tls_files("rediss://h?tls_ca_file=%zz").unwrap_err();
+        assert!(err.contains("%-escape"), "{err}");
     }
 
     #[test]

@@ -64,9 +64,11 @@ impl App {
                 if new.store.url != old.store.url
                     || new.store.timeout != old.store.timeout
                     || new.store.prefix != old.store.prefix
+                    || new.store.tls_ca_file != old.store.tls_ca_file
+                    || new.store.tls_client_cert != old.store.tls_client_cert
                 {
                     tracing::warn!(
-                        "[store] url, timeout or prefix changed; they apply after a restart"
+                        "[store] url, timeout, prefix or TLS files changed; they apply after a restart"
                     );
                 }
                 let policies = new.policy_names().collect::<Vec<_>>().join(", ");

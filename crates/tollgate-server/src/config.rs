@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, HashSet},
     fmt,
     net::SocketAddr,
-    path::Path,
+    path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
 };
@@ -48,6 +48,10 @@ pub(crate) struct StoreSettings {
     pub(crate) on_error: OnError,
     pub(crate) timeout: Duration,
     pub(crate) prefix: String,
+    /// `tls_ca_file`, resolved against the configuration file's directory.
+    pub(crate) tls_ca_file: Option<PathBuf>,
+    /// `tls_cert_file` and `tls_key_file`, both or neither, resolved likewise.
+    pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 /// One `[policies.<name>]`: the policy and its optional duplicate guard.
@@ -332,6 +336,9 @@ struct RawStore {
     on_error: Option<OnError>,
     timeout: Option<Spanned<DurationText>>,
     prefix: Option<Spanned<String>>,
+    tls_ca_file: Option<Spanned<String>>,
+    tls_cert_file: Option<Spanned<String>>,
+    tls_key_file: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -574,11 +581,57 @@ impl RawStore {
             Some(p) => p.into_inner(),
             None => "tg".to_owned(),
         };
+        let file = |field: &str, raw: Option<Spanned<String>>| -> Result<_, ConfigError> {
+            let Some(raw) = raw else { return Ok(None) };
+            let at =
+                |message: String| errors.at(Some(raw.span()), format!("store.{field}"), message);
+            if !url.starts_with("rediss") {
+                return Err(at(format!(
+                    "TLS files need TLS: store.url must use a rediss scheme, not {:?}",
+                    crate::store::redact(&url)
+                )));
+            }
+            // Relative to the configuration file, wherever the server was started.
+            let path = Path::new(errors.file)
+                .parent()
+                .unwrap_or(Path::new(""))
+                .join(raw.get_ref());
+            if !path.is_file() {
+                return Err(at(format!("no file at {}", path.display())));
+            }
+            Ok(Some(path))
+        };
+        let tls_ca_file = file("tls_ca_file", self.tls_ca_file)?;
+        let cert_span = self.tls_cert_file.as_ref().map(Spanned::span);
+        let key_span = self.tls_key_file.as_ref().map(Spanned::span);
+        let tls_client_cert = match (
+            file("tls_cert_file", self.tls_cert_file)?,
+            file("tls_key_file", self.tls_key_file)?,
+        ) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(errors.at(
+                    cert_span,
+                    "store.tls_key_file",
+                    "a client certificate (tls_cert_file) needs its key: set tls_key_file",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(errors.at(
+                    key_span,
+                    "store.tls_cert_file",
+                    "a client key (tls_key_file) needs its certificate: set tls_cert_file",
+                ));
+            }
+        };
         Ok(StoreSettings {
             url,
             on_error: self.on_error.unwrap_or_default(),
             timeout,
             prefix,
+            tls_ca_file,
+            tls_client_cert,
         })
     }
 }
@@ -738,6 +791,52 @@ mod tests {
             e.starts_with("t.toml:1: policies.a.limiters: a policy needs at least one limiter"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tls_files_are_found_beside_the_config_and_checked() {
+        let dir = std::env::temp_dir().join(format!("tollgate-config-tls-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("certs")).unwrap();
+        for f in ["ca.pem", "client.pem", "client.key"] {
+            std::fs::write(dir.join("certs").join(f), "").unwrap();
+        }
+        let file = dir.join("tollgate.toml").display().to_string();
+        let parse = |store: &str| Config::parse(&file, &format!("[store]\n{store}"));
+
+        let ok = parse(
+            "url = \"rediss://h:6380\"\ntls_ca_file = \"certs/ca.pem\"\n\
+             tls_cert_file = \"certs/client.pem\"\ntls_key_file = \"certs/client.key\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.store.tls_ca_file, Some(dir.join("certs/ca.pem")));
+        assert_eq!(
+            ok.store.tls_client_cert,
+            Some((dir.join("certs/client.pem"), dir.join("certs/client.key")))
+        );
+
+        let e = parse("url = \"rediss://h\"\ntls_ca_file = \"certs/nope.pem\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("{file}:3: store.tls_ca_file: no file at ")),
+            "{e}"
+        );
+        assert!(e.ends_with("certs/nope.pem"), "{e}");
+        let e = parse("url = \"redis://h\"\ntls_ca_file = \"certs/ca.pem\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":3: store.tls_ca_file: TLS files need TLS"),
+            "{e}"
+        );
+        let e = parse("url = \"rediss://h\"\ntls_cert_file = \"certs/client.pem\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":3: store.tls_key_file: a client certificate"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

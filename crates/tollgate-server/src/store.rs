@@ -36,8 +36,14 @@ pub(crate) async fn open(settings: &StoreSettings) -> Result<AnyStore, String> {
     if scheme(&settings.url) == Some("memory") {
         return Ok(AnyStore::new(MemoryStore::new()));
     }
-    let store = RedisStore::builder(&settings.url)
-        .timeout(settings.timeout)
+    let mut builder = RedisStore::builder(&settings.url).timeout(settings.timeout);
+    if let Some(ca) = &settings.tls_ca_file {
+        builder = builder.tls_ca_file(ca);
+    }
+    if let Some((cert, key)) = &settings.tls_client_cert {
+        builder = builder.tls_client_cert(cert, key);
+    }
+    let store = builder
         .build()
         .await
         .map_err(|e| format!("cannot open the store: {e}"))?;

@@ -45,6 +45,7 @@ pub struct RedisClusterBuilder {
     node_timeout: Duration,
     extra_args: Vec<String>,
     tls: Option<[String; 3]>,
+    tls_auth_clients: bool,
 }
 
 impl Default for RedisClusterBuilder {
@@ -53,6 +54,7 @@ impl Default for RedisClusterBuilder {
             node_timeout: Duration::from_millis(1000),
             extra_args: Vec::new(),
             tls: None,
+            tls_auth_clients: false,
         }
     }
 }
@@ -72,7 +74,8 @@ impl RedisClusterBuilder {
     }
 
     /// Also serve TLS on a port of each node's own (next to the plain one, which the kit keeps
-    /// for itself), with this certificate and key (PEM files), clients not authenticated; the
+    /// for itself), with this certificate and key (PEM files), clients not authenticated unless
+    /// [`tls_auth_clients`](Self::tls_auth_clients); the
     /// nodes speak TLS to each other (`tls-cluster`, `tls-replication`), and answer TLS clients
     /// with their TLS ports. The certificate must name `127.0.0.1` (the address the nodes
     /// announce). See [`RedisCluster::tls_url`].
@@ -83,6 +86,14 @@ impl RedisClusterBuilder {
         ca_file: impl Into<String>,
     ) -> Self {
         self.tls = Some([cert_file.into(), key_file.into(), ca_file.into()]);
+        self
+    }
+
+    /// With [`tls`](Self::tls): require TLS clients to present a certificate signed by the CA
+    /// (`tls-auth-clients yes`; default no). The nodes present their own certificate to each
+    /// other, so it must not be restricted to server authentication.
+    pub fn tls_auth_clients(mut self, required: bool) -> Self {
+        self.tls_auth_clients = required;
         self
     }
 
@@ -117,7 +128,7 @@ impl RedisClusterBuilder {
                             "--tls-ca-cert-file",
                             ca,
                             "--tls-auth-clients",
-                            "no",
+                            if self.tls_auth_clients { "yes" } else { "no" },
                             "--tls-cluster",
                             "yes",
                             "--tls-replication",

@@ -1,14 +1,21 @@
-//! `rediss://` and `rediss+cluster://` URLs connect over TLS (rustls) and verify the servers
-//! against the system roots.
+//! `rediss` URLs connect over TLS (rustls) and verify the servers: against the system's roots,
+//! or against the CA file the URL (or the builder) names, presenting a client certificate to
+//! servers that require one; on a standalone server and on a Cluster.
 //!
-//! The test makes its own CA with `openssl` and starts `redis-server` with a TLS port. The
-//! client trusts that CA through `SSL_CERT_FILE`, which only a fresh process can set safely, so
-//! the trusting client runs in a child process (this binary again, [`tls_worker`]).
+//! The tests make their own CAs and certificates with `openssl` and start `redis-server` with
+//! TLS ports. Trusting a CA through the system roots needs `SSL_CERT_FILE`, which only a fresh
+//! process can set safely, so that one client runs in a child process (this binary again,
+//! [`tls_worker`]).
 
-use std::{net::TcpListener, path::Path, process::Command, time::Duration};
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
-use tollgate::{Algorithm, Store};
-use tollgate_redis::RedisStore;
+use tollgate::{Algorithm, CheckPlan, Store};
+use tollgate_redis::{RedisStore, RedisStoreBuilder};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 use crate::support::{limiter, plan, rule};
@@ -21,7 +28,7 @@ fn openssl(dir: &Path, args: &[&str]) {
         .args(args)
         .current_dir(dir)
         .output()
-        .expect("the TLS test needs the openssl command (Debian: apt-get install -y openssl)");
+        .expect("the TLS tests need the openssl command (Debian: apt-get install -y openssl)");
     assert!(
         status.status.success(),
         "openssl {args:?}: {}",
@@ -29,96 +36,208 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
-/// A CA and a server certificate for `localhost`, in a fresh directory.
-fn certificates() -> std::path::PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let dir =
-        std::env::temp_dir().join(format!("tollgate-redis-tls-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tollgate test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        // 127.0.0.1: the address cluster nodes announce, which clients then verify.
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
-    dir
+/// A directory of PEM files, removed on drop: `ca.crt` (the CA), `server.crt`/`.key` (for
+/// `localhost` and `127.0.0.1`, signed by it), `client.crt`/`.key` (a client certificate
+/// signed by it), and `other-ca.crt` (a CA that signed nothing here).
+pub(crate) struct Certs(PathBuf);
+
+impl Certs {
+    pub(crate) fn new() -> Certs {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-redis-tls-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, subject) in [("ca", "tollgate test CA"), ("other-ca", "another CA")] {
+            openssl(
+                &dir,
+                &[
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    &format!("/CN={subject}"),
+                    "-keyout",
+                    &format!("{name}.key"),
+                    "-out",
+                    &format!("{name}.crt"),
+                ],
+            );
+        }
+        // 127.0.0.1: the address cluster nodes announce and sentinels name, which clients
+        // then verify. No extendedKeyUsage: the servers also present it as clients to each
+        // other.
+        Certs::sign(
+            &dir,
+            "server",
+            "localhost",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        );
+        Certs::sign(
+            &dir,
+            "client",
+            "tollgate test client",
+            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+        );
+        Certs(dir)
+    }
+
+    fn sign(dir: &Path, name: &str, subject: &str, extensions: &str) {
+        let (key, csr, crt, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                &format!("/CN={subject}"),
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ],
+        );
+        std::fs::write(dir.join(&ext), extensions).unwrap();
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &crt,
+            ],
+        );
+    }
+
+    /// The path of one of the files.
+    pub(crate) fn path(&self, file: &str) -> String {
+        self.0.join(file).to_string_lossy().into_owned()
+    }
+
+    /// `tls_ca_file=...&tls_cert_file=...&tls_key_file=...` for this CA and client.
+    pub(crate) fn query(&self) -> String {
+        format!(
+            "tls_ca_file={}&tls_cert_file={}&tls_key_file={}",
+            encode(&self.path("ca.crt")),
+            encode(&self.path("client.crt")),
+            encode(&self.path("client.key"))
+        )
+    }
 }
 
-#[test]
-fn rediss_urls_connect_over_tls() {
-    let certs = certificates();
-    let tls_port = TcpListener::bind("127.0.0.1:0")
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A path as a URL parameter value: bytes outside the unreserved set, `/` aside, escaped.
+fn encode(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A plan of two limiters under two hash tags (on a Cluster, usually two nodes).
+fn two_limiters(tag: &str) -> CheckPlan {
+    plan(
+        1,
+        &[
+            limiter(
+                &format!("tls:{{{tag}}}"),
+                &[rule("1/1m", Algorithm::SlidingLog)],
+            ),
+            limiter(
+                &format!("tls:{{{tag}-other}}"),
+                &[rule("5/1m", Algorithm::FixedWindow)],
+            ),
+        ],
+    )
+}
+
+/// Builds the store, then proves a whole check over the connection: admitted once, then
+/// denied by the 1/1m rule.
+async fn checks_over_tls(builder: RedisStoreBuilder, tag: &str) {
+    let store = builder
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    store.ping().await.unwrap();
+    let p = two_limiters(tag);
+    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(!store.check(&p).await.unwrap().allowed);
+}
+
+/// The error `builder` fails with.
+async fn build_error(builder: RedisStoreBuilder) -> tollgate::StoreError {
+    builder
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect_err("the store must not connect")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
-    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
+        .port()
+}
+
+/// A server with a TLS port that requires (or not) a client certificate signed by the CA.
+fn tls_server(certs: &Certs, auth_clients: bool) -> (RedisServer, u16) {
+    let tls_port = free_port();
     let server = RedisServer::builder()
         .args(["--tls-port", &tls_port.to_string()])
-        .args(["--tls-cert-file", &path("server.crt")])
-        .args(["--tls-key-file", &path("server.key")])
-        .args(["--tls-ca-cert-file", &path("ca.crt")])
-        .args(["--tls-auth-clients", "no"])
+        .args(["--tls-cert-file", &certs.path("server.crt")])
+        .args(["--tls-key-file", &certs.path("server.key")])
+        .args(["--tls-ca-cert-file", &certs.path("ca.crt")])
+        .args([
+            "--tls-auth-clients",
+            if auth_clients { "yes" } else { "no" },
+        ])
         .start();
+    (server, tls_port)
+}
+
+#[test]
+fn rediss_urls_trust_the_system_roots() {
+    let certs = Certs::new();
+    let (server, tls_port) = tls_server(&certs, false);
     let url = format!("rediss://localhost:{tls_port}/0");
 
-    // Trusting our CA, a child process checks over TLS.
+    // Trusting our CA as a system root, a child process checks over TLS.
     let output = Command::new(std::env::current_exe().unwrap())
         .args([
             "tls::tls_worker",
@@ -127,7 +246,7 @@ fn rediss_urls_connect_over_tls() {
             "--test-threads=1",
         ])
         .env(WORKER_ENV, &url)
-        .env("SSL_CERT_FILE", path("ca.crt"))
+        .env("SSL_CERT_FILE", certs.path("ca.crt"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -145,47 +264,9 @@ fn rediss_urls_connect_over_tls() {
     let err = rt.block_on(RedisStore::builder(&url).build()).unwrap_err();
     assert!(err.is_unavailable(), "{err}");
     drop(server);
-    let _ = std::fs::remove_dir_all(&certs);
 }
 
-#[test]
-fn rediss_cluster_urls_connect_over_tls() {
-    let certs = certificates();
-    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
-    let cluster = RedisCluster::builder()
-        .tls(path("server.crt"), path("server.key"), path("ca.crt"))
-        .start();
-    let url = cluster.tls_url("localhost").unwrap();
-
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "tls::tls_worker",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(WORKER_ENV, &url)
-        .env("SSL_CERT_FILE", path("ca.crt"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("tls-worker: allowed over TLS"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    // Untrusted here: every seed fails the handshake, build fails, it does not hang.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let err = rt.block_on(RedisStore::builder(&url).build()).unwrap_err();
-    assert!(err.is_unavailable(), "{err}");
-    drop(cluster);
-    let _ = std::fs::remove_dir_all(&certs);
-}
-
-/// Not a test of its own: the trusting client of the tests above, run in a child process.
+/// Not a test of its own: the trusting client of the test above, run in a child process.
 #[test]
 fn tls_worker() {
     let Ok(url) = std::env::var(WORKER_ENV) else {
@@ -195,23 +276,102 @@ fn tls_worker() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let store = RedisStore::builder(&url)
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap();
-        store.ping().await.unwrap();
-        // Two limiters, two hash tags: on a cluster, usually two nodes.
-        let p = plan(
-            1,
-            &[
-                limiter("tls:{k}", &[rule("1/1m", Algorithm::SlidingLog)]),
-                limiter("tls:{other}", &[rule("5/1m", Algorithm::FixedWindow)]),
-            ],
-        );
-        assert!(store.check(&p).await.unwrap().allowed);
-        assert!(!store.check(&p).await.unwrap().allowed);
-        println!("tls-worker: allowed over TLS");
-    });
+    rt.block_on(checks_over_tls(RedisStore::builder(&url), "system-roots"));
+    println!("tls-worker: allowed over TLS");
+}
+
+#[tokio::test]
+async fn a_ca_file_and_a_client_certificate_come_from_the_url_or_the_builder() {
+    let certs = Certs::new();
+    let (_server, port) = tls_server(&certs, true);
+    let base = format!("rediss://localhost:{port}/0");
+
+    // Everything in the URL.
+    let url = format!("{base}?{}", certs.query());
+    checks_over_tls(RedisStore::builder(&url), "url").await;
+    // Everything given to the builder.
+    let builder = RedisStore::builder(&base)
+        .tls_ca_file(certs.path("ca.crt"))
+        .tls_client_cert(certs.path("client.crt"), certs.path("client.key"));
+    checks_over_tls(builder, "builder").await;
+
+    // The server requires a client certificate: trusting it is not enough.
+    let ca_only = format!("{base}?tls_ca_file={}", encode(&certs.path("ca.crt")));
+    let err = build_error(RedisStore::builder(&ca_only)).await;
+    assert!(err.is_unavailable(), "{err}");
+    // A CA that did not sign the server's certificate replaces the system roots: untrusted.
+    let wrong_ca = RedisStore::builder(&base)
+        .tls_ca_file(certs.path("other-ca.crt"))
+        .tls_client_cert(certs.path("client.crt"), certs.path("client.key"));
+    let err = build_error(wrong_ca).await;
+    assert!(err.is_unavailable(), "{err}");
+    let chain = format!("{err:?}");
+    assert!(
+        chain.contains("UnknownIssuer") || chain.contains("certificate"),
+        "{chain}"
+    );
+}
+
+#[tokio::test]
+async fn unusable_tls_settings_are_clear_errors_before_any_connection() {
+    let certs = Certs::new();
+    // No server at all: each of these fails on the settings, not on a connection.
+    let base = "rediss://localhost:1/0";
+
+    let both =
+        RedisStore::builder(&format!("{base}?{}", certs.query())).tls_ca_file(certs.path("ca.crt"));
+    let err = build_error(both).await.to_string();
+    assert!(
+        err.contains("tls_ca_file is given both in the URL and to the builder"),
+        "{err}"
+    );
+
+    let missing = RedisStore::builder(base).tls_ca_file("/nonexistent/ca.pem");
+    let err = build_error(missing).await.to_string();
+    assert!(
+        err.contains("cannot read the TLS certificate file /nonexistent/ca.pem"),
+        "{err}"
+    );
+
+    // A key where a certificate belongs.
+    let swapped = RedisStore::builder(base)
+        .tls_client_cert(certs.path("client.key"), certs.path("client.crt"));
+    let err = build_error(swapped).await.to_string();
+    assert!(err.contains("no PEM certificate"), "{err}");
+    assert!(err.contains("client.key"), "{err}");
+
+    let plain = format!("redis://localhost:1/0?tls_ca_file={}", certs.path("ca.crt"));
+    let err = build_error(RedisStore::builder(&plain)).await.to_string();
+    assert!(err.contains("use a rediss URL scheme"), "{err}");
+    let plain =
+        RedisStore::builder("redis+cluster://localhost:1").tls_ca_file(certs.path("ca.crt"));
+    let err = build_error(plain).await.to_string();
+    assert!(err.contains("use a rediss URL scheme"), "{err}");
+}
+
+#[tokio::test]
+async fn a_tls_cluster_takes_the_ca_file_and_client_certificate_from_the_url() {
+    let certs = Certs::new();
+    let cluster = RedisCluster::builder()
+        .tls(
+            certs.path("server.crt"),
+            certs.path("server.key"),
+            certs.path("ca.crt"),
+        )
+        .tls_auth_clients(true)
+        .start();
+    let base = cluster.tls_url("localhost").unwrap();
+
+    checks_over_tls(
+        RedisStore::builder(&format!("{base}?{}", certs.query())),
+        "cluster",
+    )
+    .await;
+    // Without the client certificate every seed refuses the handshake: build fails, no hang.
+    let ca_only = RedisStore::builder(&base).tls_ca_file(certs.path("ca.crt"));
+    let err = build_error(ca_only).await;
+    assert!(err.is_unavailable(), "{err}");
+    // Without the CA, nothing is trusted.
+    let err = build_error(RedisStore::builder(&base)).await;
+    assert!(err.is_unavailable(), "{err}");
 }
