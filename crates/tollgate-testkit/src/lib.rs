@@ -21,8 +21,9 @@
 //! - `cluster`: [`RedisCluster`] and [`RedisClusterBuilder`], a local Redis Cluster (three
 //!   primaries, three replicas, `redis-cli --cluster create`) with slot look-ups, killing a
 //!   slot's primary and waiting for the failover.
-//! - `sentinel`: [`RedisSentinelSet`], a primary, its replica and three sentinels (quorum 2),
-//!   with killing the primary and waiting for the sentinels to promote the replica.
+//! - `sentinel`: [`RedisSentinelSet`] and [`RedisSentinelSetBuilder`], a primary, its replica
+//!   and three sentinels (quorum 2), optionally with TLS everywhere and a password on the
+//!   sentinels, with killing the primary and waiting for the sentinels to promote the replica.
 //! - [`guards`]: conformance scenarios for the duplicate guard, blocklist and bypass, and
 //!   [`guard_suite!`].
 //! - [`conformance`]: the store conformance suite, scenarios every [`tollgate::Store`] must
@@ -35,5 +36,5 @@ mod sentinel;
 mod server;
 
 pub use cluster::{RedisCluster, RedisClusterBuilder};
-pub use sentinel::RedisSentinelSet;
+pub use sentinel::{RedisSentinelSet, RedisSentinelSetBuilder};
 pub use server::{RedisServer, RedisServerBuilder};

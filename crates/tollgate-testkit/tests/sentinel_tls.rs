@@ -1,0 +1,229 @@
+//! A Sentinel set with TLS on every process, client certificates required and a password on
+//! the sentinels: the sentinels hand out TLS ports only, refuse clients without the password,
+//! and name the promoted replica's TLS port after a failover.
+//!
+//! The test makes its own CA and server certificate with `openssl` and asks the sentinels
+//! over TLS with `redis-cli`, as a client following them would.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tollgate_testkit::RedisSentinelSet;
+
+/// Has a space and a quote, so the sentinels' config must quote it.
+const PASSWORD: &str = "sentinel \"pw\" 1";
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the TLS test needs the openssl command (Debian: apt-get install -y openssl)");
+    assert!(
+        status.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+/// A CA and a server certificate for `localhost` and `127.0.0.1`, in a fresh directory.
+fn certificates() -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970")
+        .subsec_nanos();
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-testkit-tls-{}-{nanos}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory for the certificates");
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=tollgate test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ],
+    );
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(
+        dir.join("san.ext"),
+        // 127.0.0.1: the address the sentinels hand out, which clients then verify.
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("san.ext written");
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
+    dir
+}
+
+/// `redis-cli` over TLS to `port`, presenting the server certificate as client certificate
+/// when `cert`, sending [`PASSWORD`] when `password`; returns stdout and stderr.
+fn cli(certs: &Path, port: u16, cert: bool, password: bool, args: &[&str]) -> String {
+    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(["--tls", "--cacert", &path("ca.crt")]);
+    if cert {
+        cmd.args(["--cert", &path("server.crt"), "--key", &path("server.key")]);
+    }
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if password {
+        cmd.args(["--no-auth-warning", "-a", PASSWORD]);
+    }
+    let out = cmd.args(args).output().expect(
+        "the test needs redis-cli (Debian: apt-get install -y redis-tools, which comes with \
+         redis-server)",
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The `port` values of a `redis-cli` listing of field/value lines.
+fn ports(listing: &str) -> Vec<u16> {
+    let lines: Vec<&str> = listing.lines().collect();
+    lines
+        .windows(2)
+        .filter(|kv| kv[0] == "port")
+        .map(|kv| kv[1].parse().expect("a port number"))
+        .collect()
+}
+
+/// Whether a plain (non-TLS) client gets `+PONG` from `port`.
+fn answers_plain_ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("a read timeout");
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 5];
+    stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG"
+}
+
+#[test]
+fn tls_sentinels_hand_out_tls_ports_and_require_their_password() {
+    let certs = certificates();
+    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
+    let started = Instant::now();
+    let mut set = RedisSentinelSet::builder()
+        .tls(path("server.crt"), path("server.key"), path("ca.crt"))
+        .tls_auth_clients(true)
+        .sentinel_password(PASSWORD)
+        .start();
+    println!("started in {:?}", started.elapsed());
+
+    let tls = set.tls_ports().to_vec();
+    let sentinels = set.sentinel_tls_ports();
+    assert_eq!((tls.len(), sentinels.len()), (2, 3));
+    let names: Vec<String> = sentinels.iter().map(|p| format!("localhost:{p}")).collect();
+    assert_eq!(
+        set.tls_url("localhost").unwrap(),
+        format!("rediss+sentinel://{}/tollgate", names.join(","))
+    );
+    assert!(set.url().starts_with("redis+sentinel://127.0.0.1:"));
+    assert_eq!(set.primary_port(), set.servers()[0].port());
+    assert_eq!(set.primary_tls_port(), Some(tls[0]));
+
+    // Everything a sentinel hands out is a TLS port.
+    let ask = |args: &[&str]| cli(&certs, sentinels[0], true, true, args);
+    assert_eq!(
+        ask(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "tollgate"]),
+        format!("127.0.0.1\n{}\n", tls[0])
+    );
+    assert_eq!(ports(&ask(&["SENTINEL", "REPLICAS", "tollgate"])), [tls[1]]);
+    let mut others = ports(&ask(&["SENTINEL", "SENTINELS", "tollgate"]));
+    others.sort_unstable();
+    let mut expected = sentinels[1..].to_vec();
+    expected.sort_unstable();
+    assert_eq!(others, expected);
+    // ... and a plain client gets nothing there.
+    assert!(!answers_plain_ping(tls[0]));
+    assert_eq!(
+        cli(&certs, tls[0], true, false, &["PING"]),
+        "PONG\n",
+        "a TLS client with a certificate is served"
+    );
+
+    // Without the password, or without a client certificate, the sentinel refuses.
+    let refused = cli(&certs, sentinels[0], true, false, &["PING"]);
+    assert!(refused.contains("NOAUTH"), "{refused}");
+    let refused = cli(&certs, sentinels[0], false, true, &["PING"]);
+    assert!(
+        refused.to_lowercase().contains("error") && !refused.contains("PONG"),
+        "{refused}"
+    );
+
+    // After a failover the sentinels name the other server's TLS port.
+    let killed = set.kill_primary();
+    assert_eq!(killed, set.servers()[0].port());
+    let took = set.wait_for_failover(Duration::from_secs(30));
+    println!("failed over in {took:?}");
+    for &sentinel in &sentinels {
+        assert_eq!(
+            cli(
+                &certs,
+                sentinel,
+                true,
+                true,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "tollgate"]
+            ),
+            format!("127.0.0.1\n{}\n", tls[1])
+        );
+    }
+    assert_eq!(set.primary_port(), set.servers()[1].port());
+    assert_eq!(cli(&certs, tls[1], true, false, &["SET", "k", "v"]), "OK\n");
+
+    drop(set);
+    let _ = std::fs::remove_dir_all(&certs);
+}
