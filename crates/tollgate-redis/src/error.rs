@@ -48,9 +48,9 @@ pub(crate) fn timed_out(what: &str, target: &str, timeout: Duration) -> StoreErr
     )
 }
 
-/// `url` with its passwords (user info, `sentinel_password=`) replaced by `***`, for messages
-/// and `Debug`.
-pub(crate) fn redact(url: &str) -> String {
+/// `url` with its passwords (user info, `sentinel_password=`) replaced by `***`, for messages,
+/// logs and `Debug`.
+pub fn redact(url: &str) -> String {
     match url.split_once("sentinel_password=") {
         Some((before, after)) => {
             let rest = after.find('&').map_or("", |at| &after[at..]);

@@ -83,4 +83,5 @@ mod store;
 mod tls;
 mod url;
 
+pub use error::redact as redact_url;
 pub use store::{RedisStore, RedisStoreBuilder};

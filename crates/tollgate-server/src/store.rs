@@ -50,18 +50,10 @@ pub(crate) async fn open(settings: &StoreSettings) -> Result<AnyStore, String> {
     Ok(AnyStore::new(store))
 }
 
-/// The URL without its password, for logs and `check-config`.
+/// The URL without its passwords (user info and `sentinel_password=`), for logs and
+/// `check-config`.
 pub(crate) fn redact(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((userinfo, host)) => {
-                let user = userinfo.split(':').next().unwrap_or("");
-                format!("{scheme}://{user}:***@{host}")
-            }
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
+    tollgate_redis::redact_url(url)
 }
 
 #[cfg(test)]
@@ -91,6 +83,10 @@ mod tests {
         assert_eq!(
             redact("rediss+cluster://app:p%40ss@a:7000,b:7001/"),
             "rediss+cluster://app:***@a:7000,b:7001/"
+        );
+        assert_eq!(
+            redact("redis+sentinel://s1/m?sentinel_password=spw&tls_ca_file=ca.pem"),
+            "redis+sentinel://s1/m?sentinel_password=***&tls_ca_file=ca.pem"
         );
     }
 }

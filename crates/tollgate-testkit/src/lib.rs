@@ -24,17 +24,21 @@
 //! - `sentinel`: [`RedisSentinelSet`] and [`RedisSentinelSetBuilder`], a primary, its replica
 //!   and three sentinels (quorum 2), optionally with TLS everywhere and a password on the
 //!   sentinels, with killing the primary and waiting for the sentinels to promote the replica.
+//! - `certs`: [`TestCerts`], a CA, server and client certificates made with `openssl` for
+//!   TLS tests.
 //! - [`guards`]: conformance scenarios for the duplicate guard, blocklist and bypass, and
 //!   [`guard_suite!`].
 //! - [`conformance`]: the store conformance suite, scenarios every [`tollgate::Store`] must
 //!   pass with the same numbers, and [`conformance_suite!`] that turns them into one test each.
 
+mod certs;
 mod cluster;
 pub mod conformance;
 pub mod guards;
 mod sentinel;
 mod server;
 
+pub use certs::TestCerts;
 pub use cluster::{RedisCluster, RedisClusterBuilder};
 pub use sentinel::{RedisSentinelSet, RedisSentinelSetBuilder};
 pub use server::{RedisServer, RedisServerBuilder};

@@ -2,170 +2,21 @@
 //! or against the CA file the URL (or the builder) names, presenting a client certificate to
 //! servers that require one; on a standalone server and on a Cluster.
 //!
-//! The tests make their own CAs and certificates with `openssl` and start `redis-server` with
+//! The tests make their own CAs and certificates ([`TestCerts`]) and start `redis-server` with
 //! TLS ports. Trusting a CA through the system roots needs `SSL_CERT_FILE`, which only a fresh
 //! process can set safely, so that one client runs in a child process (this binary again,
 //! [`tls_worker`]).
 
-use std::{
-    net::TcpListener,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{net::TcpListener, process::Command, time::Duration};
 
 use tollgate::{Algorithm, CheckPlan, Store};
 use tollgate_redis::{RedisStore, RedisStoreBuilder};
-use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate_testkit::{RedisCluster, RedisServer, TestCerts};
 
 use crate::support::{limiter, plan, rule};
 
 /// Set in the child process: the `rediss://` URL it checks against.
 const WORKER_ENV: &str = "TOLLGATE_REDIS_TEST_TLS_URL";
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the TLS tests need the openssl command (Debian: apt-get install -y openssl)");
-    assert!(
-        status.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-}
-
-/// A directory of PEM files, removed on drop: `ca.crt` (the CA), `server.crt`/`.key` (for
-/// `localhost` and `127.0.0.1`, signed by it), `client.crt`/`.key` (a client certificate
-/// signed by it), and `other-ca.crt` (a CA that signed nothing here).
-pub(crate) struct Certs(PathBuf);
-
-impl Certs {
-    pub(crate) fn new() -> Certs {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-redis-tls-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for (name, subject) in [("ca", "tollgate test CA"), ("other-ca", "another CA")] {
-            openssl(
-                &dir,
-                &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-days",
-                    "2",
-                    "-subj",
-                    &format!("/CN={subject}"),
-                    "-keyout",
-                    &format!("{name}.key"),
-                    "-out",
-                    &format!("{name}.crt"),
-                ],
-            );
-        }
-        // 127.0.0.1: the address cluster nodes announce and sentinels name, which clients
-        // then verify. No extendedKeyUsage: the servers also present it as clients to each
-        // other.
-        Certs::sign(
-            &dir,
-            "server",
-            "localhost",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-        );
-        Certs::sign(
-            &dir,
-            "client",
-            "tollgate test client",
-            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
-        );
-        Certs(dir)
-    }
-
-    fn sign(dir: &Path, name: &str, subject: &str, extensions: &str) {
-        let (key, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        openssl(
-            dir,
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                &format!("/CN={subject}"),
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-            ],
-        );
-        std::fs::write(dir.join(&ext), extensions).unwrap();
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &ext,
-                "-out",
-                &crt,
-            ],
-        );
-    }
-
-    /// The path of one of the files.
-    pub(crate) fn path(&self, file: &str) -> String {
-        self.0.join(file).to_string_lossy().into_owned()
-    }
-
-    /// `tls_ca_file=...&tls_cert_file=...&tls_key_file=...` for this CA and client.
-    pub(crate) fn query(&self) -> String {
-        format!(
-            "tls_ca_file={}&tls_cert_file={}&tls_key_file={}",
-            encode(&self.path("ca.crt")),
-            encode(&self.path("client.crt")),
-            encode(&self.path("client.key"))
-        )
-    }
-}
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A path as a URL parameter value: bytes outside the unreserved set, `/` aside, escaped.
-fn encode(path: &str) -> String {
-    path.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
 
 /// A plan of two limiters under two hash tags (on a Cluster, usually two nodes).
 fn two_limiters(tag: &str) -> CheckPlan {
@@ -216,7 +67,7 @@ fn free_port() -> u16 {
 }
 
 /// A server with a TLS port that requires (or not) a client certificate signed by the CA.
-fn tls_server(certs: &Certs, auth_clients: bool) -> (RedisServer, u16) {
+fn tls_server(certs: &TestCerts, auth_clients: bool) -> (RedisServer, u16) {
     let tls_port = free_port();
     let server = RedisServer::builder()
         .args(["--tls-port", &tls_port.to_string()])
@@ -233,7 +84,7 @@ fn tls_server(certs: &Certs, auth_clients: bool) -> (RedisServer, u16) {
 
 #[test]
 fn rediss_urls_trust_the_system_roots() {
-    let certs = Certs::new();
+    let certs = TestCerts::new();
     let (server, tls_port) = tls_server(&certs, false);
     let url = format!("rediss://localhost:{tls_port}/0");
 
@@ -282,12 +133,12 @@ fn tls_worker() {
 
 #[tokio::test]
 async fn a_ca_file_and_a_client_certificate_come_from_the_url_or_the_builder() {
-    let certs = Certs::new();
+    let certs = TestCerts::new();
     let (_server, port) = tls_server(&certs, true);
     let base = format!("rediss://localhost:{port}/0");
 
     // Everything in the URL.
-    let url = format!("{base}?{}", certs.query());
+    let url = format!("{base}?{}", certs.client_query());
     checks_over_tls(RedisStore::builder(&url), "url").await;
     // Everything given to the builder.
     let builder = RedisStore::builder(&base)
@@ -296,7 +147,7 @@ async fn a_ca_file_and_a_client_certificate_come_from_the_url_or_the_builder() {
     checks_over_tls(builder, "builder").await;
 
     // The server requires a client certificate: trusting it is not enough.
-    let ca_only = format!("{base}?tls_ca_file={}", encode(&certs.path("ca.crt")));
+    let ca_only = format!("{base}?{}", certs.ca_query());
     let err = build_error(RedisStore::builder(&ca_only)).await;
     assert!(err.is_unavailable(), "{err}");
     // A CA that did not sign the server's certificate replaces the system roots: untrusted.
@@ -314,12 +165,12 @@ async fn a_ca_file_and_a_client_certificate_come_from_the_url_or_the_builder() {
 
 #[tokio::test]
 async fn unusable_tls_settings_are_clear_errors_before_any_connection() {
-    let certs = Certs::new();
+    let certs = TestCerts::new();
     // No server at all: each of these fails on the settings, not on a connection.
     let base = "rediss://localhost:1/0";
 
-    let both =
-        RedisStore::builder(&format!("{base}?{}", certs.query())).tls_ca_file(certs.path("ca.crt"));
+    let both = RedisStore::builder(&format!("{base}?{}", certs.client_query()))
+        .tls_ca_file(certs.path("ca.crt"));
     let err = build_error(both).await.to_string();
     assert!(
         err.contains("tls_ca_file is given both in the URL and to the builder"),
@@ -351,7 +202,7 @@ async fn unusable_tls_settings_are_clear_errors_before_any_connection() {
 
 #[tokio::test]
 async fn a_tls_cluster_takes_the_ca_file_and_client_certificate_from_the_url() {
-    let certs = Certs::new();
+    let certs = TestCerts::new();
     let cluster = RedisCluster::builder()
         .tls(
             certs.path("server.crt"),
@@ -363,7 +214,7 @@ async fn a_tls_cluster_takes_the_ca_file_and_client_certificate_from_the_url() {
     let base = cluster.tls_url("localhost").unwrap();
 
     checks_over_tls(
-        RedisStore::builder(&format!("{base}?{}", certs.query())),
+        RedisStore::builder(&format!("{base}?{}", certs.client_query())),
         "cluster",
     )
     .await;

@@ -90,3 +90,56 @@ limiters = [
         .await;
     assert_eq!(remaining(&other, "user_id", "10/1h"), 7, "{other}");
 }
+
+#[tokio::test]
+async fn checks_on_redis_over_mutual_tls_with_the_files_of_the_config() {
+    let certs = tollgate_testkit::TestCerts::new();
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let redis = RedisServer::builder()
+        .args(["--tls-port", &tls_port.to_string()])
+        .args(["--tls-cert-file", &certs.path("server.crt")])
+        .args(["--tls-key-file", &certs.path("server.key")])
+        .args(["--tls-ca-cert-file", &certs.path("ca.crt")])
+        .args(["--tls-auth-clients", "yes"])
+        .start();
+    let config = format!(
+        r#"
+[store]
+url = "rediss://localhost:{tls_port}/0"
+on_error = "deny"
+timeout = "1s"
+tls_ca_file = "{}"
+tls_cert_file = "{}"
+tls_key_file = "{}"
+
+[policies.a]
+limiters = [{{ by = "ip", rules = ["1/1h"] }}]
+"#,
+        certs.path("ca.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key")
+    );
+    let server = Server::start(&config);
+    assert_eq!(server.get("/readyz").await.0, 200);
+    let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(d["allowed"], true, "{d}");
+    let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(d["reason"], "rate_limited", "{d}");
+    // The counts are on that server (read over its plain port here).
+    let keys = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &redis.port().to_string(),
+            "--scan",
+            "--pattern",
+            "tg:*",
+        ])
+        .output()
+        .expect("redis-cli (Debian: redis-tools, with redis-server)");
+    let keys = String::from_utf8_lossy(&keys.stdout);
+    assert!(keys.contains("192.0.2.1"), "{keys}");
+}
