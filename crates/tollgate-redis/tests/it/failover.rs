@@ -6,7 +6,7 @@
 
 use std::{
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -20,6 +20,8 @@ use tollgate_testkit::{RedisCluster, RedisSentinelSet};
 const HANG: Duration = Duration::from_secs(3);
 /// How long a failover may take before the test gives up (a hang detector too).
 const FAILOVER: Duration = Duration::from_secs(30);
+/// How many checks in a row answered by Redis show that the deployment is back to normal.
+const STEADY: usize = 20;
 
 fn policy(scope: &str, on_error: OnError) -> Policy {
     Policy::builder(scope)
@@ -42,20 +44,23 @@ struct Seen {
     deny_policy: bool,
 }
 
-/// Checks in a loop on `gate` until `running` is cleared; every check must return within
-/// [`HANG`]. Times are measured from `start`.
+/// What the load has seen so far, shared with the test.
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+/// Checks in a loop on `gate` until `running` is cleared, logging each in `log`; every check
+/// must return within [`HANG`]. Times are measured from `start`.
 fn load(
     gate: Arc<Tollgate<RedisStore>>,
     running: Arc<AtomicBool>,
     start: Instant,
-) -> tokio::task::JoinHandle<Vec<Seen>> {
+    log: Log,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let who = Identity::new()
             .with_ip("198.51.100.20".parse().unwrap())
             .with_user_id("failover");
         let allow = policy("failover", OnError::Allow);
         let deny = policy("failover", OnError::Deny);
-        let mut seen = Vec::new();
         let mut i = 0u64;
         while running.load(Ordering::Relaxed) {
             i += 1;
@@ -65,7 +70,7 @@ fn load(
                 .await
                 .expect("a check hung during the failover")
                 .unwrap();
-            seen.push(Seen {
+            log.lock().unwrap().push(Seen {
                 at: start.elapsed(),
                 reason: d.reason(),
                 allowed: d.allowed(),
@@ -73,7 +78,6 @@ fn load(
             });
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        seen
     })
 }
 
@@ -100,13 +104,26 @@ async fn answered_by_redis_again(gate: &Tollgate<RedisStore>) {
     }
 }
 
-/// Stops the load once the checks have been answered by Redis for a while after the
-/// failover, and returns everything seen.
-async fn settle(running: &AtomicBool, load: tokio::task::JoinHandle<Vec<Seen>>) -> Vec<Seen> {
-    // Long enough to see a steady run of Ok after the recovery.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+/// Stops the load once its last [`STEADY`] checks were all answered by Redis (or after
+/// [`FAILOVER`], for `judge` to report), and returns everything seen.
+async fn settle(running: &AtomicBool, load: tokio::task::JoinHandle<()>, log: &Log) -> Vec<Seen> {
+    let deadline = Instant::now() + FAILOVER;
+    loop {
+        let steady = {
+            let seen = log.lock().unwrap();
+            seen.len() >= STEADY
+                && seen[seen.len() - STEADY..]
+                    .iter()
+                    .all(|s| s.reason == Reason::Ok)
+        };
+        if steady || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     running.store(false, Ordering::Relaxed);
-    load.await.expect("the load task panicked")
+    load.await.expect("the load task panicked");
+    std::mem::take(&mut *log.lock().unwrap())
 }
 
 /// Asserts the story of one failover and prints its gap: `killed` is when the primary died.
@@ -129,7 +146,7 @@ fn judge(what: &str, seen: &[Seen], killed: Duration) {
     };
     let after: Vec<&Seen> = seen.iter().filter(|s| s.at > last.at).collect();
     assert!(
-        after.len() >= 10 && after.iter().all(|s| s.reason == Reason::Ok),
+        after.len() >= STEADY && after.iter().all(|s| s.reason == Reason::Ok),
         "{what}: the checks did not return to normal: {after:?}"
     );
     let recovered = after[0].at;
@@ -158,7 +175,8 @@ async fn a_killed_cluster_primary_is_answered_by_on_error_until_its_replica_take
 
     let start = Instant::now();
     let running = Arc::new(AtomicBool::new(true));
-    let load = load(gate.clone(), running.clone(), start);
+    let log = Log::default();
+    let load = load(gate.clone(), running.clone(), start, log.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let killed = start.elapsed();
@@ -175,7 +193,7 @@ async fn a_killed_cluster_primary_is_answered_by_on_error_until_its_replica_take
     );
     // The client finds the new primary by itself.
     answered_by_redis_again(&gate).await;
-    let seen = settle(&running, load).await;
+    let seen = settle(&running, load, &log).await;
     judge("cluster", &seen, killed);
 }
 
@@ -191,7 +209,8 @@ async fn a_killed_sentinel_primary_is_answered_by_on_error_until_the_replica_is_
 
     let start = Instant::now();
     let running = Arc::new(AtomicBool::new(true));
-    let load = load(gate.clone(), running.clone(), start);
+    let log = Log::default();
+    let load = load(gate.clone(), running.clone(), start, log.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let killed = start.elapsed();
@@ -208,6 +227,6 @@ async fn a_killed_sentinel_primary_is_answered_by_on_error_until_the_replica_is_
         set.primary_port()
     );
     answered_by_redis_again(&gate).await;
-    let seen = settle(&running, load).await;
+    let seen = settle(&running, load, &log).await;
     judge("sentinel", &seen, killed);
 }
