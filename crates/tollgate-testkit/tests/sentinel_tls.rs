@@ -2,114 +2,31 @@
 //! the sentinels: the sentinels hand out TLS ports only, refuse clients without the password,
 //! and name the promoted replica's TLS port after a failover.
 //!
-//! The test makes its own CA and server certificate with `openssl` and asks the sentinels
-//! over TLS with `redis-cli`, as a client following them would.
+//! The certificates come from [`TestCerts`]; the test asks the sentinels over TLS with
+//! `redis-cli`, as a client following them would.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tollgate_testkit::RedisSentinelSet;
+use tollgate_testkit::{RedisSentinelSet, TestCerts};
 
 /// Has a space and a quote, so the sentinels' config must quote it.
 const PASSWORD: &str = "sentinel \"pw\" 1";
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("the TLS test needs the openssl command (Debian: apt-get install -y openssl)");
-    assert!(
-        status.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-}
-
-/// A CA and a server certificate for `localhost` and `127.0.0.1`, in a fresh directory.
-fn certificates() -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("the clock is past 1970")
-        .subsec_nanos();
-    let dir = std::env::temp_dir().join(format!(
-        "tollgate-testkit-tls-{}-{nanos}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory for the certificates");
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=tollgate test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(
-        dir.join("san.ext"),
-        // 127.0.0.1: the address the sentinels hand out, which clients then verify.
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .expect("san.ext written");
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.crt",
-        ],
-    );
-    dir
-}
-
-/// `redis-cli` over TLS to `port`, presenting the server certificate as client certificate
-/// when `cert`, sending [`PASSWORD`] when `password`; returns stdout and stderr.
-fn cli(certs: &Path, port: u16, cert: bool, password: bool, args: &[&str]) -> String {
-    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
+/// `redis-cli` over TLS to `port`, presenting the client certificate when `cert`, sending
+/// [`PASSWORD`] when `password`; returns stdout and stderr.
+fn cli(certs: &TestCerts, port: u16, cert: bool, password: bool, args: &[&str]) -> String {
     let mut cmd = Command::new("redis-cli");
-    cmd.args(["--tls", "--cacert", &path("ca.crt")]);
+    cmd.args(["--tls", "--cacert", &certs.path("ca.crt")]);
     if cert {
-        cmd.args(["--cert", &path("server.crt"), "--key", &path("server.key")]);
+        cmd.args([
+            "--cert",
+            &certs.path("client.crt"),
+            "--key",
+            &certs.path("client.key"),
+        ]);
     }
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
     if password {
@@ -153,8 +70,8 @@ fn answers_plain_ping(port: u16) -> bool {
 
 #[test]
 fn tls_sentinels_hand_out_tls_ports_and_require_their_password() {
-    let certs = certificates();
-    let path = |f: &str| certs.join(f).to_string_lossy().into_owned();
+    let certs = TestCerts::new();
+    let path = |f: &str| certs.path(f);
     let started = Instant::now();
     let mut set = RedisSentinelSet::builder()
         .tls(path("server.crt"), path("server.key"), path("ca.crt"))
@@ -228,7 +145,4 @@ fn tls_sentinels_hand_out_tls_ports_and_require_their_password() {
     // included. (The sentinels turn it into a replica some 8 s later: not waited for here.)
     set.restart_server(tls[0]);
     assert_eq!(cli(&certs, tls[0], true, false, &["PING"]), "PONG\n");
-
-    drop(set);
-    let _ = std::fs::remove_dir_all(&certs);
 }
