@@ -1,7 +1,7 @@
 //! Conformance scenarios for the duplicate guard, the blocklist and the bypass.
 //!
 //! Like [`conformance`](crate::conformance), each scenario takes a fresh
-//! [`Subject`](crate::conformance::Subject) and moves its manual clock; stores keep lock and
+//! [`Subject`] and moves its manual clock; stores keep lock and
 //! ban deadlines against the clock they read, so the same numbers hold on every store.
 //! [`guard_suite!`](crate::guard_suite) expands to one `#[tokio::test]` per scenario.
 
