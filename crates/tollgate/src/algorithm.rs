@@ -7,7 +7,7 @@
 use crate::rule::Rule;
 
 /// What one rule says about one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleOutcome {
     /// This rule admits the request.
     pub allowed: bool,

@@ -1,22 +1,35 @@
 //! The engine: turns a policy and an identity into keys, asks the store, and decides.
 
 use std::{
+    any::Any,
+    cell::RefCell,
     sync::{Arc, OnceLock},
     time::Duration,
 };
 
 use crate::{
+    algorithm::RuleOutcome,
     blocklist::{BanEntry, BanTarget, ban_index_key},
     decision::{Decision, Reason, RuleDecision},
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
     identity::{Dimension, Identity},
     key,
-    memory::MemoryStore,
+    memory::{LimiterRef, MemoryStore},
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{CheckPlan, LockReply, PlanBan, PlanLimiter, Store, Verdict},
 };
+
+/// The most limiters, and rules over all of them, that a check on a [`MemoryStore`] holds on
+/// the stack; larger policies go through a [`CheckPlan`].
+const INLINE_LIMITERS: usize = 4;
+const INLINE_RULES: usize = 8;
+
+thread_local! {
+    /// The keys of a memory-store check, one buffer per thread reused from check to check.
+    static KEYS: RefCell<String> = const { RefCell::new(String::new()) };
+}
 
 /// Checks policies against a [`Store`].
 ///
@@ -300,12 +313,94 @@ impl<S: Store> Tollgate<S> {
         if policy.bypass.as_ref().is_some_and(|b| b.matches(identity)) {
             return Ok(Decision::without_rules(true, Reason::Bypassed));
         }
+        if let Some(memory) = self.inline_memory(policy, consume) {
+            let decided = KEYS.with(|keys| match keys.try_borrow_mut() {
+                Ok(mut keys) => {
+                    self.check_memory(memory, policy, identity, cost, consume, &mut keys)
+                }
+                // Entered again from a custom dimension's extractor: a buffer of its own.
+                Err(_) => {
+                    let mut keys = String::new();
+                    self.check_memory(memory, policy, identity, cost, consume, &mut keys)
+                }
+            })?;
+            // `None`: the store failed (a full shard); the plan below meets `on_error`.
+            if let Some(decision) = decided {
+                return Ok(decision);
+            }
+        }
         let plan = self.plan(policy, identity, cost, consume)?;
         if cost > policy.max_units {
             return Ok(cost_exceeds_limit(&policy.limiters, cost));
         }
         let on_error = policy.on_error.unwrap_or(self.on_error);
         Ok(self.run(&policy.limiters, plan, on_error).await)
+    }
+
+    /// The memory store, when a check of `policy` can run on it without a plan: the check
+    /// needs no ban keys, and its limiters and rules fit on the stack.
+    fn inline_memory(&self, policy: &Policy, consume: bool) -> Option<&MemoryStore> {
+        let memory = (&self.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let may_ban = consume && policy.limiters.iter().any(|l| l.ban.is_some());
+        let bans = self.blocklist && (may_ban || memory.bans_possible());
+        let rules: usize = policy.limiters.iter().map(|l| l.rules.len()).sum();
+        let fits = policy.limiters.len() <= INLINE_LIMITERS && rules <= INLINE_RULES;
+        (!bans && fits).then_some(memory)
+    }
+
+    /// [`Self::evaluate`] on the memory store, with the keys built in `keys` and everything
+    /// else on the stack; `None` when the store failed.
+    fn check_memory(
+        &self,
+        memory: &MemoryStore,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+        consume: bool,
+        keys: &mut String,
+    ) -> Result<Option<Decision>, CheckError> {
+        keys.clear();
+        let mut ends = [0; INLINE_LIMITERS];
+        for ((l, head), end) in policy.limiters.iter().zip(&policy.key_heads).zip(&mut ends) {
+            key::open_limiter_key(keys, &self.prefix, head);
+            if !l.dimension.push_value(identity, keys) {
+                return Err(missing_dimension(l));
+            }
+            keys.push('}');
+            *end = keys.len();
+        }
+        if cost > policy.max_units {
+            return Ok(Some(cost_exceeds_limit(&policy.limiters, cost)));
+        }
+        let mut limiters = [LimiterRef {
+            key: "",
+            rules: &[],
+            ban: None,
+        }; INLINE_LIMITERS];
+        let mut start = 0;
+        for ((l, end), r) in policy.limiters.iter().zip(ends).zip(&mut limiters) {
+            *r = LimiterRef {
+                key: &keys[start..end],
+                rules: &l.rules,
+                ban: l.ban,
+            };
+            start = end;
+        }
+        let limiters = &limiters[..policy.limiters.len()];
+        let mut outcomes = [RuleOutcome::default(); INLINE_RULES];
+        let outcomes = &mut outcomes[..limiters.iter().map(|l| l.rules.len()).sum()];
+        Ok(memory
+            .check_limiters(limiters, cost, consume, outcomes)
+            .ok()
+            .map(|allowed| {
+                decide_rules(
+                    &policy.limiters,
+                    allowed,
+                    outcomes,
+                    None,
+                    Reason::RateLimited,
+                )
+            }))
     }
 
     fn plan(
@@ -318,16 +413,16 @@ impl<S: Store> Tollgate<S> {
         let limiters = policy
             .limiters
             .iter()
-            .map(|l| {
-                let value =
-                    l.dimension
-                        .value(identity)
-                        .ok_or_else(|| CheckError::MissingDimension {
-                            limiter: l.name.to_string(),
-                            dimension: l.dimension.to_string(),
-                        })?;
+            .zip(&policy.key_heads)
+            .map(|(l, head)| {
+                let mut key = String::with_capacity(self.prefix.len() + head.len() + 24);
+                key::open_limiter_key(&mut key, &self.prefix, head);
+                if !l.dimension.push_value(identity, &mut key) {
+                    return Err(missing_dimension(l));
+                }
+                key.push('}');
                 Ok(PlanLimiter {
-                    key: key::limiter_key(&self.prefix, &policy.scope, &l.name, &value),
+                    key,
                     rules: l.rules.clone(),
                     ban: l.ban,
                 })
@@ -414,7 +509,24 @@ fn decide(limiters: &[Limiter], verdict: Verdict, denied: Reason) -> Decision {
         d.retry_after = Some(Duration::from_micros(left));
         return d;
     }
-    let mut outcomes = verdict.rules.into_iter();
+    decide_rules(
+        limiters,
+        verdict.allowed,
+        &verdict.rules,
+        verdict.banned_us,
+        denied,
+    )
+}
+
+/// The decision from one outcome per rule, limiters in order.
+fn decide_rules(
+    limiters: &[Limiter],
+    allowed: bool,
+    outcomes: &[RuleOutcome],
+    banned_us: Option<u64>,
+    denied: Reason,
+) -> Decision {
+    let mut outcomes = outcomes.iter();
     let mut rules = Vec::with_capacity(outcomes.len());
     let mut retry_after = None::<u64>;
     let mut message = None;
@@ -436,18 +548,23 @@ fn decide(limiters: &[Limiter], verdict: Verdict, denied: Reason) -> Decision {
         }
     }
     Decision {
-        allowed: verdict.allowed,
-        reason: if verdict.allowed { Reason::Ok } else { denied },
-        retry_after: if verdict.allowed {
+        allowed,
+        reason: if allowed { Reason::Ok } else { denied },
+        retry_after: if allowed {
             None
         } else {
             // A ban written by this denial outlasts the rule's own wait.
-            retry_after
-                .max(verdict.banned_us)
-                .map(Duration::from_micros)
+            retry_after.max(banned_us).map(Duration::from_micros)
         },
         rules,
-        message: if verdict.allowed { None } else { message },
+        message: if allowed { None } else { message },
+    }
+}
+
+fn missing_dimension(limiter: &Limiter) -> CheckError {
+    CheckError::MissingDimension {
+        limiter: limiter.name.to_string(),
+        dimension: limiter.dimension.to_string(),
     }
 }
 

@@ -49,17 +49,29 @@ fn push_hashed(out: &mut String, bytes: &[u8]) {
 /// The base key of one limiter of a policy for one dimension value:
 /// `prefix:{scope:limiter:value}`.
 pub fn limiter_key(prefix: &str, scope: &str, limiter: &str, value: &str) -> String {
-    let mut key =
-        String::with_capacity(prefix.len() + scope.len() + limiter.len() + value.len() + 8);
-    key.push_str(prefix);
-    key.push_str(":{");
-    push_part(&mut key, scope);
-    key.push(':');
-    push_part(&mut key, limiter);
-    key.push(':');
+    let head = limiter_head(scope, limiter);
+    let mut key = String::with_capacity(prefix.len() + head.len() + value.len() + 4);
+    open_limiter_key(&mut key, prefix, &head);
     push_part(&mut key, value);
     key.push('}');
     key
+}
+
+/// The part of a limiter key that a policy fixes: `scope:limiter`, escaped.
+pub(crate) fn limiter_head(scope: &str, limiter: &str) -> String {
+    let mut head = String::with_capacity(scope.len() + limiter.len() + 1);
+    push_part(&mut head, scope);
+    head.push(':');
+    push_part(&mut head, limiter);
+    head
+}
+
+/// Appends a limiter key up to its value: `prefix:{head:`. The value, escaped, and `}` follow.
+pub(crate) fn open_limiter_key(out: &mut String, prefix: &str, head: &str) {
+    out.push_str(prefix);
+    out.push_str(":{");
+    out.push_str(head);
+    out.push(':');
 }
 
 /// The base key of a caller-named group (`check_group` / `check_single`): `prefix:{k:name}`.

@@ -17,11 +17,11 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::{
     algorithm::{self, FixedWindowState, RuleOutcome},
-    blocklist::{BanEntry, BanTarget},
+    blocklist::{BanEntry, BanRule, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
-    rule::Algorithm,
-    store::{CheckPlan, HeldLock, LockReply, Store, Verdict},
+    rule::{Algorithm, Rule},
+    store::{CheckPlan, HeldLock, LockReply, PlanBan, Store, Verdict},
 };
 
 type Hasher = foldhash::fast::RandomState;
@@ -73,11 +73,32 @@ struct Entry {
 }
 
 enum State {
-    Log(VecDeque<u64>),
-    Window(FixedWindowState),
-    Tat(u64),
+    Rules(RuleStates),
     Ban(BanState),
     Lock(LockState),
+}
+
+/// Every rule state under one limiter key: one entry, one look-up, whatever the rules.
+#[derive(Default)]
+struct RuleStates {
+    /// The instants of admitted units, oldest first, shared by the sliding-log rules.
+    log: VecDeque<u64>,
+    /// One per fixed-window or GCRA rule.
+    counters: Vec<Counter>,
+}
+
+/// The state of one fixed-window or GCRA rule.
+struct Counter {
+    rule: Rule,
+    state: CounterState,
+    /// The instant (µs) after which the counter holds nothing that counts.
+    expires_at: u64,
+}
+
+#[derive(Clone, Copy)]
+enum CounterState {
+    Window(FixedWindowState),
+    Tat(u64),
 }
 
 struct BanState {
@@ -131,6 +152,21 @@ impl MemoryStore {
     /// Runs a check synchronously; [`Store::check`] is this, wrapped in a ready future.
     pub fn check_now(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
         self.inner.check(plan)
+    }
+
+    /// Runs a check without a plan: `outcomes` gets one outcome per rule, limiters in order.
+    /// The engine's path for policies that need no ban keys; allocates only for new keys.
+    pub(crate) fn check_limiters(
+        &self,
+        limiters: &[LimiterRef<'_>],
+        cost: u64,
+        consume: bool,
+        outcomes: &mut [RuleOutcome],
+    ) -> Result<bool, StoreError> {
+        let status = self
+            .inner
+            .check_limiters(limiters, &[], cost, consume, outcomes)?;
+        Ok(status.allowed)
     }
 }
 
@@ -226,94 +262,198 @@ impl Shard {
     }
 }
 
-/// A state key of the plan and where it lives.
-struct Slot {
-    key: String,
-    shard: usize,
-}
-
-/// The slots of one check and the shards it holds locked.
-struct Locked<'a> {
-    slots: &'a [Slot],
-    order: &'a [usize],
-}
-
-/// A state to write on admission: slot index, new state, expiry.
-type Update = (usize, State, u64);
-
-impl Locked<'_> {
-    /// Index into the guards of the shard `shard`.
-    fn guard(&self, shard: usize) -> usize {
-        self.order.binary_search(&shard).unwrap_or(0)
+impl RuleStates {
+    fn counter(&self, rule: &Rule) -> Option<CounterState> {
+        self.counters
+            .iter()
+            .find(|c| c.rule == *rule)
+            .map(|c| c.state)
     }
 
-    /// Every rule of the plan against one instant, and the states an admission would write.
-    fn evaluate(
-        &self,
-        guards: &mut [MutexGuard<'_, Shard>],
-        plan: &CheckPlan,
-        now: u64,
-        cost: u64,
-    ) -> (Vec<RuleOutcome>, Vec<Update>) {
-        let mut outcomes = Vec::with_capacity(plan.rule_count());
-        let mut updates = Vec::new();
-        let mut next_slot = 0;
-        for limiter in &plan.limiters {
-            let log_slot = limiter.log_window_us().map(|_| {
-                next_slot += 1;
-                next_slot - 1
-            });
-            for rule in limiter.rules.iter() {
-                let outcome = match rule.algorithm() {
-                    Algorithm::SlidingLog => {
-                        let s = &self.slots[log_slot.unwrap_or(next_slot)];
-                        match guards[self.guard(s.shard)].live(&s.key, now) {
-                            Some(Entry {
-                                state: State::Log(log),
-                                ..
-                            }) => algorithm::sliding_log(log.make_contiguous(), now, rule, cost),
-                            _ => algorithm::sliding_log(&[], now, rule, cost),
-                        }
-                    }
-                    Algorithm::FixedWindow => {
-                        let i = next_slot;
-                        next_slot += 1;
-                        let s = &self.slots[i];
-                        let state = match guards[self.guard(s.shard)].live(&s.key, now) {
-                            Some(Entry {
-                                state: State::Window(w),
-                                ..
-                            }) => Some(*w),
-                            _ => None,
-                        };
-                        let (outcome, next) = algorithm::fixed_window(state, now, rule, cost);
-                        if let Some(next) = next {
-                            updates.push((i, State::Window(next), next.start + rule.window_us()));
-                        }
-                        outcome
-                    }
-                    Algorithm::Gcra => {
-                        let i = next_slot;
-                        next_slot += 1;
-                        let s = &self.slots[i];
-                        let tat = match guards[self.guard(s.shard)].live(&s.key, now) {
-                            Some(Entry {
-                                state: State::Tat(t),
-                                ..
-                            }) => Some(*t),
-                            _ => None,
-                        };
-                        let (outcome, next) = algorithm::gcra(tat, now, rule, cost);
-                        if let Some(next) = next {
-                            updates.push((i, State::Tat(next), next));
-                        }
-                        outcome
-                    }
+    /// What `rule` says about `cost` more units at `now`.
+    fn outcome(&mut self, rule: &Rule, now: u64, cost: u64) -> RuleOutcome {
+        match rule.algorithm() {
+            Algorithm::SlidingLog => {
+                algorithm::sliding_log(self.log.make_contiguous(), now, rule, cost)
+            }
+            Algorithm::FixedWindow => {
+                let state = match self.counter(rule) {
+                    Some(CounterState::Window(w)) => Some(w),
+                    _ => None,
                 };
-                outcomes.push(outcome);
+                algorithm::fixed_window(state, now, rule, cost).0
+            }
+            Algorithm::Gcra => {
+                let tat = match self.counter(rule) {
+                    Some(CounterState::Tat(t)) => Some(t),
+                    _ => None,
+                };
+                algorithm::gcra(tat, now, rule, cost).0
             }
         }
-        (outcomes, updates)
+    }
+
+    /// Every rule's outcome into `out`; true if all admit.
+    fn evaluate(&mut self, rules: &[Rule], now: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
+        let mut allowed = true;
+        for (o, rule) in out.iter_mut().zip(rules) {
+            *o = self.outcome(rule, now, cost);
+            allowed &= o.allowed;
+        }
+        allowed
+    }
+
+    /// After a denial: the rules that would have admitted report the state as it stays, which
+    /// is what they say for a cost of zero.
+    fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
+        for (o, rule) in out.iter_mut().zip(rules) {
+            if o.allowed {
+                *o = self.outcome(rule, now, 0);
+            }
+        }
+    }
+
+    /// Records `cost` units that every rule admitted at `now`; returns until when the states
+    /// count.
+    fn record(&mut self, rules: &[Rule], now: u64, cost: u64) -> u64 {
+        self.counters.retain(|c| c.expires_at > now);
+        let mut expires_at = now;
+        let log_window = rules
+            .iter()
+            .filter(|r| r.algorithm() == Algorithm::SlidingLog)
+            .map(Rule::window_us)
+            .max();
+        if let Some(window) = log_window {
+            if let Some(edge) = now.checked_sub(window) {
+                let old = self.log.partition_point(|&t| t <= edge);
+                self.log.drain(..old);
+            }
+            // Keep the log sorted even if the clock stepped back.
+            let at = self.log.partition_point(|&t| t <= now);
+            for _ in 0..cost {
+                self.log.insert(at, now);
+            }
+            expires_at = now + window;
+        }
+        for rule in rules {
+            let (state, until) = match rule.algorithm() {
+                Algorithm::SlidingLog => continue,
+                Algorithm::FixedWindow => {
+                    let state = match self.counter(rule) {
+                        Some(CounterState::Window(w)) => Some(w),
+                        _ => None,
+                    };
+                    let (_, next) = algorithm::fixed_window(state, now, rule, cost);
+                    let Some(next) = next else { continue };
+                    (CounterState::Window(next), next.start + rule.window_us())
+                }
+                Algorithm::Gcra => {
+                    let tat = match self.counter(rule) {
+                        Some(CounterState::Tat(t)) => Some(t),
+                        _ => None,
+                    };
+                    let (_, next) = algorithm::gcra(tat, now, rule, cost);
+                    let Some(next) = next else { continue };
+                    (CounterState::Tat(next), next)
+                }
+            };
+            match self.counters.iter_mut().find(|c| c.rule == *rule) {
+                Some(c) => {
+                    c.state = state;
+                    c.expires_at = until;
+                }
+                None => self.counters.push(Counter {
+                    rule: *rule,
+                    state,
+                    expires_at: until,
+                }),
+            }
+            expires_at = expires_at.max(until);
+        }
+        expires_at
+    }
+}
+
+/// One limiter of a check as the store sees it: its base key, rules and ban.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LimiterRef<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) rules: &'a [Rule],
+    pub(crate) ban: Option<BanRule>,
+}
+
+/// What a check decided, beside the rule outcomes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Status {
+    pub(crate) allowed: bool,
+    pub(crate) blocked_us: Option<u64>,
+    pub(crate) banned_us: Option<u64>,
+}
+
+/// The shards one check holds, locked in ascending order so that no two checks wait on each
+/// other.
+enum Locked<'a> {
+    One(MutexGuard<'a, Shard>),
+    Many {
+        inner: &'a Inner,
+        order: Vec<usize>,
+        guards: Vec<MutexGuard<'a, Shard>>,
+    },
+}
+
+impl Locked<'_> {
+    /// Index of the guard holding `key`.
+    fn index(&self, key: &str) -> usize {
+        match self {
+            Locked::One(_) => 0,
+            Locked::Many { inner, order, .. } => {
+                order.binary_search(&inner.shard_of(key)).unwrap_or(0)
+            }
+        }
+    }
+
+    fn guard(&mut self, index: usize) -> &mut Shard {
+        match self {
+            Locked::One(guard) => guard,
+            Locked::Many { guards, .. } => &mut guards[index],
+        }
+    }
+
+    fn shard(&mut self, key: &str) -> &mut Shard {
+        let index = self.index(key);
+        self.guard(index)
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Locked::One(_) => 1,
+            Locked::Many { guards, .. } => guards.len(),
+        }
+    }
+
+    /// The rule states under `key`; an expired entry is emptied, keeping its allocations.
+    fn rules(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
+        let entry = self.shard(key).map.get_mut(key)?;
+        let State::Rules(states) = &mut entry.state else {
+            return None;
+        };
+        if entry.expires_at <= now {
+            states.log.clear();
+            states.counters.clear();
+        }
+        Some(entry)
+    }
+}
+
+impl Entry {
+    fn rules(&mut self) -> &mut RuleStates {
+        if !matches!(self.state, State::Rules(_)) {
+            self.state = State::Rules(RuleStates::default());
+        }
+        match &mut self.state {
+            State::Rules(states) => states,
+            _ => unreachable!("just set"),
+        }
     }
 }
 
@@ -322,47 +462,86 @@ impl Inner {
         (self.hasher.hash_one(key) as usize) % self.shards.len()
     }
 
-    fn check(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
-        // Every state key of the plan, limiter by limiter, in `PlanLimiter::state_keys` order.
-        let slots: Vec<Slot> = plan
-            .limiters
-            .iter()
-            .flat_map(|l| l.state_keys())
-            .map(|key| Slot {
-                shard: self.shard_of(&key),
-                key,
-            })
-            .collect();
-        // Ban keys are locked with the rest only when a ban may be live or may be written:
-        // without bans a check touches nothing but its own counters.
-        let check_bans = !plan.bans.is_empty()
-            && (plan.may_ban() || self.clock.now_us() < self.ban_horizon.load(Ordering::Acquire));
-        let ban_slots: Vec<Slot> = if check_bans {
-            plan.bans
-                .iter()
-                .map(|b| Slot {
-                    shard: self.shard_of(&b.key),
-                    key: b.key.clone(),
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut order: Vec<usize> = slots.iter().chain(&ban_slots).map(|s| s.shard).collect();
+    /// Whether a ban may be live now (false until a ban was ever written, without a clock read).
+    fn bans_possible(&self) -> bool {
+        let horizon = self.ban_horizon.load(Ordering::Acquire);
+        horizon != 0 && self.clock.now_us() < horizon
+    }
+
+    fn lock<'k>(&self, keys: impl Iterator<Item = &'k str> + Clone) -> Locked<'_> {
+        let mut shards = keys.clone().map(|k| self.shard_of(k));
+        if let Some(first) = shards.next() {
+            if shards.all(|s| s == first) {
+                return Locked::One(self.shards[first].lock());
+            }
+        }
+        let mut order: Vec<usize> = keys.map(|k| self.shard_of(k)).collect();
         order.sort_unstable();
         order.dedup();
-        // Locked in ascending order, so no two checks can wait on each other.
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| self.shards[i].lock()).collect();
-        let locked = Locked {
-            slots: &slots,
-            order: &order,
+        let guards = order.iter().map(|&i| self.shards[i].lock()).collect();
+        Locked::Many {
+            inner: self,
+            order,
+            guards,
+        }
+    }
+
+    fn check(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
+        let limiters: Vec<LimiterRef<'_>> = plan
+            .limiters
+            .iter()
+            .map(|l| LimiterRef {
+                key: &l.key,
+                rules: &l.rules,
+                ban: l.ban,
+            })
+            .collect();
+        let mut outcomes = vec![RuleOutcome::default(); plan.rule_count()];
+        let status = self.check_limiters(
+            &limiters,
+            &plan.bans,
+            plan.cost,
+            plan.consume,
+            &mut outcomes,
+        )?;
+        Ok(match status.blocked_us {
+            Some(left) => Verdict::blocked(left),
+            None => {
+                let mut verdict = Verdict::new(status.allowed, outcomes);
+                verdict.banned_us = status.banned_us;
+                verdict
+            }
+        })
+    }
+
+    /// One atomic check (see [`CheckPlan`]): `out` gets one outcome per rule, limiters in
+    /// order, unless the identity is blocked.
+    fn check_limiters(
+        &self,
+        limiters: &[LimiterRef<'_>],
+        bans: &[PlanBan],
+        cost: u64,
+        consume: bool,
+        out: &mut [RuleOutcome],
+    ) -> Result<Status, StoreError> {
+        let may_ban = consume && !bans.is_empty() && limiters.iter().any(|l| l.ban.is_some());
+        // Ban keys are locked with the rest only when a ban may be live or may be written:
+        // without bans a check touches nothing but its own limiters' keys.
+        let bans = if !bans.is_empty() && (may_ban || self.bans_possible()) {
+            bans
+        } else {
+            &[]
         };
+        let keys = limiters
+            .iter()
+            .map(|l| l.key)
+            .chain(bans.iter().map(|b| b.key.as_str()));
+        let mut locked = self.lock(keys);
         let now = self.clock.now_us();
 
-        let blocked = ban_slots
+        let blocked = bans
             .iter()
-            .filter_map(|s| match guards[locked.guard(s.shard)].live(&s.key, now) {
+            .filter_map(|b| match locked.shard(&b.key).live(&b.key, now) {
                 Some(Entry {
                     state: State::Ban(ban),
                     ..
@@ -371,40 +550,106 @@ impl Inner {
             })
             .max();
         if let Some(left) = blocked {
-            return Ok(Verdict::blocked(left));
+            return Ok(Status {
+                blocked_us: Some(left),
+                ..Status::default()
+            });
         }
 
-        let (mut outcomes, updates) = locked.evaluate(&mut guards, plan, now, plan.cost);
-        let allowed = outcomes.iter().all(|o| o.allowed);
-        if !allowed {
-            // Nothing is recorded: the rules that would have admitted report the state as it
-            // stays, which is what they say for a cost of zero.
-            let (unchanged, _) = locked.evaluate(&mut guards, plan, now, 0);
-            for (outcome, now_state) in outcomes.iter_mut().zip(unchanged) {
-                if outcome.allowed {
-                    *outcome = now_state;
+        let record = consume && cost > 0;
+        let mut allowed = true;
+        // Keys this check would create, and whether the last limiter was settled (denied) or
+        // recorded (admitted) in place, while its state was at hand.
+        let mut missing = 0;
+        let mut done_last = false;
+        let mut first = 0;
+        for (i, l) in limiters.iter().enumerate() {
+            let out = &mut out[first..first + l.rules.len()];
+            first += l.rules.len();
+            let Some(entry) = locked.rules(l.key, now) else {
+                missing += 1;
+                allowed &= RuleStates::default().evaluate(l.rules, now, cost, out);
+                continue;
+            };
+            let states = entry.rules();
+            allowed &= states.evaluate(l.rules, now, cost, out);
+            if i + 1 == limiters.len() {
+                if !allowed {
+                    states.settle(l.rules, now, out);
+                    done_last = true;
+                } else if record && missing == 0 {
+                    let until = states.record(l.rules, now, cost);
+                    entry.expires_at = entry.expires_at.max(until);
+                    done_last = true;
                 }
             }
         }
-        if !allowed && plan.may_ban() {
-            let mut verdict = Verdict::new(false, outcomes);
-            verdict.banned_us =
-                self.ban_offender(plan, &verdict.rules, &ban_slots, &locked, &mut guards, now);
-            return Ok(verdict);
-        }
-        if !(allowed && plan.consume && plan.cost > 0) {
-            return Ok(Verdict::new(allowed, outcomes));
-        }
+        let pending = &limiters[..limiters.len() - usize::from(done_last)];
 
-        // Room for the keys this admission creates, before anything is written.
-        let mut wanted = vec![0usize; order.len()];
-        for s in &slots {
-            let g = locked.guard(s.shard);
-            if guards[g].live(&s.key, now).is_none() {
-                wanted[g] += 1;
+        if !allowed {
+            // Nothing is recorded.
+            let mut first = 0;
+            for l in pending {
+                let out = &mut out[first..first + l.rules.len()];
+                first += l.rules.len();
+                match locked.rules(l.key, now) {
+                    Some(entry) => entry.rules().settle(l.rules, now, out),
+                    None => RuleStates::default().settle(l.rules, now, out),
+                }
+            }
+            let banned_us = if may_ban {
+                self.ban_offender(limiters, bans, out, &mut locked, now)
+            } else {
+                None
+            };
+            return Ok(Status {
+                allowed,
+                blocked_us: None,
+                banned_us,
+            });
+        }
+        if record && !pending.is_empty() {
+            if missing > 0 {
+                self.make_room(&mut locked, pending, now)?;
+            }
+            for l in pending {
+                if let Some(entry) = locked.rules(l.key, now) {
+                    let until = entry.rules().record(l.rules, now, cost);
+                    entry.expires_at = entry.expires_at.max(until);
+                    continue;
+                }
+                let mut states = RuleStates::default();
+                let expires_at = states.record(l.rules, now, cost);
+                let entry = Entry {
+                    state: State::Rules(states),
+                    expires_at,
+                };
+                locked.shard(l.key).map.insert(l.key.into(), entry);
             }
         }
-        for (shard, wanted) in guards.iter_mut().zip(wanted) {
+        Ok(Status {
+            allowed,
+            ..Status::default()
+        })
+    }
+
+    /// Checks, before anything is written, that every shard has room for the keys this
+    /// admission creates.
+    fn make_room(
+        &self,
+        locked: &mut Locked<'_>,
+        limiters: &[LimiterRef<'_>],
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let mut wanted = vec![0usize; locked.len()];
+        for l in limiters {
+            let i = locked.index(l.key);
+            if locked.guard(i).live(l.key, now).is_none() {
+                wanted[i] += 1;
+            }
+        }
+        for (i, wanted) in wanted.into_iter().enumerate() {
+            let shard = locked.guard(i);
             if wanted > 0 && shard.map.len() + wanted > self.max_keys_per_shard {
                 shard.purge(now);
                 if shard.map.len() + wanted > self.max_keys_per_shard {
@@ -419,51 +664,22 @@ impl Inner {
                 }
             }
         }
-
-        // Record the admission everywhere.
-        let mut first = 0;
-        for limiter in &plan.limiters {
-            if let Some(window) = limiter.log_window_us() {
-                let s = &slots[first];
-                record_log(
-                    &mut guards[locked.guard(s.shard)],
-                    &s.key,
-                    now,
-                    window,
-                    plan.cost,
-                );
-            }
-            first += limiter.state_keys_len();
-        }
-        for (i, state, expires_at) in updates {
-            let s = &slots[i];
-            let shard = &mut guards[locked.guard(s.shard)];
-            match shard.map.get_mut(s.key.as_str()) {
-                Some(entry) => *entry = Entry { state, expires_at },
-                None => {
-                    shard
-                        .map
-                        .insert(s.key.as_str().into(), Entry { state, expires_at });
-                }
-            }
-        }
-        Ok(Verdict::new(allowed, outcomes))
+        Ok(())
     }
 
-    /// Bans every target of the plan after a denial by a limiter with a ban rule; returns the
+    /// Bans every target of the check after a denial by a limiter with a ban rule; returns the
     /// longest ban written.
     fn ban_offender(
         &self,
-        plan: &CheckPlan,
+        limiters: &[LimiterRef<'_>],
+        bans: &[PlanBan],
         outcomes: &[RuleOutcome],
-        ban_slots: &[Slot],
-        locked: &Locked<'_>,
-        guards: &mut [MutexGuard<'_, Shard>],
+        locked: &mut Locked<'_>,
         now: u64,
     ) -> Option<u64> {
         let mut first = 0;
         let mut rules = Vec::new();
-        for limiter in &plan.limiters {
+        for limiter in limiters {
             let mine = &outcomes[first..first + limiter.rules.len()];
             first += limiter.rules.len();
             if let Some(rule) = limiter.ban {
@@ -476,9 +692,9 @@ impl Inner {
             return None;
         }
         let mut longest = None;
-        for (slot, ban) in ban_slots.iter().zip(&plan.bans) {
-            let shard = &mut guards[locked.guard(slot.shard)];
-            let strikes = match shard.live(&slot.key, now) {
+        for ban in bans {
+            let shard = locked.shard(&ban.key);
+            let strikes = match shard.live(&ban.key, now) {
                 Some(Entry {
                     state: State::Ban(b),
                     ..
@@ -501,7 +717,7 @@ impl Inner {
                 expires_at: until + memory.as_micros() as u64,
             };
             // Bans are written even past the key cap: forgetting an offender is worse.
-            shard.map.insert(slot.key.as_str().into(), entry);
+            shard.map.insert(ban.key.as_str().into(), entry);
             self.ban_horizon.fetch_max(until, Ordering::AcqRel);
             longest = longest.max(Some(until - now));
         }
@@ -646,40 +862,11 @@ impl Inner {
 
     fn reset(&self, plan: &CheckPlan) {
         for limiter in &plan.limiters {
-            for key in limiter.state_keys() {
-                self.shards[self.shard_of(&key)]
-                    .lock()
-                    .map
-                    .remove(key.as_str());
-            }
+            self.shards[self.shard_of(&limiter.key)]
+                .lock()
+                .map
+                .remove(limiter.key.as_str());
         }
-    }
-}
-
-fn record_log(shard: &mut Shard, key: &str, now: u64, window: u64, cost: u64) {
-    let expires_at = now + window;
-    let entry = match shard.map.get_mut(key) {
-        Some(entry) => entry,
-        None => shard.map.entry(key.into()).or_insert(Entry {
-            state: State::Log(VecDeque::new()),
-            expires_at,
-        }),
-    };
-    if !matches!(entry.state, State::Log(_)) {
-        entry.state = State::Log(VecDeque::new());
-    }
-    entry.expires_at = entry.expires_at.max(expires_at);
-    let State::Log(log) = &mut entry.state else {
-        return;
-    };
-    if let Some(edge) = now.checked_sub(window) {
-        let old = log.partition_point(|&t| t <= edge);
-        log.drain(..old);
-    }
-    // Keep the log sorted even if the clock stepped back.
-    let at = log.partition_point(|&t| t <= now);
-    for _ in 0..cost {
-        log.insert(at, now);
     }
 }
 
@@ -698,7 +885,7 @@ impl Store for MemoryStore {
     }
 
     fn bans_possible(&self) -> bool {
-        self.inner.clock.now_us() < self.inner.ban_horizon.load(Ordering::Acquire)
+        self.inner.bans_possible()
     }
 
     fn lock_acquire(
@@ -787,6 +974,52 @@ mod tests {
         // Once the old keys expire, the shard makes room.
         clock.advance(Duration::from_secs(2));
         assert!(store.check_now(&plan("c", &["5/1s"], 1)).unwrap().allowed);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn one_key_holds_every_rule_of_a_limiter() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .purge_interval(None)
+            .build();
+        let rules: Arc<[Rule]> = [
+            "2/1s".parse::<Rule>().unwrap(),
+            "3/1s".parse::<Rule>().unwrap(),
+            "2/1s"
+                .parse::<Rule>()
+                .unwrap()
+                .with_algorithm(Algorithm::Gcra),
+            "2/1s"
+                .parse::<Rule>()
+                .unwrap()
+                .with_algorithm(Algorithm::FixedWindow),
+        ]
+        .into();
+        let limiter = PlanLimiter {
+            key: "k".into(),
+            rules,
+            ban: None,
+        };
+        let plan = CheckPlan::new(1, true, vec![limiter]);
+        assert!(store.check_now(&plan).unwrap().allowed);
+        assert!(store.check_now(&plan).unwrap().allowed);
+        assert_eq!(store.len(), 1);
+        let denied = store.check_now(&plan).unwrap();
+        assert!(!denied.allowed);
+        assert_eq!(
+            denied.rules.iter().map(|o| o.remaining).collect::<Vec<_>>(),
+            [0, 1, 0, 0]
+        );
+        // Once everything expired, the entry starts over (and is reused, not added).
+        clock.advance(Duration::from_secs(2));
+        let again = store.check_now(&plan).unwrap();
+        assert!(again.allowed);
+        assert_eq!(
+            again.rules.iter().map(|o| o.remaining).collect::<Vec<_>>(),
+            [1, 2, 1, 1]
+        );
         assert_eq!(store.len(), 1);
     }
 

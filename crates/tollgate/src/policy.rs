@@ -3,7 +3,7 @@
 use std::{collections::HashSet, sync::Arc};
 
 use crate::{
-    blocklist::BanRule, bypass::Bypass, error::PolicyError, identity::Dimension, rule::Rule,
+    blocklist::BanRule, bypass::Bypass, error::PolicyError, identity::Dimension, key, rule::Rule,
 };
 
 /// What to do when the store cannot answer.
@@ -120,6 +120,8 @@ pub struct Policy {
     pub(crate) on_error: Option<OnError>,
     pub(crate) bypass: Option<Bypass>,
     pub(crate) max_units: u64,
+    /// Per limiter, the part of its keys the policy fixes (see [`key::limiter_head`]).
+    pub(crate) key_heads: Box<[Box<str>]>,
 }
 
 impl Policy {
@@ -221,7 +223,13 @@ impl PolicyBuilder {
             .map(Rule::limit)
             .min()
             .unwrap_or(0);
+        let key_heads = self
+            .limiters
+            .iter()
+            .map(|l| key::limiter_head(&self.scope, &l.name).into())
+            .collect();
         Ok(Policy {
+            key_heads,
             scope: self.scope,
             limiters: self.limiters,
             on_error: self.on_error,
