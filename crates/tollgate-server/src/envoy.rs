@@ -12,6 +12,13 @@
 //! entries (key and value, escaped), as Envoy's service does, so a key-only entry counts each
 //! value separately and a reload that keeps the entries keeps the counts.
 //!
+//! Overrides: a descriptor that carries its own `limit` (Envoy's `RateLimitOverride`, e.g.
+//! from route metadata) is limited by that rate instead of the configured rules, in a domain
+//! that is configured, whether or not a configured descriptor matches it; its counter is a
+//! fixed window of the override's unit, as in Envoy's reference service, kept apart from the
+//! configured counter of the same entries and from other overrides. An override with no
+//! requests or an unknown unit is ignored.
+//!
 //! Atomicity: the matched descriptors of one request become one policy, one limiter each,
 //! checked at once; if any non-shadow descriptor is over its limit nothing is recorded for
 //! any of them. A shadow descriptor never makes the request OVER_LIMIT: when only shadow
@@ -30,7 +37,9 @@ use envoy_types::pb::{
     },
     google::protobuf::Duration as PbDuration,
 };
-use tollgate::{Decision, Dimension, Identity, Limiter, OnError, Policy, Rule, key::push_part};
+use tollgate::{
+    Algorithm, Decision, Dimension, Identity, Limiter, OnError, Policy, Rule, key::push_part,
+};
 use toml::Spanned;
 
 use crate::{
@@ -285,9 +294,43 @@ fn ok_status() -> DescriptorStatus {
 }
 
 /// One distinct counter of a request: the node that limits it and its key name.
-struct Counter<'a> {
+struct Counter {
     name: String,
-    node: &'a Arc<Node>,
+    node: Arc<Node>,
+}
+
+/// A node for a descriptor's own `limit`: `requests_per_unit` per unit, in a fixed window of
+/// that unit (the units' lengths are Envoy's: a month is 30 days, a year 365); `None` for an
+/// override that cannot be one (no requests, unknown unit).
+fn override_node(descriptor: &RateLimitDescriptor) -> Option<Arc<Node>> {
+    let limit = descriptor.limit.as_ref()?;
+    let unit_ms = match limit.unit {
+        1 => SECOND_MS,
+        2 => 60 * SECOND_MS,
+        3 => 3_600 * SECOND_MS,
+        4 => DAY_MS,
+        5 => 30 * DAY_MS,
+        6 => 365 * DAY_MS,
+        _ => return None,
+    };
+    let rule = Rule::new(
+        u64::from(limit.requests_per_unit),
+        std::time::Duration::from_millis(unit_ms),
+    )
+    .ok()?
+    .with_algorithm(Algorithm::FixedWindow);
+    let path = descriptor
+        .entries
+        .iter()
+        .map(|e| format!("{}={}", e.key, e.value))
+        .collect::<Vec<_>>()
+        .join("/");
+    Some(Arc::new(Node {
+        path: path.into(),
+        limiter: Limiter::new(Dimension::Global, [rule]),
+        shadow: false,
+        children: Level::default(),
+    }))
 }
 
 /// The escaped request entries: `key:value|key:value`. Escaping keeps `:` and `|` out of
@@ -307,9 +350,9 @@ fn counter_name(entries: &[Entry]) -> String {
 
 /// The matched descriptors of one cost, checked together (Envoy sends one cost per request
 /// unless descriptors override it with their own `hits_addend`).
-struct Group<'a> {
+struct Group {
     cost: u64,
-    counters: Vec<Counter<'a>>,
+    counters: Vec<Counter>,
     /// (descriptor index, counter index) per matched descriptor.
     members: Vec<(usize, usize)>,
 }
@@ -324,10 +367,21 @@ fn descriptor_cost(descriptor: &RateLimitDescriptor, request_addend: u64) -> u64
 async fn decide(app: &App, domain: &Domain, request: &RateLimitRequest) -> RateLimitResponse {
     let request_addend = u64::from(request.hits_addend.max(1));
     let mut statuses = vec![ok_status(); request.descriptors.len()];
-    let mut groups: Vec<Group<'_>> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        let Some(node) = domain.find(&descriptor.entries) else {
-            continue;
+        let mut name = counter_name(&descriptor.entries);
+        let node = match override_node(descriptor) {
+            Some(node) => {
+                // `#` is escaped in entries and starts only hashed parts (32 hex digits), so
+                // this suffix names no configured counter.
+                let rule = &node.limiter.rules()[0];
+                let _ = write!(name, "|#override:{}/{}", rule.limit(), rule.window_ms());
+                node
+            }
+            None => match domain.find(&descriptor.entries) {
+                Some(node) => node.clone(),
+                None => continue,
+            },
         };
         let cost = descriptor_cost(descriptor, request_addend);
         let g = match groups.iter().position(|g| g.cost == cost) {
@@ -342,7 +396,6 @@ async fn decide(app: &App, domain: &Domain, request: &RateLimitRequest) -> RateL
             }
         };
         let group = &mut groups[g];
-        let name = counter_name(&descriptor.entries);
         let c = match group.counters.iter().position(|c| c.name == name) {
             Some(c) => c,
             None => {
@@ -372,7 +425,7 @@ async fn decide(app: &App, domain: &Domain, request: &RateLimitRequest) -> RateL
 async fn check_group(
     app: &App,
     domain: &Domain,
-    counters: &[Counter<'_>],
+    counters: &[Counter],
     cost: u64,
 ) -> Vec<DescriptorStatus> {
     // Counters taken out of the check because they are shadow counters over their limit;
@@ -447,7 +500,7 @@ async fn check_group(
 
 /// The status of one counter: its strictest rule as `current_limit`, with what is left of
 /// it and when it resets.
-fn status(decision: &Decision, counter: &Counter<'_>, over: bool) -> DescriptorStatus {
+fn status(decision: &Decision, counter: &Counter, over: bool) -> DescriptorStatus {
     let mine = decision
         .rules()
         .iter()

@@ -182,3 +182,84 @@ async fn hits_addend_shadow_and_all_or_nothing() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_descriptor_limit_override_replaces_the_configured_rules() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+
+    let server = Server::start(CONFIG);
+    let mut rls = server.grpc_client().await;
+    // RateLimitUnit: 2 = MINUTE, 3 = HOUR, 0 = UNKNOWN.
+    let overridden = |key: &str, value: &str, per_unit: u32, unit: i32| {
+        let mut d = descriptor(&[(key, value)]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: per_unit,
+            unit,
+        });
+        d
+    };
+
+    // 3 per MINUTE instead of the configured 2/1m + 100/1h.
+    for left in [2, 1, 0] {
+        let r = should_rate_limit(
+            &mut rls,
+            "edge",
+            vec![overridden("remote_address", "192.0.2.7", 3, 2)],
+            0,
+        )
+        .await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert_eq!(limit(&r.statuses[0]), (3, Unit::Minute, left));
+    }
+    let r = should_rate_limit(
+        &mut rls,
+        "edge",
+        vec![overridden("remote_address", "192.0.2.7", 3, 2)],
+        0,
+    )
+    .await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    // The configured counter of the same entries was not touched, nor a different override's.
+    let r = should_rate_limit(
+        &mut rls,
+        "edge",
+        vec![descriptor(&[("remote_address", "192.0.2.7")])],
+        0,
+    )
+    .await;
+    assert_eq!(limit(&r.statuses[0]), (2, Unit::Minute, 1));
+    let r = should_rate_limit(
+        &mut rls,
+        "edge",
+        vec![overridden("remote_address", "192.0.2.7", 10, 3)],
+        0,
+    )
+    .await;
+    assert_eq!(limit(&r.statuses[0]), (10, Unit::Hour, 9));
+
+    // An override limits a descriptor that no configured one matches, in a known domain...
+    let r = should_rate_limit(&mut rls, "edge", vec![overridden("unknown", "x", 1, 2)], 0).await;
+    assert_eq!(limit(&r.statuses[0]), (1, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", vec![overridden("unknown", "x", 1, 2)], 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    // ... not in an unknown domain; and one with an unknown unit or no requests is ignored.
+    let r = should_rate_limit(
+        &mut rls,
+        "nowhere",
+        vec![overridden("unknown", "x", 1, 2)],
+        0,
+    )
+    .await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(r.statuses[0].current_limit, None);
+    for (per_unit, unit) in [(5, 0), (0, 2)] {
+        let r = should_rate_limit(
+            &mut rls,
+            "edge",
+            vec![overridden("path", "/login", per_unit, unit)],
+            0,
+        )
+        .await;
+        assert_eq!(limit(&r.statuses[0]).0, 1, "the configured 1/1m applies");
+    }
+}
