@@ -25,7 +25,7 @@ pub fn sliding_log(log: &[u64], now: u64, rule: &Rule, cost: u64) -> RuleOutcome
     let window = rule.window_us();
     let limit = rule.limit();
     let first = match now.checked_sub(window) {
-        Some(edge) => log.partition_point(|&t| t <= edge),
+        Some(edge) => first_after(log, edge),
         None => 0,
     };
     let live = &log[first..];
@@ -53,6 +53,29 @@ pub fn sliding_log(log: &[u64], now: u64, rule: &Rule, cost: u64) -> RuleOutcome
         reset_after_us: newest.unwrap_or(0),
         retry_after_us,
     }
+}
+
+/// The index of the first entry of the sorted `log` later than `edge`.
+///
+/// The same as `partition_point(|&t| t <= edge)`, but it reads only the ends of a long log in
+/// the common cases: a short window starts near its newest entries, and the longest window
+/// (the one the log is trimmed to) at its oldest.
+fn first_after(log: &[u64], edge: u64) -> usize {
+    if log.first().is_none_or(|&t| t > edge) {
+        return 0;
+    }
+    // Gallop back from the newest entry, then search the last step.
+    let mut step = 1;
+    let mut hi = log.len();
+    while hi > 0 && log[hi - 1] > edge {
+        let lo = hi.saturating_sub(step);
+        if log[lo] <= edge {
+            return lo + 1 + log[lo + 1..hi].partition_point(|&t| t <= edge);
+        }
+        hi = lo;
+        step *= 2;
+    }
+    hi
 }
 
 /// State of a fixed-window rule: the window's start and the units counted in it.
@@ -170,6 +193,28 @@ mod tests {
         // Three live entries, one more wanted, limit two: two must leave, the second at 12 s.
         assert_eq!(o.retry_after_us, Some(7 * S));
         assert_eq!(o.remaining, 0);
+    }
+
+    #[test]
+    fn first_after_is_the_partition_point() {
+        let logs: [&[u64]; 5] = [
+            &[],
+            &[5],
+            &[1, 2, 3],
+            &[1, 1, 2, 2, 2, 3, 7, 9, 9],
+            &[0; 40],
+        ];
+        let mut long: Vec<u64> = (0..100).map(|i| i / 3).collect();
+        long.push(200);
+        for log in logs.into_iter().chain([&long[..]]) {
+            for edge in 0..=210 {
+                assert_eq!(
+                    first_after(log, edge),
+                    log.partition_point(|&t| t <= edge),
+                    "{log:?} {edge}"
+                );
+            }
+        }
     }
 
     #[test]

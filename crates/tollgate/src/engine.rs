@@ -375,14 +375,12 @@ impl<S: Store> Tollgate<S> {
         let mut limiters = [LimiterRef {
             key: "",
             rules: &[],
-            ban: None,
         }; INLINE_LIMITERS];
         let mut start = 0;
         for ((l, end), r) in policy.limiters.iter().zip(ends).zip(&mut limiters) {
             *r = LimiterRef {
                 key: &keys[start..end],
                 rules: &l.rules,
-                ban: l.ban,
             };
             start = end;
         }

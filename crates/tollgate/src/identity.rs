@@ -184,23 +184,18 @@ impl Dimension {
 
 /// Writes `ip` as its `Display` does, without `core::fmt`. Digits and dots need no escaping.
 fn push_ipv4(out: &mut String, ip: Ipv4Addr) {
-    let mut text = [0u8; 15];
-    let mut len = 0;
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
-            text[len] = b'.';
-            len += 1;
+            out.push('.');
         }
-        for (digit, shown) in [(octet / 100, octet >= 100), (octet / 10 % 10, octet >= 10)] {
-            if shown {
-                text[len] = b'0' + digit;
-                len += 1;
-            }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
         }
-        text[len] = b'0' + octet % 10;
-        len += 1;
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
     }
-    out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
 }
 
 impl fmt::Display for Dimension {

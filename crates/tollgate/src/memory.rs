@@ -165,7 +165,7 @@ impl MemoryStore {
     ) -> Result<bool, StoreError> {
         let status = self
             .inner
-            .check_limiters(limiters, &[], cost, consume, outcomes)?;
+            .check_limiters(limiters, (&[], &[]), cost, consume, outcomes)?;
         Ok(status.allowed)
     }
 }
@@ -273,8 +273,9 @@ impl RuleStates {
     /// What `rule` says about `cost` more units at `now`.
     fn outcome(&mut self, rule: &Rule, now: u64, cost: u64) -> RuleOutcome {
         match rule.algorithm() {
+            // The callers made the log contiguous: it is all in the first slice.
             Algorithm::SlidingLog => {
-                algorithm::sliding_log(self.log.make_contiguous(), now, rule, cost)
+                algorithm::sliding_log(self.log.as_slices().0, now, rule, cost)
             }
             Algorithm::FixedWindow => {
                 let state = match self.counter(rule) {
@@ -295,6 +296,7 @@ impl RuleStates {
 
     /// Every rule's outcome into `out`; true if all admit.
     fn evaluate(&mut self, rules: &[Rule], now: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
+        self.log.make_contiguous();
         let mut allowed = true;
         for (o, rule) in out.iter_mut().zip(rules) {
             *o = self.outcome(rule, now, cost);
@@ -306,6 +308,7 @@ impl RuleStates {
     /// After a denial: the rules that would have admitted report the state as it stays, which
     /// is what they say for a cost of zero.
     fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
+        self.log.make_contiguous();
         for (o, rule) in out.iter_mut().zip(rules) {
             if o.allowed {
                 *o = self.outcome(rule, now, 0);
@@ -325,13 +328,18 @@ impl RuleStates {
             .max();
         if let Some(window) = log_window {
             if let Some(edge) = now.checked_sub(window) {
-                let old = self.log.partition_point(|&t| t <= edge);
-                self.log.drain(..old);
+                while self.log.front().is_some_and(|&t| t <= edge) {
+                    self.log.pop_front();
+                }
             }
-            // Keep the log sorted even if the clock stepped back.
-            let at = self.log.partition_point(|&t| t <= now);
-            for _ in 0..cost {
-                self.log.insert(at, now);
+            if self.log.back().is_none_or(|&t| t <= now) {
+                self.log.extend(std::iter::repeat_n(now, cost as usize));
+            } else {
+                // Keep the log sorted even if the clock stepped back.
+                let at = self.log.partition_point(|&t| t <= now);
+                for _ in 0..cost {
+                    self.log.insert(at, now);
+                }
             }
             expires_at = now + window;
         }
@@ -374,12 +382,11 @@ impl RuleStates {
     }
 }
 
-/// One limiter of a check as the store sees it: its base key, rules and ban.
+/// One limiter of a check as the store sees it: its base key and rules.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LimiterRef<'a> {
     pub(crate) key: &'a str,
     pub(crate) rules: &'a [Rule],
-    pub(crate) ban: Option<BanRule>,
 }
 
 /// What a check decided, beside the rule outcomes.
@@ -493,13 +500,17 @@ impl Inner {
             .map(|l| LimiterRef {
                 key: &l.key,
                 rules: &l.rules,
-                ban: l.ban,
             })
             .collect();
+        let ban_rules: Vec<Option<BanRule>> = if plan.bans.is_empty() {
+            Vec::new()
+        } else {
+            plan.limiters.iter().map(|l| l.ban).collect()
+        };
         let mut outcomes = vec![RuleOutcome::default(); plan.rule_count()];
         let status = self.check_limiters(
             &limiters,
-            &plan.bans,
+            (&plan.bans, &ban_rules),
             plan.cost,
             plan.consume,
             &mut outcomes,
@@ -515,16 +526,17 @@ impl Inner {
     }
 
     /// One atomic check (see [`CheckPlan`]): `out` gets one outcome per rule, limiters in
-    /// order, unless the identity is blocked.
+    /// order, unless the identity is blocked. `bans` holds the identity's ban keys and each
+    /// limiter's ban rule.
     fn check_limiters(
         &self,
         limiters: &[LimiterRef<'_>],
-        bans: &[PlanBan],
+        (bans, ban_rules): (&[PlanBan], &[Option<BanRule>]),
         cost: u64,
         consume: bool,
         out: &mut [RuleOutcome],
     ) -> Result<Status, StoreError> {
-        let may_ban = consume && !bans.is_empty() && limiters.iter().any(|l| l.ban.is_some());
+        let may_ban = consume && !bans.is_empty() && ban_rules.iter().any(Option::is_some);
         // Ban keys are locked with the rest only when a ban may be live or may be written:
         // without bans a check touches nothing but its own limiters' keys.
         let bans = if !bans.is_empty() && (may_ban || self.bans_possible()) {
@@ -598,7 +610,7 @@ impl Inner {
                 }
             }
             let banned_us = if may_ban {
-                self.ban_offender(limiters, bans, out, &mut locked, now)
+                self.ban_offender(limiters, (bans, ban_rules), out, &mut locked, now)
             } else {
                 None
             };
@@ -672,17 +684,17 @@ impl Inner {
     fn ban_offender(
         &self,
         limiters: &[LimiterRef<'_>],
-        bans: &[PlanBan],
+        (bans, ban_rules): (&[PlanBan], &[Option<BanRule>]),
         outcomes: &[RuleOutcome],
         locked: &mut Locked<'_>,
         now: u64,
     ) -> Option<u64> {
         let mut first = 0;
         let mut rules = Vec::new();
-        for limiter in limiters {
+        for (limiter, ban) in limiters.iter().zip(ban_rules) {
             let mine = &outcomes[first..first + limiter.rules.len()];
             first += limiter.rules.len();
-            if let Some(rule) = limiter.ban {
+            if let Some(rule) = *ban {
                 if mine.iter().any(|o| !o.allowed) {
                     rules.push(rule);
                 }
