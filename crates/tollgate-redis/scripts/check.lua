@@ -5,7 +5,8 @@
 --   per limiter in plan order, exactly PlanLimiter::state_keys: the limiter's sliding log
 --   (ZSET, score = µs timestamp) first, if any rule is a sliding log; then one key per
 --   fixed-window rule (string "start:count") or GCRA rule (string tat), in rule order;
---   then the plan's ban keys (hashes, see ban.lua), then the ban index (if any ban key).
+--   then the plan's ban keys (hashes, see ban.lua), then the ban index if this check may
+--   write a ban (see "writes bans" below).
 -- ARGV:
 --   1  cost      units this request consumes
 --   2  consume   1 = record the admission, 0 = only compute the decision (peek)
@@ -17,7 +18,9 @@
 --        rule count, bans (1 = the limiter bans offenders, 0 = it does not), ban duration µs,
 --        ban factor, ban cap µs;
 --        then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
---   then  bans   number of ban keys; then per ban key: target kind, target value
+--   then  bans   number of ban keys; if not 0, then "writes bans": 1 = this check may ban
+--                the offender (it consumes and a limiter bans): per ban key its target kind
+--                and target value follow, and KEYS ends with the ban index; 0 = neither
 --   then  report (optional, Cluster stores only; absent or 0 on a standalone call):
 --                1 = append what this call recorded, so that the store can undo the
 --                reservation (undo.lua) when another hash slot denies; 2 = also append each
@@ -35,12 +38,37 @@
 --   per rule the four integers of its outcome at cost 0
 --
 -- Lua numbers are doubles: integers below 2^53 (µs timestamps are ~1.8e15) are exact, but
--- a / b is not floor division and tostring() keeps only 14 digits, hence divmod() and int().
+-- a / b is not floor division and tostring() keeps only 14 digits, hence divmod() and
+-- format('%d'). Numbers given to redis.call are formatted by Redis with 17 digits, which
+-- costs more than the whole rest of a call: the common path hands it strings.
+--
+-- Cost: Redis runs this whole chunk on every call, and on the server a tonumber() (strtod), a
+-- format(), a new table or closure, or a table that grows each cost about a third of a cheap
+-- Redis command. So the common path (sliding logs that admit) reads the plan once into two
+-- flat tables made at their usual size, counts a limiter's log once over its longest window
+-- (an empty log answers every rule at once), looks up the newest entry only when an outcome
+-- shows it, and builds the helpers of other paths (fixed window, GCRA, bans) only when taken.
 
 if redis.replicate_commands then
   -- Redis < 5 refuses writes after TIME unless the script replicates its effects.
   redis.replicate_commands()
 end
+
+local call, format = redis.call, string.format
+local SLIDING_LOG, FIXED_WINDOW, GCRA = '1', '2', '3'
+
+local cost = ARGV[1] == '1' and 1 or tonumber(ARGV[1]) -- the usual cost is read without strtod
+local consume = ARGV[2] == '1'
+local now, ttl_slack_ms
+if ARGV[3] == '' then
+  local t = call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  ttl_slack_ms = 0
+else
+  now = tonumber(ARGV[3])
+  ttl_slack_ms = 3600000
+end
+local nonce = ARGV[4]
 
 local function divmod(a, b)
   local q = math.floor(a / b)
@@ -55,15 +83,6 @@ local function divmod(a, b)
   return q, r
 end
 
-local function int(x)
-  return string.format('%d', x)
-end
-
-local ttl_slack_ms = 0
-if ARGV[3] ~= '' then
-  ttl_slack_ms = 3600000
-end
-
 -- A TTL in ms for state that counts for `us` more µs: never shorter, so never lost early.
 local function ttl_ms(us)
   local q, r = divmod(us, 1000)
@@ -73,349 +92,417 @@ local function ttl_ms(us)
   return q + ttl_slack_ms
 end
 
-local SLIDING_LOG, FIXED_WINDOW, GCRA = 1, 2, 3
-
-local cost = tonumber(ARGV[1])
-local consume = ARGV[2] == '1'
-local now
-if ARGV[3] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[3])
-end
-local nonce = ARGV[4]
-
--- The plan: rules in reply order, each with its key; limiters with their log key.
-local argi, keyi = 4, 0
-local function next_arg()
-  argi = argi + 1
-  return ARGV[argi]
-end
-local function next_number()
-  return tonumber(next_arg())
-end
-local function next_key()
-  keyi = keyi + 1
-  return KEYS[keyi]
-end
-
-local rules = {}
-local logs = {}
-local limiters = {}
-for _ = 1, next_number() do
-  local first = #rules + 1
-  local n = next_number()
-  local ban
-  if next_arg() == '1' then
-    ban = { duration = next_number(), factor = next_number(), cap = next_number() }
-  else
-    next_arg()
-    next_arg()
-    next_arg()
-  end
-  limiters[#limiters + 1] = { first = first, last = first + n - 1, ban = ban }
-  local log_window = 0
-  for _ = 1, n do
-    local rule = { kind = next_number(), limit = next_number(), window = next_number() }
-    if rule.kind == SLIDING_LOG and rule.window > log_window then
-      log_window = rule.window
+-- The plan, read once into two flat tables (a table per rule would cost more than a Redis
+-- command):
+--   rule[4i-3 .. 4i]      rule i (reply order): algorithm (the ARGV text), limit, window µs, key
+--   limiter[6l-5 .. 6l]   limiter l: first rule, last rule, the ARGV index of its ban
+--                         parameters (false: it bans nobody), its sliding log's key (false:
+--                         none), the longest sliding-log window µs (0: none), and, once
+--                         counted, the log's entries in that window
+-- Tables are made at the size of a common plan (4 rules, 2 limiters): Lua 5.1 has no
+-- table.new, and growing a table costs about as much as a Redis command.
+local rule = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local limiter = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local counters = false -- any fixed-window or GCRA rule
+local limiters = tonumber(ARGV[5])
+local argi, keyi, rules = 5, 0, 0
+for l = 1, limiters do
+  local n = tonumber(ARGV[argi + 1])
+  local ban_at = ARGV[argi + 2] == '1' and argi + 3
+  argi = argi + 5
+  local longest = 0
+  for i = rules + 1, rules + n do
+    local k, w = ARGV[argi + 1], tonumber(ARGV[argi + 3])
+    local r = 4 * i
+    rule[r - 3] = k
+    rule[r - 2] = tonumber(ARGV[argi + 2])
+    rule[r - 1] = w
+    if k ~= SLIDING_LOG then
+      counters = true
+    elseif w > longest then
+      longest = w
     end
-    rules[#rules + 1] = rule
+    argi = argi + 3
   end
-  local log
-  if log_window > 0 then
-    log = { key = next_key(), window = log_window, retries = 0 }
-    logs[#logs + 1] = log
+  local log = false
+  if longest > 0 then
+    keyi = keyi + 1
+    log = KEYS[keyi]
   end
-  for i = first, #rules do
-    if rules[i].kind == SLIDING_LOG then
-      rules[i].key = log.key
-      rules[i].log = log
+  for i = rules + 1, rules + n do
+    if rule[4 * i - 3] == SLIDING_LOG then
+      rule[4 * i] = log
     else
-      rules[i].key = next_key()
+      keyi = keyi + 1
+      rule[4 * i] = KEYS[keyi]
     end
   end
+  local m = 6 * l
+  limiter[m - 5] = rules + 1
+  limiter[m - 4] = rules + n
+  limiter[m - 3] = ban_at
+  limiter[m - 2] = log
+  limiter[m - 1] = longest
+  limiter[m] = 0
+  rules = rules + n
 end
-local bans = {}
-for _ = 1, next_number() do
-  bans[#bans + 1] = { key = next_key(), kind = next_arg(), value = next_arg() }
+local bans = tonumber(ARGV[argi + 1])
+local ban_keys = keyi -- the ban keys are KEYS[ban_keys + 1 .. ban_keys + bans]
+local targets, ban_index = false, false -- ARGV index before the first target kind
+argi = argi + 1
+keyi = keyi + bans
+if bans > 0 then
+  argi = argi + 1
+  if ARGV[argi] == '1' then
+    targets = argi
+    argi = argi + 2 * bans
+    keyi = keyi + 1
+    ban_index = KEYS[keyi]
+  end
 end
-local ban_index
-if #bans > 0 then
-  ban_index = next_key()
-end
-local report = tonumber(next_arg() or '0') or 0
+local report = tonumber(ARGV[argi + 1] or '0') or 0
 if keyi ~= #KEYS then
   return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the plan needs ' .. keyi)
 end
 
--- A live ban blocks before any rule is looked at.
-local blocked = -1
-for _, b in ipairs(bans) do
-  local until_us = tonumber(redis.call('HGET', b.key, 'u') or '')
-  if until_us and until_us > now and until_us - now > blocked then
-    blocked = until_us - now
-  end
-end
-if blocked >= 0 then
-  return { 0, blocked, -1 }
-end
-
--- Each evaluator returns {allowed, remaining, reset_after, retry_after} and, when it admits,
--- what to write.
-
-local function sliding_log(rule, c)
-  local window, limit = rule.window, rule.limit
-  -- Live entries are t > now - window (all of them while now < window).
-  local edge = '-inf'
-  if now >= window then
-    edge = '(' .. int(now - window)
-  end
-  local count = redis.call('ZCOUNT', rule.key, edge, '+inf')
-  local newest = 0
-  if count > 0 then
-    local last = redis.call('ZRANGE', rule.key, -1, -1, 'WITHSCORES')
-    newest = tonumber(last[2]) + window - now
-  end
-  if count + c <= limit then
-    local reset = newest
-    if c > 0 then
-      reset = window
+-- A live ban blocks before any rule is looked at. Several ban keys that do not exist (the
+-- common case) cost one EXISTS.
+if bans > 0 and (bans == 1 or call('EXISTS', unpack(KEYS, ban_keys + 1, ban_keys + bans)) > 0) then
+  local blocked = -1
+  for k = ban_keys + 1, ban_keys + bans do
+    local until_us = tonumber(call('HGET', KEYS[k], 'u') or '')
+    if until_us and until_us > now and until_us - now > blocked then
+      blocked = until_us - now
     end
-    return { 1, limit - count - c, reset, -1 }, { newest = newest }
   end
-  -- The request fits once the (count + c - limit) oldest live entries have left.
-  local must_leave = count + c - limit
+  if blocked >= 0 then
+    return { 0, blocked, -1 }
+  end
+end
+
+-- The lower bound of a sliding window w: live entries are t > now - w (all while now < w).
+local function edge(w)
+  if now >= w then
+    return format('(%d', now - w)
+  end
+  return '-inf'
+end
+
+-- Each evaluator gives rule i's outcome at cost c: allowed (1/0), remaining, reset_after,
+-- retry_after, then, when it admits, the two integers of its record (see the header).
+
+-- `live` is the count of the rule's log over the limiter's longest window, `longest`.
+local function sliding_log(i, c, live, longest)
+  local r = 4 * i
+  local lim, w, log = rule[r - 2], rule[r - 1], rule[r]
+  local count = live
+  if live > 0 and w ~= longest then
+    count = call('ZCOUNT', log, edge(w), '+inf')
+  end
+  -- µs until the newest live entry leaves (0: none), looked up only when shown.
+  local newest = 0
+  if count > 0 and (c == 0 or report > 0 or count + c > lim) then
+    newest = call('ZRANGE', log, '-1', '-1', 'WITHSCORES')[2] + w - now
+  end
+  if count + c <= lim then
+    if c > 0 then
+      return 1, lim - count - c, w, -1, 0, newest
+    end
+    return 1, lim - count, newest, -1, 0, newest
+  end
+  -- The request fits once the (count + c - lim) oldest live entries have left.
+  local must_leave = count + c - lim
   local retry = -1
   if must_leave <= count then
-    local entry = redis.call('ZRANGEBYSCORE', rule.key, edge, '+inf', 'WITHSCORES', 'LIMIT', must_leave - 1, 1)
-    retry = tonumber(entry[2]) + window - now
+    local entry = call('ZRANGEBYSCORE', log, edge(w), '+inf', 'WITHSCORES', 'LIMIT',
+      format('%d', must_leave - 1), '1')
+    retry = entry[2] + w - now
   end
-  return { 0, limit - math.min(count, limit), newest, retry }
+  return 0, lim - math.min(count, lim), newest, retry
 end
 
-local function fixed_window(rule, c)
-  local window, limit = rule.window, rule.limit
-  local _, into = divmod(now, window)
-  local start = now - into
-  local count = 0
-  local value = redis.call('GET', rule.key)
-  if value then
-    local sep = string.find(value, ':', 1, true)
-    if sep and tonumber(string.sub(value, 1, sep - 1)) == start then
-      count = tonumber(string.sub(value, sep + 1)) or 0
-    end
-  end
-  local reset = start + window - now
-  if count + c <= limit then
-    local shown = reset
-    if count + c == 0 then
-      shown = 0
-    end
-    return { 1, limit - count - c, shown, -1 }, { start = start, count = count + c }
-  end
-  return { 0, limit - math.min(count, limit), reset, reset }
-end
-
-local function gcra(rule, c)
-  local limit = rule.limit
-  local interval = math.max(1, (divmod(rule.window, limit)))
-  local capacity = interval * limit
-  local value = redis.call('GET', rule.key)
-  local tat = (value and tonumber(value)) or now
-  if tat < now then
-    tat = now
-  end
-  local new_tat = tat + interval * c
-  if new_tat - now <= capacity then
-    return { 1, (divmod(capacity - (new_tat - now), interval)), new_tat - now, -1 },
-      { old = tat, new = new_tat }
-  end
-  local remaining = 0
-  if capacity > tat - now then
-    remaining = divmod(capacity - (tat - now), interval)
-  end
-  return { 0, remaining, tat - now, new_tat - capacity - now }
-end
-
-local evaluators = { [SLIDING_LOG] = sliding_log, [FIXED_WINDOW] = fixed_window, [GCRA] = gcra }
-
-local function evaluate(rule, c)
-  local evaluator = evaluators[rule.kind]
-  if not evaluator then
-    error('tollgate check: unknown algorithm code ' .. tostring(rule.kind))
-  end
-  return evaluator(rule, c)
-end
-
-local outcomes, writes = {}, {}
-local allowed = true
-for i, rule in ipairs(rules) do
-  outcomes[i], writes[i] = evaluate(rule, cost)
-  if outcomes[i][1] == 0 then
-    allowed = false
-  end
-end
-
--- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for.
-local function ban_duration(ban, strike)
-  if ban.factor <= 1 then
-    return math.min(ban.duration, ban.cap)
-  end
-  local d = ban.duration
-  for _ = 2, strike do
-    d = d * ban.factor
-    if d >= ban.cap then
-      return ban.cap
-    end
-  end
-  return math.min(d, ban.cap)
-end
-
--- After a denial: ban every target for the longest ban of the denying limiters that ban.
-local function ban_offender()
-  local denying = {}
-  for _, limiter in ipairs(limiters) do
-    if limiter.ban then
-      for i = limiter.first, limiter.last do
-        if outcomes[i][1] == 0 then
-          denying[#denying + 1] = limiter.ban
-          break
-        end
+-- Fixed windows and GCRA: built only for a plan that has such rules.
+local fixed_window, gcra
+if counters then
+  fixed_window = function(i, c)
+    local r = 4 * i
+    local lim, w = rule[r - 2], rule[r - 1]
+    local _, into = divmod(now, w)
+    local start = now - into
+    local count = 0
+    local value = call('GET', rule[r])
+    if value then
+      local sep = string.find(value, ':', 1, true)
+      if sep and tonumber(string.sub(value, 1, sep - 1)) == start then
+        count = tonumber(string.sub(value, sep + 1)) or 0
       end
     end
-  end
-  if #denying == 0 then
-    return -1
-  end
-  -- Strikes are remembered until the ban ends plus the cap, when bans escalate.
-  local memory = 0
-  for _, ban in ipairs(denying) do
-    if ban.factor > 1 and ban.cap > memory then
-      memory = ban.cap
+    local reset = start + w - now
+    if count + c <= lim then
+      local shown = reset
+      if count + c == 0 then
+        shown = 0
+      end
+      return 1, lim - count - c, shown, -1, start, count + c
     end
+    return 0, lim - math.min(count, lim), reset, reset
   end
-  local longest = -1
-  for _, b in ipairs(bans) do
-    local old = redis.call('HMGET', b.key, 's', 'x')
-    local strikes = 1
-    if tonumber(old[2] or '') and tonumber(old[2]) > now then
-      strikes = (tonumber(old[1] or '') or 0) + 1
+
+  gcra = function(i, c)
+    local r = 4 * i
+    local lim = rule[r - 2]
+    local interval = math.max(1, (divmod(rule[r - 1], lim)))
+    local capacity = interval * lim
+    local value = call('GET', rule[r])
+    local tat = (value and tonumber(value)) or now
+    if tat < now then
+      tat = now
     end
-    local duration = 0
-    for _, ban in ipairs(denying) do
-      duration = math.max(duration, ban_duration(ban, strikes))
+    local new_tat = tat + interval * c
+    if new_tat - now <= capacity then
+      return 1, (divmod(capacity - (new_tat - now), interval)), new_tat - now, -1, tat, new_tat
     end
-    local until_us = now + duration
-    redis.call('DEL', b.key)
-    redis.call('HSET', b.key, 'u', int(until_us), 's', int(strikes), 'x', int(until_us + memory),
-      'k', b.kind, 'v', b.value)
-    redis.call('PEXPIRE', b.key, ttl_ms(until_us + memory - now))
-    redis.call('ZADD', ban_index, int(until_us), b.key)
-    if duration > longest then
-      longest = duration
+    local remaining = 0
+    if capacity > tat - now then
+      remaining = divmod(capacity - (tat - now), interval)
     end
+    return 0, remaining, tat - now, new_tat - capacity - now
   end
-  redis.call('ZREMRANGEBYSCORE', ban_index, '-inf', int(now))
-  local last = redis.call('ZRANGE', ban_index, -1, -1, 'WITHSCORES')
-  if last[2] then
-    redis.call('PEXPIRE', ban_index, ttl_ms(tonumber(last[2]) - now))
-  end
-  return longest
 end
 
-local banned = -1
+local function evaluate(i, l, c)
+  local k = rule[4 * i - 3]
+  if k == SLIDING_LOG then
+    return sliding_log(i, c, limiter[6 * l], limiter[6 * l - 1])
+  elseif k == FIXED_WINDOW then
+    return fixed_window(i, c)
+  elseif k == GCRA then
+    return gcra(i, c)
+  end
+  error('tollgate check: unknown algorithm code ' .. tostring(k))
+end
+
+-- reply[4i .. 4i + 3] is rule i's outcome (sized like `rule`; Redis reads a reply up to its
+-- first nil); record[2i - 1], record[2i] what it writes, kept only when needed.
+local reply = { 1, -1, -1, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+local record = (counters or report > 0) and {}
+local oldest = {} -- per limiter with a log, now - its longest window as text (while >= 0)
+local allowed = true
+for l = 1, limiters do
+  local m = 6 * l
+  local log, longest = limiter[m - 2], limiter[m - 1]
+  local live = 0
+  if log then
+    -- One count over the longest window: when it is 0, so is every rule's.
+    if now >= longest then
+      -- Kept for the trim when the check is recorded.
+      oldest[l] = format('%d', now - longest)
+      live = call('ZCOUNT', log, '(' .. oldest[l], '+inf')
+    else
+      live = call('ZCOUNT', log, '-inf', '+inf')
+    end
+    limiter[m] = live
+  end
+  for i = limiter[m - 5], limiter[m - 4] do
+    local ok, remaining, reset, retry, a, b
+    if rule[4 * i - 3] == SLIDING_LOG then
+      ok, remaining, reset, retry, a, b = sliding_log(i, cost, live, longest)
+    else
+      ok, remaining, reset, retry, a, b = evaluate(i, l, cost)
+    end
+    local j = 4 * i
+    reply[j] = ok
+    reply[j + 1] = remaining
+    reply[j + 2] = reset
+    reply[j + 3] = retry
+    if record then
+      record[2 * i - 1] = a or 0
+      record[2 * i] = b or 0
+    end
+    if ok == 0 then
+      allowed = false
+    end
+  end
+end
+
 local recorded = false
 -- Cluster stores: how each rule stays if another slot denies. (When this call records, the
 -- store works that out from the record instead.)
-local zero = {}
+local zero = false
 if allowed and report >= 2 and not (consume and cost > 0) then
-  for i, rule in ipairs(rules) do
-    zero[i] = evaluate(rule, 0)
+  zero = {}
+  for l = 1, limiters do
+    for i = limiter[6 * l - 5], limiter[6 * l - 4] do
+      local ok, remaining, reset, retry = evaluate(i, l, 0)
+      zero[#zero + 1] = ok
+      zero[#zero + 1] = remaining
+      zero[#zero + 1] = reset
+      zero[#zero + 1] = retry
+    end
   end
 end
 if not allowed then
   -- Nothing is recorded: rules that would have admitted report the state as it stays.
-  for i, rule in ipairs(rules) do
-    if outcomes[i][1] == 1 then
-      outcomes[i] = evaluate(rule, 0)
+  for l = 1, limiters do
+    for i = limiter[6 * l - 5], limiter[6 * l - 4] do
+      local j = 4 * i
+      if reply[j] == 1 then
+        reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = evaluate(i, l, 0)
+      end
     end
   end
-  if consume and #bans > 0 then
-    banned = ban_offender()
+  reply[1] = 0
+  if targets then
+    -- After a denial: ban every target for the longest ban of the denying limiters that ban.
+    local function ban_offender()
+      -- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for; `at` is the
+      -- ARGV index of the limiter's ban duration, factor and cap.
+      local function ban_duration(at, strike)
+        local duration, factor, cap = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+        if factor <= 1 then
+          return math.min(duration, cap)
+        end
+        local d = duration
+        for _ = 2, strike do
+          d = d * factor
+          if d >= cap then
+            return cap
+          end
+        end
+        return math.min(d, cap)
+      end
+
+      local denying = {}
+      for l = 1, limiters do
+        local m = 6 * l
+        local ban_at = limiter[m - 3]
+        if ban_at then
+          for i = limiter[m - 5], limiter[m - 4] do
+            if reply[4 * i] == 0 then
+              denying[#denying + 1] = ban_at
+              break
+            end
+          end
+        end
+      end
+      if #denying == 0 then
+        return -1
+      end
+      -- Strikes are remembered until the ban ends plus the cap, when bans escalate.
+      local memory = 0
+      for _, at in ipairs(denying) do
+        local factor, cap = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+        if factor > 1 and cap > memory then
+          memory = cap
+        end
+      end
+      local longest = -1
+      for b = 1, bans do
+        local ban_key = KEYS[ban_keys + b]
+        local old = call('HMGET', ban_key, 's', 'x')
+        local strikes = 1
+        if tonumber(old[2] or '') and tonumber(old[2]) > now then
+          strikes = (tonumber(old[1] or '') or 0) + 1
+        end
+        local duration = 0
+        for _, at in ipairs(denying) do
+          duration = math.max(duration, ban_duration(at, strikes))
+        end
+        local until_us = now + duration
+        call('DEL', ban_key)
+        call('HSET', ban_key, 'u', format('%d', until_us), 's', format('%d', strikes),
+          'x', format('%d', until_us + memory),
+          'k', ARGV[targets + 2 * b - 1], 'v', ARGV[targets + 2 * b])
+        call('PEXPIRE', ban_key, format('%d', ttl_ms(until_us + memory - now)))
+        call('ZADD', ban_index, format('%d', until_us), ban_key)
+        if duration > longest then
+          longest = duration
+        end
+      end
+      call('ZREMRANGEBYSCORE', ban_index, '-inf', format('%d', now))
+      local newest = call('ZRANGE', ban_index, '-1', '-1', 'WITHSCORES')
+      if newest[2] then
+        call('PEXPIRE', ban_index, format('%d', ttl_ms(tonumber(newest[2]) - now)))
+      end
+      return longest
+    end
+
+    reply[3] = ban_offender()
   end
 elseif consume and cost > 0 then
   recorded = true
-  for _, log in ipairs(logs) do
-    if now >= log.window then
-      redis.call('ZREMRANGEBYSCORE', log.key, '-inf', int(now - log.window))
-    end
-    -- ZADD NX reports what it added: a member that already exists (a nonce collision) would
-    -- otherwise silently count once for two units.
-    local score = int(now)
-    local missing = 0
-    local unit = 1
-    while unit <= cost do
-      local last = math.min(cost, unit + 499)
-      local args = {}
-      for u = unit, last do
-        args[#args + 1] = score
-        args[#args + 1] = nonce .. int(u)
+  local score = format('%d', now)
+  for l = 1, limiters do
+    local m = 6 * l
+    local log, longest = limiter[m - 2], limiter[m - 1]
+    if log then
+      if oldest[l] then
+        call('ZREMRANGEBYSCORE', log, '-inf', oldest[l])
       end
-      missing = missing + (last - unit + 1) - redis.call('ZADD', log.key, 'NX', unpack(args))
-      unit = last + 1
-    end
-    local attempt = 0
-    while missing > 0 do
-      attempt = attempt + 1
-      if attempt > 1000 then
-        error('tollgate check: cannot find a free sliding-log member')
+      -- ZADD NX reports what it added: a member that already exists (a nonce collision)
+      -- would otherwise silently count once for two units.
+      local missing
+      if cost == 1 then
+        missing = 1 - call('ZADD', log, 'NX', score, nonce .. '1')
+      else
+        missing = 0
+        local unit = 1
+        while unit <= cost do
+          local upto = math.min(cost, unit + 499)
+          local args = {}
+          for u = unit, upto do
+            args[#args + 1] = score
+            args[#args + 1] = nonce .. format('%d', u)
+          end
+          missing = missing + (upto - unit + 1) - call('ZADD', log, 'NX', unpack(args))
+          unit = upto + 1
+        end
       end
-      missing = missing - redis.call('ZADD', log.key, 'NX', score, nonce .. 'r' .. int(attempt))
+      local attempt = 0
+      while missing > 0 do
+        attempt = attempt + 1
+        if attempt > 1000 then
+          error('tollgate check: cannot find a free sliding-log member')
+        end
+        missing = missing - call('ZADD', log, 'NX', score, nonce .. 'r' .. format('%d', attempt))
+      end
+      call('PEXPIRE', log, format('%d', ttl_ms(longest)))
+      -- Every sliding-log rule of this limiter records the members retried.
+      if record and attempt > 0 then
+        for i = limiter[m - 5], limiter[m - 4] do
+          if rule[4 * i - 3] == SLIDING_LOG then
+            record[2 * i - 1] = attempt
+          end
+        end
+      end
     end
-    log.retries = attempt
-    redis.call('PEXPIRE', log.key, ttl_ms(log.window))
-  end
-  for i, rule in ipairs(rules) do
-    local write = writes[i]
-    if rule.kind == FIXED_WINDOW then
-      local ttl = ttl_ms(write.start + rule.window - now)
-      redis.call('SET', rule.key, int(write.start) .. ':' .. int(write.count), 'PX', ttl)
-    elseif rule.kind == GCRA then
-      redis.call('SET', rule.key, int(write.new), 'PX', ttl_ms(write.new - now))
+    for i = limiter[m - 5], limiter[m - 4] do
+      local r = 4 * i
+      local k = rule[r - 3]
+      if k == FIXED_WINDOW then
+        local start, count = record[2 * i - 1], record[2 * i]
+        call('SET', rule[r], format('%d:%d', start, count),
+          'PX', format('%d', ttl_ms(start + rule[r - 1] - now)))
+      elseif k == GCRA then
+        local tat = record[2 * i]
+        call('SET', rule[r], format('%d', tat), 'PX', format('%d', ttl_ms(tat - now)))
+      end
     end
   end
 end
 
-local reply = { allowed and 1 or 0, -1, banned }
-for _, outcome in ipairs(outcomes) do
-  for j = 1, 4 do
-    reply[#reply + 1] = outcome[j]
-  end
-end
 if report > 0 then
   reply[#reply + 1] = recorded and 1 or 0
-end
-if recorded and report > 0 then
-  reply[#reply + 1] = now
-  for i, rule in ipairs(rules) do
-    local write = writes[i]
-    if rule.kind == SLIDING_LOG then
-      reply[#reply + 1] = rule.log.retries
-      reply[#reply + 1] = write.newest
-    elseif rule.kind == FIXED_WINDOW then
-      reply[#reply + 1] = write.start
-      reply[#reply + 1] = write.count
-    else
-      reply[#reply + 1] = write.old
-      reply[#reply + 1] = write.new
+  if recorded then
+    reply[#reply + 1] = now
+    for _, v in ipairs(record) do
+      reply[#reply + 1] = v
     end
   end
-end
-for _, outcome in ipairs(zero) do
-  for j = 1, 4 do
-    reply[#reply + 1] = outcome[j]
+  if zero then
+    for _, v in ipairs(zero) do
+      reply[#reply + 1] = v
+    end
   end
 end
 return reply

@@ -189,13 +189,20 @@ pub(crate) fn prepare(
         }
     }
     invocation.arg(plan.bans.len());
-    for ban in &plan.bans {
-        invocation
-            .key(&ban.key)
-            .arg(ban.target.kind())
-            .arg(ban.target.value());
+    if plan.bans.is_empty() {
+        return Ok(());
     }
-    if !plan.bans.is_empty() {
+    for ban in &plan.bans {
+        invocation.key(&ban.key);
+    }
+    // The targets and the ban index only matter to a check that may write a ban: the others
+    // only read the ban keys, and spare the server two arguments per target and a key.
+    let writes_bans = plan.may_ban();
+    invocation.arg(u8::from(writes_bans));
+    if writes_bans {
+        for ban in &plan.bans {
+            invocation.arg(ban.target.kind()).arg(ban.target.value());
+        }
         invocation.key(&plan.ban_index);
     }
     Ok(())
