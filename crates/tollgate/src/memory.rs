@@ -296,7 +296,9 @@ impl RuleStates {
 
     /// Every rule's outcome into `out`; true if all admit.
     fn evaluate(&mut self, rules: &[Rule], now: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
-        self.log.make_contiguous();
+        if !self.log.is_empty() {
+            self.log.make_contiguous();
+        }
         let mut allowed = true;
         for (o, rule) in out.iter_mut().zip(rules) {
             *o = self.outcome(rule, now, cost);
@@ -308,7 +310,9 @@ impl RuleStates {
     /// After a denial: the rules that would have admitted report the state as it stays, which
     /// is what they say for a cost of zero.
     fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
-        self.log.make_contiguous();
+        if !self.log.is_empty() {
+            self.log.make_contiguous();
+        }
         for (o, rule) in out.iter_mut().zip(rules) {
             if o.allowed {
                 *o = self.outcome(rule, now, 0);
