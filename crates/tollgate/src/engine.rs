@@ -334,7 +334,9 @@ impl<S: Store> Tollgate<S> {
             return Ok(cost_exceeds_limit(&policy.limiters, cost));
         }
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        Ok(self.run(&policy.limiters, plan, on_error).await)
+        // Boxed, so that the future of every check (the memory store's included, which never
+        // gets here) is not as large as a store's check future.
+        Ok(Box::pin(self.run(&policy.limiters, plan, on_error)).await)
     }
 
     /// The memory store, when a check of `policy` can run on it without a plan: the check
