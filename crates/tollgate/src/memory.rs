@@ -337,7 +337,9 @@ impl RuleStates {
                 }
             }
             if self.log.back().is_none_or(|&t| t <= now) {
-                self.log.extend(std::iter::repeat_n(now, cost as usize));
+                for _ in 0..cost {
+                    self.log.push_back(now);
+                }
             } else {
                 // Keep the log sorted even if the clock stepped back.
                 let at = self.log.partition_point(|&t| t <= now);
