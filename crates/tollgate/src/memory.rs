@@ -262,46 +262,49 @@ impl Shard {
     }
 }
 
-impl RuleStates {
-    fn counter(&self, rule: &Rule) -> Option<CounterState> {
-        self.counters
-            .iter()
-            .find(|c| c.rule == *rule)
-            .map(|c| c.state)
-    }
+/// The state of `rule` among a limiter's counters.
+fn counter(counters: &[Counter], rule: &Rule) -> Option<CounterState> {
+    counters.iter().find(|c| c.rule == *rule).map(|c| c.state)
+}
 
-    /// What `rule` says about `cost` more units at `now`.
-    fn outcome(&mut self, rule: &Rule, now: u64, cost: u64) -> RuleOutcome {
-        match rule.algorithm() {
-            // The callers made the log contiguous: it is all in the first slice.
-            Algorithm::SlidingLog => {
-                algorithm::sliding_log(self.log.as_slices().0, now, rule, cost)
-            }
-            Algorithm::FixedWindow => {
-                let state = match self.counter(rule) {
-                    Some(CounterState::Window(w)) => Some(w),
-                    _ => None,
-                };
-                algorithm::fixed_window(state, now, rule, cost).0
-            }
-            Algorithm::Gcra => {
-                let tat = match self.counter(rule) {
-                    Some(CounterState::Tat(t)) => Some(t),
-                    _ => None,
-                };
-                algorithm::gcra(tat, now, rule, cost).0
-            }
+/// What `rule` says about `cost` more units at `now`, over a limiter's log and counters.
+fn outcome(log: &[u64], counters: &[Counter], rule: &Rule, now: u64, cost: u64) -> RuleOutcome {
+    match rule.algorithm() {
+        Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, cost),
+        Algorithm::FixedWindow => {
+            let state = match counter(counters, rule) {
+                Some(CounterState::Window(w)) => Some(w),
+                _ => None,
+            };
+            algorithm::fixed_window(state, now, rule, cost).0
         }
+        Algorithm::Gcra => {
+            let tat = match counter(counters, rule) {
+                Some(CounterState::Tat(t)) => Some(t),
+                _ => None,
+            };
+            algorithm::gcra(tat, now, rule, cost).0
+        }
+    }
+}
+
+impl RuleStates {
+    /// The log as one slice (sorted, oldest first), and the counters.
+    fn view(&mut self) -> (&[u64], &[Counter]) {
+        let log = if self.log.is_empty() {
+            &[]
+        } else {
+            &*self.log.make_contiguous()
+        };
+        (log, &self.counters)
     }
 
     /// Every rule's outcome into `out`; true if all admit.
     fn evaluate(&mut self, rules: &[Rule], now: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
-        if !self.log.is_empty() {
-            self.log.make_contiguous();
-        }
+        let (log, counters) = self.view();
         let mut allowed = true;
         for (o, rule) in out.iter_mut().zip(rules) {
-            *o = self.outcome(rule, now, cost);
+            *o = outcome(log, counters, rule, now, cost);
             allowed &= o.allowed;
         }
         allowed
@@ -310,12 +313,10 @@ impl RuleStates {
     /// After a denial: the rules that would have admitted report the state as it stays, which
     /// is what they say for a cost of zero.
     fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
-        if !self.log.is_empty() {
-            self.log.make_contiguous();
-        }
+        let (log, counters) = self.view();
         for (o, rule) in out.iter_mut().zip(rules) {
             if o.allowed {
-                *o = self.outcome(rule, now, 0);
+                *o = outcome(log, counters, rule, now, 0);
             }
         }
     }
@@ -353,7 +354,7 @@ impl RuleStates {
             let (state, until) = match rule.algorithm() {
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
-                    let state = match self.counter(rule) {
+                    let state = match counter(&self.counters, rule) {
                         Some(CounterState::Window(w)) => Some(w),
                         _ => None,
                     };
@@ -362,7 +363,7 @@ impl RuleStates {
                     (CounterState::Window(next), next.start + rule.window_us())
                 }
                 Algorithm::Gcra => {
-                    let tat = match self.counter(rule) {
+                    let tat = match counter(&self.counters, rule) {
                         Some(CounterState::Tat(t)) => Some(t),
                         _ => None,
                     };
@@ -444,8 +445,9 @@ impl Locked<'_> {
         }
     }
 
-    /// The rule states under `key`; an expired entry is emptied, keeping its allocations.
-    fn rules(&mut self, key: &str, now: u64) -> Option<&mut Entry> {
+    /// The rule states under `key` and their expiry; an expired entry is emptied, keeping its
+    /// allocations.
+    fn rules(&mut self, key: &str, now: u64) -> Option<(&mut RuleStates, &mut u64)> {
         let entry = self.shard(key).map.get_mut(key)?;
         let State::Rules(states) = &mut entry.state else {
             return None;
@@ -454,19 +456,7 @@ impl Locked<'_> {
             states.log.clear();
             states.counters.clear();
         }
-        Some(entry)
-    }
-}
-
-impl Entry {
-    fn rules(&mut self) -> &mut RuleStates {
-        if !matches!(self.state, State::Rules(_)) {
-            self.state = State::Rules(RuleStates::default());
-        }
-        match &mut self.state {
-            State::Rules(states) => states,
-            _ => unreachable!("just set"),
-        }
+        Some((states, &mut entry.expires_at))
     }
 }
 
@@ -584,12 +574,11 @@ impl Inner {
         for (i, l) in limiters.iter().enumerate() {
             let out = &mut out[first..first + l.rules.len()];
             first += l.rules.len();
-            let Some(entry) = locked.rules(l.key, now) else {
+            let Some((states, expires_at)) = locked.rules(l.key, now) else {
                 missing += 1;
                 allowed &= RuleStates::default().evaluate(l.rules, now, cost, out);
                 continue;
             };
-            let states = entry.rules();
             allowed &= states.evaluate(l.rules, now, cost, out);
             if i + 1 == limiters.len() {
                 if !allowed {
@@ -597,7 +586,7 @@ impl Inner {
                     done_last = true;
                 } else if record && missing == 0 {
                     let until = states.record(l.rules, now, cost);
-                    entry.expires_at = entry.expires_at.max(until);
+                    *expires_at = (*expires_at).max(until);
                     done_last = true;
                 }
             }
@@ -611,7 +600,7 @@ impl Inner {
                 let out = &mut out[first..first + l.rules.len()];
                 first += l.rules.len();
                 match locked.rules(l.key, now) {
-                    Some(entry) => entry.rules().settle(l.rules, now, out),
+                    Some((states, _)) => states.settle(l.rules, now, out),
                     None => RuleStates::default().settle(l.rules, now, out),
                 }
             }
@@ -631,9 +620,9 @@ impl Inner {
                 self.make_room(&mut locked, pending, now)?;
             }
             for l in pending {
-                if let Some(entry) = locked.rules(l.key, now) {
-                    let until = entry.rules().record(l.rules, now, cost);
-                    entry.expires_at = entry.expires_at.max(until);
+                if let Some((states, expires_at)) = locked.rules(l.key, now) {
+                    let until = states.record(l.rules, now, cost);
+                    *expires_at = (*expires_at).max(until);
                     continue;
                 }
                 let mut states = RuleStates::default();
