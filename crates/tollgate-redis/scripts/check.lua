@@ -304,13 +304,17 @@ for l = 1, limiters do
     limiter[m] = live
   end
   for i = limiter[m - 5], limiter[m - 4] do
+    local j = 4 * i -- rule[j - 3 .. j], reply[j .. j + 3]
     local ok, remaining, reset, retry, a, b
-    if rule[4 * i - 3] == SLIDING_LOG then
+    if rule[j - 3] == SLIDING_LOG and live == 0 and cost <= rule[j - 2] then
+      -- Empty over the longest window, so over this one: what sliding_log() answers for a
+      -- count of 0, without the call (a fresh key's common case; a call costs ~1/3 command).
+      ok, remaining, reset, retry, a, b = 1, rule[j - 2] - cost, cost > 0 and rule[j - 1] or 0, -1, 0, 0
+    elseif rule[j - 3] == SLIDING_LOG then
       ok, remaining, reset, retry, a, b = sliding_log(i, cost, live, longest)
     else
       ok, remaining, reset, retry, a, b = evaluate(i, l, cost)
     end
-    local j = 4 * i
     reply[j] = ok
     reply[j + 1] = remaining
     reply[j + 2] = reset
