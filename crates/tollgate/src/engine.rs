@@ -18,7 +18,7 @@ use crate::{
     memory::{LimiterRef, MemoryStore},
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
-    store::{CheckPlan, LockReply, PlanBan, PlanLimiter, Store, Verdict},
+    store::{AnyStore, CheckPlan, LockReply, PlanBan, PlanLimiter, Store, Verdict},
 };
 
 /// The most limiters, and rules over all of them, that a check on a [`MemoryStore`] holds on
@@ -342,7 +342,11 @@ impl<S: Store> Tollgate<S> {
     /// The memory store, when a check of `policy` can run on it without a plan: the check
     /// needs no ban keys, and its limiters and rules fit on the stack.
     fn inline_memory(&self, policy: &Policy, consume: bool) -> Option<&MemoryStore> {
-        let memory = (&self.store as &dyn Any).downcast_ref::<MemoryStore>()?;
+        let store = &self.store as &dyn Any;
+        let memory = store.downcast_ref::<MemoryStore>().or_else(|| {
+            let any = store.downcast_ref::<AnyStore>()?;
+            any.as_memory()
+        })?;
         let may_ban = consume && policy.limiters.iter().any(|l| l.ban.is_some());
         let bans = self.blocklist && (may_ban || memory.bans_possible());
         let rules: usize = policy.limiters.iter().map(|l| l.rules.len()).sum();
@@ -591,4 +595,45 @@ fn cost_exceeds_limit(limiters: &[Limiter], cost: u64) -> Decision {
         }
     }
     decision
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    async fn shared_state<S: Store>(gate: Tollgate<S>) {
+        let policy = Policy::builder("login")
+            .limiter(Limiter::new(Dimension::Ip, ["2/1m".parse().unwrap()]))
+            .build()
+            .unwrap();
+        let who = Identity::new().with_ip("192.0.2.1".parse().unwrap());
+        let check = || gate.check(&policy, &who, 1);
+        assert!(check().await.unwrap().allowed());
+        assert!(check().await.unwrap().allowed());
+        assert!(!check().await.unwrap().allowed());
+        // `reset` goes through a plan: it finds what the checks without one recorded.
+        gate.reset(&policy, &who).await.unwrap();
+        assert!(check().await.unwrap().allowed());
+        // Once a ban may be live, checks carry ban keys and go through a plan: same counts.
+        let other = BanTarget::Ip("198.51.100.9".parse().unwrap());
+        gate.ban(&other, Duration::from_secs(3600)).await.unwrap();
+        assert!(gate.store().bans_possible());
+        assert!(check().await.unwrap().allowed());
+        let denied = check().await.unwrap();
+        assert!(!denied.allowed());
+        assert_eq!(denied.rules()[0].remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn checks_with_and_without_a_plan_share_state() {
+        let memory = || {
+            MemoryStore::builder()
+                .clock(ManualClock::new(Duration::from_secs(1_000)))
+                .purge_interval(None)
+                .build()
+        };
+        shared_state(Tollgate::new(memory())).await;
+        shared_state(Tollgate::new(AnyStore::new(memory()))).await;
+    }
 }

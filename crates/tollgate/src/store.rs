@@ -1,6 +1,6 @@
 //! The store contract: what a backend must do atomically.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{any::Any, future::Future, pin::Pin, sync::Arc};
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use crate::{
     blocklist::{BanEntry, BanRule, BanTarget},
     error::StoreError,
     key,
+    memory::MemoryStore,
     rule::{Algorithm, Rule},
 };
 
@@ -332,6 +333,7 @@ trait DynStore: Send + Sync + 'static {
     fn reset<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
+    fn as_memory(&self) -> Option<&MemoryStore>;
     fn lock_acquire<'a>(
         &'a self,
         key: &'a str,
@@ -380,6 +382,10 @@ impl<S: Store> DynStore for S {
 
     fn bans_possible(&self) -> bool {
         Store::bans_possible(self)
+    }
+
+    fn as_memory(&self) -> Option<&MemoryStore> {
+        (self as &dyn Any).downcast_ref()
     }
 
     fn lock_acquire<'a>(
@@ -448,6 +454,11 @@ impl AnyStore {
     /// Wraps `store`.
     pub fn new(store: impl Store) -> AnyStore {
         AnyStore(Arc::new(store))
+    }
+
+    /// The store inside, if it is a [`MemoryStore`].
+    pub(crate) fn as_memory(&self) -> Option<&MemoryStore> {
+        self.0.as_memory()
     }
 }
 
