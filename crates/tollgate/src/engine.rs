@@ -625,6 +625,73 @@ mod tests {
         assert_eq!(denied.rules()[0].remaining, 0);
     }
 
+    /// The same checks, on one engine that runs them without a plan and on one that needs
+    /// plans (a ban on somebody else may be live), decide the same, step by step.
+    #[tokio::test]
+    async fn checks_with_and_without_a_plan_decide_alike() {
+        let clock = ManualClock::new(Duration::from_secs(1_000));
+        let gate = |clock: &ManualClock| {
+            Tollgate::new(
+                MemoryStore::builder()
+                    .clock(clock.clone())
+                    .purge_interval(None)
+                    .build(),
+            )
+        };
+        let (planless, planned) = (gate(&clock), gate(&clock));
+        let somebody = BanTarget::UserId("somebody else".into());
+        planned
+            .ban(&somebody, Duration::from_secs(86_400))
+            .await
+            .unwrap();
+        let rule = |text: &str, algorithm| text.parse::<Rule>().unwrap().with_algorithm(algorithm);
+        let policy = Policy::builder("both")
+            .limiter(Limiter::new(
+                Dimension::Ip,
+                [
+                    rule("3/1s", Algorithm::SlidingLog),
+                    rule("5/3s", Algorithm::SlidingLog),
+                    rule("4/2s", Algorithm::Gcra),
+                ],
+            ))
+            .limiter(Limiter::new(
+                Dimension::UserId,
+                [rule("6/2s", Algorithm::FixedWindow)],
+            ))
+            .build()
+            .unwrap();
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        let mut admitted = 0;
+        for step in 0..600 {
+            clock.advance(Duration::from_millis(next(150)));
+            let who = Identity::new()
+                .with_ip(format!("192.0.2.{}", next(3)).parse().unwrap())
+                .with_user_id(format!("u{}", next(2)));
+            let cost = next(3);
+            let (a, b) = if next(4) == 0 {
+                (
+                    planless.peek(&policy, &who, cost).await,
+                    planned.peek(&policy, &who, cost).await,
+                )
+            } else {
+                (
+                    planless.check(&policy, &who, cost).await,
+                    planned.check(&policy, &who, cost).await,
+                )
+            };
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a, b, "step {step}");
+            admitted += usize::from(a.allowed());
+        }
+        // Both paths were taken, and both answers were given often.
+        assert!(planned.store().bans_possible() && !planless.store().bans_possible());
+        assert!((150..450).contains(&admitted), "{admitted} of 600 admitted");
+    }
+
     #[tokio::test]
     async fn checks_with_and_without_a_plan_share_state() {
         let memory = || {
