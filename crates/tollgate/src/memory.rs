@@ -28,12 +28,13 @@ type Hasher = foldhash::fast::RandomState;
 
 /// An in-process store: exact and atomic within one process, nothing shared across processes.
 ///
-/// Keys live in shards, each behind its own mutex; a check locks the shards of all its keys in
-/// ascending order (so concurrent checks cannot deadlock) and holds them while it evaluates and
-/// records, which makes a multi-limiter check atomic.
+/// Keys live in shards, each behind its own mutex; a limiter's key (one per identity) holds the
+/// states of all its rules. A check locks the shards of all its keys in ascending order (so
+/// concurrent checks cannot deadlock) and holds them while it evaluates and records, which
+/// makes a multi-limiter check atomic.
 ///
-/// Memory is bounded: expired keys are dropped when touched, by a background sweep, and when a
-/// shard is full. The key cap ([`MemoryStoreBuilder::max_keys`]) is split evenly over the
+/// Memory is bounded: an expired key is emptied when touched, and dropped by a background
+/// sweep or when its shard is full. The key cap ([`MemoryStoreBuilder::max_keys`]) is split evenly over the
 /// shards; a check that needs a new key in a shard that is still full after dropping expired
 /// keys fails with a [`StoreError`] whose [`is_capacity`](StoreError::is_capacity) is true,
 /// and the engine answers it with the policy's `on_error`. Live keys are never evicted: that
