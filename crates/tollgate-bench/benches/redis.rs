@@ -4,8 +4,9 @@
 //! 1. Throughput, one policy of 3 sliding-log rules, random keys, 50 tasks on one `RedisStore`,
 //!    against `redis-benchmark -c 50 -P 16` running the seed script by EVALSHA.
 //! 2. Two limiters (IP + user) x 3 rules, against the seed's way (one script call per limiter,
-//!    in sequence, on one redis-rs multiplexed connection): latency with 1 decision in flight,
-//!    throughput with 50.
+//!    in sequence, on one redis-rs multiplexed connection): latency with 1 decision in flight
+//!    (the two sides interleaved decision by decision, so that both meet the same load on a
+//!    shared machine), throughput with 50.
 //! 3. Redis memory per admitted sliding-log entry, 10 entries per key, both layouts.
 //!
 //! Each measurement runs `ROUNDS` times, the two sides alternating which goes first; every run
@@ -288,35 +289,36 @@ impl Bench {
             (vec![], vec![], vec![], vec![]);
         let (mut tp_seed, mut tp_ours) = (vec![], vec![]);
         for round in 0..rounds() {
+            self.flush().await;
+            let (seed_lat, our_lat) = self.latency_interleaved(&policy).await;
+            println!(
+                "  2 limiters, round {round}, 1 in flight, interleaved: seed way: {seed_lat}; \
+                 tollgate: {our_lat}"
+            );
+            p50_seed.push(seed_lat.p50_us);
+            mean_seed.push(seed_lat.mean_us);
+            p50_ours.push(our_lat.p50_us);
+            mean_ours.push(our_lat.mean_us);
             for side in order(round) {
                 self.flush().await;
+                let before = self.probe().await;
                 if side == Side::Seed {
-                    let lat = self.seed_latency().await;
-                    self.flush().await;
-                    let before = self.probe().await;
                     let run = self.seed_throughput().await;
                     let cpu = self.probe().await.since(&before, scaled(DECISIONS));
                     println!(
-                        "  2 limiters, round {round}: seed way: {lat}; 50 in flight: {run}; \
-                         {cpu} per decision"
+                        "  2 limiters, round {round}, 50 in flight: seed way: {run}; {cpu} per \
+                         decision"
                     );
-                    p50_seed.push(lat.p50_us);
-                    mean_seed.push(lat.mean_us);
                     tp_seed.push(run.per_second);
                 } else {
-                    let lat = self.tollgate_latency(&policy).await;
-                    self.flush().await;
-                    let before = self.probe().await;
                     let run = self
                         .tollgate_throughput(&policy, scaled(DECISIONS), two_limiter_identity)
                         .await;
                     let cpu = self.probe().await.since(&before, scaled(DECISIONS));
                     println!(
-                        "  2 limiters, round {round}: tollgate: {lat}; 50 in flight: {run}; \
-                         {cpu} per decision"
+                        "  2 limiters, round {round}, 50 in flight: tollgate: {run}; {cpu} per \
+                         decision"
                     );
-                    p50_ours.push(lat.p50_us);
-                    mean_ours.push(lat.mean_us);
                     tp_ours.push(run.per_second);
                 }
             }
@@ -348,35 +350,39 @@ impl Bench {
         );
     }
 
-    async fn tollgate_latency(&self, policy: &Policy) -> Latency {
-        let tally = Tally::default();
-        let mut times = Vec::with_capacity(LATENCY_DECISIONS);
-        for _ in 0..scaled(LATENCY_DECISIONS) {
-            let who = two_limiter_identity(rand::random::<u32>() % KEYSPACE);
-            let begin = Instant::now();
-            let d = self
-                .gate
-                .check(policy, &who, 1)
-                .await
-                .expect("a complete identity");
-            times.push(begin.elapsed());
-            tally.add(&d);
-        }
-        Latency::new(times, &tally)
-    }
-
-    async fn seed_latency(&self) -> Latency {
-        let tally = Tally::default();
+    /// One decision in flight, `LATENCY_DECISIONS` per side: a seed-way decision and a tollgate
+    /// decision one after the other (which goes first alternates), each timed alone, so that a
+    /// burst of load from elsewhere on the machine falls on both sides alike.
+    async fn latency_interleaved(&self, policy: &Policy) -> (Latency, Latency) {
+        let (seed_tally, our_tally) = (Tally::default(), Tally::default());
         let mut conn = self.conn.clone();
-        let mut times = Vec::with_capacity(LATENCY_DECISIONS);
-        for _ in 0..scaled(LATENCY_DECISIONS) {
-            let n = rand::random::<u32>() % KEYSPACE;
-            let begin = Instant::now();
-            let allowed = seed_decision(&self.seed, &mut conn, n).await;
-            times.push(begin.elapsed());
-            tally.add_seed(allowed);
+        let n = scaled(LATENCY_DECISIONS);
+        let (mut seed_times, mut our_times) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for i in 0..n {
+            for side in order(i) {
+                let n = rand::random::<u32>() % KEYSPACE;
+                if side == Side::Seed {
+                    let begin = Instant::now();
+                    let allowed = seed_decision(&self.seed, &mut conn, n).await;
+                    seed_times.push(begin.elapsed());
+                    seed_tally.add_seed(allowed);
+                } else {
+                    let who = two_limiter_identity(n);
+                    let begin = Instant::now();
+                    let d = self
+                        .gate
+                        .check(policy, &who, 1)
+                        .await
+                        .expect("a complete identity");
+                    our_times.push(begin.elapsed());
+                    our_tally.add(&d);
+                }
+            }
         }
-        Latency::new(times, &tally)
+        (
+            Latency::new(seed_times, &seed_tally),
+            Latency::new(our_times, &our_tally),
+        )
     }
 
     async fn seed_throughput(&self) -> Run {
