@@ -292,8 +292,8 @@ impl Bench {
             self.flush().await;
             let (seed_lat, our_lat) = self.latency_interleaved(&policy).await;
             println!(
-                "  2 limiters, round {round}, 1 in flight, interleaved: seed way: {seed_lat}; \
-                 tollgate: {our_lat}"
+                "  2 limiters, round {round}, interleaved: seed way: {seed_lat}; tollgate: \
+                 {our_lat}"
             );
             p50_seed.push(seed_lat.p50_us);
             mean_seed.push(seed_lat.mean_us);
