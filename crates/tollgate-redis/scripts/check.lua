@@ -282,9 +282,12 @@ local function evaluate(i, l, c)
   error('tollgate check: unknown algorithm code ' .. tostring(k))
 end
 
--- reply[4i .. 4i + 3] is rule i's outcome (sized like `rule`; Redis reads a reply up to its
--- first nil); record[2i - 1], record[2i] what it writes, kept only when needed.
-local reply = { 1, -1, -1, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+-- reply[4i .. 4i + 3] is rule i's outcome (sized for 4 rules, like `rule`; Redis reads a
+-- reply up to its first nil); record[2i - 1], record[2i] what it writes, kept only when needed.
+local reply = {
+  1, -1, -1,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+}
 local record = (counters or report > 0) and {}
 local oldest = {} -- per limiter with a log, now - its longest window as text (while >= 0)
 local allowed = true
@@ -309,7 +312,8 @@ for l = 1, limiters do
     if rule[j - 3] == SLIDING_LOG and live == 0 and cost <= rule[j - 2] then
       -- Empty over the longest window, so over this one: what sliding_log() answers for a
       -- count of 0, without the call (a fresh key's common case; a call costs ~1/3 command).
-      ok, remaining, reset, retry, a, b = 1, rule[j - 2] - cost, cost > 0 and rule[j - 1] or 0, -1, 0, 0
+      ok, remaining, retry, a, b = 1, rule[j - 2] - cost, -1, 0, 0
+      reset = cost > 0 and rule[j - 1] or 0
     elseif rule[j - 3] == SLIDING_LOG then
       ok, remaining, reset, retry, a, b = sliding_log(i, cost, live, longest)
     else
@@ -362,7 +366,8 @@ if not allowed then
       -- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for; `at` is the
       -- ARGV index of the limiter's ban duration, factor and cap.
       local function ban_duration(at, strike)
-        local duration, factor, cap = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+        local duration = tonumber(ARGV[at])
+        local factor, cap = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
         if factor <= 1 then
           return math.min(duration, cap)
         end
