@@ -290,6 +290,8 @@ local reply = {
 }
 local record = (counters or report > 0) and {}
 local oldest = {} -- per limiter with a log, now - its longest window as text (while >= 0)
+-- Limiters of one policy often have the same rules: the last window's texts are reused.
+local text_window, trim_text, edge_text = false, false, false
 local allowed = true
 for l = 1, limiters do
   local m = 6 * l
@@ -298,9 +300,12 @@ for l = 1, limiters do
   if log then
     -- One count over the longest window: when it is 0, so is every rule's.
     if now >= longest then
-      -- Kept for the trim when the check is recorded.
-      oldest[l] = format('%d', now - longest)
-      live = call('ZCOUNT', log, '(' .. oldest[l], '+inf')
+      if longest ~= text_window then
+        trim_text = format('%d', now - longest)
+        text_window, edge_text = longest, '(' .. trim_text
+      end
+      oldest[l] = trim_text -- for the trim when the check is recorded
+      live = call('ZCOUNT', log, edge_text, '+inf')
     else
       live = call('ZCOUNT', log, '-inf', '+inf')
     end
@@ -441,6 +446,7 @@ if not allowed then
 elseif consume and cost > 0 then
   recorded = true
   local score = format('%d', now)
+  local ttl_window, ttl_text = false, false -- the last log TTL, reused as above
   for l = 1, limiters do
     local m = 6 * l
     local log, longest = limiter[m - 2], limiter[m - 1]
@@ -475,7 +481,10 @@ elseif consume and cost > 0 then
         end
         missing = missing - call('ZADD', log, 'NX', score, nonce .. 'r' .. format('%d', attempt))
       end
-      call('PEXPIRE', log, format('%d', ttl_ms(longest)))
+      if longest ~= ttl_window then
+        ttl_window, ttl_text = longest, format('%d', ttl_ms(longest))
+      end
+      call('PEXPIRE', log, ttl_text)
       -- Every sliding-log rule of this limiter records the members retried.
       if record and attempt > 0 then
         for i = limiter[m - 5], limiter[m - 4] do
