@@ -8,19 +8,24 @@
 --   then the plan's ban keys (hashes, see ban.lua), then the ban index if this check may
 --   write a ban (see "writes bans" below).
 -- ARGV:
---   1  cost      units this request consumes
---   2  consume   1 = record the admission, 0 = only compute the decision (peek)
---   3  now       µs since the epoch, or "" to read the server's TIME (production: one clock).
---                A test clock's time; keys then get an hour more TTL, because that clock may
---                stand still while real time, which PEXPIRE counts, goes on.
---   4  nonce     random bytes, fresh per call; sliding-log members are nonce .. unit index
---   5  limiters  number of limiters; then per limiter:
---        rule count, bans (1 = the limiter bans offenders, 0 = it does not), ban duration µs,
---        ban factor, ban cap µs;
---        then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
---   then  bans   number of ban keys; if not 0, then "writes bans": 1 = this check may ban
---                the offender (it consumes and a limiter bans): per ban key its target kind
---                and target value follow, and KEYS ends with the ban index; 0 = neither
+--   1  the plan: 8 random bytes, the nonce (fresh per call; sliding-log members are nonce ..
+--      unit index), then little-endian signed 64-bit integers, all read by one struct.unpack
+--      (a tonumber() per number, and Redis's own cost per argument, would cost more than the
+--      commands of a check):
+--        now       µs since the epoch, or -1 to read the server's TIME (production: one
+--                  clock). A test clock's time; keys then get an hour more TTL, because that
+--                  clock may stand still while real time, which PEXPIRE counts, goes on.
+--        cost      units this request consumes
+--        consume   1 = record the admission, 0 = only compute the decision (peek)
+--        limiters  number of limiters; then per limiter:
+--          rule count, its longest sliding-log window µs (0 = no sliding-log rule),
+--          bans (1 = the limiter bans offenders, then ban duration µs, ban factor, ban cap µs;
+--          0 = it does not, and nothing follows),
+--          then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
+--        bans      number of ban keys
+--        writes bans  1 = this check may ban the offender (it consumes and a limiter bans):
+--                  ARGV 2.. hold each ban key's target kind and target value, and KEYS ends
+--                  with the ban index; 0 = neither
 --   then  report (optional, Cluster stores only; absent or 0 on a standalone call):
 --                1 = append what this call recorded, so that the store can undo the
 --                reservation (undo.lua) when another hash slot denies; 2 = also append each
@@ -43,11 +48,12 @@
 -- costs more than the whole rest of a call: the common path hands it strings.
 --
 -- Cost: Redis runs this whole chunk on every call, and on the server a tonumber() (strtod), a
--- format(), a new table or closure, or a table that grows each cost about a third of a cheap
--- Redis command. So the common path (sliding logs that admit) reads the plan once into two
--- flat tables made at their usual size, counts a limiter's log once over its longest window
--- (an empty log answers every rule at once), looks up the newest entry only when an outcome
--- shows it, and builds the helpers of other paths (fixed window, GCRA, bans) only when taken.
+-- format(), a new table or closure, a table that grows, or an argument each cost about a
+-- third of a cheap Redis command. So the plan comes packed in one argument, and the common
+-- path (sliding logs that admit) reads it once into two flat tables made at their usual
+-- size, counts a limiter's log once over its longest window (an empty log answers every rule
+-- at once), looks up the newest entry only when an outcome shows it, and builds the helpers
+-- of other paths (fixed window, GCRA, bans) only when taken.
 
 if redis.replicate_commands then
   -- Redis < 5 refuses writes after TIME unless the script replicates its effects.
@@ -55,20 +61,17 @@ if redis.replicate_commands then
 end
 
 local call, format = redis.call, string.format
-local SLIDING_LOG, FIXED_WINDOW, GCRA = '1', '2', '3'
+local SLIDING_LOG, FIXED_WINDOW, GCRA = 1, 2, 3
 
-local cost = ARGV[1] == '1' and 1 or tonumber(ARGV[1]) -- the usual cost is read without strtod
-local consume = ARGV[2] == '1'
-local now, ttl_slack_ms
-if ARGV[3] == '' then
+-- p[1] is the nonce, p[2] .. the plan's integers (p[#p] is where unpack stopped).
+local p = { struct.unpack('<c8' .. string.rep('i8', (#ARGV[1] - 8) / 8), ARGV[1]) }
+local nonce, now, cost, consume = p[1], p[2], p[3], p[4] == 1
+local ttl_slack_ms = 3600000
+if now < 0 then
   local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   ttl_slack_ms = 0
-else
-  now = tonumber(ARGV[3])
-  ttl_slack_ms = 3600000
 end
-local nonce = ARGV[4]
 
 local function divmod(a, b)
   local q = math.floor(a / b)
@@ -94,48 +97,44 @@ end
 
 -- The plan, read once into two flat tables (a table per rule would cost more than a Redis
 -- command):
---   rule[4i-3 .. 4i]      rule i (reply order): algorithm (the ARGV text), limit, window µs, key
---   limiter[6l-5 .. 6l]   limiter l: first rule, last rule, the ARGV index of its ban
---                         parameters (false: it bans nobody), its sliding log's key (false:
---                         none), the longest sliding-log window µs (0: none), and, once
---                         counted, the log's entries in that window
+--   rule[4i-3 .. 4i]      rule i (reply order): algorithm, limit, window µs, key
+--   limiter[6l-5 .. 6l]   limiter l: first rule, last rule, the index in p of its ban
+--                         duration, factor and cap (false: it bans nobody), its sliding log's
+--                         key (false: none), the longest sliding-log window µs (0: none),
+--                         and, once counted, the log's entries in that window
 -- Tables are made at the size of a common plan (4 rules, 2 limiters): Lua 5.1 has no
 -- table.new, and growing a table costs about as much as a Redis command.
 local rule = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local limiter = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local counters = false -- any fixed-window or GCRA rule
-local limiters = tonumber(ARGV[5])
-local argi, keyi, rules = 5, 0, 0
+local limiters = p[5]
+local pi, keyi, rules = 5, 0, 0 -- p[pi] was the last integer read
 for l = 1, limiters do
-  local n = tonumber(ARGV[argi + 1])
-  local ban_at = ARGV[argi + 2] == '1' and argi + 3
-  argi = argi + 5
-  local longest = 0
-  for i = rules + 1, rules + n do
-    local k, w = ARGV[argi + 1], tonumber(ARGV[argi + 3])
-    local r = 4 * i
-    rule[r - 3] = k
-    rule[r - 2] = tonumber(ARGV[argi + 2])
-    rule[r - 1] = w
-    if k ~= SLIDING_LOG then
-      counters = true
-    elseif w > longest then
-      longest = w
-    end
-    argi = argi + 3
+  local n, longest = p[pi + 1], p[pi + 2]
+  local ban_at = false
+  if p[pi + 3] == 1 then
+    ban_at = pi + 4
+    pi = pi + 3
   end
+  pi = pi + 3
   local log = false
   if longest > 0 then
     keyi = keyi + 1
     log = KEYS[keyi]
   end
   for i = rules + 1, rules + n do
-    if rule[4 * i - 3] == SLIDING_LOG then
-      rule[4 * i] = log
+    local k, r = p[pi + 1], 4 * i
+    rule[r - 3] = k
+    rule[r - 2] = p[pi + 2]
+    rule[r - 1] = p[pi + 3]
+    if k == SLIDING_LOG then
+      rule[r] = log
     else
+      counters = true
       keyi = keyi + 1
-      rule[4 * i] = KEYS[keyi]
+      rule[r] = KEYS[keyi]
     end
+    pi = pi + 3
   end
   local m = 6 * l
   limiter[m - 5] = rules + 1
@@ -146,19 +145,16 @@ for l = 1, limiters do
   limiter[m] = 0
   rules = rules + n
 end
-local bans = tonumber(ARGV[argi + 1])
+local bans = p[pi + 1]
 local ban_keys = keyi -- the ban keys are KEYS[ban_keys + 1 .. ban_keys + bans]
 local targets, ban_index = false, false -- ARGV index before the first target kind
-argi = argi + 1
+local argi = 1 -- the last ARGV read
 keyi = keyi + bans
-if bans > 0 then
-  argi = argi + 1
-  if ARGV[argi] == '1' then
-    targets = argi
-    argi = argi + 2 * bans
-    keyi = keyi + 1
-    ban_index = KEYS[keyi]
-  end
+if p[pi + 2] == 1 then
+  targets = argi
+  argi = argi + 2 * bans
+  keyi = keyi + 1
+  ban_index = KEYS[keyi]
 end
 local report = tonumber(ARGV[argi + 1] or '0') or 0
 if keyi ~= #KEYS then
@@ -369,10 +365,9 @@ if not allowed then
     -- After a denial: ban every target for the longest ban of the denying limiters that ban.
     local function ban_offender()
       -- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for; `at` is the
-      -- ARGV index of the limiter's ban duration, factor and cap.
+      -- index in p of the limiter's ban duration, factor and cap.
       local function ban_duration(at, strike)
-        local duration = tonumber(ARGV[at])
-        local factor, cap = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+        local duration, factor, cap = p[at], p[at + 1], p[at + 2]
         if factor <= 1 then
           return math.min(duration, cap)
         end
@@ -405,7 +400,7 @@ if not allowed then
       -- Strikes are remembered until the ban ends plus the cap, when bans escalate.
       local memory = 0
       for _, at in ipairs(denying) do
-        local factor, cap = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+        local factor, cap = p[at + 1], p[at + 2]
         if factor > 1 and cap > memory then
           memory = cap
         end

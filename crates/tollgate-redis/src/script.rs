@@ -148,7 +148,7 @@ pub(crate) fn bans_reply(reply: &[Value]) -> Result<Vec<BanEntry>, StoreError> {
     Ok(bans)
 }
 
-/// Fills `invocation` with the plan's keys and arguments.
+/// Fills `invocation` with the plan's keys and arguments (see the header of check.lua).
 ///
 /// `now_us` overrides the server's `TIME` (tests only); `nonce` makes this call's sliding-log
 /// members unique.
@@ -158,47 +158,39 @@ pub(crate) fn prepare(
     now_us: Option<u64>,
     nonce: [u8; 8],
 ) -> Result<(), StoreError> {
-    if plan.cost >= MAX_EXACT {
-        return Err(too_large("cost", plan.cost));
+    let mut packed = Packed::new(nonce, plan);
+    match now_us {
+        Some(now) => packed.int("test clock time", now)?,
+        None => packed.push(-1),
     }
-    invocation
-        .arg(plan.cost)
-        .arg(u8::from(plan.consume))
-        .arg(now_arg(now_us))
-        .arg(&nonce[..])
-        .arg(plan.limiters.len());
+    packed.int("cost", plan.cost)?;
+    packed.flag(plan.consume);
+    packed.count(plan.limiters.len());
     for limiter in &plan.limiters {
         invocation.key(limiter.state_keys());
-        invocation.arg(limiter.rules.len());
-        match limiter.ban {
-            Some(ban) => invocation
-                .arg(1)
-                .arg(micros(ban.duration()))
-                .arg(ban.factor())
-                .arg(micros(ban.cap())),
-            None => invocation.arg(&[0, 0, 1, 0]),
-        };
+        packed.count(limiter.rules.len());
+        packed.int("window", limiter.log_window_us().unwrap_or(0))?;
+        packed.flag(limiter.ban.is_some());
+        if let Some(ban) = limiter.ban {
+            packed.int("ban duration", micros(ban.duration()))?;
+            packed.int("ban factor", u64::from(ban.factor()))?;
+            packed.int("ban cap", micros(ban.cap()))?;
+        }
         for rule in limiter.rules.iter() {
-            if rule.limit() >= MAX_EXACT {
-                return Err(too_large("rule limit", rule.limit()));
-            }
-            invocation
-                .arg(algorithm_code(rule.algorithm())?)
-                .arg(rule.limit())
-                .arg(rule.window_us());
+            packed.push(algorithm_code(rule.algorithm())?);
+            packed.int("rule limit", rule.limit())?;
+            packed.int("rule window", rule.window_us())?;
         }
     }
-    invocation.arg(plan.bans.len());
-    if plan.bans.is_empty() {
-        return Ok(());
-    }
+    packed.count(plan.bans.len());
     for ban in &plan.bans {
         invocation.key(&ban.key);
     }
     // The targets and the ban index only matter to a check that may write a ban: the others
     // only read the ban keys, and spare the server two arguments per target and a key.
     let writes_bans = plan.may_ban();
-    invocation.arg(u8::from(writes_bans));
+    packed.flag(writes_bans);
+    invocation.arg(packed.0);
     if writes_bans {
         for ban in &plan.bans {
             invocation.arg(ban.target.kind()).arg(ban.target.value());
@@ -206,6 +198,43 @@ pub(crate) fn prepare(
         invocation.key(&plan.ban_index);
     }
     Ok(())
+}
+
+/// check.lua's first argument: the nonce, then little-endian signed 64-bit integers, which
+/// one `struct.unpack` reads on the server (text numbers would each cost an argument and a
+/// `tonumber`).
+struct Packed(Vec<u8>);
+
+impl Packed {
+    fn new(nonce: [u8; 8], plan: &CheckPlan) -> Packed {
+        let ints = 6 + 6 * plan.limiters.len() + 3 * plan.rule_count();
+        let mut bytes = Vec::with_capacity(8 + 8 * ints);
+        bytes.extend_from_slice(&nonce);
+        Packed(bytes)
+    }
+
+    fn push(&mut self, value: i64) {
+        self.0.extend_from_slice(&value.to_le_bytes());
+    }
+
+    /// A value Lua's doubles hold exactly (below 2^53), or a protocol error naming it.
+    fn int(&mut self, what: &str, value: u64) -> Result<(), StoreError> {
+        match i64::try_from(value) {
+            Ok(v) if value < MAX_EXACT => {
+                self.push(v);
+                Ok(())
+            }
+            _ => Err(too_large(what, value)),
+        }
+    }
+
+    fn count(&mut self, n: usize) {
+        self.push(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn flag(&mut self, on: bool) {
+        self.push(i64::from(on));
+    }
 }
 
 /// A duration in µs as the scripts take it: whole, and below 2^53 (a longer ban is a
@@ -221,7 +250,7 @@ fn too_large(what: &str, value: u64) -> StoreError {
     )
 }
 
-fn algorithm_code(algorithm: Algorithm) -> Result<u8, StoreError> {
+fn algorithm_code(algorithm: Algorithm) -> Result<i64, StoreError> {
     match algorithm {
         Algorithm::SlidingLog => Ok(1),
         Algorithm::FixedWindow => Ok(2),

@@ -8,6 +8,20 @@ use crate::support::{limiter, plan, raw, rule, store};
 
 const SOURCE: &str = include_str!("../../scripts/check.lua");
 
+/// check.lua's packed plan (see its header): one limiter of one sliding-log rule
+/// `limit/window_us` that bans nobody, no ban keys.
+fn one_rule_plan(nonce: &[u8], now: Option<u64>, cost: u64, limit: u64, window_us: u64) -> Vec<u8> {
+    let int = |v: u64| i64::try_from(v).unwrap();
+    let mut plan = nonce.to_vec();
+    let now = now.map_or(-1, int);
+    let (cost, limit, window) = (int(cost), int(limit), int(window_us));
+    // now, cost, consume, limiters; rules, longest log window, bans; the rule; ban keys, writes bans
+    for v in [now, cost, 1, 1, 1, window, 0, 1, limit, window, 0, 0] {
+        plan.extend_from_slice(&v.to_le_bytes());
+    }
+    plan
+}
+
 /// Runs the script on one sliding-log rule `limit/1h` with a chosen nonce, at `now`.
 async fn check_with_nonce(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -19,17 +33,7 @@ async fn check_with_nonce(
 ) -> Vec<i64> {
     redis::Script::new(SOURCE)
         .key(key)
-        .arg(cost)
-        .arg(1)
-        .arg(now)
-        .arg(nonce)
-        .arg(1) // limiters
-        .arg(1) // rules
-        .arg(&[0, 0, 1, 0]) // bans nobody
-        .arg(1) // sliding log
-        .arg(limit)
-        .arg(3_600_000_000u64)
-        .arg(0) // ban keys
+        .arg(one_rule_plan(nonce, Some(now), cost, limit, 3_600_000_000))
         .invoke_async(conn)
         .await
         .unwrap()
@@ -59,17 +63,7 @@ async fn a_key_count_that_does_not_match_the_plan_is_refused() {
     let err = redis::Script::new(SOURCE)
         .key("a")
         .key("b")
-        .arg(1)
-        .arg(1)
-        .arg("")
-        .arg("nonce123")
-        .arg(1)
-        .arg(1)
-        .arg(&[0, 0, 1, 0])
-        .arg(1)
-        .arg(5)
-        .arg(1_000_000)
-        .arg(0)
+        .arg(one_rule_plan(b"nonce123", None, 1, 5, 1_000_000))
         .invoke_async::<Vec<i64>>(&mut conn)
         .await
         .unwrap_err();
