@@ -347,11 +347,33 @@ impl<S: Store> Tollgate<S> {
             let any = store.downcast_ref::<AnyStore>()?;
             any.as_memory()
         })?;
-        let may_ban = consume && policy.limiters.iter().any(|l| l.ban.is_some());
-        let bans = self.blocklist && (may_ban || memory.bans_possible());
         let rules: usize = policy.limiters.iter().map(|l| l.rules.len()).sum();
         let fits = policy.limiters.len() <= INLINE_LIMITERS && rules <= INLINE_RULES;
-        (!bans && fits).then_some(memory)
+        (fits && !self.needs_ban_keys(policy, consume)).then_some(memory)
+    }
+
+    /// Whether a check of `policy` must carry the identity's ban keys: the blocklist is on,
+    /// and the check may write a ban or the store says one may be live.
+    fn needs_ban_keys(&self, policy: &Policy, consume: bool) -> bool {
+        let may_ban = consume && policy.limiters.iter().any(|l| l.ban.is_some());
+        self.blocklist && (may_ban || self.store.bans_possible())
+    }
+
+    /// Appends `limiter`'s key for `identity` to `out`: `prefix:{head:value}`, where `head` is
+    /// the limiter's entry in `Policy::key_heads`.
+    fn push_limiter_key(
+        &self,
+        out: &mut String,
+        limiter: &Limiter,
+        head: &str,
+        identity: &Identity,
+    ) -> Result<(), CheckError> {
+        key::open_limiter_key(out, &self.prefix, head);
+        if !limiter.dimension.push_value(identity, out) {
+            return Err(missing_dimension(limiter));
+        }
+        out.push('}');
+        Ok(())
     }
 
     /// [`Self::evaluate`] on the memory store, with the keys built in `keys` and everything
@@ -368,11 +390,7 @@ impl<S: Store> Tollgate<S> {
         keys.clear();
         let mut ends = [0; INLINE_LIMITERS];
         for ((l, head), end) in policy.limiters.iter().zip(&policy.key_heads).zip(&mut ends) {
-            key::open_limiter_key(keys, &self.prefix, head);
-            if !l.dimension.push_value(identity, keys) {
-                return Err(missing_dimension(l));
-            }
-            keys.push('}');
+            self.push_limiter_key(keys, l, head, identity)?;
             *end = keys.len();
         }
         if cost > policy.max_units {
@@ -420,11 +438,7 @@ impl<S: Store> Tollgate<S> {
             .zip(&policy.key_heads)
             .map(|(l, head)| {
                 let mut key = String::with_capacity(self.prefix.len() + head.len() + 24);
-                key::open_limiter_key(&mut key, &self.prefix, head);
-                if !l.dimension.push_value(identity, &mut key) {
-                    return Err(missing_dimension(l));
-                }
-                key.push('}');
+                self.push_limiter_key(&mut key, l, head, identity)?;
                 Ok(PlanLimiter {
                     key,
                     rules: l.rules.clone(),
@@ -435,8 +449,7 @@ impl<S: Store> Tollgate<S> {
         let plan = CheckPlan::new(cost, consume, limiters);
         // Ban keys cost a key per target to build: skip them when this check can neither meet
         // a ban (the store knows none can be live) nor write one.
-        let may_ban = consume && policy.limiters.iter().any(|l| l.ban.is_some());
-        if !self.blocklist || !(may_ban || self.store.bans_possible()) {
+        if !self.needs_ban_keys(policy, consume) {
             return Ok(plan);
         }
         let targets = identity.ip().map(BanTarget::Ip).into_iter().chain(
