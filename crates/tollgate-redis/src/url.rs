@@ -147,6 +147,8 @@ impl TlsFiles {
 
 /// Takes the TLS file parameters out of `url`'s query: the URL without them, and the files
 /// (percent-decoded paths). Every other parameter stays, in order, for the next reader.
+/// Whether the scheme is a TLS one is for the caller to check, once the builder's files are
+/// added.
 pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), TlsFiles::default()));
@@ -176,12 +178,6 @@ pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
             return Err(format!("URL parameter {name:?} is given twice"));
         }
         *slot = Some(PathBuf::from(percent_decode(value)?));
-    }
-    if !files.is_empty() && !url.starts_with("rediss") {
-        return Err(
-            "tls_ca_file, tls_cert_file and tls_key_file need TLS: use a rediss URL scheme"
-                .to_owned(),
-        );
     }
     let mut rest = base.to_owned();
     if !kept.is_empty() {
@@ -326,9 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn tls_files_need_tls_a_path_and_one_mention() {
-        let err = take_tls_files("redis://h?tls_ca_file=ca").unwrap_err();
-        assert!(err.contains("rediss"), "{err}");
+    fn tls_files_need_a_path_and_one_mention() {
         let err = take_tls_files("rediss://h?tls_ca_file=").unwrap_err();
         assert!(err.contains("needs a file path"), "{err}");
         let err = take_tls_files("rediss://h?tls_ca_file=a&tls_ca_file=b").unwrap_err();
