@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::RedisServer;
+use crate::cluster::free_port;
+
 /// A directory of PEM files for TLS tests, removed on drop:
 ///
 /// - `ca.crt` / `ca.key`: a CA;
@@ -93,6 +96,31 @@ impl TestCerts {
             encode(&self.path("client.crt")),
             encode(&self.path("client.key"))
         )
+    }
+}
+
+impl TestCerts {
+    /// Starts a `redis-server` that also serves TLS with `server.crt` on a port of its own,
+    /// returned beside it, and requires clients to present a certificate signed by the CA
+    /// when `auth_clients` (`tls-auth-clients`). The plain port stays for inspection.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::start`], or if no free port is found.
+    pub fn start_tls_server(&self, auth_clients: bool) -> (RedisServer, u16) {
+        let tls_port =
+            free_port().unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
+        let server = RedisServer::builder()
+            .args(["--tls-port", &tls_port.to_string()])
+            .args(["--tls-cert-file", &self.path("server.crt")])
+            .args(["--tls-key-file", &self.path("server.key")])
+            .args(["--tls-ca-cert-file", &self.path("ca.crt")])
+            .args([
+                "--tls-auth-clients",
+                if auth_clients { "yes" } else { "no" },
+            ])
+            .start();
+        (server, tls_port)
     }
 }
 

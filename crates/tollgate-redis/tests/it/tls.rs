@@ -7,11 +7,11 @@
 //! process can set safely, so that one client runs in a child process (this binary again,
 //! [`tls_worker`]).
 
-use std::{net::TcpListener, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use tollgate::{Algorithm, CheckPlan, Store};
 use tollgate_redis::{RedisStore, RedisStoreBuilder};
-use tollgate_testkit::{RedisCluster, RedisServer, TestCerts};
+use tollgate_testkit::{RedisCluster, TestCerts};
 
 use crate::support::{limiter, plan, rule};
 
@@ -58,34 +58,10 @@ async fn build_error(builder: RedisStoreBuilder) -> tollgate::StoreError {
         .expect_err("the store must not connect")
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A server with a TLS port that requires (or not) a client certificate signed by the CA.
-fn tls_server(certs: &TestCerts, auth_clients: bool) -> (RedisServer, u16) {
-    let tls_port = free_port();
-    let server = RedisServer::builder()
-        .args(["--tls-port", &tls_port.to_string()])
-        .args(["--tls-cert-file", &certs.path("server.crt")])
-        .args(["--tls-key-file", &certs.path("server.key")])
-        .args(["--tls-ca-cert-file", &certs.path("ca.crt")])
-        .args([
-            "--tls-auth-clients",
-            if auth_clients { "yes" } else { "no" },
-        ])
-        .start();
-    (server, tls_port)
-}
-
 #[test]
 fn rediss_urls_trust_the_system_roots() {
     let certs = TestCerts::new();
-    let (server, tls_port) = tls_server(&certs, false);
+    let (server, tls_port) = certs.start_tls_server(false);
     let url = format!("rediss://localhost:{tls_port}/0");
 
     // Trusting our CA as a system root, a child process checks over TLS.
@@ -134,7 +110,7 @@ fn tls_worker() {
 #[tokio::test]
 async fn a_ca_file_and_a_client_certificate_come_from_the_url_or_the_builder() {
     let certs = TestCerts::new();
-    let (_server, port) = tls_server(&certs, true);
+    let (_server, port) = certs.start_tls_server(true);
     let base = format!("rediss://localhost:{port}/0");
 
     // Everything in the URL.

@@ -94,18 +94,7 @@ limiters = [
 #[tokio::test]
 async fn checks_on_redis_over_mutual_tls_with_the_files_of_the_config() {
     let certs = tollgate_testkit::TestCerts::new();
-    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let redis = RedisServer::builder()
-        .args(["--tls-port", &tls_port.to_string()])
-        .args(["--tls-cert-file", &certs.path("server.crt")])
-        .args(["--tls-key-file", &certs.path("server.key")])
-        .args(["--tls-ca-cert-file", &certs.path("ca.crt")])
-        .args(["--tls-auth-clients", "yes"])
-        .start();
+    let (redis, tls_port) = certs.start_tls_server(true);
     let config = format!(
         r#"
 [store]
