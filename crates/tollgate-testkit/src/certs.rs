@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::RedisServer;
 use crate::cluster::free_port;
+use crate::server::tls_args;
 
 /// A directory of PEM files for TLS tests, removed on drop:
 ///
@@ -111,14 +112,13 @@ impl TestCerts {
         let tls_port =
             free_port().unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
         let server = RedisServer::builder()
-            .args(["--tls-port", &tls_port.to_string()])
-            .args(["--tls-cert-file", &self.path("server.crt")])
-            .args(["--tls-key-file", &self.path("server.key")])
-            .args(["--tls-ca-cert-file", &self.path("ca.crt")])
-            .args([
-                "--tls-auth-clients",
-                if auth_clients { "yes" } else { "no" },
-            ])
+            .args(tls_args(
+                tls_port,
+                &self.path("server.crt"),
+                &self.path("server.key"),
+                &self.path("ca.crt"),
+                auth_clients,
+            ))
             .start();
         (server, tls_port)
     }

@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::RedisServer;
+use crate::server::tls_args;
 
 const REDIS_CLI: &str = "redis-cli";
 const CLI_NOT_FOUND: &str = "redis-cli not found on PATH: install it \
@@ -112,33 +113,18 @@ impl RedisClusterBuilder {
                 // The bus port defaults to port + 10000, which may be taken or above 65535.
                 let bus =
                     free_port().unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
-                let mut tls_args: Vec<String> = Vec::new();
+                let mut tls: Vec<String> = Vec::new();
                 if let Some([cert, key, ca]) = &self.tls {
                     let port = free_port()
                         .unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
                     tls_ports.push(port);
-                    tls_args.extend(
-                        [
-                            "--tls-port",
-                            &port.to_string(),
-                            "--tls-cert-file",
-                            cert,
-                            "--tls-key-file",
-                            key,
-                            "--tls-ca-cert-file",
-                            ca,
-                            "--tls-auth-clients",
-                            if self.tls_auth_clients { "yes" } else { "no" },
-                            "--tls-cluster",
-                            "yes",
-                            "--tls-replication",
-                            "yes",
-                        ]
-                        .map(str::to_owned),
+                    tls = tls_args(port, cert, key, ca, self.tls_auth_clients);
+                    tls.extend(
+                        ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
                     );
                 }
                 RedisServer::builder()
-                    .args(&tls_args)
+                    .args(&tls)
                     .args(["--cluster-enabled", "yes"])
                     .args(["--cluster-config-file", "nodes.conf"])
                     .args(["--cluster-node-timeout", &node_timeout])

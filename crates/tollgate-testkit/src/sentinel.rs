@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::RedisServer;
 use crate::cluster::{Auth, Reply, command, free_port, info_field, is_up};
+use crate::server::tls_args;
 
 const MASTER_NAME: &str = "tollgate";
 /// How long [`RedisSentinelSetBuilder::start`] waits for the sentinels to see everyone.
@@ -111,13 +112,8 @@ impl RedisSentinelSetBuilder {
         // Replicas sync at once instead of waiting 5 s for more replicas to come.
         let mut builder = RedisServer::builder().args(["--repl-diskless-sync-delay", "0"]);
         if let (Some([cert, key, ca]), Some(port)) = (&self.tls, tls_port) {
-            let auth_clients = if self.tls_auth_clients { "yes" } else { "no" };
             builder = builder
-                .args(["--tls-port", &port.to_string()])
-                .args(["--tls-cert-file", cert])
-                .args(["--tls-key-file", key])
-                .args(["--tls-ca-cert-file", ca])
-                .args(["--tls-auth-clients", auth_clients])
+                .args(tls_args(port, cert, key, ca, self.tls_auth_clients))
                 .args(["--tls-replication", "yes"]);
         }
         if let Some(primary) = replica_of {

@@ -281,6 +281,31 @@ enum StartError {
     Fatal(String),
 }
 
+/// The `redis-server` arguments that serve TLS on `port` with this certificate, key and CA
+/// (PEM files), requiring client certificates signed by the CA when `auth_clients`.
+pub(crate) fn tls_args(
+    port: u16,
+    cert: &str,
+    key: &str,
+    ca: &str,
+    auth_clients: bool,
+) -> Vec<String> {
+    [
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        cert,
+        "--tls-key-file",
+        key,
+        "--tls-ca-cert-file",
+        ca,
+        "--tls-auth-clients",
+        if auth_clients { "yes" } else { "no" },
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 fn fatal(msg: String) -> StartError {
     StartError::Fatal(msg)
 }
