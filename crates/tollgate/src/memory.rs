@@ -268,24 +268,30 @@ fn counter(counters: &[Counter], rule: &Rule) -> Option<CounterState> {
     counters.iter().find(|c| c.rule == *rule).map(|c| c.state)
 }
 
+/// The fixed window of `rule` among a limiter's counters.
+fn window(counters: &[Counter], rule: &Rule) -> Option<FixedWindowState> {
+    match counter(counters, rule) {
+        Some(CounterState::Window(w)) => Some(w),
+        _ => None,
+    }
+}
+
+/// The theoretical arrival time of GCRA `rule` among a limiter's counters.
+fn tat(counters: &[Counter], rule: &Rule) -> Option<u64> {
+    match counter(counters, rule) {
+        Some(CounterState::Tat(t)) => Some(t),
+        _ => None,
+    }
+}
+
 /// What `rule` says about `cost` more units at `now`, over a limiter's log and counters.
 fn outcome(log: &[u64], counters: &[Counter], rule: &Rule, now: u64, cost: u64) -> RuleOutcome {
     match rule.algorithm() {
         Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, cost),
         Algorithm::FixedWindow => {
-            let state = match counter(counters, rule) {
-                Some(CounterState::Window(w)) => Some(w),
-                _ => None,
-            };
-            algorithm::fixed_window(state, now, rule, cost).0
+            algorithm::fixed_window(window(counters, rule), now, rule, cost).0
         }
-        Algorithm::Gcra => {
-            let tat = match counter(counters, rule) {
-                Some(CounterState::Tat(t)) => Some(t),
-                _ => None,
-            };
-            algorithm::gcra(tat, now, rule, cost).0
-        }
+        Algorithm::Gcra => algorithm::gcra(tat(counters, rule), now, rule, cost).0,
     }
 }
 
@@ -355,20 +361,13 @@ impl RuleStates {
             let (state, until) = match rule.algorithm() {
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
-                    let state = match counter(&self.counters, rule) {
-                        Some(CounterState::Window(w)) => Some(w),
-                        _ => None,
-                    };
+                    let state = window(&self.counters, rule);
                     let (_, next) = algorithm::fixed_window(state, now, rule, cost);
                     let Some(next) = next else { continue };
                     (CounterState::Window(next), next.start + rule.window_us())
                 }
                 Algorithm::Gcra => {
-                    let tat = match counter(&self.counters, rule) {
-                        Some(CounterState::Tat(t)) => Some(t),
-                        _ => None,
-                    };
-                    let (_, next) = algorithm::gcra(tat, now, rule, cost);
+                    let (_, next) = algorithm::gcra(tat(&self.counters, rule), now, rule, cost);
                     let Some(next) = next else { continue };
                     (CounterState::Tat(next), next)
                 }
