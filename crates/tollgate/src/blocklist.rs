@@ -124,8 +124,8 @@ impl BanTarget {
     ///
     /// All bans share the `{ban}` hash tag so a Redis Cluster can list them from one slot.
     pub fn key(&self, prefix: &str) -> String {
-        let mut k = format!("{prefix}:{{ban}}:{}:", self.kind());
-        key::push_part(&mut k, &self.value());
+        let mut k = String::new();
+        key::push_ban_key(&mut k, prefix, self.kind(), &self.value());
         k
     }
 }
@@ -134,11 +134,6 @@ impl fmt::Display for BanTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.kind(), self.value())
     }
-}
-
-/// The key of the index listing every ban under `prefix` (used by stores that cannot scan).
-pub fn ban_index_key(prefix: &str) -> String {
-    format!("{prefix}:{{ban}}:index")
 }
 
 /// One active ban.

@@ -3,7 +3,7 @@
 use std::{
     fmt,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -15,15 +15,30 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now_us(&self) -> u64;
 }
 
-/// The system clock.
+/// The system clock: wall time read once, then advanced by a monotonic counter.
+///
+/// The first read takes the wall time and a monotonic instant (`quanta`: the CPU's invariant
+/// time-stamp counter where it has one, else the OS monotonic clock); every read after that is
+/// the wall time of the first plus the monotonic time since, about a tenth of a wall-clock read.
+/// So time never steps back within a process, and it does not follow later steps of the wall
+/// clock (an NTP correction after start shows only in a new process). Only the memory store
+/// reads it; Redis-backed checks use the Redis server's `TIME`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
+/// The wall time (µs since the epoch) at the anchor, and the monotonic instant of the anchor.
+static ANCHOR: OnceLock<(u64, quanta::Instant)> = OnceLock::new();
+
 impl Clock for SystemClock {
     fn now_us(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
+        let (wall, at) = ANCHOR.get_or_init(|| {
+            let wall = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            (wall, quanta::Instant::now())
+        });
+        let since = quanta::Instant::now().saturating_duration_since(*at);
+        wall + since.as_micros() as u64
     }
 }
 

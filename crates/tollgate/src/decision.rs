@@ -3,8 +3,9 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use serde::Serialize;
+use smallvec::SmallVec;
 
-use crate::rule::Rule;
+use crate::{rule::Rule, store::INLINE_RULES};
 
 /// Why a request was allowed or denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -61,12 +62,15 @@ pub struct RuleDecision {
 }
 
 /// The answer to a check. Being denied is a value, not an error.
+///
+/// A decision holds its rules inline, without a heap allocation, for policies of up to
+/// [`INLINE_RULES`](crate::INLINE_RULES) rules over all limiters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub(crate) allowed: bool,
     pub(crate) reason: Reason,
     pub(crate) retry_after: Option<Duration>,
-    pub(crate) rules: Vec<RuleDecision>,
+    pub(crate) rules: SmallVec<[RuleDecision; INLINE_RULES]>,
     pub(crate) message: Option<Arc<str>>,
 }
 
@@ -76,7 +80,7 @@ impl Decision {
             allowed,
             reason,
             retry_after: None,
-            rules: Vec::new(),
+            rules: SmallVec::new(),
             message: None,
         }
     }

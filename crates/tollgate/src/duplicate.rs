@@ -194,14 +194,7 @@ impl DuplicateGuard {
             DuplicateBy::Dimension(d) => d.value(identity)?.into_owned(),
         };
         let scope = if self.global { "" } else { &self.scope };
-        let mut k = format!("{prefix}:{{d:");
-        key::push_part(&mut k, scope);
-        k.push(':');
-        key::push_part(&mut k, &self.by.to_string());
-        k.push(':');
-        key::push_part(&mut k, &value);
-        k.push('}');
-        Some(k)
+        Some(key::guard_key(prefix, scope, &self.by.to_string(), &value))
     }
 }
 

@@ -1,12 +1,6 @@
 //! Who is asking: the facts about one request that dimensions read.
 
-use std::{
-    borrow::Cow,
-    fmt,
-    net::{IpAddr, Ipv4Addr},
-    str::FromStr,
-    sync::Arc,
-};
+use std::{borrow::Cow, fmt, net::IpAddr, str::FromStr, sync::Arc};
 
 use serde::{Deserialize, Deserializer};
 
@@ -165,15 +159,15 @@ impl Dimension {
 
     /// Appends this dimension's value for `identity` to `out` as a key part (escaped, see
     /// [`key::push_part`]); false if the identity lacks it.
-    pub(crate) fn push_value(&self, identity: &Identity, out: &mut String) -> bool {
+    pub(crate) fn push_value(&self, identity: &Identity, out: &mut impl key::KeyOut) -> bool {
         match (self, identity.ip) {
             (Dimension::Ip, Some(IpAddr::V4(ip))) => {
-                push_ipv4(out, ip);
+                key::push_ipv4(out, ip);
                 true
             }
             _ => match self.value(identity) {
                 Some(value) => {
-                    key::push_part(out, &value);
+                    key::push_escaped(out, &value);
                     true
                 }
                 None => false,
@@ -183,21 +177,6 @@ impl Dimension {
 }
 
 /// Writes `ip` as its `Display` does, without `core::fmt`. Digits and dots need no escaping.
-fn push_ipv4(out: &mut String, ip: Ipv4Addr) {
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            out.push('.');
-        }
-        if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
-        }
-        out.push(char::from(b'0' + octet % 10));
-    }
-}
-
 impl fmt::Display for Dimension {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

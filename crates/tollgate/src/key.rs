@@ -8,8 +8,6 @@
 //! The braces make the limiter identity the Redis Cluster hash tag: all keys of one limiter
 //! live in one slot.
 
-use std::fmt::Write as _;
-
 use sha2::{Digest, Sha256};
 
 use crate::rule::{Algorithm, Rule};
@@ -17,12 +15,63 @@ use crate::rule::{Algorithm, Rule};
 /// The longest escaped key part kept as text; longer parts are hashed.
 pub const MAX_PART: usize = 128;
 
+/// A key being built on the stack: a check's keys fit inline unless its identity is unusual.
+pub(crate) type KeyBuf = smallstr::SmallString<[u8; 256]>;
+
+/// Text that keys are written into: a `String`, or the stack buffer of a check.
+pub(crate) trait KeyOut {
+    /// Appends a character.
+    fn push(&mut self, c: char);
+    /// Appends text.
+    fn push_str(&mut self, s: &str);
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// Shortens to `len` bytes.
+    fn truncate(&mut self, len: usize);
+}
+
+impl KeyOut for String {
+    fn push(&mut self, c: char) {
+        String::push(self, c);
+    }
+    fn push_str(&mut self, s: &str) {
+        String::push_str(self, s);
+    }
+    fn len(&self) -> usize {
+        String::len(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        String::truncate(self, len);
+    }
+}
+
+impl<A: smallvec::Array<Item = u8>> KeyOut for smallstr::SmallString<A> {
+    fn push(&mut self, c: char) {
+        smallstr::SmallString::push(self, c);
+    }
+    fn push_str(&mut self, s: &str) {
+        smallstr::SmallString::push_str(self, s);
+    }
+    fn len(&self) -> usize {
+        smallstr::SmallString::len(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        smallstr::SmallString::truncate(self, len);
+    }
+}
+
 /// Appends `part` to `out`, escaped (and hashed if long).
 pub fn push_part(out: &mut String, part: &str) {
+    push_escaped(out, part);
+}
+
+/// [`push_part`] into any key buffer.
+pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
     let start = out.len();
     for &b in part.as_bytes() {
         if needs_escape(b) {
-            let _ = write!(out, "%{b:02X}");
+            out.push('%');
+            push_hex(out, b, b"0123456789ABCDEF");
         } else {
             out.push(b as char);
         }
@@ -38,11 +87,32 @@ fn needs_escape(b: u8) -> bool {
     !(0x21..0x7f).contains(&b) || matches!(b, b'%' | b':' | b'|' | b'{' | b'}' | b'#')
 }
 
-fn push_hashed(out: &mut String, bytes: &[u8]) {
+fn push_hex(out: &mut (impl KeyOut + ?Sized), b: u8, digits: &[u8; 16]) {
+    out.push(char::from(digits[usize::from(b >> 4)]));
+    out.push(char::from(digits[usize::from(b & 0xf)]));
+}
+
+fn push_hashed(out: &mut (impl KeyOut + ?Sized), bytes: &[u8]) {
     let digest = Sha256::digest(bytes);
     out.push('#');
-    for b in &digest[..16] {
-        let _ = write!(out, "{b:02x}");
+    for &b in &digest[..16] {
+        push_hex(out, b, b"0123456789abcdef");
+    }
+}
+
+/// Appends an IPv4 address in dotted form, without the formatting machinery.
+pub(crate) fn push_ipv4(out: &mut (impl KeyOut + ?Sized), ip: std::net::Ipv4Addr) {
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
     }
 }
 
@@ -67,7 +137,7 @@ pub(crate) fn limiter_head(scope: &str, limiter: &str) -> String {
 }
 
 /// Appends a limiter key up to its value: `prefix:{head:`. The value, escaped, and `}` follow.
-pub(crate) fn open_limiter_key(out: &mut String, prefix: &str, head: &str) {
+pub(crate) fn open_limiter_key(out: &mut (impl KeyOut + ?Sized), prefix: &str, head: &str) {
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(head);
@@ -94,6 +164,52 @@ pub fn rule_key(base: &str, rule: &Rule) -> String {
         Algorithm::FixedWindow => format!("{base}:f{}/{}", rule.limit(), rule.window_ms()),
         Algorithm::Gcra => format!("{base}:g{}/{}", rule.limit(), rule.window_ms()),
     }
+}
+
+/// The key of one rule of `check_single` (each rule counted on a key of its own):
+/// `base:r<limit>/<window ms>:<algorithm>` under a [`group_key`].
+pub(crate) fn single_key(base: &str, rule: &Rule) -> String {
+    format!(
+        "{base}:r{}/{}:{}",
+        rule.limit(),
+        rule.window_ms(),
+        rule.algorithm()
+    )
+}
+
+/// Appends the key of a ban: `prefix:{ban}:kind:value`, the value escaped.
+///
+/// All bans share the `{ban}` hash tag so a Redis Cluster can list them from one slot.
+pub(crate) fn push_ban_key(
+    out: &mut (impl KeyOut + ?Sized),
+    prefix: &str,
+    kind: &str,
+    value: &str,
+) {
+    out.push_str(prefix);
+    out.push_str(":{ban}:");
+    out.push_str(kind);
+    out.push(':');
+    push_escaped(out, value);
+}
+
+/// The key of the index listing every ban under `prefix` (for stores that cannot scan).
+pub fn ban_index_key(prefix: &str) -> String {
+    format!("{prefix}:{{ban}}:index")
+}
+
+/// The key of a duplicate-guard lock: `prefix:{d:scope:by:value}` (scope empty when global).
+pub(crate) fn guard_key(prefix: &str, scope: &str, by: &str, value: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + scope.len() + by.len() + value.len() + 8);
+    key.push_str(prefix);
+    key.push_str(":{d:");
+    push_part(&mut key, scope);
+    key.push(':');
+    push_part(&mut key, by);
+    key.push(':');
+    push_part(&mut key, value);
+    key.push('}');
+    key
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@
 //!   action), and [`OnError`].
 //! - `decision`: [`Decision`], [`Reason`], [`RuleDecision`].
 //! - [`key`]: store keys; escaping and hash tags (no collisions, one Cluster slot per limiter).
-//! - `store`: the [`Store`] contract ([`CheckPlan`] in, [`Verdict`] out) and [`AnyStore`].
+//! - `store`: the [`Store`] contract ([`CheckRequest`] in, [`Verdict`] out) and [`AnyStore`].
 //! - `blocklist`: [`BanRule`] (ban offenders after a violation, with escalation), [`BanTarget`],
 //!   [`BanEntry`].
 //! - `bypass`: [`Bypass`] (allowlisted networks, users, predicates) and [`IpNet`].
@@ -57,7 +57,7 @@ mod policy;
 mod rule;
 mod store;
 
-pub use blocklist::{BanEntry, BanRule, BanTarget, ban_index_key};
+pub use blocklist::{BanEntry, BanRule, BanTarget};
 pub use bypass::{Bypass, IpNet};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Reason, RuleDecision};
@@ -67,13 +67,17 @@ pub use duplicate::{
 pub use engine::Tollgate;
 pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity};
+pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Limiter, OnError, Policy, PolicyBuilder};
 pub use rule::{
     Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,
     parse_duration,
 };
-pub use store::{AnyStore, CheckPlan, HeldLock, LockReply, PlanBan, PlanLimiter, Store, Verdict};
+pub use store::{
+    AnyStore, BanKey, CheckRequest, HeldLock, INLINE_RULES, LimiterRequest, LockReply, Outcomes,
+    Store, Verdict,
+};
 
 /// The README's example, compiled and run as a doctest.
 #[cfg(doctest)]

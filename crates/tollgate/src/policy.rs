@@ -122,6 +122,8 @@ pub struct Policy {
     pub(crate) max_units: u64,
     /// Per limiter, the part of its keys the policy fixes (see [`key::limiter_head`]).
     pub(crate) key_heads: Box<[Box<str>]>,
+    /// Whether a denial can ban the identity: some limiter has a ban rule.
+    pub(crate) may_ban: bool,
 }
 
 impl Policy {
@@ -230,6 +232,7 @@ impl PolicyBuilder {
             .collect();
         Ok(Policy {
             key_heads,
+            may_ban: self.limiters.iter().any(|l| l.ban.is_some()),
             scope: self.scope,
             limiters: self.limiters,
             on_error: self.on_error,

@@ -1,20 +1,21 @@
 //! The store contract: what a backend must do atomically.
 
-use std::{any::Any, future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc};
 
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use crate::{
     algorithm::RuleOutcome,
     blocklist::{BanEntry, BanRule, BanTarget},
     error::StoreError,
     key,
-    memory::MemoryStore,
     rule::{Algorithm, Rule},
 };
 
-/// One atomic check as a store sees it: every limiter's base key and rules, the cost, and
-/// whether to record an admission or only look.
+/// One atomic check as a store sees it, borrowed from the caller: every limiter's base key and
+/// rules, the identity's ban keys, the cost, and whether to record an admission or only look.
 ///
 /// A store must, atomically and against one instant:
 /// 1. deny with `blocked_us` if any of `bans` holds a ban that has not ended, evaluating nothing;
@@ -23,46 +24,56 @@ use crate::{
 /// 3. when consuming and a limiter with a [`BanRule`] denies, ban every target of `bans`
 ///    (strike count + 1, the longest duration of the denying limiters' rules) and report it in
 ///    `banned_us`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
-pub struct CheckPlan {
+pub struct CheckRequest<'a> {
     /// Units this request consumes.
     pub cost: u64,
     /// Record the admission (`check`) or only compute the decision (`peek`).
     pub consume: bool,
     /// The limiters, in policy order.
-    pub limiters: Vec<PlanLimiter>,
-    /// The identity's ban keys, checked first (see [`BanTarget::key`]).
-    pub bans: Vec<PlanBan>,
+    pub limiters: &'a [LimiterRequest<'a>],
+    /// The identity's ban keys, checked first (see [`BanTarget::key`]); empty when no ban can
+    /// be involved.
+    pub bans: &'a [BanKey<'a>],
     /// The key of the ban index (see [`crate::blocklist::ban_index_key`]), for stores that
     /// keep one.
-    pub ban_index: String,
+    pub ban_index: &'a str,
 }
 
-/// One ban key of a [`CheckPlan`].
-#[derive(Clone, Debug)]
-pub struct PlanBan {
+/// One ban key of a [`CheckRequest`]: where the ban lives and whom it bans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BanKey<'a> {
     /// Where the ban lives.
-    pub key: String,
-    /// Whom it bans.
-    pub target: BanTarget,
+    pub key: &'a str,
+    /// The target's kind, as [`BanTarget::kind`] gives it.
+    pub kind: &'static str,
+    /// The target's value, as [`BanTarget::value`] gives it.
+    pub value: &'a str,
 }
 
-impl CheckPlan {
-    /// A plan over `limiters`.
-    pub fn new(cost: u64, consume: bool, limiters: Vec<PlanLimiter>) -> CheckPlan {
-        CheckPlan {
+impl BanKey<'_> {
+    /// The target this key bans.
+    pub fn target(&self) -> Result<BanTarget, String> {
+        BanTarget::parse(self.kind, self.value)
+    }
+}
+
+impl<'a> CheckRequest<'a> {
+    /// A request over `limiters`, with no ban keys.
+    pub fn new(cost: u64, consume: bool, limiters: &'a [LimiterRequest<'a>]) -> CheckRequest<'a> {
+        CheckRequest {
             cost,
             consume,
             limiters,
-            bans: Vec::new(),
-            ban_index: String::new(),
+            bans: &[],
+            ban_index: "",
         }
     }
 
     /// Adds the identity's ban keys.
     #[must_use]
-    pub fn with_bans(mut self, bans: Vec<PlanBan>, ban_index: String) -> CheckPlan {
+    pub fn with_bans(mut self, bans: &'a [BanKey<'a>], ban_index: &'a str) -> CheckRequest<'a> {
         self.bans = bans;
         self.ban_index = ban_index;
         self
@@ -73,24 +84,24 @@ impl CheckPlan {
         self.consume && !self.bans.is_empty() && self.limiters.iter().any(|l| l.ban.is_some())
     }
 
-    /// How many rules the plan holds, over all limiters.
+    /// How many rules the request holds, over all limiters.
     pub fn rule_count(&self) -> usize {
         self.limiters.iter().map(|l| l.rules.len()).sum()
     }
 }
 
-/// One limiter of a [`CheckPlan`].
-#[derive(Clone, Debug)]
-pub struct PlanLimiter {
+/// One limiter of a [`CheckRequest`].
+#[derive(Clone, Copy, Debug)]
+pub struct LimiterRequest<'a> {
     /// The base key, hash tag included (see [`key::limiter_key`]).
-    pub key: String,
+    pub key: &'a str,
     /// The rules, in policy order.
-    pub rules: Arc<[Rule]>,
+    pub rules: &'a [Rule],
     /// Ban the identity when this limiter denies.
     pub ban: Option<BanRule>,
 }
 
-impl PlanLimiter {
+impl LimiterRequest<'_> {
     /// The distinct state keys of this limiter: the shared sliding log first (if any rule uses
     /// it), then one key per fixed-window or GCRA rule in rule order.
     pub fn state_keys(&self) -> Vec<String> {
@@ -100,13 +111,13 @@ impl PlanLimiter {
             .iter()
             .find(|r| r.algorithm() == Algorithm::SlidingLog)
         {
-            keys.push(key::rule_key(&self.key, log));
+            keys.push(key::rule_key(self.key, log));
         }
         keys.extend(
             self.rules
                 .iter()
                 .filter(|r| r.algorithm() != Algorithm::SlidingLog)
-                .map(|r| key::rule_key(&self.key, r)),
+                .map(|r| key::rule_key(self.key, r)),
         );
         keys
     }
@@ -131,18 +142,25 @@ impl PlanLimiter {
     }
 }
 
-/// A store's answer to a [`CheckPlan`].
+/// The rule outcomes of a [`Verdict`]: inline for up to [`INLINE_RULES`] rules.
+pub type Outcomes = SmallVec<[RuleOutcome; INLINE_RULES]>;
+
+/// How many rules a check holds without a heap allocation, over all limiters of a policy.
+pub const INLINE_RULES: usize = 8;
+
+/// A store's answer to a [`CheckRequest`].
 ///
-/// When the plan is admitted, each outcome describes the state after recording it (for a peek:
-/// as it would be). When it is denied, nothing is recorded and each rule that would have
+/// When the request is admitted, each outcome describes the state after recording it (for a
+/// peek: as it would be). When it is denied, nothing is recorded and each rule that would have
 /// admitted describes the state as it stays (its outcome for a cost of zero).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Verdict {
-    /// Every rule admitted; the admission was recorded if the plan consumes.
+    /// Every rule admitted; the admission was recorded if the request consumes.
     pub allowed: bool,
-    /// One outcome per rule, limiters in plan order, rules in limiter order; empty when blocked.
-    pub rules: Vec<RuleOutcome>,
+    /// One outcome per rule, limiters in request order, rules in limiter order; empty when
+    /// blocked.
+    pub rules: Outcomes,
     /// The identity is banned for this many more microseconds; nothing was evaluated.
     pub blocked_us: Option<u64>,
     /// This denial banned the identity for this many microseconds.
@@ -151,10 +169,10 @@ pub struct Verdict {
 
 impl Verdict {
     /// A verdict from rule outcomes.
-    pub fn new(allowed: bool, rules: Vec<RuleOutcome>) -> Verdict {
+    pub fn new(allowed: bool, rules: impl IntoIterator<Item = RuleOutcome>) -> Verdict {
         Verdict {
             allowed,
-            rules,
+            rules: rules.into_iter().collect(),
             blocked_us: None,
             banned_us: None,
         }
@@ -164,7 +182,7 @@ impl Verdict {
     pub fn blocked(us: u64) -> Verdict {
         Verdict {
             allowed: false,
-            rules: Vec::new(),
+            rules: Outcomes::new(),
             blocked_us: Some(us),
             banned_us: None,
         }
@@ -196,11 +214,25 @@ pub enum LockReply {
 /// Where rate-limit state lives. Implemented by [`MemoryStore`](crate::MemoryStore) and by
 /// `tollgate_redis::RedisStore`.
 pub trait Store: Send + Sync + 'static {
-    /// Runs one atomic check (see [`CheckPlan`]).
-    fn check(&self, plan: &CheckPlan) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
+    /// Runs one atomic check (see [`CheckRequest`]).
+    fn check(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
-    /// Forgets every state key of the plan's limiters.
-    fn reset(&self, plan: &CheckPlan) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Runs the check at once, without a future, when this store can (an in-process store
+    /// answers here; a networked store keeps the default, `None`, and is asked through
+    /// [`check`](Self::check)). A store that answers must answer exactly as `check` would.
+    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
+        let _ = request;
+        None
+    }
+
+    /// Forgets every state key of the request's limiters.
+    fn reset(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Answers when the store is reachable.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -258,82 +290,18 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
-impl<S: Store> Store for Arc<S> {
-    fn check(&self, plan: &CheckPlan) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
-        (**self).check(plan)
-    }
-
-    fn reset(&self, plan: &CheckPlan) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).reset(plan)
-    }
-
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).ping()
-    }
-
-    fn bans_possible(&self) -> bool {
-        (**self).bans_possible()
-    }
-
-    fn lock_acquire(
-        &self,
-        key: &str,
-        token: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
-        (**self).lock_acquire(key, token, fingerprint, ttl)
-    }
-
-    fn lock_release(
-        &self,
-        key: &str,
-        token: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).lock_release(key, token)
-    }
-
-    fn lock_complete(
-        &self,
-        key: &str,
-        token: &str,
-        response: &[u8],
-        keep_for: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).lock_complete(key, token, response, keep_for)
-    }
-
-    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
-        (**self).bans(prefix)
-    }
-
-    fn ban(
-        &self,
-        prefix: &str,
-        target: &BanTarget,
-        duration: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).ban(prefix, target, duration)
-    }
-
-    fn unban(
-        &self,
-        prefix: &str,
-        target: &BanTarget,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).unban(prefix, target)
-    }
-}
-
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe mirror of [`Store`], implemented for every store.
+/// The object-safe mirror of [`Store`], implemented for every store: what [`AnyStore`] holds.
 trait DynStore: Send + Sync + 'static {
-    fn check<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<Verdict, StoreError>>;
-    fn reset<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn check<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Verdict, StoreError>>;
+    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>>;
+    fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
-    fn as_memory(&self) -> Option<&MemoryStore>;
     fn lock_acquire<'a>(
         &'a self,
         key: &'a str,
@@ -368,12 +336,19 @@ trait DynStore: Send + Sync + 'static {
 }
 
 impl<S: Store> DynStore for S {
-    fn check<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<Verdict, StoreError>> {
-        Box::pin(Store::check(self, plan))
+    fn check<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<Verdict, StoreError>> {
+        Box::pin(Store::check(self, request))
     }
 
-    fn reset<'a>(&'a self, plan: &'a CheckPlan) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::reset(self, plan))
+    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
+        Store::check_sync(self, request)
+    }
+
+    fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::reset(self, request))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -382,10 +357,6 @@ impl<S: Store> DynStore for S {
 
     fn bans_possible(&self) -> bool {
         Store::bans_possible(self)
-    }
-
-    fn as_memory(&self) -> Option<&MemoryStore> {
-        (self as &dyn Any).downcast_ref()
     }
 
     fn lock_acquire<'a>(
@@ -438,7 +409,10 @@ impl<S: Store> DynStore for S {
     }
 }
 
-/// Any store, chosen at run time (e.g. from a configuration URL).
+/// Any store, chosen at run time (e.g. from a configuration URL), shared by cloning.
+///
+/// Every [`Store`] call goes through to the store inside, [`Store::check_sync`] included, so
+/// an in-process store behind `AnyStore` answers checks without a future.
 ///
 /// ```
 /// use tollgate::{AnyStore, MemoryStore, Tollgate};
@@ -455,11 +429,6 @@ impl AnyStore {
     pub fn new(store: impl Store) -> AnyStore {
         AnyStore(Arc::new(store))
     }
-
-    /// The store inside, if it is a [`MemoryStore`].
-    pub(crate) fn as_memory(&self) -> Option<&MemoryStore> {
-        self.0.as_memory()
-    }
 }
 
 impl std::fmt::Debug for AnyStore {
@@ -468,61 +437,88 @@ impl std::fmt::Debug for AnyStore {
     }
 }
 
+/// Forwards every [`Store`] method to the store `$inner` reaches (an `Arc<S>`, an
+/// [`AnyStore`]'s object).
+macro_rules! forward_store {
+    ($trait:ident, $inner:ident => $to:expr) => {
+        async fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+            let $inner = self;
+            $trait::check($to, request).await
+        }
+
+        fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
+            let $inner = self;
+            $trait::check_sync($to, request)
+        }
+
+        async fn reset(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {
+            let $inner = self;
+            $trait::reset($to, request).await
+        }
+
+        async fn ping(&self) -> Result<(), StoreError> {
+            let $inner = self;
+            $trait::ping($to).await
+        }
+
+        fn bans_possible(&self) -> bool {
+            let $inner = self;
+            $trait::bans_possible($to)
+        }
+
+        async fn lock_acquire(
+            &self,
+            key: &str,
+            token: &str,
+            fingerprint: &str,
+            ttl: Duration,
+        ) -> Result<LockReply, StoreError> {
+            let $inner = self;
+            $trait::lock_acquire($to, key, token, fingerprint, ttl).await
+        }
+
+        async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
+            let $inner = self;
+            $trait::lock_release($to, key, token).await
+        }
+
+        async fn lock_complete(
+            &self,
+            key: &str,
+            token: &str,
+            response: &[u8],
+            keep_for: Duration,
+        ) -> Result<bool, StoreError> {
+            let $inner = self;
+            $trait::lock_complete($to, key, token, response, keep_for).await
+        }
+
+        async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
+            let $inner = self;
+            $trait::bans($to, prefix).await
+        }
+
+        async fn ban(
+            &self,
+            prefix: &str,
+            target: &BanTarget,
+            duration: Duration,
+        ) -> Result<(), StoreError> {
+            let $inner = self;
+            $trait::ban($to, prefix, target, duration).await
+        }
+
+        async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
+            let $inner = self;
+            $trait::unban($to, prefix, target).await
+        }
+    };
+}
+
+impl<S: Store> Store for Arc<S> {
+    forward_store!(Store, this => &**this);
+}
+
 impl Store for AnyStore {
-    async fn check(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
-        self.0.check(plan).await
-    }
-
-    async fn reset(&self, plan: &CheckPlan) -> Result<(), StoreError> {
-        self.0.reset(plan).await
-    }
-
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.ping()
-    }
-
-    fn bans_possible(&self) -> bool {
-        self.0.bans_possible()
-    }
-
-    async fn lock_acquire(
-        &self,
-        key: &str,
-        token: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<LockReply, StoreError> {
-        self.0.lock_acquire(key, token, fingerprint, ttl).await
-    }
-
-    async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
-        self.0.lock_release(key, token).await
-    }
-
-    async fn lock_complete(
-        &self,
-        key: &str,
-        token: &str,
-        response: &[u8],
-        keep_for: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.lock_complete(key, token, response, keep_for).await
-    }
-
-    async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
-        self.0.bans(prefix).await
-    }
-
-    async fn ban(
-        &self,
-        prefix: &str,
-        target: &BanTarget,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.ban(prefix, target, duration).await
-    }
-
-    async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
-        self.0.unban(prefix, target).await
-    }
+    forward_store!(DynStore, this => &*this.0);
 }

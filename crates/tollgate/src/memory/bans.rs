@@ -1,0 +1,169 @@
+//! Bans: written by a denial of a limiter with a [`BanRule`] or by hand, listed, lifted.
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use smallvec::SmallVec;
+
+use super::{
+    Inner,
+    map::{Entry, Locked, State},
+};
+use crate::{
+    algorithm::RuleOutcome,
+    blocklist::{BanEntry, BanRule, BanTarget},
+    key,
+    store::CheckRequest,
+};
+
+pub(super) struct BanState {
+    target: BanTarget,
+    until: u64,
+    strikes: u32,
+}
+
+impl Inner {
+    /// How long the longest live ban among the request's ban keys has left.
+    pub(super) fn blocked_for(
+        &self,
+        request: &CheckRequest<'_>,
+        hashes: &[u64],
+        locked: &mut Locked<'_>,
+        now: u64,
+    ) -> Option<u64> {
+        request
+            .bans
+            .iter()
+            .zip(hashes)
+            .filter_map(
+                |(ban, &hash)| match locked.shard(hash).live(hash, ban.key, now) {
+                    Some(Entry {
+                        state: State::Ban(b),
+                        ..
+                    }) if b.until > now => Some(b.until - now),
+                    _ => None,
+                },
+            )
+            .max()
+    }
+
+    /// Bans every target of the request after a denial by a limiter with a ban rule; returns
+    /// the longest ban written.
+    pub(super) fn ban_offender(
+        &self,
+        request: &CheckRequest<'_>,
+        hashes: &[u64],
+        outcomes: &[RuleOutcome],
+        locked: &mut Locked<'_>,
+        now: u64,
+    ) -> Option<u64> {
+        let mut first = 0;
+        let mut rules = SmallVec::<[BanRule; 4]>::new();
+        for limiter in request.limiters {
+            let mine = &outcomes[first..first + limiter.rules.len()];
+            first += limiter.rules.len();
+            if let Some(rule) = limiter.ban {
+                if mine.iter().any(|o| !o.allowed) {
+                    rules.push(rule);
+                }
+            }
+        }
+        if rules.is_empty() {
+            return None;
+        }
+        let mut longest = None;
+        for (ban, &hash) in request.bans.iter().zip(hashes) {
+            let Ok(target) = ban.target() else { continue };
+            let shard = locked.shard(hash);
+            let strikes = match shard.live(hash, ban.key, now) {
+                Some(Entry {
+                    state: State::Ban(b),
+                    ..
+                }) => b.strikes + 1,
+                _ => 1,
+            };
+            let duration = rules
+                .iter()
+                .map(|r| r.duration_for(strikes))
+                .max()
+                .unwrap_or_default();
+            let memory = rules.iter().map(|r| r.memory()).max().unwrap_or_default();
+            let until = now + duration.as_micros() as u64;
+            let state = State::Ban(BanState {
+                target,
+                until,
+                strikes,
+            });
+            // Bans are written even past the key cap: forgetting an offender is worse.
+            let expires_at = until + memory.as_micros() as u64;
+            shard.insert(hash, ban.key, Entry::new(state, expires_at));
+            self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+            longest = longest.max(Some(until - now));
+        }
+        longest
+    }
+
+    pub(super) fn bans(&self, prefix: &str) -> Vec<BanEntry> {
+        let now = self.clock.now_us();
+        let mut bans = Vec::new();
+        let mut ban_keys = String::new();
+        key::push_ban_key(&mut ban_keys, prefix, "", "");
+        // `prefix:{ban}::` less its last `:` — the start every ban key of this prefix shares.
+        ban_keys.pop();
+        for shard in self.shards.iter() {
+            for (key, entry) in shard.lock().iter() {
+                if let State::Ban(ban) = &entry.state {
+                    if ban.until > now && key.starts_with(&ban_keys) {
+                        bans.push(BanEntry {
+                            target: ban.target.clone(),
+                            expires_in: Duration::from_micros(ban.until - now),
+                            strikes: ban.strikes,
+                        });
+                    }
+                }
+            }
+        }
+        bans.sort_by(|a, b| a.target.cmp(&b.target));
+        bans
+    }
+
+    pub(super) fn ban(&self, prefix: &str, target: &BanTarget, duration: Duration) {
+        let key = target.key(prefix);
+        let hash = self.shards.hash(&key);
+        let mut shard = self.shards.lock_one(hash);
+        let now = self.clock.now_us();
+        let until = now + duration.as_micros() as u64;
+        let (strikes, expires_at) = match shard.live(hash, &key, now) {
+            Some(Entry {
+                state: State::Ban(b),
+                expires_at,
+                ..
+            }) => (b.strikes, (*expires_at).max(until)),
+            _ => (1, until),
+        };
+        let state = State::Ban(BanState {
+            target: target.clone(),
+            until,
+            strikes,
+        });
+        shard.insert(hash, &key, Entry::new(state, expires_at));
+        self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+    }
+
+    pub(super) fn unban(&self, prefix: &str, target: &BanTarget) -> bool {
+        let key = target.key(prefix);
+        let hash = self.shards.hash(&key);
+        let mut shard = self.shards.lock_one(hash);
+        let now = self.clock.now_us();
+        match shard.get_mut(hash, &key) {
+            Some(Entry {
+                state: State::Ban(b),
+                ..
+            }) => {
+                let active = b.until > now;
+                shard.remove(hash, &key);
+                active
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Duplicate-guard locks: set-if-absent with a token, compare-and-delete, complete.
+
+use std::time::Duration;
+
+use super::{
+    Inner,
+    map::{Entry, State},
+};
+use crate::{
+    error::{StoreError, StoreErrorKind},
+    store::{HeldLock, LockReply},
+};
+
+pub(super) struct LockState {
+    token: String,
+    fingerprint: String,
+    completed: bool,
+    response: Option<Vec<u8>>,
+}
+
+impl Inner {
+    pub(super) fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<LockReply, StoreError> {
+        let hash = self.shards.hash(key);
+        let mut shard = self.shards.lock_one(hash);
+        let now = self.clock.now_us();
+        if let Some(Entry {
+            state: State::Lock(lock),
+            expires_at,
+            ..
+        }) = shard.live(hash, key, now)
+        {
+            return Ok(LockReply::Held(HeldLock {
+                completed: lock.completed,
+                ttl_left_us: *expires_at - now,
+                fingerprint: lock.fingerprint.clone(),
+                response: lock.response.clone(),
+            }));
+        }
+        if shard.find(hash, key).is_none() && !self.make_room(&mut shard, 1, now, &[]) {
+            return Err(StoreError::new(
+                StoreErrorKind::Capacity,
+                "memory store shard is full of bans and locks",
+            ));
+        }
+        let lock = LockState {
+            token: token.to_owned(),
+            fingerprint: fingerprint.to_owned(),
+            completed: false,
+            response: None,
+        };
+        let expires_at = now + ttl.as_micros() as u64;
+        shard.insert(
+            hash,
+            key,
+            Entry::new(State::Lock(Box::new(lock)), expires_at),
+        );
+        Ok(LockReply::Acquired)
+    }
+
+    pub(super) fn lock_release(&self, key: &str, token: &str) -> bool {
+        let hash = self.shards.hash(key);
+        let mut shard = self.shards.lock_one(hash);
+        let now = self.clock.now_us();
+        let holds = matches!(
+            shard.live(hash, key, now),
+            Some(Entry { state: State::Lock(lock), .. }) if lock.token == token
+        );
+        if holds {
+            shard.remove(hash, key);
+        }
+        holds
+    }
+
+    pub(super) fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> bool {
+        let hash = self.shards.hash(key);
+        let mut shard = self.shards.lock_one(hash);
+        let now = self.clock.now_us();
+        match shard.live(hash, key, now) {
+            Some(Entry {
+                state: State::Lock(lock),
+                expires_at,
+                ..
+            }) if lock.token == token && !lock.completed => {
+                lock.completed = true;
+                lock.response = Some(response.to_vec());
+                *expires_at = now + keep_for.as_micros() as u64;
+                true
+            }
+            _ => false,
+        }
+    }
+}

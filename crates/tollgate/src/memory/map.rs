@@ -1,0 +1,320 @@
+//! The sharded map: each key hashed once, found by its hash, compared whole (invariant 7).
+//!
+//! A shard keeps its entries in a slab (`slots`) and a hash table of slot indices, so that a
+//! full shard can sample random entries and evict the least recently used one.
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+
+use super::{bans::BanState, locks::LockState, rules::RuleStates};
+
+pub(super) type Hasher = foldhash::fast::RandomState;
+
+/// What one key holds.
+pub(super) enum State {
+    Rules(RuleStates),
+    Ban(BanState),
+    Lock(Box<LockState>),
+}
+
+pub(super) struct Entry {
+    pub(super) state: State,
+    /// The instant (µs) after which the entry holds nothing that counts.
+    pub(super) expires_at: u64,
+    /// When a check last touched it, in its shard's ticks: what eviction goes by.
+    used: u64,
+    /// The last check of this limiter key was denied or used up a rule: it is evicted last.
+    pub(super) limited: bool,
+}
+
+impl Entry {
+    pub(super) fn new(state: State, expires_at: u64) -> Entry {
+        Entry {
+            state,
+            expires_at,
+            used: 0,
+            limited: false,
+        }
+    }
+
+    /// How much eviction spares this entry: expired first, then live keys within their
+    /// limits, then keys over their limits; bans and duplicate-guard locks never.
+    fn keep_rank(&self, now: u64) -> Option<u8> {
+        if self.expires_at <= now {
+            return Some(0);
+        }
+        match self.state {
+            State::Rules(_) => Some(1 + u8::from(self.limited)),
+            State::Ban(_) | State::Lock(_) => None,
+        }
+    }
+}
+
+struct Slot {
+    hash: u64,
+    key: Box<str>,
+    /// `None` while the slot is free.
+    entry: Option<Entry>,
+}
+
+/// One shard: a slab of entries and a table of their indices.
+#[derive(Default)]
+pub(super) struct Shard {
+    table: HashTable<u32>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// State of the sampling generator (xorshift).
+    sample: u64,
+    /// Counts touches: the recency of entries.
+    tick: u64,
+}
+
+/// Where an entry lives in its shard; valid while the shard stays locked and the entry is not
+/// removed.
+pub(super) type SlotId = u32;
+
+impl Shard {
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The slot holding `key`.
+    pub(super) fn find(&self, hash: u64, key: &str) -> Option<SlotId> {
+        let slots = &self.slots;
+        self.table
+            .find(hash, |&i| {
+                let slot = &slots[i as usize];
+                slot.hash == hash && *slot.key == *key
+            })
+            .copied()
+    }
+
+    /// Marks the entry in `id` as used now.
+    pub(super) fn touch(&mut self, id: SlotId) {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entry(id).used = tick;
+    }
+
+    pub(super) fn entry(&mut self, id: SlotId) -> &mut Entry {
+        self.slots[id as usize]
+            .entry
+            .as_mut()
+            .expect("a slot id names an occupied slot")
+    }
+
+    /// The entry under `key`, expired or not.
+    pub(super) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        let id = self.find(hash, key)?;
+        Some(self.entry(id))
+    }
+
+    /// The entry under `key` if it has not expired.
+    pub(super) fn live(&mut self, hash: u64, key: &str, now: u64) -> Option<&mut Entry> {
+        self.get_mut(hash, key).filter(|e| e.expires_at > now)
+    }
+
+    /// Puts `entry` under `key`, replacing what was there.
+    pub(super) fn insert(&mut self, hash: u64, key: &str, mut entry: Entry) -> SlotId {
+        self.tick += 1;
+        entry.used = self.tick;
+        if let Some(id) = self.find(hash, key) {
+            *self.entry(id) = entry;
+            return id;
+        }
+        let slot = Slot {
+            hash,
+            key: key.into(),
+            entry: Some(entry),
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.slots[id as usize] = slot;
+                id
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as SlotId
+            }
+        };
+        let slots = &self.slots;
+        self.table
+            .insert_unique(hash, id, |&i| slots[i as usize].hash);
+        id
+    }
+
+    /// Removes the entry under `key`.
+    pub(super) fn remove(&mut self, hash: u64, key: &str) -> Option<Entry> {
+        let slots = &self.slots;
+        let found = self.table.find_entry(hash, |&i| {
+            let slot = &slots[i as usize];
+            slot.hash == hash && *slot.key == *key
+        });
+        let (id, _) = found.ok()?.remove();
+        self.release(id)
+    }
+
+    fn release(&mut self, id: SlotId) -> Option<Entry> {
+        let slot = &mut self.slots[id as usize];
+        slot.key = Box::default();
+        let entry = slot.entry.take();
+        self.free.push(id);
+        entry
+    }
+
+    /// Drops every expired entry but those in `keep`.
+    pub(super) fn purge(&mut self, now: u64, keep: &[SlotId]) {
+        let Shard {
+            table, slots, free, ..
+        } = self;
+        table.retain(|&mut id| {
+            let slot = &mut slots[id as usize];
+            let live = slot.entry.as_ref().is_some_and(|e| e.expires_at > now);
+            let keep = live || keep.contains(&id);
+            if !keep {
+                slot.key = Box::default();
+                slot.entry = None;
+                free.push(id);
+            }
+            keep
+        });
+        if self.table.is_empty() {
+            // Nothing left: give the slab's memory back.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+        }
+    }
+
+    /// Evicts one entry to make room, sampling a few at random: an expired one if found, else
+    /// the least recently used within its limits, else the least recently used over its
+    /// limits; never a ban, a lock, or one of `keep`. False if the sample found nothing to
+    /// evict.
+    pub(super) fn evict_one(&mut self, now: u64, keep: &[SlotId]) -> bool {
+        const SAMPLES: usize = 16;
+        if self.slots.is_empty() {
+            return false;
+        }
+        let mut best: Option<(u8, u64, SlotId)> = None;
+        for _ in 0..SAMPLES * 2 {
+            let id = (self.next_random() % self.slots.len() as u64) as SlotId;
+            let slot = &self.slots[id as usize];
+            let Some(entry) = &slot.entry else { continue };
+            if keep.contains(&id) {
+                continue;
+            }
+            let Some(rank) = entry.keep_rank(now) else {
+                continue;
+            };
+            if best.is_none_or(|(r, used, _)| (rank, entry.used) < (r, used)) {
+                best = Some((rank, entry.used, id));
+            }
+            if rank == 0 {
+                break;
+            }
+        }
+        let Some((_, _, id)) = best else {
+            return false;
+        };
+        let hash = self.slots[id as usize].hash;
+        if let Ok(found) = self.table.find_entry(hash, |&i| i == id) {
+            found.remove();
+        }
+        self.release(id);
+        true
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*: cheap, and good enough to pick slots.
+        if self.sample == 0 {
+            self.sample = rand::random::<u64>() | 1;
+        }
+        let mut x = self.sample;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.sample = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Every entry with its key.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.table.iter().filter_map(|&id| {
+            let slot = &self.slots[id as usize];
+            slot.entry.as_ref().map(|e| (&*slot.key, e))
+        })
+    }
+}
+
+/// The shards of a store and the hasher that places keys in them.
+pub(super) struct Shards {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: Hasher,
+}
+
+impl Shards {
+    pub(super) fn new(count: usize) -> Shards {
+        Shards {
+            shards: (0..count.max(1)).map(|_| Mutex::default()).collect(),
+            hasher: Hasher::default(),
+        }
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub(super) fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a key's hash. The table inside uses the hash's low bits (bucket) and top
+    /// seven (tag), so the shard is taken from the middle.
+    pub(super) fn shard_of(&self, hash: u64) -> usize {
+        ((hash >> 32) as usize) % self.shards.len()
+    }
+
+    pub(super) fn lock_one(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        self.shards[self.shard_of(hash)].lock()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Mutex<Shard>> {
+        self.shards.iter()
+    }
+
+    /// Locks the shards of `hashes`, in ascending order so that no two checks wait on each
+    /// other.
+    pub(super) fn lock(&self, hashes: &[u64]) -> Locked<'_> {
+        let mut order: SmallVec<[usize; 8]> = hashes.iter().map(|&h| self.shard_of(h)).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&i| self.shards[i].lock()).collect();
+        Locked {
+            shards: self,
+            order,
+            guards,
+        }
+    }
+}
+
+/// The shards one check holds.
+pub(super) struct Locked<'a> {
+    shards: &'a Shards,
+    order: SmallVec<[usize; 8]>,
+    guards: SmallVec<[MutexGuard<'a, Shard>; 8]>,
+}
+
+impl Locked<'_> {
+    /// The locked shard of a key's hash.
+    pub(super) fn shard(&mut self, hash: u64) -> &mut Shard {
+        let shard = self.shards.shard_of(hash);
+        let index = if self.order.len() == 1 {
+            0
+        } else {
+            self.order.binary_search(&shard).unwrap_or(0)
+        };
+        &mut self.guards[index]
+    }
+}

@@ -1,0 +1,481 @@
+//! The embedded store: sharded maps in this process.
+//!
+//! - `map`: the shards, keys found by hash, eviction;
+//! - `rules`: the rule states under one limiter key;
+//! - `bans`: the blocklist;
+//! - `locks`: duplicate-guard locks.
+
+mod bans;
+mod locks;
+mod map;
+mod rules;
+
+use std::{
+    fmt,
+    future::Future,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use smallvec::SmallVec;
+
+use self::{
+    map::{Entry, Locked, Shard, Shards, SlotId, State},
+    rules::RuleStates,
+};
+use crate::{
+    algorithm::RuleOutcome,
+    blocklist::{BanEntry, BanTarget},
+    clock::{Clock, SystemClock},
+    error::{StoreError, StoreErrorKind},
+    store::{CheckRequest, LockReply, Outcomes, Store, Verdict},
+};
+
+/// An in-process store: exact and atomic within one process, nothing shared across processes.
+///
+/// Keys live in shards, each behind its own mutex; a limiter's key (one per identity) holds the
+/// states of all its rules. A key is hashed once per check and found by its hash, then compared
+/// whole. A check locks the shards of all its keys in ascending order (so concurrent checks
+/// cannot deadlock) and holds them while it evaluates and records, which makes a
+/// multi-limiter check atomic.
+///
+/// Memory is bounded by the key cap ([`MemoryStoreBuilder::max_keys`]), split evenly over the
+/// shards. A check that needs a new key in a full shard **evicts** one: sampling a few entries
+/// at random, it drops an expired one if it finds one, else the least recently used key that
+/// is within its limits, and a key whose last check was denied only when the sample holds
+/// nothing else. Bans and duplicate-guard locks are never evicted. An evicted key forgets its
+/// count, so a flood of new keys can only make the store forget its quietest clients; it can
+/// never leave a new client unlimited ([`MemoryStore::evictions`] counts them). Expired keys are
+/// also emptied when touched and dropped by a background sweep.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{ManualClock, MemoryStore};
+///
+/// let clock = ManualClock::new(Duration::from_secs(1_000_000));
+/// let store = MemoryStore::builder().clock(clock.clone()).max_keys(10_000).build();
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Shards,
+    clock: Arc<dyn Clock>,
+    max_keys_per_shard: usize,
+    /// The latest end of any ban ever written: before it, checks must look at ban keys.
+    ban_horizon: AtomicU64,
+    /// Keys evicted to make room.
+    evictions: AtomicU64,
+}
+
+impl MemoryStore {
+    /// A store with the system clock and default limits (64 shards, one million keys,
+    /// a sweep every 5 seconds).
+    pub fn new() -> MemoryStore {
+        MemoryStore::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            clock: Arc::new(SystemClock),
+            shards: 64,
+            max_keys: 1_000_000,
+            purge_interval: Some(Duration::from_secs(5)),
+        }
+    }
+
+    /// The number of keys held, expired ones included until they are swept.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// The store holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many keys were evicted to make room for new ones since the store was built.
+    pub fn evictions(&self) -> u64 {
+        self.inner.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Drops every expired key now (the background sweep does this periodically).
+    pub fn purge_expired(&self) {
+        let now = self.inner.clock.now_us();
+        for shard in self.inner.shards.iter() {
+            shard.lock().purge(now, &[]);
+        }
+    }
+
+    /// Runs a check synchronously: what [`Store::check`] and [`Store::check_sync`] answer.
+    pub fn check_now(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+        self.inner.check(request)
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> MemoryStore {
+        MemoryStore::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.count())
+            .field("clock", &self.inner.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`MemoryStore`].
+#[must_use]
+pub struct MemoryStoreBuilder {
+    clock: Arc<dyn Clock>,
+    shards: usize,
+    max_keys: usize,
+    purge_interval: Option<Duration>,
+}
+
+impl MemoryStoreBuilder {
+    /// The clock (default: the system clock). Tests pass a [`ManualClock`](crate::ManualClock).
+    pub fn clock(mut self, clock: impl Clock) -> MemoryStoreBuilder {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Number of shards (default 64; at least 1).
+    pub fn shards(mut self, shards: usize) -> MemoryStoreBuilder {
+        self.shards = shards.max(1);
+        self
+    }
+
+    /// The most keys the store holds (default one million), split evenly over the shards;
+    /// past it, new keys evict old ones (see [`MemoryStore`]).
+    pub fn max_keys(mut self, max_keys: usize) -> MemoryStoreBuilder {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// How often a background thread sweeps expired keys (default 5 s); `None` sweeps only on
+    /// access and when a shard is full.
+    pub fn purge_interval(mut self, interval: Option<Duration>) -> MemoryStoreBuilder {
+        self.purge_interval = interval;
+        self
+    }
+
+    /// Builds the store (and starts its sweeper thread, which ends with the store).
+    pub fn build(self) -> MemoryStore {
+        let inner = Arc::new(Inner {
+            shards: Shards::new(self.shards),
+            clock: self.clock,
+            max_keys_per_shard: (self.max_keys / self.shards).max(1),
+            ban_horizon: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        });
+        if let Some(interval) = self.purge_interval {
+            spawn_sweeper(Arc::downgrade(&inner), interval);
+        }
+        MemoryStore { inner }
+    }
+}
+
+fn spawn_sweeper(inner: Weak<Inner>, interval: Duration) {
+    // A failed spawn only loses the background sweep; access and full shards still purge.
+    let _ = thread::Builder::new()
+        .name("tollgate-sweep".into())
+        .spawn(move || {
+            loop {
+                thread::sleep(interval);
+                let Some(inner) = inner.upgrade() else { return };
+                let now = inner.clock.now_us();
+                for shard in inner.shards.iter() {
+                    shard.lock().purge(now, &[]);
+                }
+            }
+        });
+}
+
+/// Per limiter of a check: where its entry is, if it has one.
+type Found = SmallVec<[Option<SlotId>; 4]>;
+
+impl Inner {
+    /// Whether a ban may be live now (false until a ban was ever written, without a clock read).
+    fn bans_possible(&self) -> bool {
+        let horizon = self.ban_horizon.load(Ordering::Acquire);
+        horizon != 0 && self.clock.now_us() < horizon
+    }
+
+    /// One atomic check (see [`CheckRequest`]).
+    fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+        let hashes: SmallVec<[u64; 8]> = request
+            .limiters
+            .iter()
+            .map(|l| l.key)
+            .chain(request.bans.iter().map(|b| b.key))
+            .map(|key| self.shards.hash(key))
+            .collect();
+        let (limiter_hashes, ban_hashes) = hashes.split_at(request.limiters.len());
+        let mut locked = self.shards.lock(&hashes);
+        let now = self.clock.now_us();
+
+        if let Some(left) = self.blocked_for(request, ban_hashes, &mut locked, now) {
+            return Ok(Verdict::blocked(left));
+        }
+
+        let cost = request.cost;
+        let mut out = Outcomes::from_elem(RuleOutcome::default(), request.rule_count());
+        let mut found = Found::new();
+        let mut allowed = true;
+        let mut first = 0;
+        for (l, &hash) in request.limiters.iter().zip(limiter_hashes) {
+            let out = &mut out[first..first + l.rules.len()];
+            first += l.rules.len();
+            let shard = locked.shard(hash);
+            let id = shard.find(hash, l.key);
+            if let Some(id) = id {
+                shard.touch(id);
+            }
+            match id.map(|id| shard.entry(id)) {
+                Some(Entry {
+                    state: State::Rules(states),
+                    expires_at,
+                    ..
+                }) => {
+                    if *expires_at <= now {
+                        states.clear();
+                    }
+                    allowed &= states.evaluate(l.rules, now, cost, out);
+                    found.push(id);
+                }
+                // A new key (or, never in practice, a key of another kind, replaced).
+                _ => {
+                    allowed &= RuleStates::default().evaluate(l.rules, now, cost, out);
+                    found.push(None);
+                }
+            }
+        }
+
+        if !allowed {
+            // Nothing is recorded.
+            let mut first = 0;
+            for ((l, &hash), id) in request.limiters.iter().zip(limiter_hashes).zip(&found) {
+                let out = &mut out[first..first + l.rules.len()];
+                first += l.rules.len();
+                let denied = out.iter().any(|o| !o.allowed);
+                match id.map(|id| locked.shard(hash).entry(id)) {
+                    Some(entry) => {
+                        entry.limited |= denied;
+                        if let State::Rules(states) = &mut entry.state {
+                            states.settle(l.rules, now, out);
+                        }
+                    }
+                    None => RuleStates::default().settle(l.rules, now, out),
+                }
+            }
+            let banned_us = if request.may_ban() {
+                self.ban_offender(request, ban_hashes, &out, &mut locked, now)
+            } else {
+                None
+            };
+            let mut verdict = Verdict::new(false, []);
+            verdict.rules = out;
+            verdict.banned_us = banned_us;
+            return Ok(verdict);
+        }
+
+        if request.consume && cost > 0 {
+            self.make_room_for(limiter_hashes, &found, &mut locked, now)?;
+            let mut first = 0;
+            for ((l, &hash), id) in request.limiters.iter().zip(limiter_hashes).zip(&found) {
+                let used_up = out[first..first + l.rules.len()]
+                    .iter()
+                    .any(|o| o.remaining == 0);
+                first += l.rules.len();
+                let shard = locked.shard(hash);
+                match id.map(|id| shard.entry(id)) {
+                    Some(Entry {
+                        state: State::Rules(states),
+                        expires_at,
+                        limited,
+                        ..
+                    }) => {
+                        let until = states.record(l.rules, now, cost);
+                        *expires_at = (*expires_at).max(until);
+                        *limited = used_up;
+                    }
+                    _ => {
+                        let mut states = RuleStates::default();
+                        let expires_at = states.record(l.rules, now, cost);
+                        let mut entry = Entry::new(State::Rules(states), expires_at);
+                        entry.limited = used_up;
+                        shard.insert(hash, l.key, entry);
+                    }
+                }
+            }
+        }
+        let mut verdict = Verdict::new(true, []);
+        verdict.rules = out;
+        Ok(verdict)
+    }
+
+    /// Before anything is written: room in every shard for the keys this admission creates,
+    /// evicting where a shard is full. Fails only when a shard is full of what is never
+    /// evicted (bans and locks).
+    fn make_room_for(
+        &self,
+        hashes: &[u64],
+        found: &Found,
+        locked: &mut Locked<'_>,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        let new = || {
+            hashes
+                .iter()
+                .zip(found)
+                .filter(|(_, id)| id.is_none())
+                .map(|(&hash, _)| hash)
+        };
+        for (i, hash) in new().enumerate() {
+            let shard_of = |h: u64| self.shards.shard_of(h);
+            // Each shard once, for every new key it gets.
+            if new().take(i).any(|h| shard_of(h) == shard_of(hash)) {
+                continue;
+            }
+            let wanted = new().filter(|&h| shard_of(h) == shard_of(hash)).count();
+            let keep: SmallVec<[SlotId; 4]> = hashes
+                .iter()
+                .zip(found)
+                .filter(|(h, _)| shard_of(**h) == shard_of(hash))
+                .filter_map(|(_, id)| *id)
+                .collect();
+            let shard = locked.shard(hash);
+            if !self.make_room(shard, wanted, now, &keep) {
+                return Err(StoreError::new(
+                    StoreErrorKind::Capacity,
+                    format!(
+                        "memory store shard holds {} keys, its cap is {}, and none can be evicted",
+                        shard.len(),
+                        self.max_keys_per_shard
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room in `shard` for `wanted` new keys, sparing the slots in `keep`.
+    fn make_room(&self, shard: &mut Shard, wanted: usize, now: u64, keep: &[SlotId]) -> bool {
+        let cap = self.max_keys_per_shard;
+        let mut swept = false;
+        while shard.len() + wanted > cap {
+            if shard.evict_one(now, keep) {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+            } else if !swept {
+                // The sample found only bans and locks: sweep what expired, once.
+                shard.purge(now, keep);
+                swept = true;
+            } else {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn reset(&self, request: &CheckRequest<'_>) {
+        for limiter in request.limiters {
+            let hash = self.shards.hash(limiter.key);
+            self.shards.lock_one(hash).remove(hash, limiter.key);
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
+        std::future::ready(self.inner.check(request))
+    }
+
+    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
+        Some(self.inner.check(request))
+    }
+
+    fn reset(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.reset(request);
+        std::future::ready(Ok(()))
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    fn bans_possible(&self) -> bool {
+        self.inner.bans_possible()
+    }
+
+    fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
+        std::future::ready(self.inner.lock_acquire(key, token, fingerprint, ttl))
+    }
+
+    fn lock_release(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.lock_release(key, token)))
+    }
+
+    fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.lock_complete(key, token, response, keep_for)))
+    }
+
+    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.bans(prefix)))
+    }
+
+    fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.ban(prefix, target, duration);
+        std::future::ready(Ok(()))
+    }
+
+    fn unban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.unban(prefix, target)))
+    }
+}
+
+#[cfg(test)]
+mod tests;
