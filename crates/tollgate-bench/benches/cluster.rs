@@ -28,9 +28,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tollgate::{BanTarget, CheckPlan, PlanBan, PlanLimiter, Rule, Store, ban_index_key};
+use tollgate::{BanTarget, Rule, ban_index_key};
 use tollgate_bench::{RULES, client_ip};
 use tollgate_redis::RedisStore;
+use tollgate_testkit::plan::{CheckPlan, PlanBan, PlanExt, PlanLimiter};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 /// Repetitions of every measurement; the table shows medians.
@@ -75,11 +76,7 @@ fn plan(n: u32, layout: Layout, bans: bool, rules: &Arc<[Rule]>) -> CheckPlan {
     };
     let limiters = keys
         .into_iter()
-        .map(|key| PlanLimiter {
-            key,
-            rules: rules.clone(),
-            ban: None,
-        })
+        .map(|key| PlanLimiter::new(key, rules))
         .collect();
     let plan = CheckPlan::new(1, true, limiters);
     if !bans {
@@ -87,10 +84,7 @@ fn plan(n: u32, layout: Layout, bans: bool, rules: &Arc<[Rule]>) -> CheckPlan {
     }
     let bans = [BanTarget::Ip(ip), BanTarget::UserId(n.to_string())]
         .into_iter()
-        .map(|target| PlanBan {
-            key: target.key("tg"),
-            target,
-        })
+        .map(|target| PlanBan::new("tg", target))
         .collect();
     plan.with_bans(bans, ban_index_key("tg"))
 }
@@ -171,7 +165,7 @@ async fn throughput(store: &RedisStore, layout: Layout, bans: bool, checks: usiz
             tokio::spawn(async move {
                 while next.fetch_add(1, Ordering::Relaxed) < checks {
                     let n = rand::random_range(0..KEYSPACE);
-                    let verdict = store.check(&plan(n, layout, bans, &rules)).await;
+                    let verdict = store.check_plan(&plan(n, layout, bans, &rules)).await;
                     verdict.expect("the bench's store failed");
                 }
             })

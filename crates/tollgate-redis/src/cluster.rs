@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use futures_util::future::join_all;
 use redis::{RedisResult, cluster_async::ClusterConnection, cluster_routing::Slot};
 use tollgate::{
-    Algorithm, CheckPlan, PlanLimiter, StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome,
-    key,
+    Algorithm, CheckRequest, LimiterRequest, StoreError, StoreErrorKind, Verdict,
+    algorithm::RuleOutcome, key,
 };
 
 use crate::{
@@ -43,7 +43,7 @@ enum Layout {
     Slots(Vec<Group>),
 }
 
-fn layout(plan: &CheckPlan) -> Result<Layout, StoreError> {
+fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
     let mut groups: Vec<Group> = Vec::new();
     for (i, limiter) in plan.limiters.iter().enumerate() {
         let slot = limiter_slot(limiter)?;
@@ -70,11 +70,11 @@ fn layout(plan: &CheckPlan) -> Result<Layout, StoreError> {
 
 /// The one slot of all of a limiter's keys: its state keys are its base key plus a suffix, so
 /// a hash tag in the base key is every state key's tag.
-fn limiter_slot(limiter: &PlanLimiter) -> Result<Slot, StoreError> {
-    if !has_hash_tag(&limiter.key) {
-        return Err(cross_slot(&limiter.key));
+fn limiter_slot(limiter: &LimiterRequest<'_>) -> Result<Slot, StoreError> {
+    if !has_hash_tag(limiter.key) {
+        return Err(cross_slot(limiter.key));
     }
-    Ok(Slot::for_key(&limiter.key))
+    Ok(Slot::for_key(limiter.key))
 }
 
 /// Whether `key` has a non-empty `{...}` hash tag, which alone then decides its slot.
@@ -85,16 +85,12 @@ fn has_hash_tag(key: &str) -> bool {
 }
 
 /// The one slot of the ban keys and the ban index, if the plan has bans.
-fn ban_slot(plan: &CheckPlan) -> Result<Option<Slot>, StoreError> {
+fn ban_slot(plan: &CheckRequest<'_>) -> Result<Option<Slot>, StoreError> {
     let Some(first) = plan.bans.first() else {
         return Ok(None);
     };
-    let slot = Slot::for_key(&first.key);
-    let keys = plan
-        .bans
-        .iter()
-        .map(|b| b.key.as_str())
-        .chain([plan.ban_index.as_str()]);
+    let slot = Slot::for_key(first.key);
+    let keys = plan.bans.iter().map(|b| b.key).chain([plan.ban_index]);
     for k in keys {
         if Slot::for_key(k) != slot {
             return Err(cross_slot(k));
@@ -113,15 +109,23 @@ fn cross_slot(key: &str) -> StoreError {
     )
 }
 
-/// One slot's call and its plan (the slot's limiters, no bans).
-struct SlotCall {
-    plan: CheckPlan,
+/// One slot's call: the slot's limiters (no bans), as requests and as indices into the whole
+/// request's.
+struct SlotCall<'a> {
+    requests: Vec<LimiterRequest<'a>>,
     limiters: Vec<usize>,
 }
 
+impl SlotCall<'_> {
+    /// The slot's own check.
+    fn request(&self, whole: &CheckRequest<'_>) -> CheckRequest<'_> {
+        CheckRequest::new(whole.cost, whole.consume, &self.requests)
+    }
+}
+
 /// One slot's answer; `None` if its call failed.
-struct SlotAnswer {
-    call: SlotCall,
+struct SlotAnswer<'a> {
+    call: SlotCall<'a>,
     reply: Option<SlotReply>,
 }
 
@@ -129,7 +133,7 @@ struct SlotAnswer {
 pub(crate) async fn check(
     store: &RedisStore,
     conn: &ClusterConnection,
-    plan: &CheckPlan,
+    plan: &CheckRequest<'_>,
 ) -> Result<Verdict, StoreError> {
     let groups = match layout(plan)? {
         Layout::OneSlot => return store.check_one_call(plan).await,
@@ -146,14 +150,7 @@ pub(crate) async fn check(
     let calls: Vec<SlotCall> = groups
         .into_iter()
         .map(|g| SlotCall {
-            plan: CheckPlan::new(
-                plan.cost,
-                plan.consume,
-                g.limiters
-                    .iter()
-                    .map(|&i| plan.limiters[i].clone())
-                    .collect(),
-            ),
+            requests: g.limiters.iter().map(|&i| plan.limiters[i]).collect(),
             limiters: g.limiters,
         })
         .collect();
@@ -162,12 +159,13 @@ pub(crate) async fn check(
     let slots = join_all(calls.iter().map(|c| {
         let mut conn = conn.clone();
         async move {
+            let request = c.request(plan);
             let mut call = scripts.check.call();
-            script::prepare(&mut call, &c.plan, now, nonce)?;
+            script::prepare(&mut call, &request, now, nonce)?;
             call.arg(report as u8);
             let reply: RedisResult<Vec<i64>> = call.invoke(&mut conn).await;
             let reply = reply.map_err(|e| store.redis_error("check", e))?;
-            script::slot_reply(&c.plan, &reply, report)
+            script::slot_reply(&request, &reply, report)
         }
     }));
     let bans = async {
@@ -175,8 +173,8 @@ pub(crate) async fn check(
             return Ok(None);
         }
         let mut call = scripts.banned.call();
-        for ban in &plan.bans {
-            call.key(&ban.key);
+        for ban in plan.bans {
+            call.key(ban.key);
         }
         call.arg(script::now_arg(now));
         let mut conn = conn.clone();
@@ -241,7 +239,7 @@ pub(crate) async fn check(
 
 /// The plan's verdict from every slot's: rules back in plan order; when denied, the rules of
 /// the slots that admitted show the state as it stays once undone.
-fn assemble(plan: &CheckPlan, answers: Vec<SlotAnswer>, allowed: bool) -> Verdict {
+fn assemble(plan: &CheckRequest<'_>, answers: Vec<SlotAnswer<'_>>, allowed: bool) -> Verdict {
     let mut per_limiter: Vec<Vec<RuleOutcome>> = vec![Vec::new(); plan.limiters.len()];
     for answer in answers {
         let Some(reply) = answer.reply else { continue };
@@ -254,15 +252,15 @@ fn assemble(plan: &CheckPlan, answers: Vec<SlotAnswer>, allowed: bool) -> Verdic
             per_limiter[i].extend(outcomes.by_ref().take(plan.limiters[i].rules.len()));
         }
     }
-    Verdict::new(allowed, per_limiter.into_iter().flatten().collect())
+    Verdict::new(allowed, per_limiter.into_iter().flatten())
 }
 
 /// Undoes what one slot's call wrote (undo.lua): each state key once.
 async fn undo(
     store: &RedisStore,
     conn: &ClusterConnection,
-    plan: &CheckPlan,
-    call: &SlotCall,
+    plan: &CheckRequest<'_>,
+    call: &SlotCall<'_>,
     record: &Record,
     nonce: [u8; 8],
     now: Option<u64>,
@@ -278,7 +276,7 @@ async fn undo(
     for &i in &call.limiters {
         let limiter = &plan.limiters[i];
         for (rule, &(a, b)) in limiter.rules.iter().zip(writes.by_ref()) {
-            let key = key::rule_key(&limiter.key, rule);
+            let key = key::rule_key(limiter.key, rule);
             if ops.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
@@ -302,8 +300,8 @@ async fn undo(
 async fn offend(
     store: &RedisStore,
     conn: &ClusterConnection,
-    plan: &CheckPlan,
-    answers: &[SlotAnswer],
+    plan: &CheckRequest<'_>,
+    answers: &[SlotAnswer<'_>],
     now: Option<u64>,
 ) -> Result<Option<u64>, StoreError> {
     if !plan.may_ban() {
@@ -330,18 +328,18 @@ async fn offend(
         return Ok(None);
     }
     let mut call = store.scripts().offend.call();
-    for ban in &plan.bans {
-        call.key(&ban.key);
+    for ban in plan.bans {
+        call.key(ban.key);
     }
-    call.key(&plan.ban_index);
+    call.key(plan.ban_index);
     call.arg(script::now_arg(now)).arg(bans.len());
     for ban in &bans {
         call.arg(script::micros(ban.duration()))
             .arg(ban.factor())
             .arg(script::micros(ban.cap()));
     }
-    for ban in &plan.bans {
-        call.arg(ban.target.kind()).arg(ban.target.value());
+    for ban in plan.bans {
+        call.arg(ban.kind).arg(ban.value);
     }
     let mut conn = conn.clone();
     let longest: i64 = call
@@ -353,41 +351,40 @@ async fn offend(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use tollgate::{BanTarget, PlanBan, Rule, ban_index_key};
+    use tollgate::{BanKey, BanTarget, Rule, ban_index_key};
 
     use super::*;
 
-    fn limiter(key: &str) -> PlanLimiter {
-        let rules: Arc<[Rule]> = ["2/1s".parse().unwrap()].into_iter().collect();
-        PlanLimiter {
-            key: key.to_owned(),
-            rules,
+    const RULES: &[Rule] = &[];
+
+    fn limiter(key: &str) -> LimiterRequest<'_> {
+        LimiterRequest {
+            key,
+            rules: RULES,
             ban: None,
         }
     }
 
-    fn bans() -> Vec<PlanBan> {
-        let target = BanTarget::Ip("10.0.0.1".parse().unwrap());
-        vec![PlanBan {
-            key: target.key("tg"),
-            target,
-        }]
-    }
-
     #[test]
     fn one_slot_plans_are_one_call() {
-        let same = CheckPlan::new(1, true, vec![limiter("tg:{a}"), limiter("tg:{a}:x")]);
+        let target = BanTarget::Ip("10.0.0.1".parse().unwrap());
+        let (ban_key, index) = (target.key("tg"), ban_index_key("tg"));
+        let bans = [BanKey {
+            key: &ban_key,
+            kind: "ip",
+            value: "10.0.0.1",
+        }];
+        let same = [limiter("tg:{a}"), limiter("tg:{a}:x")];
+        let same = CheckRequest::new(1, true, &same);
         assert!(matches!(layout(&same).unwrap(), Layout::OneSlot));
-        let banned = same.clone().with_bans(bans(), ban_index_key("tg"));
+        let banned = same.with_bans(&bans, &index);
         assert!(matches!(layout(&banned).unwrap(), Layout::Slots(g) if g.len() == 1));
-        let two = CheckPlan::new(1, true, vec![limiter("tg:{a}"), limiter("tg:{b}")]);
-        let Layout::Slots(groups) = layout(&two).unwrap() else {
+        let two = [limiter("tg:{a}"), limiter("tg:{b}")];
+        let Layout::Slots(groups) = layout(&CheckRequest::new(1, true, &two)).unwrap() else {
             panic!("two slots")
         };
         assert_eq!(groups.len(), 2);
-        let only_bans = CheckPlan::new(1, true, vec![]).with_bans(bans(), ban_index_key("tg"));
+        let only_bans = CheckRequest::new(1, true, &[]).with_bans(&bans, &index);
         assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot));
     }
 
@@ -402,8 +399,10 @@ mod tests {
 
     #[test]
     fn untagged_limiters_are_refused() {
-        let plan = CheckPlan::new(1, true, vec![limiter("tg:untagged")]);
-        let err = layout(&plan).err().unwrap();
+        let untagged = [limiter("tg:untagged")];
+        let err = layout(&CheckRequest::new(1, true, &untagged))
+            .err()
+            .unwrap();
         assert_eq!(err.kind(), StoreErrorKind::Protocol);
     }
 }

@@ -54,7 +54,7 @@
 //! - `cluster`: the multi-slot check: per-slot calls at once, undo, bans beside them.
 //! - `sentinel`: the connection to the primary the sentinels name, found again after a
 //!   failover.
-//! - `script`: turns a [`tollgate::CheckPlan`] into the keys and arguments of
+//! - `script`: turns a [`tollgate::CheckRequest`] into the keys and arguments of
 //!   `scripts/check.lua` and its reply into a [`tollgate::Verdict`]; loads the guard scripts
 //!   and reads their replies.
 //! - `error`: Redis failures as store errors of the right kind (timeout, unavailable,
@@ -67,7 +67,7 @@
 //!   the limiters), `offend.lua` (ban after a denial).
 //!
 //! # Keys
-//! The keys are the core's ([`tollgate::PlanLimiter::state_keys`], [`tollgate::BanTarget::key`],
+//! The keys are the core's ([`tollgate::LimiterRequest::state_keys`], [`tollgate::BanTarget::key`],
 //! the duplicate guard's): each limiter's sliding-log rules share one sorted set (members:
 //! 8 random bytes and a unit index, 9 to 12 bytes), each fixed-window rule holds
 //! `"start:count"`, each GCRA rule its theoretical arrival time; a lock or a ban is a small

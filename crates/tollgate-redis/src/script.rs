@@ -1,12 +1,12 @@
-//! The scripts: how a [`CheckPlan`] becomes one EVALSHA and its reply a [`Verdict`]; the
+//! The scripts: how a [`CheckRequest`] becomes one EVALSHA and its reply a [`Verdict`]; the
 //! guard scripts (locks, bans) and their replies.
 
 use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, BanEntry, BanTarget, CheckPlan, HeldLock, LockReply, StoreError, StoreErrorKind,
-    Verdict, algorithm::RuleOutcome,
+    Algorithm, BanEntry, BanTarget, CheckRequest, HeldLock, LockReply, Outcomes, StoreError,
+    StoreErrorKind, Verdict, algorithm::RuleOutcome,
 };
 
 use crate::conn::{Call, Lua};
@@ -154,7 +154,7 @@ pub(crate) fn bans_reply(reply: &[Value]) -> Result<Vec<BanEntry>, StoreError> {
 /// members unique.
 pub(crate) fn prepare(
     invocation: &mut Call<'_>,
-    plan: &CheckPlan,
+    plan: &CheckRequest<'_>,
     now_us: Option<u64>,
     nonce: [u8; 8],
 ) -> Result<(), StoreError> {
@@ -166,7 +166,7 @@ pub(crate) fn prepare(
     packed.int("cost", plan.cost)?;
     packed.flag(plan.consume);
     packed.count(plan.limiters.len());
-    for limiter in &plan.limiters {
+    for limiter in plan.limiters {
         invocation.key(limiter.state_keys());
         packed.count(limiter.rules.len());
         packed.int("window", limiter.log_window_us().unwrap_or(0))?;
@@ -183,8 +183,8 @@ pub(crate) fn prepare(
         }
     }
     packed.count(plan.bans.len());
-    for ban in &plan.bans {
-        invocation.key(&ban.key);
+    for ban in plan.bans {
+        invocation.key(ban.key);
     }
     // The targets and the ban index only matter to a check that may write a ban: the others
     // only read the ban keys, and spare the server two arguments per target and a key.
@@ -192,10 +192,10 @@ pub(crate) fn prepare(
     packed.flag(writes_bans);
     invocation.arg(packed.0);
     if writes_bans {
-        for ban in &plan.bans {
-            invocation.arg(ban.target.kind()).arg(ban.target.value());
+        for ban in plan.bans {
+            invocation.arg(ban.kind).arg(ban.value);
         }
-        invocation.key(&plan.ban_index);
+        invocation.key(plan.ban_index);
     }
     Ok(())
 }
@@ -206,7 +206,7 @@ pub(crate) fn prepare(
 struct Packed(Vec<u8>);
 
 impl Packed {
-    fn new(nonce: [u8; 8], plan: &CheckPlan) -> Packed {
+    fn new(nonce: [u8; 8], plan: &CheckRequest<'_>) -> Packed {
         let ints = 6 + 6 * plan.limiters.len() + 3 * plan.rule_count();
         let mut bytes = Vec::with_capacity(8 + 8 * ints);
         bytes.extend_from_slice(&nonce);
@@ -263,7 +263,7 @@ fn algorithm_code(algorithm: Algorithm) -> Result<i64, StoreError> {
 }
 
 /// Reads the script's reply: `allowed`, `blocked_us`, `banned_us`, then four integers per rule.
-pub(crate) fn verdict(plan: &CheckPlan, reply: &[i64]) -> Result<Verdict, StoreError> {
+pub(crate) fn verdict(plan: &CheckRequest<'_>, reply: &[i64]) -> Result<Verdict, StoreError> {
     let rules = plan.rule_count();
     let bad = |why: &str| {
         StoreError::new(
@@ -314,7 +314,7 @@ fn flag(v: i64, bad: &impl Fn(&str) -> StoreError) -> Result<bool, StoreError> {
 fn read_outcomes(
     values: &[i64],
     bad: &impl Fn(&str) -> StoreError,
-) -> Result<Vec<RuleOutcome>, StoreError> {
+) -> Result<Outcomes, StoreError> {
     let count = |v: i64| u64::try_from(v).map_err(|_| bad("a negative count or duration"));
     values
         .chunks_exact(4)
@@ -349,7 +349,7 @@ pub(crate) struct SlotReply {
     /// What the call wrote, if it recorded the admission.
     pub(crate) record: Option<Record>,
     /// Every rule's outcome at cost 0, when asked for and the slot admitted.
-    pub(crate) zero: Option<Vec<RuleOutcome>>,
+    pub(crate) zero: Option<Outcomes>,
 }
 
 /// What one check.lua call wrote, enough to undo it (see `scripts/undo.lua`).
@@ -368,11 +368,11 @@ pub(crate) struct Record {
 /// older entry's (sliding log), 0 for an empty window (fixed window), or the tat before
 /// (gcra).
 fn zero_from_record(
-    plan: &CheckPlan,
+    plan: &CheckRequest<'_>,
     outcomes: &[RuleOutcome],
     record: &Record,
     bad: &impl Fn(&str) -> StoreError,
-) -> Result<Vec<RuleOutcome>, StoreError> {
+) -> Result<Outcomes, StoreError> {
     let cost = plan.cost;
     let rules = plan.limiters.iter().flat_map(|l| l.rules.iter());
     rules
@@ -398,7 +398,7 @@ fn zero_from_record(
 
 /// Reads a check.lua reply made with `report`, for the plan of one slot (no ban keys).
 pub(crate) fn slot_reply(
-    plan: &CheckPlan,
+    plan: &CheckRequest<'_>,
     reply: &[i64],
     report: Report,
 ) -> Result<SlotReply, StoreError> {
@@ -459,23 +459,23 @@ pub(crate) fn slot_reply(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use tollgate::{PlanLimiter, Rule};
+    use tollgate::{LimiterRequest, Rule};
 
     use super::*;
 
-    fn plan(rules: &[&str]) -> CheckPlan {
-        let rules: Arc<[Rule]> = rules.iter().map(|r| r.parse().unwrap()).collect();
-        CheckPlan::new(
-            1,
-            true,
-            vec![PlanLimiter {
-                key: "tg:{k}".into(),
-                rules,
-                ban: None,
-            }],
-        )
+    /// A request of one limiter, kept for the test's whole run.
+    fn plan(rules: &[&str]) -> CheckRequest<'static> {
+        let rules: &'static [Rule] = rules
+            .iter()
+            .map(|r| r.parse().unwrap())
+            .collect::<Vec<_>>()
+            .leak();
+        let limiters = vec![LimiterRequest {
+            key: "tg:{k}",
+            rules,
+            ban: None,
+        }];
+        CheckRequest::new(1, true, limiters.leak())
     }
 
     #[test]
@@ -535,7 +535,7 @@ mod tests {
             .collect();
         assert_eq!(zero, [(2, 0), (5, 30_000_000)]);
         // Not recorded (a peek): the flag alone, then the outcomes at cost 0.
-        let mut peek = p.clone();
+        let mut peek = p;
         peek.consume = false;
         let mut reply = head.to_vec();
         reply.extend([0, 1, 2, 0, -1, 1, 5, 0, -1]);

@@ -10,8 +10,8 @@ use redis::{
     sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType},
 };
 use tollgate::{
-    BanEntry, BanTarget, CheckPlan, Clock, LockReply, Store, StoreError, StoreErrorKind, Verdict,
-    ban_index_key,
+    BanEntry, BanTarget, CheckRequest, Clock, LockReply, Store, StoreError, StoreErrorKind,
+    Verdict, ban_index_key,
 };
 
 use crate::{
@@ -152,7 +152,10 @@ impl RedisStore {
     }
 
     /// The whole plan as one check.lua call: every key must live on one node (one slot).
-    pub(crate) async fn check_one_call(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
+    pub(crate) async fn check_one_call(
+        &self,
+        plan: &CheckRequest<'_>,
+    ) -> Result<Verdict, StoreError> {
         let mut call = self.inner.scripts.check.call();
         script::prepare(&mut call, plan, self.test_now(), rand::random())?;
         let mut conn = self.conn();
@@ -172,14 +175,14 @@ impl fmt::Debug for RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn check(&self, plan: &CheckPlan) -> Result<Verdict, StoreError> {
+    async fn check(&self, plan: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
         match &self.inner.conn {
             Conn::Cluster(conn) => cluster::check(self, conn, plan).await,
             Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan).await,
         }
     }
 
-    async fn reset(&self, plan: &CheckPlan) -> Result<(), StoreError> {
+    async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
         let keys: Vec<String> = plan.limiters.iter().flat_map(|l| l.state_keys()).collect();
         if keys.is_empty() {
             return Ok(());

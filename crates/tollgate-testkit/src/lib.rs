@@ -35,6 +35,7 @@ mod certs;
 mod cluster;
 pub mod conformance;
 pub mod guards;
+pub mod plan;
 mod sentinel;
 mod server;
 

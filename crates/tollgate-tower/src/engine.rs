@@ -3,76 +3,15 @@
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use tollgate::{
-    Acquire, CheckError, Decision, DuplicateGuard, Fingerprint, Identity, Lease, Policy, Store,
-    StoreError, Tollgate,
-};
+use tollgate::{AnyStore, CheckError, Lease, Store, Tollgate};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe face of [`Tollgate`] that the middleware needs.
-pub(crate) trait Gate: Send + Sync + 'static {
-    fn check<'a>(
-        &'a self,
-        policy: &'a Policy,
-        identity: &'a Identity,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Decision, CheckError>>;
-
-    fn acquire<'a>(
-        &'a self,
-        guard: &'a DuplicateGuard,
-        identity: &'a Identity,
-        fingerprint: &'a Fingerprint,
-    ) -> BoxFuture<'a, Result<Acquire, CheckError>>;
-
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, StoreError>>;
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        response: &'a [u8],
-        keep_for: Duration,
-    ) -> BoxFuture<'a, Result<bool, CheckError>>;
-}
-
-impl<S: Store> Gate for Tollgate<S> {
-    fn check<'a>(
-        &'a self,
-        policy: &'a Policy,
-        identity: &'a Identity,
-        cost: u64,
-    ) -> BoxFuture<'a, Result<Decision, CheckError>> {
-        Box::pin(Tollgate::check(self, policy, identity, cost))
-    }
-
-    fn acquire<'a>(
-        &'a self,
-        guard: &'a DuplicateGuard,
-        identity: &'a Identity,
-        fingerprint: &'a Fingerprint,
-    ) -> BoxFuture<'a, Result<Acquire, CheckError>> {
-        Box::pin(Tollgate::acquire(self, guard, identity, fingerprint))
-    }
-
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Tollgate::release(self, lease))
-    }
-
-    fn complete<'a>(
-        &'a self,
-        lease: &'a Lease,
-        response: &'a [u8],
-        keep_for: Duration,
-    ) -> BoxFuture<'a, Result<bool, CheckError>> {
-        Box::pin(Tollgate::complete(self, lease, response, keep_for))
-    }
-}
-
-pub(crate) type SharedGate = Arc<dyn Gate>;
+/// The engine every layer holds: one type whatever the store (see [`Tollgate::erase`]).
+pub(crate) type SharedGate = Arc<Tollgate<AnyStore>>;
 
 pub(crate) fn erase<S: Store>(gate: Arc<Tollgate<S>>) -> SharedGate {
-    gate
+    Arc::new(gate.erase())
 }
 
 /// Holds a duplicate-guard lease until the outcome is known.

@@ -1,9 +1,9 @@
 //! `RateLimit-Policy`, `RateLimit` (draft-ietf-httpapi-ratelimit-headers) and `Retry-After`.
 
-use std::{fmt::Write, time::Duration};
+use std::{fmt::Write, sync::Arc, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
-use tollgate::{Decision, RuleDecision, format_duration};
+use tollgate::{Decision, Policy, RuleDecision, format_duration};
 
 /// The `RateLimit-Policy` field name.
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -64,28 +64,11 @@ pub(crate) fn insert_rule_headers(rules: &[RuleDecision], headers: &mut HeaderMa
     if rules.is_empty() {
         return;
     }
-    let names = policy_names(rules);
+    let names: Vec<String> = policy_names(rules).iter().map(|n| sf_string(n)).collect();
     let mut policy = String::new();
+    write_policy(&mut policy, rules, &names);
     let mut limit = String::new();
-    for (rule, name) in rules.iter().zip(&names) {
-        if !policy.is_empty() {
-            policy.push_str(", ");
-            limit.push_str(", ");
-        }
-        let name = sf_string(name);
-        let _ = write!(
-            policy,
-            "{name};q={};w={}",
-            rule.rule.limit(),
-            ceil_secs(rule.rule.window())
-        );
-        let _ = write!(
-            limit,
-            "{name};r={};t={}",
-            rule.remaining,
-            ceil_secs(rule.reset_after)
-        );
-    }
+    write_limits(&mut limit, rules, &names);
     for (field, text) in [(RATELIMIT_POLICY, policy), (RATELIMIT, limit)] {
         if let Ok(value) = HeaderValue::from_str(&text) {
             headers.insert(field, value);
@@ -93,7 +76,81 @@ pub(crate) fn insert_rule_headers(rules: &[RuleDecision], headers: &mut HeaderMa
     }
 }
 
-/// Writes `Retry-After` in whole seconds, rounded up.
+/// The `RateLimit-Policy` items of `rules`, named `names` (quoted).
+fn write_policy(out: &mut impl Write, rules: &[RuleDecision], names: &[String]) {
+    for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
+        let sep = if i > 0 { ", " } else { "" };
+        let (q, w) = (rule.rule.limit(), ceil_secs(rule.rule.window()));
+        let _ = write!(out, "{sep}{name};q={q};w={w}");
+    }
+}
+
+/// The `RateLimit` items of `rules`, named `names` (quoted).
+fn write_limits(out: &mut impl Write, rules: &[RuleDecision], names: &[String]) {
+    for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
+        let sep = if i > 0 { ", " } else { "" };
+        let (r, t) = (rule.remaining, ceil_secs(rule.reset_after));
+        let _ = write!(out, "{sep}{name};r={r};t={t}");
+    }
+}
+
+/// The fields of one policy that never change, made once per layer: the quoted item names of
+/// its rules and its `RateLimit-Policy` value. A decision over exactly these rules (every
+/// admission) then costs one formatted field, written on the stack.
+pub(crate) struct PolicyFields {
+    rules: Vec<RuleDecision>,
+    names: Vec<String>,
+    policy: Option<HeaderValue>,
+}
+
+impl PolicyFields {
+    pub(crate) fn new(policy: &Policy) -> PolicyFields {
+        let rules: Vec<RuleDecision> = policy
+            .limiters()
+            .iter()
+            .flat_map(|l| {
+                let limiter: Arc<str> = l.name().into();
+                l.rules().iter().map(move |rule| RuleDecision {
+                    limiter: limiter.clone(),
+                    rule: *rule,
+                    allowed: true,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                })
+            })
+            .collect();
+        let names: Vec<String> = policy_names(&rules).iter().map(|n| sf_string(n)).collect();
+        let mut text = String::new();
+        write_policy(&mut text, &rules, &names);
+        PolicyFields {
+            policy: HeaderValue::from_str(&text).ok(),
+            rules,
+            names,
+        }
+    }
+
+    /// Inserts the fields of `decision`.
+    pub(crate) fn insert(&self, decision: &Decision, headers: &mut HeaderMap) {
+        let rules = decision.rules();
+        let same = rules.len() == self.rules.len()
+            && rules
+                .iter()
+                .zip(&self.rules)
+                .all(|(a, b)| a.rule == b.rule && a.limiter == b.limiter);
+        if !same {
+            return insert_rule_headers(rules, headers);
+        }
+        let mut limit = smallstr::SmallString::<[u8; 256]>::new();
+        write_limits(&mut limit, rules, &self.names);
+        if let Some(policy) = &self.policy {
+            headers.insert(RATELIMIT_POLICY, policy.clone());
+        }
+        if let Ok(value) = HeaderValue::from_str(&limit) {
+            headers.insert(RATELIMIT, value);
+        }
+    }
+}
+
 pub(crate) fn insert_retry_after(retry_after: Duration, headers: &mut HeaderMap) {
     headers.insert(
         header::RETRY_AFTER,

@@ -19,7 +19,9 @@ use crate::{
     memory::MemoryStore,
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
-    store::{BanKey, CheckRequest, LimiterRequest, LockReply, Store, Verdict},
+    store::{
+        AnyStore, BanKey, CheckRequest, LimiterRequest, LockReply, Store, Verdict, forward_store,
+    },
 };
 
 /// The most limiters a check holds on the stack; larger policies spill to the heap.
@@ -57,7 +59,9 @@ pub struct Tollgate<S> {
     blocklist: bool,
     ban_index: Arc<str>,
     max_stored_response: usize,
-    local: OnceLock<MemoryStore>,
+    /// The fallback of `OnError::Local`, shared with every engine [`erase`](Self::erase)d from
+    /// this one.
+    local: Arc<OnceLock<MemoryStore>>,
 }
 
 impl<S: Store> Tollgate<S> {
@@ -70,7 +74,7 @@ impl<S: Store> Tollgate<S> {
             blocklist: true,
             ban_index: ban_index_key("tg").into(),
             max_stored_response: 1 << 20,
-            local: OnceLock::new(),
+            local: Arc::default(),
         }
     }
 
@@ -109,6 +113,21 @@ impl<S: Store> Tollgate<S> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// This engine behind a store type chosen at run time: same store, settings and `local`
+    /// fallback, for code that cannot be generic over the store (middleware, a server). A
+    /// memory store still answers without a future (see [`Store::check_sync`]).
+    pub fn erase(self: &Arc<Self>) -> Tollgate<AnyStore> {
+        Tollgate {
+            store: AnyStore::new(EngineStore(self.clone())),
+            prefix: self.prefix.clone(),
+            on_error: self.on_error,
+            blocklist: self.blocklist,
+            ban_index: self.ban_index.clone(),
+            max_stored_response: self.max_stored_response,
+            local: self.local.clone(),
+        }
     }
 
     /// The largest response [`complete`](Self::complete) stores.
@@ -428,6 +447,13 @@ impl<S: Store> Tollgate<S> {
             },
         }
     }
+}
+
+/// The store of a shared engine, as a store of its own (what [`Tollgate::erase`] wraps).
+struct EngineStore<S>(Arc<Tollgate<S>>);
+
+impl<S: Store> Store for EngineStore<S> {
+    forward_store!(Store, this => &this.0.store);
 }
 
 /// The request of each limiter: its key in `keys` (the keys end at `ends`) and its rules.

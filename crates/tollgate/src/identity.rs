@@ -1,6 +1,12 @@
 //! Who is asking: the facts about one request that dimensions read.
 
-use std::{borrow::Cow, fmt, net::IpAddr, str::FromStr, sync::Arc};
+use std::{
+    borrow::Cow,
+    fmt::{self, Write as _},
+    net::IpAddr,
+    str::FromStr,
+    sync::Arc,
+};
 
 use serde::{Deserialize, Deserializer};
 
@@ -163,6 +169,13 @@ impl Dimension {
         match (self, identity.ip) {
             (Dimension::Ip, Some(IpAddr::V4(ip))) => {
                 key::push_ipv4(out, ip);
+                true
+            }
+            (Dimension::Ip, Some(IpAddr::V6(ip))) => {
+                // Formatted on the stack (at most 45 bytes), then escaped like any value.
+                let mut text = smallstr::SmallString::<[u8; 48]>::new();
+                let _ = write!(text, "{ip}");
+                key::push_escaped(out, &text);
                 true
             }
             _ => match self.value(identity) {

@@ -438,7 +438,7 @@ impl std::fmt::Debug for AnyStore {
 }
 
 /// Forwards every [`Store`] method to the store `$inner` reaches (an `Arc<S>`, an
-/// [`AnyStore`]'s object).
+/// [`AnyStore`]'s object, a shared engine's store).
 macro_rules! forward_store {
     ($trait:ident, $inner:ident => $to:expr) => {
         async fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
@@ -514,6 +514,8 @@ macro_rules! forward_store {
         }
     };
 }
+
+pub(crate) use forward_store;
 
 impl<S: Store> Store for Arc<S> {
     forward_store!(Store, this => &**this);

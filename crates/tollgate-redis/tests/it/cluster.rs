@@ -14,13 +14,11 @@ use std::{
 
 use redis::{AsyncCommands, cluster::ClusterClient, cluster_async::ClusterConnection};
 use tokio::sync::Barrier;
-use tollgate::{
-    Algorithm, BanRule, BanTarget, CheckPlan, PlanBan, PlanLimiter, Store, ban_index_key,
-};
+use tollgate::{Algorithm, BanRule, BanTarget, Store, ban_index_key};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisCluster;
 
-use crate::support::{limiter, plan, rule};
+use crate::support::{CheckPlan, PlanBan, PlanExt, PlanLimiter, limiter, plan, rule};
 
 static CLUSTER: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
 
@@ -81,7 +79,7 @@ async fn fire(store: &RedisStore, plan: &CheckPlan, n: usize) -> usize {
             let (store, plan, barrier) = (store.clone(), plan.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.check(&plan).await.unwrap().allowed
+                store.check_plan(&plan).await.unwrap().allowed
             })
         })
         .collect();
@@ -167,7 +165,7 @@ async fn a_denial_in_one_slot_restores_every_algorithm_in_the_others() {
             limiter(&tight, &[rule("3/1h", Algorithm::SlidingLog)]),
         ],
     );
-    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
     let state = |conn: &mut ClusterConnection| {
         let (l, f, g) = (
             format!("{roomy}:l"),
@@ -187,7 +185,7 @@ async fn a_denial_in_one_slot_restores_every_algorithm_in_the_others() {
 
     // The tight limiter has 1 unit left: denied; the roomy one admitted in its slot, then was
     // restored exactly (same members, same counter, same tat).
-    let denied = store.check(&p).await.unwrap();
+    let denied = store.check_plan(&p).await.unwrap();
     assert!(!denied.allowed);
     assert_eq!(state(&mut conn).await, before);
     // The roomy rules show the state as it stays: 8 left, not 6.
@@ -218,14 +216,14 @@ async fn a_live_ban_undoes_the_reservations_and_a_denial_bans() {
     );
     let p = CheckPlan::new(1, true, vec![banning, other]).with_bans(bans, ban_index_key("bn"));
 
-    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
     // Denied by the first limiter, which bans: the ban is written in the {ban} slot.
-    let denied = store.check(&p).await.unwrap();
+    let denied = store.check_plan(&p).await.unwrap();
     assert!(!denied.allowed);
     let banned = denied.banned_us.expect("the denial bans");
     assert!(banned > 59_000_000 && banned <= 60_000_000, "{banned}");
     // Banned: blocked, and the slots that admitted are undone.
-    let blocked = store.check(&p).await.unwrap();
+    let blocked = store.check_plan(&p).await.unwrap();
     assert!(blocked.blocked_us.is_some() && blocked.rules.is_empty());
     let fixed: String = conn
         .get(format!("bn:{{{}}}:f10/3600000", tags[1]))
@@ -255,7 +253,7 @@ async fn nodes_that_lost_their_scripts_run_them_from_source() {
             ),
         ],
     );
-    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
     for port in cluster.live_ports() {
         let mut node = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
             .unwrap()
@@ -269,7 +267,7 @@ async fn nodes_that_lost_their_scripts_run_them_from_source() {
             .unwrap();
     }
     // check.lua on both slots, then undo.lua on the first: all loaded again by EVAL.
-    let denied = store.check(&p).await.unwrap();
+    let denied = store.check_plan(&p).await.unwrap();
     assert!(!denied.allowed);
     assert_eq!(denied.rules[0].remaining, 4);
 }
@@ -376,7 +374,7 @@ async fn one_slot_is_one_evalsha_and_several_slots_one_each() {
     let p = CheckPlan::new(1, true, one_slot("mon1"));
     let sent = commands_sent(&cluster, "mon1:", async {
         for _ in 0..10 {
-            assert!(store.check(&p).await.unwrap().allowed);
+            assert!(store.check_plan(&p).await.unwrap().allowed);
         }
     })
     .await;
@@ -396,7 +394,7 @@ async fn one_slot_is_one_evalsha_and_several_slots_one_each() {
     );
     let sent = commands_sent(&cluster, "mon2:", async {
         for _ in 0..5 {
-            assert!(store.check(&three).await.unwrap().allowed);
+            assert!(store.check_plan(&three).await.unwrap().allowed);
         }
     })
     .await;
@@ -404,7 +402,7 @@ async fn one_slot_is_one_evalsha_and_several_slots_one_each() {
 
     // Denied by all three: nothing to undo, still one call per slot.
     let sent = commands_sent(&cluster, "mon2:", async {
-        assert!(!store.check(&three).await.unwrap().allowed);
+        assert!(!store.check_plan(&three).await.unwrap().allowed);
     })
     .await;
     assert_eq!(sent, vec!["evalsha"; 3]);
@@ -451,8 +449,8 @@ async fn acl_users_and_passwords_come_from_the_url() {
             ),
         ],
     );
-    assert!(store.check(&p).await.unwrap().allowed);
-    assert!(!store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
+    assert!(!store.check_plan(&p).await.unwrap().allowed);
 
     let wrong = format!("redis+cluster://tgapp:nope@{}", seeds.join(","));
     let err = RedisStore::connect(&wrong).await.unwrap_err();

@@ -10,11 +10,11 @@ use std::{
 };
 
 use tokio::sync::Barrier;
-use tollgate::{Algorithm, CheckPlan, Store};
+use tollgate::Algorithm;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::{limiter, plan, raw, rule, store};
+use crate::support::{CheckPlan, PlanExt, limiter, plan, raw, rule, store};
 
 /// Set in a child process: the Redis URL it works against.
 const WORKER_ENV: &str = "TOLLGATE_REDIS_TEST_WORKER_URL";
@@ -41,7 +41,7 @@ async fn fire(store: &RedisStore, plan: &CheckPlan, n: usize) -> usize {
             let (store, plan, barrier) = (store.clone(), plan.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.check(&plan).await.unwrap().allowed
+                store.check_plan(&plan).await.unwrap().allowed
             })
         })
         .collect();

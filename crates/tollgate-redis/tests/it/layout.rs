@@ -5,7 +5,7 @@ use redis::AsyncCommands;
 use tollgate::{Algorithm, Store, key};
 use tollgate_testkit::RedisServer;
 
-use crate::support::{limiter, plan, raw, rule, store};
+use crate::support::{PlanExt, limiter, plan, raw, rule, store};
 
 #[tokio::test]
 async fn keys_are_tagged_expiring_and_compact() {
@@ -23,7 +23,7 @@ async fn keys_are_tagged_expiring_and_compact() {
     for cost in [1, 1, 4] {
         assert!(
             store
-                .check(&plan(cost, std::slice::from_ref(&l)))
+                .check_plan(&plan(cost, std::slice::from_ref(&l)))
                 .await
                 .unwrap()
                 .allowed
@@ -87,7 +87,7 @@ async fn memory_per_admitted_entry_is_reported() {
     };
     assert!(
         store
-            .check(&plan(1, std::slice::from_ref(&l)))
+            .check_plan(&plan(1, std::slice::from_ref(&l)))
             .await
             .unwrap()
             .allowed
@@ -96,7 +96,7 @@ async fn memory_per_admitted_entry_is_reported() {
     // Up to 128 members Redis keeps a sorted set as a listpack.
     for _ in 0..99 {
         store
-            .check(&plan(1, std::slice::from_ref(&l)))
+            .check_plan(&plan(1, std::slice::from_ref(&l)))
             .await
             .unwrap();
     }
@@ -104,7 +104,7 @@ async fn memory_per_admitted_entry_is_reported() {
     // Beyond that, a skiplist and a hash table.
     for _ in 0..9 {
         store
-            .check(&plan(100, std::slice::from_ref(&l)))
+            .check_plan(&plan(100, std::slice::from_ref(&l)))
             .await
             .unwrap();
     }

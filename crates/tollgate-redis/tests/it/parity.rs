@@ -8,14 +8,11 @@ use std::{
 };
 
 use proptest::{prelude::*, test_runner::TestRunner};
-use tollgate::{
-    Algorithm, BanRule, BanTarget, CheckPlan, ManualClock, MemoryStore, PlanBan, Rule, Store,
-    ban_index_key,
-};
+use tollgate::{Algorithm, BanRule, BanTarget, ManualClock, MemoryStore, Rule, ban_index_key};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::limiter;
+use crate::support::{CheckPlan, PlanBan, PlanExt, limiter};
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -151,14 +148,14 @@ async fn run(redis: &RedisStore, clock: &ManualClock, s: &Scenario) -> Result<()
             } => {
                 clock.advance(Duration::from_micros(advance_us));
                 let plan = plan(cost, consume);
-                let want = memory.check_now(&plan).unwrap();
-                let got = redis.check(&plan).await.unwrap();
+                let want = memory.check_plan(&plan).await.unwrap();
+                let got = redis.check_plan(&plan).await.unwrap();
                 prop_assert_eq!(got, want, "step {} of {:?}", i, s.steps);
             }
             Step::Reset => {
                 let plan = plan(0, false);
-                redis.reset(&plan).await.unwrap();
-                memory.reset(&plan).await.unwrap();
+                redis.reset_plan(&plan).await.unwrap();
+                memory.reset_plan(&plan).await.unwrap();
             }
         }
     }

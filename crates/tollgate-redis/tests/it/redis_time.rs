@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use tollgate::{Algorithm, Clock, ManualClock, Store};
+use tollgate::{Algorithm, Clock, ManualClock};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::{limiter, plan, raw, rule, store};
+use crate::support::{PlanExt, limiter, plan, raw, rule, store};
 
 async fn redis_time_us(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
     let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
@@ -25,16 +25,16 @@ async fn waiting_exactly_retry_after_is_enough() {
             &[rule("2/400ms", Algorithm::SlidingLog)],
         )],
     );
-    assert!(store.check(&p).await.unwrap().allowed);
-    assert!(store.check(&p).await.unwrap().allowed);
-    let denied = store.check(&p).await.unwrap();
+    assert!(store.check_plan(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
+    let denied = store.check_plan(&p).await.unwrap();
     assert!(!denied.allowed);
     let retry = denied.rules[0].retry_after_us.unwrap();
     assert!(retry > 0 && retry <= 400_000, "retry_after {retry} µs");
     // Redis time moves at least as far as our sleep: after exactly `retry`, the oldest entry
     // has left the window.
     tokio::time::sleep(Duration::from_micros(retry)).await;
-    let again = store.check(&p).await.unwrap();
+    let again = store.check_plan(&p).await.unwrap();
     assert!(again.allowed, "still denied {retry} µs later: {again:?}");
 
     // Two units need the two oldest live entries gone: the second of them decides.
@@ -45,12 +45,12 @@ async fn waiting_exactly_retry_after_is_enough() {
             &[rule("2/400ms", Algorithm::SlidingLog)],
         )],
     );
-    let denied = store.check(&two).await.unwrap();
+    let denied = store.check_plan(&two).await.unwrap();
     assert!(!denied.allowed);
     let retry = denied.rules[0].retry_after_us.unwrap();
     assert!(retry > 0 && retry <= 400_000, "retry_after {retry} µs");
     tokio::time::sleep(Duration::from_micros(retry)).await;
-    assert!(store.check(&two).await.unwrap().allowed);
+    assert!(store.check_plan(&two).await.unwrap().allowed);
 }
 
 #[tokio::test]
@@ -76,7 +76,7 @@ async fn checks_are_timed_by_redis_time_unless_a_test_clock_is_given() {
     };
 
     let before = redis_time_us(&mut conn).await;
-    assert!(production.check(&log("prod")).await.unwrap().allowed);
+    assert!(production.check_plan(&log("prod")).await.unwrap().allowed);
     let after = redis_time_us(&mut conn).await;
     let entries: Vec<(Vec<u8>, u64)> = conn.zrange_withscores("t:{prod}:l", 0, -1).await.unwrap();
     assert_eq!(entries.len(), 1);
@@ -86,7 +86,7 @@ async fn checks_are_timed_by_redis_time_unless_a_test_clock_is_given() {
         "entry at {at} µs, Redis TIME went from {before} to {after}"
     );
 
-    assert!(skewed.check(&log("skewed")).await.unwrap().allowed);
+    assert!(skewed.check_plan(&log("skewed")).await.unwrap().allowed);
     let entries: Vec<(Vec<u8>, u64)> = conn.zrange_withscores("t:{skewed}:l", 0, -1).await.unwrap();
     assert_eq!(entries[0].1, skewed_clock.now_us());
 
@@ -99,7 +99,7 @@ async fn checks_are_timed_by_redis_time_unless_a_test_clock_is_given() {
         )],
     );
     let before = redis_time_us(&mut conn).await;
-    let verdict = production.check(&fixed).await.unwrap();
+    let verdict = production.check_plan(&fixed).await.unwrap();
     let after = redis_time_us(&mut conn).await;
     let value: String = conn.get("t:{fixed}:f5/1000").await.unwrap();
     let (start, count) = value.split_once(':').unwrap();

@@ -8,10 +8,10 @@ use std::{
     time::Duration,
 };
 
-use tollgate::{Algorithm, CheckPlan, Store};
+use tollgate::Algorithm;
 use tollgate_testkit::RedisServer;
 
-use crate::support::{limiter, plan, raw, rule, store};
+use crate::support::{CheckPlan, PlanExt, limiter, plan, raw, rule, store};
 
 fn two_by_three() -> CheckPlan {
     plan(
@@ -83,7 +83,7 @@ async fn a_check_of_two_limiters_and_six_rules_is_one_evalsha() {
         .await
         .unwrap();
     for _ in 0..N {
-        assert!(store.check(&p).await.unwrap().allowed);
+        assert!(store.check_plan(&p).await.unwrap().allowed);
     }
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -131,7 +131,7 @@ async fn a_flushed_script_cache_is_reloaded_on_the_next_check() {
     let store = store(&server).await;
     let mut conn = raw(&server).await;
     let p = two_by_three();
-    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
 
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -143,7 +143,7 @@ async fn a_flushed_script_cache_is_reloaded_on_the_next_check() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let verdict = store.check(&p).await.unwrap();
+    let verdict = store.check_plan(&p).await.unwrap();
     assert!(verdict.allowed);
     // The state survived the flush: the second admission shows in every rule.
     assert_eq!(verdict.rules[0].remaining, 48);
@@ -163,7 +163,7 @@ async fn a_flushed_script_cache_is_reloaded_on_the_next_check() {
         "{info}"
     );
     assert_eq!(calls(&info, "eval"), 1, "{info}");
-    assert!(store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)

@@ -1,10 +1,10 @@
 //! The script itself, called with crafted arguments, and script failures as store errors.
 
 use redis::AsyncCommands;
-use tollgate::{Algorithm, Store, StoreErrorKind};
+use tollgate::{Algorithm, StoreErrorKind};
 use tollgate_testkit::RedisServer;
 
-use crate::support::{limiter, plan, raw, rule, store};
+use crate::support::{PlanExt, limiter, plan, raw, rule, store};
 
 const SOURCE: &str = include_str!("../../scripts/check.lua");
 
@@ -84,6 +84,6 @@ async fn a_script_error_is_a_protocol_error() {
         1,
         &[limiter("x:{k}", &[rule("5/1m", Algorithm::SlidingLog)])],
     );
-    let err = store.check(&p).await.unwrap_err();
+    let err = store.check_plan(&p).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err}");
 }

@@ -7,7 +7,7 @@ use tollgate::{Algorithm, Store, StoreErrorKind};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::{RedisSentinelSet, TestCerts};
 
-use crate::support::{limiter, plan, rule};
+use crate::support::{PlanExt, limiter, plan, rule};
 
 #[tokio::test]
 async fn the_primary_is_found_through_the_sentinels_with_its_password() {
@@ -29,7 +29,7 @@ async fn the_primary_is_found_through_the_sentinels_with_its_password() {
         ],
     );
     for allowed in [true, true, false] {
-        assert_eq!(store.check(&p).await.unwrap().allowed, allowed);
+        assert_eq!(store.check_plan(&p).await.unwrap().allowed, allowed);
     }
     store.ping().await.unwrap();
 
@@ -77,7 +77,7 @@ async fn a_tls_deployment_with_passwords_and_client_certificates_follows_a_failo
         ],
     );
     for allowed in [true, true, false] {
-        assert_eq!(store.check(&p).await.unwrap().allowed, allowed);
+        assert_eq!(store.check_plan(&p).await.unwrap().allowed, allowed);
     }
 
     // Each missing piece is refused at build time.
@@ -105,7 +105,7 @@ async fn a_tls_deployment_with_passwords_and_client_certificates_follows_a_failo
         &[limiter("stls:{c}", &[rule("1/1h", Algorithm::SlidingLog)])],
     );
     loop {
-        match store.check(&fresh).await {
+        match store.check_plan(&fresh).await {
             Ok(verdict) => {
                 assert!(verdict.allowed);
                 break;
@@ -117,5 +117,5 @@ async fn a_tls_deployment_with_passwords_and_client_certificates_follows_a_failo
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(!store.check(&fresh).await.unwrap().allowed);
+    assert!(!store.check_plan(&fresh).await.unwrap().allowed);
 }

@@ -1,10 +1,11 @@
 //! Plans, stores and raw connections for the tests.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use tollgate::{Algorithm, CheckPlan, PlanLimiter, Rule};
+use tollgate::{Algorithm, Rule};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
+pub(crate) use tollgate_testkit::plan::{CheckPlan, PlanBan, PlanExt, PlanLimiter};
 
 /// A rule from its text form and an algorithm.
 pub(crate) fn rule(text: &str, algorithm: Algorithm) -> Rule {
@@ -13,11 +14,7 @@ pub(crate) fn rule(text: &str, algorithm: Algorithm) -> Rule {
 
 /// A limiter of a plan: its base key (hash tag included) and rules.
 pub(crate) fn limiter(key: &str, rules: &[Rule]) -> PlanLimiter {
-    PlanLimiter {
-        key: key.to_owned(),
-        rules: Arc::from(rules),
-        ban: None,
-    }
+    PlanLimiter::new(key, rules)
 }
 
 /// A plan that consumes `cost`.

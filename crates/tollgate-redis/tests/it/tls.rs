@@ -9,11 +9,11 @@
 
 use std::{process::Command, time::Duration};
 
-use tollgate::{Algorithm, CheckPlan, Store};
+use tollgate::{Algorithm, Store};
 use tollgate_redis::{RedisStore, RedisStoreBuilder};
 use tollgate_testkit::{RedisCluster, TestCerts};
 
-use crate::support::{limiter, plan, rule};
+use crate::support::{CheckPlan, PlanExt, limiter, plan, rule};
 
 /// Set in the child process: the `rediss://` URL it checks against.
 const WORKER_ENV: &str = "TOLLGATE_REDIS_TEST_TLS_URL";
@@ -45,8 +45,8 @@ async fn checks_over_tls(builder: RedisStoreBuilder, tag: &str) {
         .unwrap();
     store.ping().await.unwrap();
     let p = two_limiters(tag);
-    assert!(store.check(&p).await.unwrap().allowed);
-    assert!(!store.check(&p).await.unwrap().allowed);
+    assert!(store.check_plan(&p).await.unwrap().allowed);
+    assert!(!store.check_plan(&p).await.unwrap().allowed);
 }
 
 /// The error `builder` fails with.

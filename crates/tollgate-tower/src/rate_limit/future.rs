@@ -13,7 +13,7 @@ use tollgate::{CheckError, Decision};
 use tower_service::Service;
 
 use super::layer::Config;
-use crate::{engine::BoxFuture, headers::insert_rate_limit_headers, rejection::Rejection};
+use crate::{engine::BoxFuture, rejection::Rejection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -96,7 +96,7 @@ where
                     let response = ready!(future.poll(cx))?;
                     let mut response = response.map(Body::new);
                     if let Some(decision) = decision.take() {
-                        insert_rate_limit_headers(&decision, response.headers_mut());
+                        this.config.fields.insert(&decision, response.headers_mut());
                     }
                     return Poll::Ready(Ok(response));
                 }

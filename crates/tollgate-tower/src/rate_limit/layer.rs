@@ -8,6 +8,7 @@ use tower_layer::Layer;
 use super::RateLimitService;
 use crate::{
     engine::{SharedGate, erase},
+    headers::PolicyFields,
     identity::IdentityResolver,
     rejection::Rejection,
 };
@@ -54,6 +55,8 @@ pub(crate) struct Config {
     /// The headers the policy's `header:<name>` dimensions read.
     pub(crate) wanted: Vec<HeaderName>,
     pub(crate) headers: bool,
+    /// The policy's header fields that never change.
+    pub(crate) fields: Arc<PolicyFields>,
     pub(crate) cost: u64,
     pub(crate) on_rejection: Option<OnRejection>,
 }
@@ -72,6 +75,7 @@ impl RateLimitLayer {
         RateLimitLayer {
             config: Arc::new(Config {
                 gate: erase(gate),
+                fields: Arc::new(PolicyFields::new(&policy)),
                 policy,
                 resolver: IdentityResolver::new(),
                 wanted,

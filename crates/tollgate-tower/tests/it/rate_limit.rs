@@ -9,7 +9,7 @@ use std::{
 use axum::{Router, http::StatusCode, response::IntoResponse, routing::get};
 use serde_json::json;
 use tollgate::{
-    BanRule, Bypass, CheckPlan, Dimension, Limiter, OnError, Policy, Store, StoreError,
+    BanRule, Bypass, CheckRequest, Dimension, Limiter, OnError, Policy, Store, StoreError,
     StoreErrorKind, Tollgate, Verdict,
 };
 use tollgate_tower::{IdentityResolver, RateLimitLayer};
@@ -311,11 +311,11 @@ fn refused<T>() -> Result<T, StoreError> {
 }
 
 impl Store for DownStore {
-    async fn check(&self, _: &CheckPlan) -> Result<Verdict, StoreError> {
+    async fn check(&self, _: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
         refused()
     }
 
-    async fn reset(&self, _: &CheckPlan) -> Result<(), StoreError> {
+    async fn reset(&self, _: &CheckRequest<'_>) -> Result<(), StoreError> {
         refused()
     }
 
