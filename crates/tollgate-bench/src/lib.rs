@@ -3,8 +3,11 @@
 //! `cargo bench -p tollgate-bench`.
 //!
 //! # Layout
-//! - `benches/memory.rs` (criterion): the memory store against governor's keyed limiter,
-//!   GCRA and a 3-rule sliding log, admit and deny paths, in one criterion group per case.
+//! - `benches/memory/` (criterion): the memory store against the in-process peers, one
+//!   criterion group per case: governor's keyed limiter (GCRA, sliding log, two limiters; 1
+//!   and 2 threads), limitador's fixed windows, and an axum route behind `RateLimitLayer`
+//!   against tower_governor's `GovernorLayer`.
+//! - `ratios.py`: the table of tollgate's figures over the peers' from criterion's estimates.
 //! - `benches/redis.rs` (a plain `main` printing a table): the Redis store against the seed's
 //!   Lua script on one `redis-server` the bench starts itself: throughput against
 //!   `redis-benchmark`, two limiters against two script calls, and memory per entry.
