@@ -81,8 +81,8 @@ impl AdminAuth {
         // budget rather than escaping it.
         let ip = client.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
         let identity = Identity::new().with_ip(ip);
-        if let Some(retry_after) = self.refused(&identity, false).await {
-            tracing::debug!(client_ip = %ip, path, "admin request refused: too many failed authentications");
+        if let Some(retry_after) = self.refused(&identity).await {
+            tracing::debug!(client_ip = %ip, path = %path, "admin request refused: too many failed authentications");
             return Err(Refusal::TooManyFailures(retry_after));
         }
         let refusal = match offered {
@@ -95,29 +95,38 @@ impl AdminAuth {
         } else {
             "no token"
         };
-        if let Some(retry_after) = self.refused(&identity, true).await {
-            tracing::warn!(
-                client_ip = %ip,
-                path,
-                reason,
-                "admin authentication failed: too many failures, refusing this address for {}",
-                tollgate::format_duration(retry_after)
-            );
-            return Err(Refusal::TooManyFailures(retry_after));
+        match self.charge(&identity).await {
+            Charged::Refused(retry_after) => {
+                // Lost a race with concurrent failures: this one is over the limit.
+                tracing::warn!(
+                    client_ip = %ip,
+                    path = %path,
+                    reason,
+                    "admin authentication failed; this address is refused for {}",
+                    whole_seconds(retry_after)
+                );
+                Err(Refusal::TooManyFailures(retry_after))
+            }
+            Charged::Last(refused_for) => {
+                tracing::warn!(
+                    client_ip = %ip,
+                    path = %path,
+                    reason,
+                    "admin authentication failed; that was the last attempt allowed, this address is refused for {}",
+                    whole_seconds(refused_for)
+                );
+                Err(refusal)
+            }
+            Charged::Counted => {
+                tracing::warn!(client_ip = %ip, path = %path, reason, "admin authentication failed");
+                Err(refusal)
+            }
         }
-        tracing::warn!(client_ip = %ip, path, reason, "admin authentication failed");
-        Err(refusal)
     }
 
-    /// Peeks (or, with `charge`, counts a failure): `Some(retry after)` when the address
-    /// is over its limit.
-    async fn refused(&self, identity: &Identity, charge: bool) -> Option<Duration> {
-        let decision = if charge {
-            self.failures.check(&self.policy, identity, 1).await
-        } else {
-            self.failures.peek(&self.policy, identity, 1).await
-        };
-        match decision {
+    /// `Some(retry after)` when the address is over its failure limit; records nothing.
+    async fn refused(&self, identity: &Identity) -> Option<Duration> {
+        match self.failures.peek(&self.policy, identity, 1).await {
             Ok(d) if !d.allowed() => Some(d.retry_after().unwrap_or(self.limit.window())),
             Ok(_) => None,
             Err(e) => {
@@ -126,6 +135,43 @@ impl AdminAuth {
             }
         }
     }
+
+    /// Counts one failure against the address.
+    async fn charge(&self, identity: &Identity) -> Charged {
+        match self.failures.check(&self.policy, identity, 1).await {
+            Ok(d) if !d.allowed() => {
+                Charged::Refused(d.retry_after().unwrap_or(self.limit.window()))
+            }
+            Ok(d) => match d.rules().first() {
+                // The lockout ends when the oldest failure leaves the window, which is what
+                // a refusal would say now.
+                Some(rule) if rule.remaining == 0 => {
+                    Charged::Last(self.refused(identity).await.unwrap_or(rule.reset_after))
+                }
+                _ => Charged::Counted,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "admin failure limiter failed");
+                Charged::Counted
+            }
+        }
+    }
+}
+
+/// What counting a failure found.
+enum Charged {
+    /// Within the limit.
+    Counted,
+    /// Within the limit, and none left: the address is refused for the duration.
+    Last(Duration),
+    /// Over the limit already; retry after the duration.
+    Refused(Duration),
+}
+
+/// A duration for people: whole seconds, rounded up (`1m`, `45s`).
+pub(crate) fn whole_seconds(d: Duration) -> String {
+    let secs = d.as_nanos().div_ceil(1_000_000_000);
+    tollgate::format_duration(Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX)))
 }
 
 fn digest(token: &str) -> [u8; 32] {

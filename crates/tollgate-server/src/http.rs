@@ -188,7 +188,7 @@ impl FromRequestParts<Arc<App>> for Admin {
                     StatusCode::TOO_MANY_REQUESTS,
                     format!(
                         "admin endpoint: too many failed authentications from this address; retry in {}",
-                        tollgate::format_duration(Duration::from_secs(ceil_secs(retry_after)))
+                        crate::admin::whole_seconds(retry_after)
                     ),
                 )
             }),
