@@ -173,8 +173,8 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        // Once the body has made us wait, the deadline is checked before every frame: a body
-        // trickled one byte at a time is always "ready" and would otherwise never time out.
+        // Once the body has made us wait, the deadline is checked before every frame, so it
+        // holds even while bytes keep coming.
         if let Some(sleep) = &mut this.sleep {
             if sleep.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.timeout)))));
@@ -247,26 +247,25 @@ impl<T: AsyncRead + Unpin> AsyncRead for Limited<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
         if let Some((read, deadline)) = &mut this.opening {
-            match polled {
-                Poll::Ready(Ok(())) => {
-                    *read += buf.filled().len() - before;
-                    if *read >= H2_OPENING {
-                        this.opening = None;
-                    }
-                }
-                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "no HTTP/2 preface within server.header_read_timeout",
-                    )));
-                }
-                _ => {}
+            // Checked before every read, so the deadline holds even while bytes keep coming.
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no HTTP/2 preface within server.header_read_timeout",
+                )));
             }
+            let before = buf.filled().len();
+            let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+            if let Poll::Ready(Ok(())) = polled {
+                *read += buf.filled().len() - before;
+                if *read >= H2_OPENING {
+                    this.opening = None;
+                }
+            }
+            return polled;
         }
-        polled
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 

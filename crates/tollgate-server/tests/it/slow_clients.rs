@@ -189,6 +189,30 @@ async fn silent_connections_are_closed() {
     // The gRPC port: no HTTP/2 preface within the header timeout closes the connection.
     let mut stream = TcpStream::connect(addr(&server.grpc)).await.unwrap();
     read_to_close(&mut stream).await;
+    // Nor does trickling the preface and a SETTINGS frame a byte at a time keep it open.
+    let mut stream = TcpStream::connect(addr(&server.grpc)).await.unwrap();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    opening.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let mut sent = 0;
+    let mut buf = [0u8; 1024];
+    loop {
+        tokio::select! {
+            read = stream.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {} // the server's SETTINGS
+            },
+            () = tokio::time::sleep(Duration::from_millis(100)), if sent < opening.len() => {
+                if stream.write_all(&opening[sent..=sent]).await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            () = tokio::time::sleep(HANG), if sent == opening.len() => {
+                panic!("a trickled HTTP/2 opening kept the connection open");
+            }
+        }
+    }
+    assert!(sent < opening.len(), "closed only after the whole opening");
     // Well-behaved clients are served on both.
     assert_eq!(server.get("/healthz").await.0, 200);
     let mut client = server.grpc_client().await;
