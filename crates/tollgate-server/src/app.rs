@@ -6,17 +6,18 @@ use arc_swap::ArcSwap;
 use tollgate::{AnyStore, Reason, Tollgate};
 
 use crate::{
+    admin::AdminAuth,
     config::{Config, ConfigError},
     metrics::Metrics,
 };
 
 /// What every handler shares: the engine (and so the store, kept across reloads), the
-/// current configuration (swapped whole on reload), metrics and the admin token.
+/// current configuration (swapped whole on reload), metrics and admin authentication.
 pub(crate) struct App {
     pub(crate) gate: Tollgate<AnyStore>,
     config: ArcSwap<Config>,
     pub(crate) metrics: Metrics,
-    pub(crate) admin_token: Option<String>,
+    pub(crate) admin: AdminAuth,
     path: PathBuf,
 }
 
@@ -28,11 +29,12 @@ impl App {
         admin_token: Option<String>,
         path: PathBuf,
     ) -> App {
+        let admin = AdminAuth::new(admin_token.as_deref(), config.server.admin_failure_limit);
         App {
             gate,
             config: ArcSwap::from_pointee(config),
             metrics,
-            admin_token,
+            admin,
             path,
         }
     }
@@ -58,7 +60,7 @@ impl App {
                 let old = self.config.load();
                 if new.server != old.server {
                     tracing::warn!(
-                        "[server] changed; listen addresses and admin_token_env apply after a restart"
+                        "[server] changed; listen addresses, admin_token_env and the connection limits apply after a restart"
                     );
                 }
                 if new.store.url != old.store.url

@@ -39,7 +39,33 @@ pub(crate) struct ServerSettings {
     pub(crate) http: SocketAddr,
     pub(crate) grpc: SocketAddr,
     pub(crate) admin_token_env: Option<String>,
+    /// How long an HTTP client has to send a request's head (and an idle keep-alive
+    /// connection to start its next request) before the connection is closed.
+    pub(crate) header_read_timeout: Duration,
+    /// How long an HTTP client has, from the end of the head, to send the whole body.
+    pub(crate) body_read_timeout: Duration,
+    /// The most connections served at once, per listener; more wait to be accepted.
+    pub(crate) max_connections: usize,
+    /// The largest gRPC message decoded or encoded, in bytes.
+    pub(crate) grpc_max_message_bytes: usize,
+    /// The most gRPC calls in flight on one HTTP/2 connection.
+    pub(crate) grpc_max_concurrent_streams: u32,
+    /// Failed admin authentications allowed per client address before it is refused.
+    pub(crate) admin_failure_limit: Rule,
 }
+
+/// Default `server.header_read_timeout`.
+const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `server.body_read_timeout`.
+const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `server.max_connections`.
+const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default `server.grpc_max_message_bytes`: 1 MiB, far above any real rate-limit request.
+const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Default `server.grpc_max_concurrent_streams`.
+const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 1000;
+/// Default `server.admin_failure_limit`.
+const DEFAULT_ADMIN_FAILURE_LIMIT: &str = "5/1m";
 
 /// `[store]`, with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,6 +353,12 @@ struct RawServer {
     http: Option<Parsed<SocketAddr>>,
     grpc: Option<Parsed<SocketAddr>>,
     admin_token_env: Option<Spanned<String>>,
+    header_read_timeout: Option<Spanned<DurationText>>,
+    body_read_timeout: Option<Spanned<DurationText>>,
+    max_connections: Option<Spanned<u32>>,
+    grpc_max_message_bytes: Option<Spanned<u32>>,
+    grpc_max_concurrent_streams: Option<Spanned<u32>>,
+    admin_failure_limit: Option<Rule>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -541,10 +573,68 @@ impl RawServer {
             }
             other => other.map(Spanned::into_inner),
         };
+        let timeout = |raw: Option<Spanned<DurationText>>, field: &str, default: Duration| match raw
+        {
+            Some(t) if t.get_ref().0.is_zero() => Err(errors.at(
+                Some(t.span()),
+                format!("server.{field}"),
+                "the timeout must be at least 1ms",
+            )),
+            Some(t) => Ok(t.into_inner().0),
+            None => Ok(default),
+        };
+        let at_least_one = |raw: Option<Spanned<u32>>, field: &str, what: &str| match raw {
+            Some(n) if *n.get_ref() == 0 => Err(errors.at(
+                Some(n.span()),
+                format!("server.{field}"),
+                format!("{what} must be at least 1"),
+            )),
+            other => Ok(other.map(Spanned::into_inner)),
+        };
+        let header_read_timeout = timeout(
+            self.header_read_timeout,
+            "header_read_timeout",
+            DEFAULT_HEADER_READ_TIMEOUT,
+        )?;
+        let body_read_timeout = timeout(
+            self.body_read_timeout,
+            "body_read_timeout",
+            DEFAULT_BODY_READ_TIMEOUT,
+        )?;
+        let max_connections = at_least_one(
+            self.max_connections,
+            "max_connections",
+            "the connection limit",
+        )?
+        .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize);
+        let grpc_max_message_bytes = at_least_one(
+            self.grpc_max_message_bytes,
+            "grpc_max_message_bytes",
+            "the message size limit",
+        )?
+        .map_or(DEFAULT_GRPC_MAX_MESSAGE_BYTES, |n| n as usize);
+        let grpc_max_concurrent_streams = at_least_one(
+            self.grpc_max_concurrent_streams,
+            "grpc_max_concurrent_streams",
+            "the stream limit",
+        )?
+        .unwrap_or(DEFAULT_GRPC_MAX_CONCURRENT_STREAMS);
+        let admin_failure_limit = match self.admin_failure_limit {
+            Some(rule) => rule,
+            None => DEFAULT_ADMIN_FAILURE_LIMIT
+                .parse()
+                .map_err(|e| errors.at(None, "server.admin_failure_limit", format!("{e}")))?,
+        };
         Ok(ServerSettings {
             http: self.http.map_or_else(|| default(DEFAULT_HTTP), |p| p.0),
             grpc: self.grpc.map_or_else(|| default(DEFAULT_GRPC), |p| p.0),
             admin_token_env,
+            header_read_timeout,
+            body_read_timeout,
+            max_connections,
+            grpc_max_message_bytes,
+            grpc_max_concurrent_streams,
+            admin_failure_limit,
         })
     }
 }
@@ -837,6 +927,60 @@ mod tests {
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn server_limits_have_defaults_and_are_checked() {
+        let c = Config::parse("t.toml", "").unwrap();
+        assert_eq!(c.server.header_read_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.body_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.max_connections, 10_000);
+        assert_eq!(c.server.grpc_max_message_bytes, 1 << 20);
+        assert_eq!(c.server.grpc_max_concurrent_streams, 1000);
+        assert_eq!(c.server.admin_failure_limit.to_string(), "5/1m");
+
+        let c = Config::parse(
+            "t.toml",
+            "[server]\nheader_read_timeout = \"300ms\"\nbody_read_timeout = \"2s\"\n\
+             max_connections = 3\ngrpc_max_message_bytes = 4096\n\
+             grpc_max_concurrent_streams = 8\nadmin_failure_limit = \"3/10m\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.server.header_read_timeout, Duration::from_millis(300));
+        assert_eq!(c.server.body_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.server.max_connections, 3);
+        assert_eq!(c.server.grpc_max_message_bytes, 4096);
+        assert_eq!(c.server.grpc_max_concurrent_streams, 8);
+        assert_eq!(c.server.admin_failure_limit.to_string(), "3/10m");
+
+        assert_eq!(
+            err("[server]\nhttp = \"127.0.0.1:1\"\nheader_read_timeout = \"0s\"\n"),
+            "t.toml:3: server.header_read_timeout: the timeout must be at least 1ms"
+        );
+        assert_eq!(
+            err("[server]\nbody_read_timeout = \"10x\"\n"),
+            r#"t.toml:2: server.body_read_timeout: "10x": unknown unit "x" (use ms, s, m, h, d)"#
+        );
+        assert_eq!(
+            err("[server]\n\nmax_connections = 0\n"),
+            "t.toml:3: server.max_connections: the connection limit must be at least 1"
+        );
+        let e = err("[server]\nmax_connections = -5\n");
+        assert!(e.starts_with("t.toml:2: server.max_connections: "), "{e}");
+        let e = err("[server]\ngrpc_max_message_bytes = 99999999999\n");
+        assert!(
+            e.starts_with("t.toml:2: server.grpc_max_message_bytes: "),
+            "{e}"
+        );
+        assert_eq!(
+            err("[server]\ngrpc_max_concurrent_streams = 0\n"),
+            "t.toml:2: server.grpc_max_concurrent_streams: the stream limit must be at least 1"
+        );
+        let e = err("[server]\nadmin_failure_limit = \"5/1x\"\n");
+        assert!(
+            e.starts_with("t.toml:2: server.admin_failure_limit: \"5/1x\": unknown unit"),
+            "{e}"
+        );
     }
 
     #[test]

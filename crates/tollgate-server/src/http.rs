@@ -23,7 +23,7 @@ use tollgate::{
     StoreError, parse_duration,
 };
 
-use crate::{app::App, config::PolicyEntry};
+use crate::{admin::Refusal, app::App, config::PolicyEntry, listen::BodyTimedOut};
 
 /// The API's routes over `app`.
 pub(crate) fn router(app: Arc<App>) -> Router {
@@ -49,6 +49,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
 pub(crate) struct ApiError {
     status: StatusCode,
     message: String,
+    /// Sent as `Retry-After` (whole seconds, rounded up).
+    retry_after: Option<Duration>,
 }
 
 impl ApiError {
@@ -56,6 +58,7 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -76,6 +79,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(retry_after) = self.retry_after {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(ceil_secs(retry_after)),
+            );
         }
         response
     }
@@ -125,6 +134,14 @@ where
 }
 
 fn json_rejection(rejection: &JsonRejection) -> ApiError {
+    // A body that did not arrive in time is the client's slowness, not a malformed body.
+    let mut source = std::error::Error::source(rejection);
+    while let Some(e) = source {
+        if let Some(timed_out) = e.downcast_ref::<BodyTimedOut>() {
+            return ApiError::new(StatusCode::REQUEST_TIMEOUT, timed_out.to_string());
+        }
+        source = e.source();
+    }
     let text = rejection.body_text();
     let message = match rejection {
         JsonRejection::JsonDataError(_) => text
@@ -141,7 +158,8 @@ fn json_rejection(rejection: &JsonRejection) -> ApiError {
     ApiError::new(rejection.status(), message)
 }
 
-/// Admits only requests carrying `Authorization: Bearer <admin token>`.
+/// Admits only requests carrying `Authorization: Bearer <admin token>`; failed attempts are
+/// rate limited per client address (see `admin`).
 struct Admin;
 
 impl FromRequestParts<Arc<App>> for Admin {
@@ -149,17 +167,31 @@ impl FromRequestParts<Arc<App>> for Admin {
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Admin, ApiError> {
         let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, m);
-        let Some(expected) = app.admin_token.as_deref() else {
-            return Err(unauthorized(
+        let client = crate::listen::peer(&parts.extensions).map(|addr| addr.ip());
+        let offered = bearer(&parts.headers);
+        match app
+            .admin
+            .authenticate(offered, client, parts.uri.path())
+            .await
+        {
+            Ok(()) => Ok(Admin),
+            Err(Refusal::Disabled) => Err(unauthorized(
                 "admin endpoints are disabled: set server.admin_token_env to the name of an environment variable holding the token",
-            ));
-        };
-        let given = bearer(&parts.headers)
-            .ok_or_else(|| unauthorized("admin endpoint: send Authorization: Bearer <token>"))?;
-        if constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-            Ok(Admin)
-        } else {
-            Err(unauthorized("admin endpoint: wrong token"))
+            )),
+            Err(Refusal::Missing) => Err(unauthorized(
+                "admin endpoint: send Authorization: Bearer <token>",
+            )),
+            Err(Refusal::Wrong) => Err(unauthorized("admin endpoint: wrong token")),
+            Err(Refusal::TooManyFailures(retry_after)) => Err(ApiError {
+                retry_after: Some(retry_after),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "admin endpoint: too many failed authentications from this address; retry in {}",
+                        crate::admin::whole_seconds(retry_after)
+                    ),
+                )
+            }),
         }
     }
 }
@@ -173,13 +205,12 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Compares without an early exit, so response time says nothing about the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, &x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
-    }
-    diff == 0
+/// Whole seconds, rounded up (`Retry-After`).
+fn ceil_secs(d: Duration) -> u64 {
+    d.as_nanos()
+        .div_ceil(1_000_000_000)
+        .try_into()
+        .unwrap_or(u64::MAX)
 }
 
 /// The request's identity as JSON.
@@ -653,12 +684,10 @@ mod tests {
     }
 
     #[test]
-    fn tokens_compare_exactly() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(constant_time_eq(b"", b""));
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(60)), 60);
+        assert_eq!(ceil_secs(Duration::from_millis(60_001)), 61);
     }
 
     #[test]

@@ -25,17 +25,23 @@
 //! - `config`: the TOML file's shape, errors naming file, line and field ([`ConfigError`]),
 //!   validation into policies and Envoy domains ([`Config`]).
 //! - `store`: opening the store named by `store.url` (memory, Redis).
+//! - `admin`: admin authentication (constant-time token comparison, failed attempts rate
+//!   limited per client address).
 //! - `app`: the state handlers share (engine, current configuration, metrics) and reload.
 //! - `http`: the HTTP/JSON API (axum); every 4xx body is `{"error": "..."}`.
+//! - `listen`: the listeners' defences against slow and greedy clients (header and body
+//!   timeouts, connection caps).
 //! - `envoy`: descriptor matching and the `ShouldRateLimit` gRPC service (tonic).
 //! - `metrics`: Prometheus metrics.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
 
+mod admin;
 mod app;
 mod cli;
 mod config;
 mod envoy;
 mod http;
+mod listen;
 mod metrics;
 mod server;
 mod store;

@@ -3,7 +3,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use axum::serve::ListenerExt as _;
 use tokio::{net::TcpListener, sync::watch};
 use tollgate::Tollgate;
 
@@ -11,7 +10,7 @@ use crate::{
     app::App,
     cli::{CheckConfigArgs, ServeArgs},
     config::Config,
-    envoy, http,
+    envoy, http, listen,
     metrics::Metrics,
     store,
 };
@@ -99,18 +98,31 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         stop_rx.clone(),
     ));
 
+    let limits = app.config().server.clone();
     let router = http::router(app.clone());
-    // Small request/response pairs: Nagle's delay would dominate their latency.
-    let http_listener = http_listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let http = axum::serve(http_listener, router).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let http = listen::serve_http(
+        http_listener,
+        router,
+        listen::HttpLimits {
+            header_read_timeout: limits.header_read_timeout,
+            body_read_timeout: limits.body_read_timeout,
+            max_connections: limits.max_connections,
+        },
+        stopped(stop_rx.clone()),
+    );
+    let grpc_incoming = listen::limit_grpc(
+        tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+        limits.max_connections,
+        limits.header_read_timeout,
+    );
     let grpc = tonic::transport::Server::builder()
-        .add_service(envoy::service(app))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            stopped(stop_rx.clone()),
-        );
+        .max_concurrent_streams(limits.grpc_max_concurrent_streams)
+        .add_service(
+            envoy::service(app)
+                .max_decoding_message_size(limits.grpc_max_message_bytes)
+                .max_encoding_message_size(limits.grpc_max_message_bytes),
+        )
+        .serve_with_incoming_shutdown(grpc_incoming, stopped(stop_rx.clone()));
     tracing::info!(addr = %http_addr, "HTTP API listening");
     tracing::info!(addr = %grpc_addr, "Envoy gRPC listening");
     let servers = async { tokio::join!(http, grpc) };
@@ -119,8 +131,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         tokio::time::sleep(args.drain_timeout).await;
     };
     tokio::select! {
-        (http, grpc) = servers => {
-            http.map_err(|e| format!("http server failed: {e}"))?;
+        ((), grpc) = servers => {
             grpc.map_err(|e| format!("grpc server failed: {e}"))?;
             tracing::info!("stopped");
         }

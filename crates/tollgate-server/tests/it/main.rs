@@ -4,9 +4,11 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod admin_auth;
 mod cli;
 mod grpc;
 mod http_api;
 mod redis;
 mod reload;
+mod slow_clients;
 mod support;

@@ -1,0 +1,248 @@
+//! Admin authentication: the bearer token compared in constant time, and failed attempts
+//! rate limited per client address by tollgate itself.
+//!
+//! A client address gets `server.admin_failure_limit` failed attempts (missing or wrong
+//! token); after that every admin request from it is refused with 429 until the window
+//! lets a failure go, whatever token it carries, so guessing cannot go on at full speed and
+//! a refused guess says nothing about the token. A correct token costs nothing.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
+
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+use tollgate::{Dimension, Identity, Limiter, MemoryStore, OnError, Policy, Rule, Tollgate};
+
+/// Client addresses whose failures are remembered at once; a bound on what a flood of
+/// addresses can make the server hold.
+const MAX_TRACKED_ADDRESSES: usize = 1 << 16;
+
+/// Why an admin request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No token is configured: admin endpoints are off.
+    Disabled,
+    /// No `Authorization: Bearer` header.
+    Missing,
+    /// A token that is not the admin token.
+    Wrong,
+    /// Too many failures from this address; retry after the duration.
+    TooManyFailures(Duration),
+}
+
+/// The admin token and the failed-attempt limiter.
+pub(crate) struct AdminAuth {
+    /// SHA-256 of the token: comparing fixed-length digests leaks neither the token's bytes
+    /// nor its length through timing.
+    digest: Option<[u8; 32]>,
+    failures: Tollgate<MemoryStore>,
+    policy: Policy,
+    limit: Rule,
+}
+
+impl AdminAuth {
+    /// Admin endpoints guarded by `token` (none: disabled), allowing `failure_limit` failed
+    /// attempts per client address.
+    pub(crate) fn new(token: Option<&str>, failure_limit: Rule) -> AdminAuth {
+        let store = MemoryStore::builder()
+            .max_keys(MAX_TRACKED_ADDRESSES)
+            .build();
+        // Only the memory store's capacity can fail a check; the token comparison still
+        // stands then, so failing open costs the lockout, never the protection.
+        let failures = Tollgate::new(store)
+            .with_blocklist(false)
+            .with_on_error(OnError::Allow);
+        let policy = Policy::builder("tollgate_admin_auth")
+            .limiter(Limiter::new(Dimension::Ip, [failure_limit]).with_name("failures"))
+            .build()
+            .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
+        AdminAuth {
+            digest: token.map(digest),
+            failures,
+            policy,
+            limit: failure_limit,
+        }
+    }
+
+    /// Admits `offered` from `client` for `path`, or says why not. Failures are logged (the
+    /// address and path, never the offered token) and counted against the address.
+    pub(crate) async fn authenticate(
+        &self,
+        offered: Option<&str>,
+        client: Option<IpAddr>,
+        path: &str,
+    ) -> Result<(), Refusal> {
+        let Some(expected) = &self.digest else {
+            return Err(Refusal::Disabled);
+        };
+        // Requests that did not come through the listener (none in production) share one
+        // budget rather than escaping it.
+        let ip = client.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
+        let identity = Identity::new().with_ip(ip);
+        if let Some(retry_after) = self.refused(&identity).await {
+            tracing::debug!(client_ip = %ip, path = %path, "admin request refused: too many failed authentications");
+            return Err(Refusal::TooManyFailures(retry_after));
+        }
+        let refusal = match offered {
+            Some(token) if token_matches(expected, token) => return Ok(()),
+            Some(_) => Refusal::Wrong,
+            None => Refusal::Missing,
+        };
+        let reason = if refusal == Refusal::Wrong {
+            "wrong token"
+        } else {
+            "no token"
+        };
+        match self.charge(&identity).await {
+            Charged::Refused(retry_after) => {
+                // Lost a race with concurrent failures: this one is over the limit.
+                tracing::warn!(
+                    client_ip = %ip,
+                    path = %path,
+                    reason,
+                    "admin authentication failed; this address is refused for {}",
+                    whole_seconds(retry_after)
+                );
+                Err(Refusal::TooManyFailures(retry_after))
+            }
+            Charged::Last(refused_for) => {
+                tracing::warn!(
+                    client_ip = %ip,
+                    path = %path,
+                    reason,
+                    "admin authentication failed; that was the last attempt allowed, this address is refused for {}",
+                    whole_seconds(refused_for)
+                );
+                Err(refusal)
+            }
+            Charged::Counted => {
+                tracing::warn!(client_ip = %ip, path = %path, reason, "admin authentication failed");
+                Err(refusal)
+            }
+        }
+    }
+
+    /// `Some(retry after)` when the address is over its failure limit; records nothing.
+    async fn refused(&self, identity: &Identity) -> Option<Duration> {
+        match self.failures.peek(&self.policy, identity, 1).await {
+            Ok(d) if !d.allowed() => Some(d.retry_after().unwrap_or(self.limit.window())),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin failure limiter failed");
+                None
+            }
+        }
+    }
+
+    /// Counts one failure against the address.
+    async fn charge(&self, identity: &Identity) -> Charged {
+        match self.failures.check(&self.policy, identity, 1).await {
+            Ok(d) if !d.allowed() => {
+                Charged::Refused(d.retry_after().unwrap_or(self.limit.window()))
+            }
+            Ok(d) => match d.rules().first() {
+                // The lockout ends when the oldest failure leaves the window, which is what
+                // a refusal would say now.
+                Some(rule) if rule.remaining == 0 => {
+                    Charged::Last(self.refused(identity).await.unwrap_or(rule.reset_after))
+                }
+                _ => Charged::Counted,
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "admin failure limiter failed");
+                Charged::Counted
+            }
+        }
+    }
+}
+
+/// What counting a failure found.
+enum Charged {
+    /// Within the limit.
+    Counted,
+    /// Within the limit, and none left: the address is refused for the duration.
+    Last(Duration),
+    /// Over the limit already; retry after the duration.
+    Refused(Duration),
+}
+
+/// A duration for people: whole seconds, rounded up (`1m`, `45s`).
+pub(crate) fn whole_seconds(d: Duration) -> String {
+    let secs = d.as_nanos().div_ceil(1_000_000_000);
+    tollgate::format_duration(Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX)))
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Compares digests in constant time: the answer's timing says nothing about the token.
+fn token_matches(expected: &[u8; 32], offered: &str) -> bool {
+    expected.ct_eq(&digest(offered)).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_exactly() {
+        let matches = |a: &str, b: &str| token_matches(&digest(a), b);
+        assert!(matches("secret", "secret"));
+        assert!(!matches("secret", "secreT"));
+        assert!(!matches("secret", "secret2"));
+        assert!(!matches("", "x"));
+        assert!(matches("", ""));
+    }
+
+    #[tokio::test]
+    async fn failures_are_limited_per_address_and_successes_are_free() {
+        let auth = AdminAuth::new(Some("t0ken"), "2/1m".parse().unwrap());
+        let a = Some(IpAddr::from([192, 0, 2, 1]));
+        let b = Some(IpAddr::from([192, 0, 2, 2]));
+        for _ in 0..5 {
+            assert_eq!(
+                auth.authenticate(Some("t0ken"), a, "/v1/reset").await,
+                Ok(())
+            );
+        }
+        assert_eq!(
+            auth.authenticate(Some("guess"), a, "/v1/reset").await,
+            Err(Refusal::Wrong)
+        );
+        assert_eq!(
+            auth.authenticate(None, a, "/v1/reset").await,
+            Err(Refusal::Missing)
+        );
+        for token in [Some("guess"), Some("t0ken"), None] {
+            match auth.authenticate(token, a, "/v1/reset").await {
+                Err(Refusal::TooManyFailures(d)) => {
+                    assert!(d > Duration::ZERO && d <= Duration::from_secs(60), "{d:?}");
+                }
+                other => panic!("{token:?}: {other:?}"),
+            }
+        }
+        // Another address is not affected.
+        assert_eq!(
+            auth.authenticate(Some("t0ken"), b, "/v1/reset").await,
+            Ok(())
+        );
+        assert_eq!(
+            auth.authenticate(Some("guess"), b, "/v1/reset").await,
+            Err(Refusal::Wrong)
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_token_admin_is_disabled() {
+        let auth = AdminAuth::new(None, "1/1m".parse().unwrap());
+        for _ in 0..3 {
+            assert_eq!(
+                auth.authenticate(Some("x"), None, "/v1/reset").await,
+                Err(Refusal::Disabled)
+            );
+        }
+    }
+}

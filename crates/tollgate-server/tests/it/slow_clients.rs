@@ -1,0 +1,356 @@
+//! Slow and greedy clients: header and body read timeouts, the connection cap, gRPC message
+//! size and handshake limits.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use crate::support::{HANG, Server, descriptor, error_message};
+
+const POLICY: &str = r#"
+[policies.api]
+limiters = [{ by = "ip", rules = ["1000000/1m"] }]
+
+[[envoy.domains]]
+name = "edge"
+descriptors = [{ key = "remote_address", rules = ["1000/1m"] }]
+"#;
+
+fn config(server: &str) -> String {
+    format!("[server]\n{server}\n{POLICY}")
+}
+
+/// `host:port` of an `http://host:port` base URL.
+fn addr(base: &str) -> &str {
+    base.trim_start_matches("http://")
+}
+
+/// Reads until the peer closes the connection or `HANG` passes; returns what was read.
+async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + HANG;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return out,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => panic!(
+                "the server kept the connection open for {HANG:?}; read so far: {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+}
+
+/// Splits a raw HTTP/1.1 response into its status and JSON body.
+fn parse_response(raw: &[u8]) -> (u16, Value) {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+    (status, body)
+}
+
+/// Several hundred connections trickle request heads and reconnect when dropped, for two
+/// seconds; meanwhile a normal client's checks keep answering, and the server drops every
+/// trickler once its header timeout has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_connections_are_closed_and_checks_still_answer() {
+    const TRICKLERS: usize = 300;
+    const HEADER_TIMEOUT: Duration = Duration::from_millis(300);
+    let server = Server::start(&config("header_read_timeout = \"300ms\""));
+    let target = addr(&server.http).to_owned();
+
+    let attacking = Arc::new(AtomicBool::new(true));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let mut tricklers = Vec::new();
+    for i in 0..TRICKLERS {
+        let (target, attacking, closed) = (target.clone(), attacking.clone(), closed.clone());
+        tricklers.push(tokio::spawn(async move {
+            // The longest a connection stayed open, and the shortest (to compare with the
+            // header timeout).
+            let (mut longest, mut shortest) = (Duration::ZERO, Duration::MAX);
+            while attacking.load(Ordering::Relaxed) {
+                // Timed from before the connection exists: the server's timer cannot have
+                // started earlier.
+                let opened = Instant::now();
+                let mut stream = TcpStream::connect(&target).await.unwrap();
+                let head = format!("POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nX-Slow-{i}: ");
+                let mut pending = head.as_bytes().iter().copied().cycle();
+                let mut buf = [0u8; 1024];
+                let mut answered = Vec::new();
+                loop {
+                    tokio::select! {
+                        read = stream.read(&mut buf) => match read {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => answered.extend_from_slice(&buf[..n]),
+                        },
+                        () = tokio::time::sleep(Duration::from_millis(50)) => {
+                            let byte = [pending.next().unwrap_or(b'a')];
+                            if stream.write_all(&byte).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    assert!(
+                        opened.elapsed() < HANG,
+                        "a trickling connection stayed open for {HANG:?}"
+                    );
+                }
+                let lived = opened.elapsed();
+                // hyper may say 408 before closing; it never answers the request itself.
+                let text = String::from_utf8_lossy(&answered);
+                assert!(
+                    text.is_empty() || text.starts_with("HTTP/1.1 408"),
+                    "a trickling request was answered: {text:?}"
+                );
+                closed.fetch_add(1, Ordering::Relaxed);
+                longest = longest.max(lived);
+                shortest = shortest.min(lived);
+            }
+            (longest, shortest)
+        }));
+    }
+
+    // The normal client: checks one after another for two seconds.
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut checks = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let sent = Instant::now();
+        let response = client
+            .post(format!("{}/v1/check", server.http))
+            .json(&json!({ "policy": "api", "identity": { "ip": "192.0.2.1" } }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["allowed"], true, "{body}");
+        slowest = slowest.max(sent.elapsed());
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    attacking.store(false, Ordering::Relaxed);
+    let mut longest = Duration::ZERO;
+    let mut shortest = Duration::MAX;
+    for t in tricklers {
+        let (l, s) = t.await.unwrap();
+        longest = longest.max(l);
+        shortest = shortest.min(s);
+    }
+    let closed = closed.load(Ordering::Relaxed);
+    println!(
+        "{checks} checks under {TRICKLERS} trickling connections: slowest {slowest:?}; \
+         {closed} trickling connections closed by the server after {shortest:?} to {longest:?}"
+    );
+    assert!(checks >= 10, "only {checks} checks in two seconds");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a check took {slowest:?} under attack"
+    );
+    // Every trickler was closed at least once, and none before its header timeout.
+    assert!(closed >= TRICKLERS, "{closed} closed");
+    assert!(
+        shortest >= HEADER_TIMEOUT - Duration::from_millis(20),
+        "{shortest:?}"
+    );
+}
+
+/// A connection that sends nothing at all is closed after the header timeout too.
+#[tokio::test]
+async fn silent_connections_are_closed() {
+    let server = Server::start(&config("header_read_timeout = \"300ms\""));
+    let mut stream = TcpStream::connect(addr(&server.http)).await.unwrap();
+    let opened = Instant::now();
+    read_to_close(&mut stream).await;
+    assert!(
+        opened.elapsed() >= Duration::from_millis(280),
+        "{:?}",
+        opened.elapsed()
+    );
+    // The gRPC port: no HTTP/2 preface within the header timeout closes the connection.
+    let mut stream = TcpStream::connect(addr(&server.grpc)).await.unwrap();
+    read_to_close(&mut stream).await;
+    // Nor does trickling the preface and a SETTINGS frame a byte at a time keep it open.
+    let mut stream = TcpStream::connect(addr(&server.grpc)).await.unwrap();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    opening.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let mut sent = 0;
+    let mut buf = [0u8; 1024];
+    loop {
+        tokio::select! {
+            read = stream.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {} // the server's SETTINGS
+            },
+            () = tokio::time::sleep(Duration::from_millis(100)), if sent < opening.len() => {
+                if stream.write_all(&opening[sent..=sent]).await.is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            () = tokio::time::sleep(HANG), if sent == opening.len() => {
+                panic!("a trickled HTTP/2 opening kept the connection open");
+            }
+        }
+    }
+    assert!(sent < opening.len(), "closed only after the whole opening");
+    // Well-behaved clients are served on both.
+    assert_eq!(server.get("/healthz").await.0, 200);
+    let mut client = server.grpc_client().await;
+    let response = crate::support::should_rate_limit(
+        &mut client,
+        "edge",
+        vec![descriptor(&[("remote_address", "192.0.2.1")])],
+        1,
+    )
+    .await;
+    assert_eq!(response.overall_code, 1, "{response:?}");
+}
+
+/// A body that does not arrive in time, or trickles in, gets 408 with the usual JSON error.
+#[tokio::test]
+async fn late_bodies_get_408_with_a_json_error() {
+    let server = Server::start(&config("body_read_timeout = \"300ms\""));
+    let head = "POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\n\
+                Content-Length: 100\r\n\r\n";
+
+    // Part of the body, then nothing.
+    let mut stream = TcpStream::connect(addr(&server.http)).await.unwrap();
+    stream
+        .write_all(format!("{head}{{\"policy\": ").as_bytes())
+        .await
+        .unwrap();
+    let (status, body) = parse_response(&read_to_close(&mut stream).await);
+    let message = error_message(status, &body, 408);
+    assert_eq!(
+        message,
+        "the request body did not arrive within 300ms (server.body_read_timeout)"
+    );
+
+    // The body trickled a byte at a time: never idle, still late.
+    let mut stream = TcpStream::connect(addr(&server.http)).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if writer.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(HANG, reader.read_to_end(&mut raw))
+        .await
+        .expect("the server answered a trickled body");
+    trickle.abort();
+    let (status, body) = parse_response(&raw);
+    error_message(status, &body, 408);
+
+    // A body that arrives in time is served as always.
+    let (status, _) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "api", "identity": { "ip": "192.0.2.1" } }),
+        )
+        .await;
+    assert_eq!(status, 200);
+}
+
+/// Over `max_connections`, a new connection waits until an open one closes.
+#[tokio::test]
+async fn connections_over_the_cap_wait_for_a_free_slot() {
+    let server = Server::start(&config(
+        "max_connections = 1\nheader_read_timeout = \"30s\"",
+    ));
+    let request = b"GET /healthz HTTP/1.1\r\nHost: tollgate\r\n\r\n";
+
+    // The first connection is served and stays open (keep-alive), holding the only slot.
+    let mut first = TcpStream::connect(addr(&server.http)).await.unwrap();
+    first.write_all(request).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(HANG, first.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+
+    // The second is left in the accept queue: its request is not answered...
+    let mut second = TcpStream::connect(addr(&server.http)).await.unwrap();
+    second.write_all(request).await.unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(500), second.read(&mut buf)).await;
+    assert!(
+        waited.is_err(),
+        "a connection over the cap was served: {waited:?}"
+    );
+    // ...until the first closes.
+    drop(first);
+    let n = tokio::time::timeout(HANG, second.read(&mut buf))
+        .await
+        .expect("the waiting connection was never served")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+}
+
+/// A gRPC request over `grpc_max_message_bytes` gets OUT_OF_RANGE; the server carries on.
+#[tokio::test]
+async fn oversized_grpc_requests_are_refused_with_a_status() {
+    let server = Server::start(&config("grpc_max_message_bytes = 1024"));
+    let mut client = server.grpc_client().await;
+    let huge = "x".repeat(4096);
+    let status = client
+        .should_rate_limit(
+            envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+                domain: "edge".into(),
+                descriptors: vec![descriptor(&[("remote_address", &huge)])],
+                hits_addend: 1,
+            },
+        )
+        .await
+        .expect_err("an oversized request was accepted");
+    assert!(
+        matches!(
+            status.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{status:?}"
+    );
+    assert!(status.message().contains("1024"), "{status:?}");
+
+    // The same connection still serves requests of a normal size.
+    let response = crate::support::should_rate_limit(
+        &mut client,
+        "edge",
+        vec![descriptor(&[("remote_address", "192.0.2.1")])],
+        1,
+    )
+    .await;
+    assert_eq!(response.overall_code, 1, "{response:?}");
+}
