@@ -370,7 +370,10 @@ impl RawLimiter {
     /// `by`, with `ipv4_prefix` and `ipv6_prefix` applied (they need `by = "ip"`).
     fn dimension(&self, here: &str, errors: &Errors<'_>) -> Result<Dimension, ConfigError> {
         let Some(default) = self.by.prefix() else {
-            let set = [("ipv4_prefix", &self.ipv4_prefix), ("ipv6_prefix", &self.ipv6_prefix)];
+            let set = [
+                ("ipv4_prefix", &self.ipv4_prefix),
+                ("ipv6_prefix", &self.ipv6_prefix),
+            ];
             if let Some((field, Some(len))) = set.into_iter().find(|(_, len)| len.is_some()) {
                 return Err(errors.at(
                     Some(len.span()),

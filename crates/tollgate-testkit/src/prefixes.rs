@@ -69,7 +69,11 @@ async fn check<S: Store>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate
     s.gate().check(p, who, 1).await.expect("identity complete")
 }
 
-async fn admitted<S: Store>(s: &Subject<S>, p: &Policy, ips: impl Iterator<Item = IpAddr>) -> usize {
+async fn admitted<S: Store>(
+    s: &Subject<S>,
+    p: &Policy,
+    ips: impl Iterator<Item = IpAddr>,
+) -> usize {
     let mut admitted = 0;
     for ip in ips {
         admitted += usize::from(check(s, p, &from(ip)).await.allowed());
@@ -83,7 +87,10 @@ pub async fn ip_prefix_one_ipv6_network_shares_one_quota<S: Store>(s: Subject<S>
     s.clock().set(START);
     let p = per_ip("rotate", Dimension::Ip, "5/1m");
     let rotated = admitted(&s, &p, (0..1000).map(|n| nth("2001:db8:1:2::", n))).await;
-    assert_eq!(rotated, 5, "1,000 addresses of one /64 admitted {rotated}, not 5");
+    assert_eq!(
+        rotated, 5,
+        "1,000 addresses of one /64 admitted {rotated}, not 5"
+    );
     // Every one of them is now refused, whichever address it comes from.
     let d = check(&s, &p, &from(parse("2001:db8:1:2::1"))).await;
     assert_eq!(d.reason(), Reason::RateLimited);
@@ -135,14 +142,21 @@ pub async fn ip_prefix_bans_cover_the_ipv6_network<S: Store>(s: Subject<S>) {
     let other = per_ip("other", Dimension::Global, "1000/1m");
     let offender = from(parse("2001:db8:5:5::1"));
     assert!(check(&s, &sms, &offender).await.allowed());
-    assert_eq!(check(&s, &sms, &offender).await.reason(), Reason::RateLimited);
+    assert_eq!(
+        check(&s, &sms, &offender).await.reason(),
+        Reason::RateLimited
+    );
     for n in 0..100 {
         let neighbour = from(nth("2001:db8:5:5::", n));
         let d = check(&s, &other, &neighbour).await;
         assert_eq!(d.reason(), Reason::Blocked, "neighbour {n}");
         assert_eq!(d.retry_after(), Some(Duration::from_secs(600)));
     }
-    assert!(check(&s, &other, &from(parse("2001:db8:5:6::1"))).await.allowed());
+    assert!(
+        check(&s, &other, &from(parse("2001:db8:5:6::1")))
+            .await
+            .allowed()
+    );
     let bans = s.gate().blocklist().await.expect("store answers");
     let listed: Vec<String> = bans.iter().map(|b| b.target.to_string()).collect();
     assert_eq!(listed, ["ip:2001:db8:5:5::/64"]);
@@ -155,7 +169,11 @@ pub async fn ip_prefix_bans_cover_the_ipv6_network<S: Store>(s: Subject<S>) {
         .expect("store answers");
     let d = check(&s, &other, &from(parse("2001:db8:7:0:ffff:ffff:ffff:ffff"))).await;
     assert_eq!(d.reason(), Reason::Blocked);
-    assert!(check(&s, &other, &from(parse("2001:db8:7:1::1"))).await.allowed());
+    assert!(
+        check(&s, &other, &from(parse("2001:db8:7:1::1")))
+            .await
+            .allowed()
+    );
     let mut listed: Vec<String> = s
         .gate()
         .blocklist()
@@ -168,7 +186,11 @@ pub async fn ip_prefix_bans_cover_the_ipv6_network<S: Store>(s: Subject<S>) {
     assert_eq!(listed, ["2001:db8:5:5::/64", "2001:db8:7::/64"]);
     let neighbour = BanTarget::Ip(parse("2001:db8:7::abcd"));
     assert!(s.gate().unban(&neighbour).await.expect("store answers"));
-    assert!(check(&s, &other, &from(parse("2001:db8:7::1"))).await.allowed());
+    assert!(
+        check(&s, &other, &from(parse("2001:db8:7::1")))
+            .await
+            .allowed()
+    );
 }
 
 /// A bypass network matches the full address: one allowlisted IPv6 address passes, its /64

@@ -351,9 +351,9 @@ impl Dimension {
             Dimension::Ip => identity
                 .ip
                 .map(|ip| Cow::Owned(IpPrefix::DEFAULT.network_text(ip))),
-            Dimension::IpPrefix(prefix) => identity
-                .ip
-                .map(|ip| Cow::Owned(prefix.network_text(ip))),
+            Dimension::IpPrefix(prefix) => {
+                identity.ip.map(|ip| Cow::Owned(prefix.network_text(ip)))
+            }
             Dimension::UserId => identity.user_id().map(Cow::Borrowed),
             Dimension::UserName => identity.user_name().map(Cow::Borrowed),
             Dimension::Header(name) => identity.header(name).map(Cow::Borrowed),
@@ -553,7 +553,10 @@ mod tests {
         let e = Dimension::ip_prefix(33, 64).unwrap_err();
         assert!(e.contains("IPv4 prefix is at most 32 bits, not 33"), "{e}");
         let e = Dimension::ip_prefix(32, 129).unwrap_err();
-        assert!(e.contains("IPv6 prefix is at most 128 bits, not 129"), "{e}");
+        assert!(
+            e.contains("IPv6 prefix is at most 128 bits, not 129"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -465,10 +465,7 @@ async fn ipv6_clients_count_by_their_64_and_the_layer_can_widen_it() {
     );
     // By default every /64 is a client of its own, and IPv4 counts each address.
     let many_64 = addrs(&|i| format!("2001:db8:1:{:x}::1", 0x100 + i));
-    assert_eq!(
-        statuses_from(&server, "/default", &many_64).await,
-        [200; 6]
-    );
+    assert_eq!(statuses_from(&server, "/default", &many_64).await, [200; 6]);
     let v4 = addrs(&|i| format!("198.51.100.{i}"));
     assert_eq!(statuses_from(&server, "/default", &v4).await, [200; 6]);
 
