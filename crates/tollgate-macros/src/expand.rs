@@ -255,8 +255,17 @@ fn rate_limit_check(
         let name = opt(limit.name.as_ref());
         let blocklist = opt(limit.blocklist.as_ref());
         let message = opt(limit.message.as_ref());
+        let prefix = match (limit.ipv4_prefix, limit.ipv6_prefix) {
+            (None, None) => quote!(::core::option::Option::None),
+            (v4, v6) => {
+                let default = tollgate::IpPrefix::DEFAULT;
+                let v4 = v4.unwrap_or(default.v4());
+                let v6 = v6.unwrap_or(default.v6());
+                quote!(::core::option::Option::Some((#v4, #v6)))
+            }
+        };
         limiters.push(quote! {
-            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message)
+            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
         });
     }
     let scope = match scope {

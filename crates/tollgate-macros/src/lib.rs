@@ -51,6 +51,8 @@
 //! | `blocklist` | ban the offender's IP and user for this long after a violation, e.g. `"10m"` |
 //! | `scope` | the action name in keys (default: module path and function name) |
 //! | `message` | the text of the refusal (the problem body's `detail`) |
+//! | `ipv6_prefix` | with `by = "ip"`: count IPv6 clients by this network, e.g. `48` (default 64: one subscriber's /64, so rotating addresses within it buys nothing) |
+//! | `ipv4_prefix` | with `by = "ip"`: count IPv4 clients by this network, e.g. `24` (default 32: each address; a shorter prefix also counts neighbours behind one NAT together) |
 //!
 //! Stack several for several limiters; they share one scope and are checked atomically.
 //!

@@ -3,7 +3,7 @@
 use std::str::FromStr;
 
 use proc_macro2::{Span, TokenStream};
-use syn::{LitBool, LitStr, bracketed, meta::ParseNestedMeta, punctuated::Punctuated};
+use syn::{LitBool, LitInt, LitStr, bracketed, meta::ParseNestedMeta, punctuated::Punctuated};
 use tollgate::{Algorithm, Dimension, Rule, parse_duration};
 
 /// One `#[rate_limit(...)]`: one limiter.
@@ -16,6 +16,10 @@ pub(crate) struct RateLimit {
     pub(crate) blocklist: Option<LitStr>,
     pub(crate) scope: Option<LitStr>,
     pub(crate) message: Option<LitStr>,
+    /// `ipv4_prefix`, validated (0 to 32).
+    pub(crate) ipv4_prefix: Option<u8>,
+    /// `ipv6_prefix`, validated (0 to 128).
+    pub(crate) ipv6_prefix: Option<u8>,
 }
 
 impl RateLimit {
@@ -37,7 +41,8 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message";
+const RATE_LIMIT_OPTIONS: &str =
+    "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -86,9 +91,24 @@ fn duration(lit: &LitStr, what: &str) -> syn::Result<()> {
     }
 }
 
+/// A prefix length option (`ipv6_prefix = 48`): at most `max` bits.
+fn prefix_length(lit: &LitInt, what: &str, max: u8) -> syn::Result<u8> {
+    match lit.base10_parse::<u8>() {
+        Ok(len) if len <= max => Ok(len),
+        _ => Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`{what}` is a prefix length from 0 to {max}, not {}",
+                lit.base10_digits()
+            ),
+        )),
+    }
+}
+
 pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<RateLimit> {
     let (mut by, mut rules, mut name, mut algorithm, mut blocklist, mut scope, mut message) =
         (None, None, None, None, None, None, None);
+    let (mut ipv4_prefix, mut ipv6_prefix) = (None::<LitInt>, None::<LitInt>);
     let parser = syn::meta::parser(|meta| {
         let key = meta
             .path
@@ -127,6 +147,18 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
                 meta.value()?.parse::<LitStr>()?,
                 &meta,
                 "message",
+            ),
+            "ipv4_prefix" => set(
+                &mut ipv4_prefix,
+                meta.value()?.parse::<LitInt>()?,
+                &meta,
+                "ipv4_prefix",
+            ),
+            "ipv6_prefix" => set(
+                &mut ipv6_prefix,
+                meta.value()?.parse::<LitInt>()?,
+                &meta,
+                "ipv6_prefix",
             ),
             _ => Err(meta.error(format!(
                 "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
@@ -175,6 +207,25 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     if let Some(lit) = &blocklist {
         duration(lit, "blocklist")?;
     }
+    if let Some(lit) = ipv4_prefix.as_ref().or(ipv6_prefix.as_ref()) {
+        if dimension.prefix().is_none() {
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`ipv4_prefix` and `ipv6_prefix` apply to by = \"ip\", not by = {:?}",
+                    by.value()
+                ),
+            ));
+        }
+    }
+    let ipv4_prefix = match &ipv4_prefix {
+        Some(lit) => Some(prefix_length(lit, "ipv4_prefix", 32)?),
+        None => None,
+    };
+    let ipv6_prefix = match &ipv6_prefix {
+        Some(lit) => Some(prefix_length(lit, "ipv6_prefix", 128)?),
+        None => None,
+    };
     Ok(RateLimit {
         by,
         dimension,
@@ -184,6 +235,8 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         blocklist,
         scope,
         message,
+        ipv4_prefix,
+        ipv6_prefix,
     })
 }
 

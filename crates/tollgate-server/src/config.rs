@@ -137,11 +137,14 @@ impl Config {
                     .collect();
                 let _ = write!(
                     out,
-                    "  limiter {} by {}: {}",
+                    "  limiter {} by {}",
                     limiter.name(),
                     limiter.dimension(),
-                    rules.join(", ")
                 );
+                if let Some(prefix) = limiter.dimension().prefix() {
+                    let _ = write!(out, " (IPv4 /{}, IPv6 /{})", prefix.v4(), prefix.v6());
+                }
+                let _ = write!(out, ": {}", rules.join(", "));
                 if let Some(ban) = limiter.blocklist() {
                     let _ = write!(
                         out,
@@ -391,6 +394,53 @@ struct RawLimiter {
     name: Option<Spanned<String>>,
     message: Option<String>,
     blocklist: Option<RawBlocklist>,
+    ipv4_prefix: Option<Spanned<i64>>,
+    ipv6_prefix: Option<Spanned<i64>>,
+}
+
+impl RawLimiter {
+    /// `by`, with `ipv4_prefix` and `ipv6_prefix` applied (they need `by = "ip"`).
+    fn dimension(&self, here: &str, errors: &Errors<'_>) -> Result<Dimension, ConfigError> {
+        let Some(default) = self.by.prefix() else {
+            let set = [
+                ("ipv4_prefix", &self.ipv4_prefix),
+                ("ipv6_prefix", &self.ipv6_prefix),
+            ];
+            if let Some((field, Some(len))) = set.into_iter().find(|(_, len)| len.is_some()) {
+                return Err(errors.at(
+                    Some(len.span()),
+                    format!("{here}.{field}"),
+                    format!("{field} applies to by = \"ip\", not by = \"{}\"", self.by),
+                ));
+            }
+            return Ok(self.by.clone());
+        };
+        let length = |field: &str, raw: &Option<Spanned<i64>>, default: u8, max: u8| {
+            let Some(raw) = raw else { return Ok(default) };
+            u8::try_from(*raw.get_ref())
+                .ok()
+                .filter(|len| *len <= max)
+                .ok_or_else(|| {
+                    errors.at(
+                        Some(raw.span()),
+                        format!("{here}.{field}"),
+                        format!(
+                            "{} is not a prefix length: use 0 to {max} ({})",
+                            raw.get_ref(),
+                            if max == 32 {
+                                "32 counts each IPv4 address, 24 a /24"
+                            } else {
+                                "64 is one subscriber, 56 or 48 a site"
+                            }
+                        ),
+                    )
+                })
+        };
+        let v4 = length("ipv4_prefix", &self.ipv4_prefix, default.v4(), 32)?;
+        let v6 = length("ipv6_prefix", &self.ipv6_prefix, default.v6(), 128)?;
+        // Both are in range, so this cannot fail; the error stays an error all the same.
+        Dimension::ip_prefix(v4, v6).map_err(|e| errors.at(None, here.to_owned(), e))
+    }
 }
 
 /// `blocklist = "10m"` or `blocklist = { ban = "10m", escalate = 2, max = "1d" }`.
@@ -788,7 +838,8 @@ impl RawPolicy {
                 }
                 rules.push(rule);
             }
-            let mut limiter = Limiter::new(raw.by, rules).with_name(&limiter_name);
+            let dimension = raw.dimension(&here, errors)?;
+            let mut limiter = Limiter::new(dimension, rules).with_name(&limiter_name);
             if let Some(message) = &raw.message {
                 limiter = limiter.with_message(message);
             }
@@ -979,6 +1030,56 @@ mod tests {
         let e = err("[server]\nadmin_failure_limit = \"5/1x\"\n");
         assert!(
             e.starts_with("t.toml:2: server.admin_failure_limit: \"5/1x\": unknown unit"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ip_prefixes_are_read_and_checked() {
+        let config = Config::parse(
+            "t.toml",
+            "[policies.signup]\nlimiters = [\n  { by = \"ip\", rules = [\"3/1h\"], ipv6_prefix = 48, ipv4_prefix = 24 },\n  { by = \"ip\", name = \"per_64\", rules = [\"9/1h\"] },\n]\n",
+        )
+        .unwrap();
+        let limiters = config.policies["signup"].policy.limiters();
+        assert_eq!(
+            limiters[0].dimension().prefix(),
+            Some(tollgate::IpPrefix::new(24, 48).unwrap())
+        );
+        assert_eq!(
+            limiters[1].dimension().prefix(),
+            Some(tollgate::IpPrefix::DEFAULT)
+        );
+        let summary = config.summary();
+        assert!(
+            summary.contains("limiter ip by ip (IPv4 /24, IPv6 /48): 3/1h"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("limiter per_64 by ip (IPv4 /32, IPv6 /64): 9/1h"),
+            "{summary}"
+        );
+
+        let limiter = |fields: &str| {
+            err(&format!(
+                "[policies.a]\nlimiters = [\n  {{ by = \"ip\", rules = [\"1/1m\"] }},\n  {{ rules = [\"1/1m\"], {fields} }},\n]\n"
+            ))
+        };
+        assert_eq!(
+            limiter("by = \"ip\", name = \"b\", ipv6_prefix = 129"),
+            "t.toml:4: policies.a.limiters[1].ipv6_prefix: 129 is not a prefix length: use 0 to 128 (64 is one subscriber, 56 or 48 a site)"
+        );
+        assert_eq!(
+            limiter("by = \"ip\", name = \"b\", ipv4_prefix = -1"),
+            "t.toml:4: policies.a.limiters[1].ipv4_prefix: -1 is not a prefix length: use 0 to 32 (32 counts each IPv4 address, 24 a /24)"
+        );
+        assert_eq!(
+            limiter("by = \"user_id\", ipv4_prefix = 24"),
+            "t.toml:4: policies.a.limiters[1].ipv4_prefix: ipv4_prefix applies to by = \"ip\", not by = \"user_id\""
+        );
+        let e = limiter("by = \"ip\", name = \"b\", ipv6_prefix = \"48\"");
+        assert!(
+            e.starts_with("t.toml:4: policies.a.limiters[1].ipv6_prefix: invalid type"),
             "{e}"
         );
     }

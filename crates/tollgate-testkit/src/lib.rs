@@ -28,6 +28,8 @@
 //!   TLS tests.
 //! - [`guards`]: conformance scenarios for the duplicate guard, blocklist and bypass, and
 //!   [`guard_suite!`].
+//! - [`prefixes`]: conformance scenarios for IP prefixes (a network shares one quota and one
+//!   ban; bypass matches the address) and [`prefix_suite!`].
 //! - [`conformance`]: the store conformance suite, scenarios every [`tollgate::Store`] must
 //!   pass with the same numbers, and [`conformance_suite!`] that turns them into one test each.
 
@@ -36,6 +38,7 @@ mod cluster;
 pub mod conformance;
 pub mod guards;
 pub mod plan;
+pub mod prefixes;
 mod sentinel;
 mod server;
 

@@ -1,4 +1,4 @@
-//! The store conformance suite and the guard suite against `RedisStore` on a real Redis
+//! The store conformance suite, the guard suite and the IP-prefix suite against `RedisStore` on a real Redis
 //! Cluster (three primaries, three replicas).
 //!
 //! As on standalone Redis, the store is built with the scenario's manual clock, so the same
@@ -95,6 +95,12 @@ mod guards {
     use super::cluster_subject;
 
     tollgate_testkit::guard_suite!(cluster_subject);
+}
+
+mod prefixes {
+    use super::cluster_subject;
+
+    tollgate_testkit::prefix_suite!(cluster_subject);
 }
 
 fn rule(text: &str, algorithm: Algorithm) -> Rule {

@@ -9,7 +9,8 @@ pub use tollgate::{DuplicateGuard, Limiter, Policy};
 
 use crate::{context::Context, engine::LeaseGuard, rejection::Rejection};
 
-/// Builds a limiter from strings the macro already validated.
+/// Builds a limiter from strings the macro already validated; `prefix` is the (IPv4, IPv6)
+/// prefix lengths of a `by = "ip"` limiter that sets them.
 pub fn limiter(
     by: &str,
     rules: &[&str],
@@ -17,8 +18,13 @@ pub fn limiter(
     name: Option<&str>,
     blocklist: Option<&str>,
     message: Option<&str>,
+    prefix: Option<(u8, u8)>,
 ) -> Limiter {
-    let dimension: Dimension = by.parse().unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
+    let dimension: Dimension = match prefix {
+        Some((v4, v6)) => Dimension::ip_prefix(v4, v6),
+        None => by.parse(),
+    }
+    .unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
     let algorithm = algorithm.map(|a| a.parse().unwrap_or_else(|e| panic!("#[rate_limit]: {e}")));
     let rules = rules.iter().map(|text| {
         let rule: Rule = text

@@ -1,8 +1,12 @@
 //! The blocklist: offenders banned for a while after a violation, checked before any rule.
 
-use std::{fmt, net::IpAddr, time::Duration};
+use std::{cmp::Ordering, fmt, hash, net::IpAddr, time::Duration};
 
-use crate::key;
+use crate::{
+    bypass::IpNet,
+    identity::{IpPrefix, canonical},
+    key,
+};
 
 /// How a limiter bans an offender when it denies: for `duration`, and, with escalation, for
 /// `duration * factor^(strikes - 1)` up to `cap` for repeat offenders.
@@ -81,23 +85,50 @@ impl BanRule {
     }
 }
 
-/// Who is banned: an IP or a user id.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Who is banned: a client network or a user id.
+///
+/// An IP ban covers the client's network as [`IpPrefix::DEFAULT`] counts it: the /64 of an
+/// IPv6 address (every address one subscriber holds), the address itself for IPv4 (an
+/// IPv4-mapped IPv6 address counts as IPv4). Two targets are equal, hash and sort alike, and
+/// share one key when they name the same network: `BanTarget::Ip` of `2001:db8::1` and of
+/// `2001:db8::2` are one ban, listed as `2001:db8::/64`.
+///
+/// ```
+/// use tollgate::BanTarget;
+///
+/// let one = BanTarget::Ip("2001:db8::1".parse()?);
+/// assert_eq!(one.value(), "2001:db8::/64");
+/// assert_eq!(one, BanTarget::Ip("2001:db8::ffff:2".parse()?));
+/// assert_eq!(one, BanTarget::parse("ip", "2001:db8::/64")?);
+/// assert_ne!(one, BanTarget::Ip("2001:db8:0:1::1".parse()?));
+/// assert_eq!(BanTarget::Ip("192.0.2.7".parse()?).value(), "192.0.2.7");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
 pub enum BanTarget {
-    /// A client IP.
+    /// A client IP: the ban covers its network (see above).
     Ip(IpAddr),
     /// An authenticated user id.
     UserId(String),
 }
 
+/// What a target means: the network an IP ban covers, or the user id.
+#[derive(PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Normal<'a> {
+    Ip(IpAddr),
+    UserId(&'a str),
+}
+
 impl BanTarget {
-    /// Parses a (kind, value) pair as used by APIs: kind `ip` or `user_id`.
+    /// The prefixes a ban covers.
+    pub const PREFIX: IpPrefix = IpPrefix::DEFAULT;
+
+    /// Parses a (kind, value) pair as used by APIs: kind `ip` or `user_id`. An `ip` value is an
+    /// address, or a network no wider than a ban covers (`2001:db8::/64`, `192.0.2.7/32`),
+    /// as the blocklist lists it.
     pub fn parse(kind: &str, value: &str) -> Result<BanTarget, String> {
         match kind {
-            "ip" => value
-                .parse()
-                .map(BanTarget::Ip)
-                .map_err(|_| format!("{value:?} is not an IP address")),
+            "ip" => parse_ip(value).map(BanTarget::Ip),
             "user_id" if !value.is_empty() => Ok(BanTarget::UserId(value.to_owned())),
             "user_id" => Err("a user id cannot be empty".to_owned()),
             other => Err(format!("unknown ban kind {other:?} (use ip or user_id)")),
@@ -112,10 +143,18 @@ impl BanTarget {
         }
     }
 
-    /// The IP or user id as text.
+    /// The network an IP ban covers; `None` for a user id.
+    pub fn network(&self) -> Option<IpNet> {
+        match self {
+            BanTarget::Ip(ip) => Some(BanTarget::PREFIX.network(*ip)),
+            BanTarget::UserId(_) => None,
+        }
+    }
+
+    /// The network (`2001:db8::/64`, `192.0.2.7`) or user id as text.
     pub fn value(&self) -> String {
         match self {
-            BanTarget::Ip(ip) => ip.to_string(),
+            BanTarget::Ip(ip) => BanTarget::PREFIX.network_text(*ip),
             BanTarget::UserId(id) => id.clone(),
         }
     }
@@ -127,6 +166,64 @@ impl BanTarget {
         let mut k = String::new();
         key::push_ban_key(&mut k, prefix, self.kind(), &self.value());
         k
+    }
+
+    fn normal(&self) -> Normal<'_> {
+        match self {
+            BanTarget::Ip(ip) => Normal::Ip(BanTarget::PREFIX.network(*ip).addr()),
+            BanTarget::UserId(id) => Normal::UserId(id),
+        }
+    }
+}
+
+/// An address, or a network no wider than a ban covers, as the address of its network.
+fn parse_ip(value: &str) -> Result<IpAddr, String> {
+    if !value.contains('/') {
+        return value
+            .parse()
+            .map_err(|_| format!("{value:?} is not an IP address"));
+    }
+    let net: IpNet = value
+        .parse()
+        .map_err(|_| format!("{value:?} is not an IP address or network"))?;
+    // An IPv4-mapped network (`::ffff:192.0.2.0/120`) is as wide as its IPv4 part.
+    let (len, widest) = match (net.addr(), canonical(net.addr())) {
+        (IpAddr::V6(_), IpAddr::V4(_)) => (net.prefix().saturating_sub(96), BanTarget::PREFIX.v4()),
+        (_, IpAddr::V4(_)) => (net.prefix(), BanTarget::PREFIX.v4()),
+        (_, IpAddr::V6(_)) => (net.prefix(), BanTarget::PREFIX.v6()),
+    };
+    if len < widest {
+        return Err(format!(
+            "{value:?} is wider than a ban covers (one IPv4 address or one IPv6 /{})",
+            BanTarget::PREFIX.v6()
+        ));
+    }
+    Ok(net.addr())
+}
+
+impl PartialEq for BanTarget {
+    fn eq(&self, other: &BanTarget) -> bool {
+        self.normal() == other.normal()
+    }
+}
+
+impl Eq for BanTarget {}
+
+impl hash::Hash for BanTarget {
+    fn hash<H: hash::Hasher>(&self, state: &mut H) {
+        self.normal().hash(state);
+    }
+}
+
+impl PartialOrd for BanTarget {
+    fn partial_cmp(&self, other: &BanTarget) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BanTarget {
+    fn cmp(&self, other: &BanTarget) -> Ordering {
+        self.normal().cmp(&other.normal())
     }
 }
 
@@ -173,5 +270,41 @@ mod tests {
         let b = BanTarget::UserId("a%3Ab".into()).key("tg");
         assert_ne!(a, b);
         assert_eq!(a, "tg:{ban}:user_id:a%3Ab");
+    }
+
+    #[test]
+    fn ip_bans_cover_the_network() {
+        let ip = |s: &str| BanTarget::Ip(s.parse().unwrap());
+        let a = ip("2001:db8:1:2::1");
+        let b = ip("2001:db8:1:2:ffff:ffff:ffff:ffff");
+        let other = ip("2001:db8:1:3::1");
+        assert_eq!(a, b);
+        assert_eq!(a.key("tg"), b.key("tg"));
+        assert_eq!(a.key("tg"), "tg:{ban}:ip:2001%3Adb8%3A1%3A2%3A%3A/64");
+        assert_ne!(a, other);
+        assert_ne!(a.key("tg"), other.key("tg"));
+        assert_eq!(a.value(), "2001:db8:1:2::/64");
+        assert_eq!(a.to_string(), "ip:2001:db8:1:2::/64");
+        assert_eq!(a.network().unwrap().to_string(), "2001:db8:1:2::/64");
+        let set: std::collections::HashSet<BanTarget> = [a.clone(), b, other].into();
+        assert_eq!(set.len(), 2);
+
+        // IPv4 keeps its per-address key; a mapped address is the IPv4 address.
+        assert_eq!(ip("192.0.2.7").key("tg"), "tg:{ban}:ip:192.0.2.7");
+        assert_eq!(ip("::ffff:192.0.2.7"), ip("192.0.2.7"));
+        assert_ne!(ip("192.0.2.7"), ip("192.0.2.8"));
+
+        // What the listing shows parses back to the same ban.
+        for t in [a.clone(), ip("192.0.2.7")] {
+            assert_eq!(BanTarget::parse("ip", &t.value()), Ok(t));
+        }
+        assert_eq!(BanTarget::parse("ip", "2001:db8:1:2::9/128"), Ok(a.clone()));
+        assert_eq!(BanTarget::parse("ip", "2001:db8:1:2::/96"), Ok(a));
+        assert_eq!(BanTarget::parse("ip", "192.0.2.7/32"), Ok(ip("192.0.2.7")));
+        for wide in ["2001:db8::/48", "192.0.2.0/24", "::ffff:192.0.2.0/120"] {
+            let e = BanTarget::parse("ip", wide).unwrap_err();
+            assert!(e.contains("wider than a ban covers"), "{wide}: {e}");
+        }
+        assert!(BanTarget::parse("ip", "2001:db8::/x").is_err());
     }
 }

@@ -33,6 +33,24 @@ impl IpNet {
         })
     }
 
+    /// The network `addr/prefix` for a prefix known to fit the address family.
+    pub(crate) fn masked(addr: IpAddr, prefix: u8) -> IpNet {
+        IpNet {
+            addr: mask(addr, prefix),
+            prefix,
+        }
+    }
+
+    /// The network's first address.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The prefix length.
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
     /// Whether `ip` is in this network (an IPv4-mapped IPv6 address counts as IPv4).
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = match ip {

@@ -1,8 +1,6 @@
 //! The engine: turns a policy and an identity into keys, asks the store, and decides.
 
 use std::{
-    fmt::Write as _,
-    net::IpAddr,
     sync::{Arc, OnceLock},
     time::Duration,
 };
@@ -14,7 +12,7 @@ use crate::{
     decision::{Decision, Reason, RuleDecision},
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
-    identity::{Dimension, Identity},
+    identity::{Dimension, Identity, NetworkText},
     key::{self, KeyBuf, ban_index_key},
     memory::MemoryStore,
     policy::{Limiter, OnError, Policy},
@@ -26,9 +24,6 @@ use crate::{
 
 /// The most limiters a check holds on the stack; larger policies spill to the heap.
 const INLINE_LIMITERS: usize = 4;
-
-/// An IP address as text, on the stack (the longest IPv6 form is 45 bytes).
-type IpText = smallstr::SmallString<[u8; 48]>;
 
 /// Checks policies against a [`Store`].
 ///
@@ -337,10 +332,11 @@ impl<S: Store> Tollgate<S> {
         // store knows none can be live) nor write one.
         let with_bans =
             self.blocklist && ((consume && policy.may_ban) || self.store.bans_possible());
-        let mut ip_text = IpText::new();
+        let mut ip_text = NetworkText::new();
         let (ip_ban, user_ban) = if with_bans {
             let ip = identity.ip().map(|ip| {
-                push_ip(&mut ip_text, ip);
+                // A ban covers the client's network: its text is the target's value.
+                ip_text = BanTarget::PREFIX.network_inline(ip);
                 key::push_ban_key(&mut keys, &self.prefix, "ip", &ip_text);
                 keys.len()
             });
@@ -476,17 +472,6 @@ fn limiter_requests<'a>(
             }
         })
         .collect()
-}
-
-/// An IP as [`BanTarget::value`] writes it.
-fn push_ip(out: &mut IpText, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(v4) => key::push_ipv4(out, v4),
-        // Writing into a fixed-capacity inline string cannot fail.
-        IpAddr::V6(v6) => {
-            let _ = write!(out, "{v6}");
-        }
-    }
 }
 
 /// The largest cost `limiters` can ever admit: their smallest limit.

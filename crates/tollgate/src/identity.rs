@@ -3,14 +3,14 @@
 use std::{
     borrow::Cow,
     fmt::{self, Write as _},
-    net::IpAddr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     str::FromStr,
     sync::Arc,
 };
 
 use serde::{Deserialize, Deserializer};
 
-use crate::key;
+use crate::{bypass::IpNet, key};
 
 /// The facts about one request that [`Dimension`]s read: client IP, user id, user name,
 /// headers and named arguments.
@@ -111,6 +111,140 @@ impl Identity {
 /// A function that reads a custom dimension value from an identity.
 pub type Extractor = Arc<dyn Fn(&Identity) -> Option<String> + Send + Sync>;
 
+/// What an `ip` dimension counts by: the client's network, not its address.
+///
+/// One IPv6 subscriber holds a whole /64 (2^64 addresses), so counting IPv6 clients by address
+/// would give each new address of the same client a fresh quota. By default IPv6 addresses count
+/// by their /64 and IPv4 addresses by themselves (/32); stricter limiters group IPv6 by /56 or
+/// /48 (what one site is often given) and IPv4 by /24 (at the cost of counting the neighbours
+/// behind one NAT or in one small network together). An IPv4-mapped IPv6 address
+/// (`::ffff:192.0.2.7`) counts as the IPv4 address.
+///
+/// The network's text, as it appears in keys and the blocklist, is the address for a network of
+/// one address (`192.0.2.7`) and CIDR otherwise (`2001:db8:1:2::/64`, `192.0.2.0/24`).
+///
+/// ```
+/// use tollgate::IpPrefix;
+///
+/// let wide = IpPrefix::new(24, 48)?;
+/// assert_eq!(wide.network_text("2001:db8:1:2::7".parse()?), "2001:db8:1::/48");
+/// assert_eq!(wide.network_text("198.51.100.9".parse()?), "198.51.100.0/24");
+/// assert_eq!(IpPrefix::DEFAULT.network_text("2001:db8:1:2::7".parse()?), "2001:db8:1:2::/64");
+/// assert_eq!(IpPrefix::DEFAULT.network_text("::ffff:198.51.100.9".parse()?), "198.51.100.9");
+/// assert!(IpPrefix::new(33, 64).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpPrefix {
+    v4: u8,
+    v6: u8,
+}
+
+impl IpPrefix {
+    /// IPv4 by the address (/32), IPv6 by the /64: what [`Dimension::Ip`] counts by, and what a
+    /// ban covers.
+    pub const DEFAULT: IpPrefix = IpPrefix { v4: 32, v6: 64 };
+
+    /// Count IPv4 addresses by their `/v4` network and IPv6 addresses by their `/v6` network.
+    /// `v4` is at most 32 and `v6` at most 128.
+    pub fn new(v4: u8, v6: u8) -> Result<IpPrefix, String> {
+        if v4 > 32 {
+            return Err(format!(
+                "an IPv4 prefix is at most 32 bits, not {v4} (32 counts each address)"
+            ));
+        }
+        if v6 > 128 {
+            return Err(format!(
+                "an IPv6 prefix is at most 128 bits, not {v6} (64 is one subscriber)"
+            ));
+        }
+        Ok(IpPrefix { v4, v6 })
+    }
+
+    /// The IPv4 prefix length.
+    pub fn v4(self) -> u8 {
+        self.v4
+    }
+
+    /// The IPv6 prefix length.
+    pub fn v6(self) -> u8 {
+        self.v6
+    }
+
+    /// The network `ip` counts in.
+    pub fn network(self, ip: IpAddr) -> IpNet {
+        match canonical(ip) {
+            IpAddr::V4(v4) => IpNet::masked(IpAddr::V4(v4), self.v4),
+            IpAddr::V6(v6) => IpNet::masked(IpAddr::V6(v6), self.v6),
+        }
+    }
+
+    /// The text of the network `ip` counts in: the address for a network of one address,
+    /// CIDR otherwise.
+    pub fn network_text(self, ip: IpAddr) -> String {
+        self.network_inline(ip).to_string()
+    }
+
+    /// Appends the network's text to `out` as an escaped key part; the same as
+    /// `key::push_part(out, &self.network_text(ip))`, without allocating.
+    pub(crate) fn push_key(self, ip: IpAddr, out: &mut (impl key::KeyOut + ?Sized)) {
+        match canonical(ip) {
+            // The common case, written by hand: `core::fmt` is slow, and digits, dots and `/`
+            // need no escaping.
+            IpAddr::V4(v4) => {
+                key::push_ipv4(out, mask_v4(v4, self.v4));
+                if self.v4 < 32 {
+                    out.push('/');
+                    key::push_u8(out, self.v4);
+                }
+            }
+            ip => key::push_escaped(out, &self.network_inline(ip)),
+        }
+    }
+
+    /// The network's text in a stack buffer.
+    pub(crate) fn network_inline(self, ip: IpAddr) -> NetworkText {
+        let (addr, len, full) = match canonical(ip) {
+            IpAddr::V4(v4) => (IpAddr::V4(mask_v4(v4, self.v4)), self.v4, 32),
+            IpAddr::V6(v6) => (IpAddr::V6(mask_v6(v6, self.v6)), self.v6, 128),
+        };
+        let mut text = NetworkText::new();
+        // The longest text (`ffff:...:ffff/127`) is 44 bytes: it stays on the stack.
+        let _ = write!(text, "{addr}");
+        if len < full {
+            let _ = write!(text, "/{len}");
+        }
+        text
+    }
+}
+
+impl Default for IpPrefix {
+    fn default() -> IpPrefix {
+        IpPrefix::DEFAULT
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it carries; others unchanged.
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn mask_v4(ip: Ipv4Addr, len: u8) -> Ipv4Addr {
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    Ipv4Addr::from(u32::from(ip) & mask)
+}
+
+fn mask_v6(ip: Ipv6Addr, len: u8) -> Ipv6Addr {
+    let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+    Ipv6Addr::from(u128::from(ip) & mask)
+}
+
+/// An IP network as text, on the stack.
+pub(crate) type NetworkText = smallstr::SmallString<[u8; 64]>;
+
 /// What a limiter counts by.
 ///
 /// Text forms: `global`, `ip`, `user_id`, `user_name`, `header:<name>`, `arg:<name>`.
@@ -119,8 +253,12 @@ pub type Extractor = Arc<dyn Fn(&Identity) -> Option<String> + Send + Sync>;
 pub enum Dimension {
     /// One counter for everybody.
     Global,
-    /// Per client IP.
+    /// Per client network with the default prefixes ([`IpPrefix::DEFAULT`]): IPv4 by address,
+    /// IPv6 by /64.
     Ip,
+    /// Per client network with chosen prefixes; see [`Dimension::ip_prefix`]. Written `ip`,
+    /// like [`Dimension::Ip`].
+    IpPrefix(IpPrefix),
     /// Per authenticated user id.
     UserId,
     /// Per authenticated user name.
@@ -139,6 +277,33 @@ pub enum Dimension {
 }
 
 impl Dimension {
+    /// Per client network: IPv4 addresses by their `/v4`, IPv6 addresses by their `/v6`
+    /// ([`IpPrefix::new`] says what is valid).
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity};
+    ///
+    /// let per_site = Dimension::ip_prefix(24, 48)?;
+    /// let a = Identity::new().with_ip("2001:db8:7:1::1".parse()?);
+    /// let b = Identity::new().with_ip("2001:db8:7:ffff::2".parse()?);
+    /// assert_eq!(per_site.value(&a), per_site.value(&b));
+    /// assert_eq!(per_site.value(&a).as_deref(), Some("2001:db8:7::/48"));
+    /// assert!(Dimension::ip_prefix(24, 129).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ip_prefix(v4: u8, v6: u8) -> Result<Dimension, String> {
+        IpPrefix::new(v4, v6).map(Dimension::IpPrefix)
+    }
+
+    /// The prefixes an `ip` dimension counts by; `None` for other dimensions.
+    pub fn prefix(&self) -> Option<IpPrefix> {
+        match self {
+            Dimension::Ip => Some(IpPrefix::DEFAULT),
+            Dimension::IpPrefix(prefix) => Some(*prefix),
+            _ => None,
+        }
+    }
+
     /// A custom dimension computed by `extract`.
     pub fn custom(
         name: impl Into<String>,
@@ -154,7 +319,12 @@ impl Dimension {
     pub fn value<'a>(&self, identity: &'a Identity) -> Option<Cow<'a, str>> {
         match self {
             Dimension::Global => Some(Cow::Borrowed("")),
-            Dimension::Ip => identity.ip.map(|ip| Cow::Owned(ip.to_string())),
+            Dimension::Ip => identity
+                .ip
+                .map(|ip| Cow::Owned(IpPrefix::DEFAULT.network_text(ip))),
+            Dimension::IpPrefix(prefix) => {
+                identity.ip.map(|ip| Cow::Owned(prefix.network_text(ip)))
+            }
             Dimension::UserId => identity.user_id().map(Cow::Borrowed),
             Dimension::UserName => identity.user_name().map(Cow::Borrowed),
             Dimension::Header(name) => identity.header(name).map(Cow::Borrowed),
@@ -166,19 +336,13 @@ impl Dimension {
     /// Appends this dimension's value for `identity` to `out` as a key part (escaped, see
     /// [`key::push_part`]); false if the identity lacks it.
     pub(crate) fn push_value(&self, identity: &Identity, out: &mut impl key::KeyOut) -> bool {
-        match (self, identity.ip) {
-            (Dimension::Ip, Some(IpAddr::V4(ip))) => {
-                key::push_ipv4(out, ip);
+        match (self.prefix(), identity.ip) {
+            (Some(prefix), Some(ip)) => {
+                prefix.push_key(ip, out);
                 true
             }
-            (Dimension::Ip, Some(IpAddr::V6(ip))) => {
-                // Formatted on the stack (at most 45 bytes), then escaped like any value.
-                let mut text = smallstr::SmallString::<[u8; 48]>::new();
-                let _ = write!(text, "{ip}");
-                key::push_escaped(out, &text);
-                true
-            }
-            _ => match self.value(identity) {
+            (Some(_), None) => false,
+            (None, _) => match self.value(identity) {
                 Some(value) => {
                     key::push_escaped(out, &value);
                     true
@@ -194,7 +358,7 @@ impl fmt::Display for Dimension {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Dimension::Global => f.write_str("global"),
-            Dimension::Ip => f.write_str("ip"),
+            Dimension::Ip | Dimension::IpPrefix(_) => f.write_str("ip"),
             Dimension::UserId => f.write_str("user_id"),
             Dimension::UserName => f.write_str("user_name"),
             Dimension::Header(name) => write!(f, "header:{name}"),
@@ -206,7 +370,12 @@ impl fmt::Display for Dimension {
 
 impl fmt::Debug for Dimension {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Dimension({self})")
+        match self.prefix() {
+            Some(p) if p != IpPrefix::DEFAULT => {
+                write!(f, "Dimension(ip, IPv4 /{}, IPv6 /{})", p.v4, p.v6)
+            }
+            _ => write!(f, "Dimension({self})"),
+        }
     }
 }
 
@@ -216,7 +385,7 @@ impl PartialEq for Dimension {
             (Dimension::Custom { extract: a, .. }, Dimension::Custom { extract: b, .. }) => {
                 Arc::ptr_eq(a, b)
             }
-            _ => self.to_string() == other.to_string(),
+            _ => self.prefix() == other.prefix() && self.to_string() == other.to_string(),
         }
     }
 }
@@ -300,5 +469,73 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown dimension")
         );
+    }
+
+    #[test]
+    fn ip_dimensions_count_by_network() {
+        let value = |d: &Dimension, ip: &str| {
+            let who = Identity::new().with_ip(ip.parse().unwrap());
+            d.value(&who).unwrap().into_owned()
+        };
+        let ip = Dimension::Ip;
+        assert_eq!(value(&ip, "2001:db8:1:2:aaaa::1"), "2001:db8:1:2::/64");
+        assert_eq!(value(&ip, "2001:db8:1:2:ffff::9"), "2001:db8:1:2::/64");
+        assert_eq!(value(&ip, "2001:db8:1:3::1"), "2001:db8:1:3::/64");
+        assert_eq!(value(&ip, "203.0.113.7"), "203.0.113.7");
+        assert_eq!(value(&ip, "::ffff:203.0.113.7"), "203.0.113.7");
+        let wide = Dimension::ip_prefix(24, 48).unwrap();
+        assert_eq!(value(&wide, "2001:db8:1:2::1"), "2001:db8:1::/48");
+        assert_eq!(value(&wide, "2001:db8:1:ff00::1"), "2001:db8:1::/48");
+        assert_eq!(value(&wide, "2001:db8:2::1"), "2001:db8:2::/48");
+        assert_eq!(value(&wide, "203.0.113.7"), "203.0.113.0/24");
+        assert_eq!(value(&wide, "::ffff:203.0.113.7"), "203.0.113.0/24");
+        let exact = Dimension::ip_prefix(32, 128).unwrap();
+        assert_eq!(value(&exact, "2001:db8::1"), "2001:db8::1");
+        let all = Dimension::ip_prefix(0, 0).unwrap();
+        assert_eq!(value(&all, "198.51.100.1"), "0.0.0.0/0");
+        assert_eq!(value(&all, "2001:db8::1"), "::/0");
+
+        // Same text as before for the common IPv4 case, so existing counters carry over.
+        assert_eq!(ip, Dimension::ip_prefix(32, 64).unwrap());
+        assert_ne!(ip, wide);
+        assert_eq!(wide.to_string(), "ip");
+        assert_eq!(format!("{wide:?}"), "Dimension(ip, IPv4 /24, IPv6 /48)");
+        assert_eq!(Dimension::UserId.prefix(), None);
+
+        let e = Dimension::ip_prefix(33, 64).unwrap_err();
+        assert!(e.contains("IPv4 prefix is at most 32 bits, not 33"), "{e}");
+        let e = Dimension::ip_prefix(32, 129).unwrap_err();
+        assert!(
+            e.contains("IPv6 prefix is at most 128 bits, not 129"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ip_keys_written_fast_equal_the_escaped_value() {
+        let addrs = [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.20.3.255",
+            "::",
+            "::1",
+            "::ffff:1.2.3.4",
+            "2001:db8::1",
+            "2001:db8:1:2:3:4:5:6",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "fe80::1:2",
+        ];
+        for (v4, v6) in [(32, 64), (24, 48), (0, 0), (31, 127), (1, 128), (16, 56)] {
+            let d = Dimension::ip_prefix(v4, v6).unwrap();
+            for ip in addrs {
+                let who = Identity::new().with_ip(ip.parse().unwrap());
+                let (mut fast, mut slow) = (String::new(), String::new());
+                assert!(d.push_value(&who, &mut fast));
+                key::push_part(&mut slow, &d.value(&who).unwrap());
+                assert_eq!(fast, slow, "{ip} /{v4} /{v6}");
+                assert!(!fast.contains(':'), "{fast}");
+            }
+        }
+        assert!(!Dimension::Ip.push_value(&Identity::new(), &mut String::new()));
     }
 }

@@ -100,20 +100,26 @@ fn push_hashed(out: &mut (impl KeyOut + ?Sized), bytes: &[u8]) {
     }
 }
 
-/// Appends an IPv4 address in dotted form, without the formatting machinery.
+/// Appends an IPv4 address in dotted form, without the formatting machinery (digits and dots
+/// need no escaping).
 pub(crate) fn push_ipv4(out: &mut (impl KeyOut + ?Sized), ip: std::net::Ipv4Addr) {
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
             out.push('.');
         }
-        if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
-        }
-        out.push(char::from(b'0' + octet % 10));
+        push_u8(out, octet);
     }
+}
+
+/// Appends a byte in decimal.
+pub(crate) fn push_u8(out: &mut (impl KeyOut + ?Sized), n: u8) {
+    if n >= 100 {
+        out.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        out.push(char::from(b'0' + n / 10 % 10));
+    }
+    out.push(char::from(b'0' + n % 10));
 }
 
 /// The base key of one limiter of a policy for one dimension value:

@@ -26,7 +26,8 @@
 //! - `rule`: [`Rule`] (`limit` per `window`, its [`Algorithm`]) and the `N/DURATION` text form.
 //! - [`algorithm`]: the algorithms as pure functions, shared by the memory store and mirrored
 //!   by the Redis scripts.
-//! - `identity`: [`Identity`] (who is asking) and [`Dimension`] (what a limiter counts by).
+//! - `identity`: [`Identity`] (who is asking), [`Dimension`] (what a limiter counts by) and
+//!   [`IpPrefix`] (the network an `ip` dimension counts a client by).
 //! - `policy`: [`Limiter`] (a dimension and its rules) and [`Policy`] (the limiters of one
 //!   action), and [`OnError`].
 //! - `decision`: [`Decision`], [`Reason`], [`RuleDecision`].
@@ -66,7 +67,7 @@ pub use duplicate::{
 };
 pub use engine::Tollgate;
 pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
-pub use identity::{Dimension, Extractor, Identity};
+pub use identity::{Dimension, Extractor, Identity, IpPrefix};
 pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Limiter, OnError, Policy, PolicyBuilder};

@@ -3,7 +3,12 @@
 use std::{collections::HashSet, sync::Arc};
 
 use crate::{
-    blocklist::BanRule, bypass::Bypass, error::PolicyError, identity::Dimension, key, rule::Rule,
+    blocklist::BanRule,
+    bypass::Bypass,
+    error::PolicyError,
+    identity::{Dimension, IpPrefix},
+    key,
+    rule::Rule,
 };
 
 /// What to do when the store cannot answer.
@@ -160,6 +165,29 @@ impl Policy {
     /// The largest cost this policy can ever admit: the smallest limit of its rules.
     pub fn max_cost(&self) -> u64 {
         self.max_units
+    }
+
+    /// The same policy with every `ip` limiter counting by `prefix` (see [`IpPrefix`]);
+    /// other limiters, names and keys' layout are unchanged.
+    ///
+    /// ```
+    /// use tollgate::{Dimension, IpPrefix, Limiter, Policy};
+    ///
+    /// let login = Policy::builder("login")
+    ///     .limiter(Limiter::new(Dimension::Ip, ["5/1m".parse()?]))
+    ///     .build()?
+    ///     .with_ip_prefix(IpPrefix::new(24, 48)?);
+    /// assert_eq!(login.limiters()[0].dimension().prefix(), Some(IpPrefix::new(24, 48)?));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_ip_prefix(mut self, prefix: IpPrefix) -> Policy {
+        for limiter in &mut self.limiters {
+            if limiter.dimension.prefix().is_some() {
+                limiter.dimension = Dimension::IpPrefix(prefix);
+            }
+        }
+        self
     }
 }
 

@@ -1,5 +1,5 @@
-//! The testkit's guard scenarios (duplicate guard, blocklist, bypass) on `RedisStore`, with
-//! the scenario's manual clock, so the numbers must match the memory store's.
+//! The testkit's guard scenarios (duplicate guard, blocklist, bypass) and IP-prefix scenarios on
+//! `RedisStore`, with the scenario's manual clock, so the numbers must match the memory store's.
 
 use std::{
     sync::{
@@ -44,3 +44,4 @@ async fn redis_subject() -> Subject<RedisStore> {
 }
 
 tollgate_testkit::guard_suite!(redis_subject);
+tollgate_testkit::prefix_suite!(redis_subject);

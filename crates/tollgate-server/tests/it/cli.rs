@@ -30,7 +30,7 @@ fn check_config_prints_the_policies_of_a_valid_file() {
     assert_eq!(code, 0, "{stderr}");
     for needle in [
         "policy sms_code",
-        "limiter ip by ip: 1/1m sliding_log, 10/1h sliding_log, 60/1d sliding_log; blocklist 10m",
+        "limiter ip by ip (IPv4 /32, IPv6 /64): 1/1m sliding_log, 10/1h sliding_log, 60/1d sliding_log; blocklist 10m",
         "limiter user_id by user_id: 20/1d sliding_log",
         "bypass ip 10.0.0.0/8, user_id \"admin\"",
         "duplicate by args for 5s",

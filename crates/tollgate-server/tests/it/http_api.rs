@@ -556,3 +556,94 @@ descriptors = [{ key = "k", rules = ["10/1h"] }]
     }
     assert_eq!(admitted, 10);
 }
+
+#[tokio::test]
+async fn ip_limiters_and_bans_count_ipv6_clients_by_network() {
+    let server = Server::start(
+        r#"
+[server]
+admin_token_env = "TG_TEST_ADMIN"
+
+[policies.signup]
+limiters = [{ by = "ip", rules = ["2/1h"], ipv6_prefix = 48, ipv4_prefix = 24 }]
+
+[policies.sms]
+limiters = [{ by = "ip", rules = ["1/1h"], blocklist = "1h" }]
+"#,
+    );
+    let check = |policy: &'static str, ip: &'static str| {
+        let server = &server;
+        async move {
+            let d = server.check(policy, json!({ "ip": ip })).await;
+            d["reason"].as_str().unwrap().to_owned()
+        }
+    };
+    // Three /64s of one /48 share the configured /48's two units; so do three IPv4
+    // neighbours in one /24.
+    for (ip, reason) in [
+        ("2001:db8:1:1::1", "ok"),
+        ("2001:db8:1:2::1", "ok"),
+        ("2001:db8:1:3::1", "rate_limited"),
+        ("2001:db8:2::1", "ok"),
+        ("192.0.2.1", "ok"),
+        ("192.0.2.2", "ok"),
+        ("192.0.2.3", "rate_limited"),
+        ("192.0.3.1", "ok"),
+    ] {
+        assert_eq!(check("signup", ip).await, reason, "{ip}");
+    }
+
+    // A violation from one IPv6 address bans its /64 (by default), not the next /64.
+    assert_eq!(check("sms", "2001:db8:5:5::1").await, "ok");
+    assert_eq!(check("sms", "2001:db8:5:5::2").await, "rate_limited");
+    assert_eq!(check("sms", "2001:db8:5:5:ffff::9").await, "blocked");
+    assert_eq!(check("sms", "2001:db8:5:6::1").await, "ok");
+
+    // A manual ban of one address bans its /64; the listing shows networks.
+    let (status, body) = server
+        .post_admin(
+            "/v1/blocklist",
+            json!({ "kind": "ip", "value": "2001:db8:7::1", "duration": "5m" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(check("sms", "2001:db8:7::abcd").await, "blocked");
+    let (_, list) = server.get_admin("/v1/blocklist").await;
+    let values: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(values, ["2001:db8:5:5::/64", "2001:db8:7::/64"], "{list}");
+
+    // A ban wider than one /64 is refused, saying why.
+    let (status, body) = server
+        .post_admin(
+            "/v1/blocklist",
+            json!({ "kind": "ip", "value": "2001:db8::/48", "duration": "5m" }),
+        )
+        .await;
+    assert!(
+        error_message(status, &body, 400).contains("wider than a ban covers"),
+        "{body}"
+    );
+
+    // Any address of the network lifts its ban, and so does the network as listed.
+    for path in [
+        "/v1/blocklist/ip/2001:db8:7::ffff",
+        "/v1/blocklist/ip/2001:db8:5:5::%2F64",
+    ] {
+        let (status, body) = server
+            .send(
+                server
+                    .request(reqwest::Method::DELETE, path)
+                    .bearer_auth(crate::support::ADMIN_TOKEN),
+            )
+            .await;
+        assert_eq!((status, body), (200, json!({ "removed": true })), "{path}");
+    }
+    let (_, list) = server.get_admin("/v1/blocklist").await;
+    assert_eq!(list, json!([]));
+    assert_eq!(check("sms", "2001:db8:7::1").await, "ok");
+}

@@ -2,7 +2,7 @@ use std::{fmt, sync::Arc};
 
 use axum::response::Response;
 use http::HeaderName;
-use tollgate::{Dimension, Policy, Store, Tollgate};
+use tollgate::{Dimension, IpPrefix, Policy, Store, Tollgate};
 use tower_layer::Layer;
 
 use super::RateLimitService;
@@ -91,6 +91,31 @@ impl RateLimitLayer {
     #[must_use]
     pub fn resolver(mut self, resolver: IdentityResolver) -> RateLimitLayer {
         Arc::make_mut(&mut self.config).resolver = resolver;
+        self
+    }
+
+    /// Counts the policy's `ip` limiters by these networks (default: whatever each limiter
+    /// says, which for [`Dimension::Ip`] is IPv6 by /64 and IPv4 by address). The identity
+    /// keeps the full address: bypass networks still match it exactly.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate::{Dimension, IpPrefix, Limiter, MemoryStore, Policy, Tollgate};
+    /// use tollgate_tower::RateLimitLayer;
+    ///
+    /// let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    /// let policy = Policy::builder("signup")
+    ///     .limiter(Limiter::new(Dimension::Ip, ["3/1h".parse()?]))
+    ///     .build()?;
+    /// // One quota per IPv6 /48 (a site) and per IPv4 /24.
+    /// let layer = RateLimitLayer::new(gate, policy).ip_prefix(IpPrefix::new(24, 48)?);
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn ip_prefix(mut self, prefix: IpPrefix) -> RateLimitLayer {
+        let config = Arc::make_mut(&mut self.config);
+        config.policy = config.policy.clone().with_ip_prefix(prefix);
         self
     }
 

@@ -96,6 +96,42 @@ async fn stacked_limits_are_one_atomic_check_with_ratelimit_fields() {
     assert_eq!(anonymous.status(), 401);
 }
 
+#[rate_limit(by = "ip", rules = ["2/1m"], ipv6_prefix = 48, ipv4_prefix = 24)]
+async fn sign_up() -> Result<&'static str, Rejection> {
+    Ok("welcome")
+}
+
+#[tokio::test]
+async fn the_macro_counts_ip_by_the_prefixes_it_is_given() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/signup", post(sign_up))
+        .layer(ContextLayer::new(gate, proxied_users()));
+    let server = Server::start(app).await;
+    let mut statuses = Vec::new();
+    // Four /64s of one /48, then four addresses of one /24, then another /48.
+    for ip in [
+        "2001:db8:7:1::1",
+        "2001:db8:7:2::1",
+        "2001:db8:7:3::1",
+        "2001:db8:7:ffff::1",
+        "192.0.2.1",
+        "192.0.2.2",
+        "192.0.2.3",
+        "192.0.2.254",
+        "2001:db8:8::1",
+    ] {
+        let response = client()
+            .post(server.at("/signup"))
+            .header("x-forwarded-for", ip)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 200, 200, 429, 429, 200]);
+}
+
 #[tokio::test]
 async fn a_guarded_handler_without_a_context_layer_is_a_500_that_says_why() {
     let app = Router::new().route("/sms/code", post(send_code));

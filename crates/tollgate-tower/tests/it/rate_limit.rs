@@ -417,3 +417,70 @@ async fn a_router_wide_layer_guards_every_route_with_one_policy() {
     // The unknown route is counted too: the layer sits in front of the whole router.
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 }
+
+/// Statuses of one request from each address, through a proxy the resolver trusts.
+async fn statuses_from(server: &Server, path: &str, addrs: &[String]) -> Vec<u16> {
+    let http = client();
+    let mut out = Vec::new();
+    for addr in addrs {
+        let response = http
+            .get(server.at(path))
+            .header("x-forwarded-for", addr)
+            .send()
+            .await
+            .unwrap();
+        out.push(response.status().as_u16());
+    }
+    out
+}
+
+#[tokio::test]
+async fn ipv6_clients_count_by_their_64_and_the_layer_can_widen_it() {
+    let (gate, _) = gate();
+    let policy = || {
+        Policy::builder("signup")
+            .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m"])))
+            .build()
+            .unwrap()
+    };
+    let resolver = || IdentityResolver::new().trust_proxy("127.0.0.1/32".parse().unwrap());
+    let (default, _) = counted_at(
+        "/default",
+        RateLimitLayer::new(gate.clone(), policy()).resolver(resolver()),
+    );
+    let (wide, wide_calls) = counted_at(
+        "/wide",
+        RateLimitLayer::new(gate, policy())
+            .resolver(resolver())
+            .ip_prefix(tollgate::IpPrefix::new(24, 48).unwrap()),
+    );
+    let server = Server::start(default.merge(wide)).await;
+    let addrs = |f: &dyn Fn(u32) -> String| (1..=6).map(f).collect::<Vec<_>>();
+
+    // Six addresses of one /64 share the default limiter's two units.
+    let one_64 = addrs(&|i| format!("2001:db8:1:2::{i:x}"));
+    assert_eq!(
+        statuses_from(&server, "/default", &one_64).await,
+        [200, 200, 429, 429, 429, 429]
+    );
+    // By default every /64 is a client of its own, and IPv4 counts each address.
+    let many_64 = addrs(&|i| format!("2001:db8:1:{:x}::1", 0x100 + i));
+    assert_eq!(statuses_from(&server, "/default", &many_64).await, [200; 6]);
+    let v4 = addrs(&|i| format!("198.51.100.{i}"));
+    assert_eq!(statuses_from(&server, "/default", &v4).await, [200; 6]);
+
+    // The layer's /48 and /24 group those into one client each.
+    assert_eq!(
+        statuses_from(&server, "/wide", &many_64).await,
+        [200, 200, 429, 429, 429, 429]
+    );
+    assert_eq!(
+        statuses_from(&server, "/wide", &v4).await,
+        [200, 200, 429, 429, 429, 429]
+    );
+    assert_eq!(
+        statuses_from(&server, "/wide", &["2001:db8:2::1".to_owned()]).await,
+        [200]
+    );
+    assert_eq!(wide_calls.load(Ordering::SeqCst), 5);
+}
