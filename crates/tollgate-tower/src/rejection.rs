@@ -33,11 +33,11 @@ use crate::headers::{ceil_secs, insert_rate_limit_headers, insert_retry_after, p
 #[non_exhaustive]
 pub enum Rejection {
     /// A rule denied the request (reason `rate_limited`, or `cost_exceeds_limit`).
-    RateLimited(Decision),
+    RateLimited(Box<Decision>),
     /// The client is on the blocklist.
-    Blocked(Decision),
+    Blocked(Box<Decision>),
     /// The store failed and the policy fails closed (`on_error = deny`).
-    StoreUnavailable(Decision),
+    StoreUnavailable(Box<Decision>),
     /// The request lacks what a limiter or guard counts by (no user for `user_id`).
     MissingIdentity {
         /// The limiter or guard.
@@ -93,7 +93,11 @@ impl Rejection {
 
     /// The rejection for a decision known to deny.
     pub(crate) fn denied(decision: Decision) -> Rejection {
-        match decision.reason() {
+        // Boxed: a decision holds its rules inline, and handlers carry this error in every
+        // `Result` they return.
+        let reason = decision.reason();
+        let decision = Box::new(decision);
+        match reason {
             Reason::Blocked => Rejection::Blocked(decision),
             Reason::StoreUnavailable => Rejection::StoreUnavailable(decision),
             _ => Rejection::RateLimited(decision),

@@ -1,6 +1,8 @@
 //! What the rate-limit layer allocates per request, beyond what axum and http allocate for the
 //! same route without it: counted by `allocation-counter`'s global allocator, per thread.
 
+#![allow(clippy::unwrap_used)]
+
 use std::{net::SocketAddr, sync::Arc};
 
 use axum::{Router, body::Body, extract::ConnectInfo, routing::get};

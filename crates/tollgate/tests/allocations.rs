@@ -1,6 +1,8 @@
 //! A check on the memory store allocates nothing once its keys exist: counted by
 //! `allocation-counter`'s global allocator, per thread.
 
+#![allow(clippy::unwrap_used)]
+
 use std::{
     future::Future,
     pin::pin,
