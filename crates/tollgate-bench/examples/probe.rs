@@ -8,6 +8,9 @@
 //! The difference between the totals of 25,000 and 5,000 checks, divided by 20,000, is the
 //! cost of one check without the set-up. Cases: `gcra_admit`, `gcra_deny`, `log_admit`,
 //! `log_deny`, `two_by_three_admit`, `governor_admit`, `governor_deny`.
+//!
+//! `probe rss 1000000` instead fills a memory store with that many one-rule (GCRA) keys of
+//! distinct IPv4 clients and prints the resident memory per key.
 
 use std::{
     future::Future,
@@ -41,6 +44,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let case = args.next().unwrap_or_else(|| "gcra_admit".into());
     let n: u32 = args.next().and_then(|n| n.parse().ok()).unwrap_or(25_000);
+    if case == "rss" {
+        return rss(n);
+    }
     let ips: Vec<IpAddr> = (0..KEYS).map(client_ip).collect();
     let who: Vec<Identity> = ips
         .iter()
@@ -107,4 +113,40 @@ fn main() {
         wrong += u32::from(black_box(decision).allowed() != admit);
     }
     assert_eq!(wrong, 0, "checks went the wrong way");
+}
+
+/// Resident memory of this process in bytes.
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("a VmRSS line");
+    kib * 1024
+}
+
+fn rss(keys: u32) {
+    let policy = Policy::builder("probe")
+        .limiter(Limiter::new(
+            Dimension::Ip,
+            [rule("10/1m", Algorithm::Gcra)],
+        ))
+        .build()
+        .expect("a valid policy");
+    // Room to spare: shards fill unevenly, and this measures keys, not eviction.
+    let gate = Tollgate::new(MemoryStore::builder().max_keys(2 * keys as usize).build());
+    let before = resident();
+    for i in 0..keys {
+        let ip = IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        let who = Identity::new().with_ip(ip);
+        assert!(ready(gate.check(&policy, &who, 1)).expect("a check").allowed());
+    }
+    let after = resident();
+    assert_eq!(gate.store().len(), keys as usize);
+    println!(
+        "{keys} keys: {} MiB resident, {} bytes per key",
+        (after - before) >> 20,
+        (after - before) / u64::from(keys)
+    );
 }

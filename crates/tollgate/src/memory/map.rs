@@ -24,8 +24,8 @@ pub(super) struct Entry {
     pub(super) state: State,
     /// The instant (µs) after which the entry holds nothing that counts.
     pub(super) expires_at: u64,
-    /// When a check last touched it, in its shard's ticks: what eviction goes by.
-    used: u64,
+    /// When a check last touched it, in its shard's ticks (wrapping): what eviction goes by.
+    used: u32,
     /// The last check of this limiter key was denied or used up a rule: it is evicted last.
     pub(super) limited: bool,
 }
@@ -69,7 +69,7 @@ pub(super) struct Shard {
     /// State of the sampling generator (xorshift).
     sample: u64,
     /// Counts touches: the recency of entries.
-    tick: u64,
+    tick: u32,
 }
 
 /// Where an entry lives in its shard; valid while the shard stays locked and the entry is not
@@ -94,7 +94,7 @@ impl Shard {
 
     /// Marks the entry in `id` as used now.
     pub(super) fn touch(&mut self, id: SlotId) {
-        self.tick += 1;
+        self.tick = self.tick.wrapping_add(1);
         let tick = self.tick;
         self.entry(id).used = tick;
     }
@@ -119,7 +119,7 @@ impl Shard {
 
     /// Puts `entry` under `key`, replacing what was there.
     pub(super) fn insert(&mut self, hash: u64, key: &str, mut entry: Entry) -> SlotId {
-        self.tick += 1;
+        self.tick = self.tick.wrapping_add(1);
         entry.used = self.tick;
         if let Some(id) = self.find(hash, key) {
             *self.entry(id) = entry;
@@ -197,7 +197,7 @@ impl Shard {
         if self.slots.is_empty() {
             return false;
         }
-        let mut best: Option<(u8, u64, SlotId)> = None;
+        let mut best: Option<(u8, u32, SlotId)> = None;
         for _ in 0..SAMPLES * 2 {
             let id = (self.next_random() % self.slots.len() as u64) as SlotId;
             let slot = &self.slots[id as usize];
@@ -208,8 +208,10 @@ impl Shard {
             let Some(rank) = entry.keep_rank(now) else {
                 continue;
             };
-            if best.is_none_or(|(r, used, _)| (rank, entry.used) < (r, used)) {
-                best = Some((rank, entry.used, id));
+            // Ages, not ticks, so that wrapping counts right.
+            let age = self.tick.wrapping_sub(entry.used);
+            if best.is_none_or(|(r, oldest, _)| (rank, u32::MAX - age) < (r, u32::MAX - oldest)) {
+                best = Some((rank, age, id));
             }
             if rank == 0 {
                 break;

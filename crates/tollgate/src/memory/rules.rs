@@ -11,47 +11,51 @@ use crate::{
 };
 
 /// Every rule state under one limiter key: one entry, one look-up, whatever the rules.
+///
+/// Kept small, since a store holds up to a million of them: the log is allocated only for a
+/// limiter with sliding-log rules, and one counter lives inline.
 #[derive(Default)]
 pub(super) struct RuleStates {
     /// The instants of admitted units, oldest first, shared by the sliding-log rules.
-    log: VecDeque<u64>,
+    log: Option<Box<VecDeque<u64>>>,
     /// One per fixed-window or GCRA rule; inline for a limiter with one such rule.
     counters: SmallVec<[Counter; 1]>,
 }
 
-/// The state of one fixed-window or GCRA rule.
+/// The state of one fixed-window or GCRA rule, which its rule's algorithm reads: the window's
+/// start and count, or the theoretical arrival time (and 0).
 struct Counter {
     rule: Rule,
-    state: CounterState,
+    a: u64,
+    b: u64,
+}
+
+impl Counter {
     /// The instant (µs) after which the counter holds nothing that counts.
-    expires_at: u64,
+    fn expires_at(&self) -> u64 {
+        match self.rule.algorithm() {
+            Algorithm::FixedWindow => self.a + self.rule.window_us(),
+            _ => self.a,
+        }
+    }
 }
 
-#[derive(Clone, Copy)]
-enum CounterState {
-    Window(FixedWindowState),
-    Tat(u64),
-}
-
-/// The state of `rule` among a limiter's counters.
-fn counter(counters: &[Counter], rule: &Rule) -> Option<CounterState> {
-    counters.iter().find(|c| c.rule == *rule).map(|c| c.state)
+/// The counter of `rule` among a limiter's counters.
+fn counter<'a>(counters: &'a [Counter], rule: &Rule) -> Option<&'a Counter> {
+    counters.iter().find(|c| c.rule == *rule)
 }
 
 /// The fixed window of `rule` among a limiter's counters.
 fn window(counters: &[Counter], rule: &Rule) -> Option<FixedWindowState> {
-    match counter(counters, rule) {
-        Some(CounterState::Window(w)) => Some(w),
-        _ => None,
-    }
+    counter(counters, rule).map(|c| FixedWindowState {
+        start: c.a,
+        count: c.b,
+    })
 }
 
 /// The theoretical arrival time of GCRA `rule` among a limiter's counters.
 fn tat(counters: &[Counter], rule: &Rule) -> Option<u64> {
-    match counter(counters, rule) {
-        Some(CounterState::Tat(t)) => Some(t),
-        _ => None,
-    }
+    counter(counters, rule).map(|c| c.a)
 }
 
 /// What `rule` says about `cost` more units at `now`, over a limiter's log and counters.
@@ -68,16 +72,17 @@ fn outcome(log: &[u64], counters: &[Counter], rule: &Rule, now: u64, cost: u64) 
 impl RuleStates {
     /// Forgets everything, keeping the allocations (an expired entry being reused).
     pub(super) fn clear(&mut self) {
-        self.log.clear();
+        if let Some(log) = &mut self.log {
+            log.clear();
+        }
         self.counters.clear();
     }
 
     /// The log as one slice (sorted, oldest first), and the counters.
     fn view(&mut self) -> (&[u64], &[Counter]) {
-        let log = if self.log.is_empty() {
-            &[]
-        } else {
-            &*self.log.make_contiguous()
+        let log = match &mut self.log {
+            Some(log) if !log.is_empty() => &*log.make_contiguous(),
+            _ => &[],
         };
         (log, &self.counters)
     }
@@ -113,7 +118,7 @@ impl RuleStates {
     /// Records `cost` units that every rule admitted at `now`; returns until when the states
     /// count.
     pub(super) fn record(&mut self, rules: &[Rule], now: u64, cost: u64) -> u64 {
-        self.counters.retain(|c| c.expires_at > now);
+        self.counters.retain(|c| c.expires_at() > now);
         let mut expires_at = now;
         let log_window = rules
             .iter()
@@ -121,51 +126,50 @@ impl RuleStates {
             .map(Rule::window_us)
             .max();
         if let Some(window) = log_window {
+            let log = self.log.get_or_insert_default();
             if let Some(edge) = now.checked_sub(window) {
-                while self.log.front().is_some_and(|&t| t <= edge) {
-                    self.log.pop_front();
+                while log.front().is_some_and(|&t| t <= edge) {
+                    log.pop_front();
                 }
             }
-            if self.log.back().is_none_or(|&t| t <= now) {
+            if log.back().is_none_or(|&t| t <= now) {
                 for _ in 0..cost {
-                    self.log.push_back(now);
+                    log.push_back(now);
                 }
             } else {
                 // Keep the log sorted even if the clock stepped back.
-                let at = self.log.partition_point(|&t| t <= now);
+                let at = log.partition_point(|&t| t <= now);
                 for _ in 0..cost {
-                    self.log.insert(at, now);
+                    log.insert(at, now);
                 }
             }
             expires_at = now + window;
         }
         for rule in rules {
-            let (state, until) = match rule.algorithm() {
+            let (a, b) = match rule.algorithm() {
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
                     let state = window(&self.counters, rule);
                     let (_, next) = algorithm::fixed_window(state, now, rule, cost);
                     let Some(next) = next else { continue };
-                    (CounterState::Window(next), next.start + rule.window_us())
+                    (next.start, next.count)
                 }
                 Algorithm::Gcra => {
                     let (_, next) = algorithm::gcra(tat(&self.counters, rule), now, rule, cost);
                     let Some(next) = next else { continue };
-                    (CounterState::Tat(next), next)
+                    (next, 0)
                 }
             };
-            match self.counters.iter_mut().find(|c| c.rule == *rule) {
-                Some(c) => {
-                    c.state = state;
-                    c.expires_at = until;
+            let c = match self.counters.iter_mut().position(|c| c.rule == *rule) {
+                Some(i) => &mut self.counters[i],
+                None => {
+                    self.counters.push(Counter { rule: *rule, a, b });
+                    let last = self.counters.len() - 1;
+                    &mut self.counters[last]
                 }
-                None => self.counters.push(Counter {
-                    rule: *rule,
-                    state,
-                    expires_at: until,
-                }),
-            }
-            expires_at = expires_at.max(until);
+            };
+            (c.a, c.b) = (a, b);
+            expires_at = expires_at.max(c.expires_at());
         }
         expires_at
     }
