@@ -30,16 +30,20 @@
 //! - `envoy`: descriptor matching and the `ShouldRateLimit` gRPC service (tonic).
 //! - `metrics`: Prometheus metrics.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
+//! - `in_process`: the router and the Envoy service without listeners, for tests.
 
 mod app;
 mod cli;
 mod config;
 mod envoy;
 mod http;
+mod in_process;
 mod metrics;
 mod server;
 mod store;
 
 pub use cli::{CheckConfigArgs, Cli, Command, LogFormat, ServeArgs};
 pub use config::{Config, ConfigError};
+#[doc(hidden)]
+pub use in_process::InProcess;
 pub use server::{check_config, serve};

@@ -39,13 +39,13 @@ fn number_text() -> impl Strategy<Value = String> {
         Just("1e3".to_owned()),
         Just("1.5".to_owned()),
         Just("0x10".to_owned()),
-        Just("１０".to_owned()),        // fullwidth digits
-        Just("١٢".to_owned()),          // Arabic-Indic digits
-        Just("५".to_owned()),           // Devanagari digit
-        Just("𝟗".to_owned()),           // mathematical digit
+        Just("１０".to_owned()), // fullwidth digits
+        Just("١٢".to_owned()),   // Arabic-Indic digits
+        Just("५".to_owned()),    // Devanagari digit
+        Just("𝟗".to_owned()),    // mathematical digit
         Just("\u{0}".to_owned()),
         Just(" 7 ".to_owned()),
-        Just("7\u{200b}".to_owned()),   // zero-width space
+        Just("7\u{200b}".to_owned()), // zero-width space
         "[0-9]{1,30}",
     ]
 }
@@ -249,7 +249,10 @@ fn part() -> impl Strategy<Value = String> {
 /// where they are most likely.
 fn edit(a: String, how: u8, at: usize, text: String) -> String {
     let cut = if a.is_empty() { 0 } else { at % (a.len() + 1) };
-    let cut = (0..=cut).rev().find(|&i| a.is_char_boundary(i)).unwrap_or(0);
+    let cut = (0..=cut)
+        .rev()
+        .find(|&i| a.is_char_boundary(i))
+        .unwrap_or(0);
     match how % 6 {
         0 => a,
         1 => format!("{}{text}{}", &a[..cut], &a[cut..]),
@@ -271,8 +274,14 @@ fn triple() -> impl Strategy<Value = (String, String, String)> {
 /// Two triples, the second usually derived from the first by moving text across a part
 /// boundary or editing one part.
 fn triple_pair() -> impl Strategy<Value = ((String, String, String), (String, String, String))> {
-    (triple(), any::<u8>(), any::<u8>(), any::<usize>(), "[a:%#|{}]{0,3}").prop_map(
-        |((s, l, v), which, how, at, text)| {
+    (
+        triple(),
+        any::<u8>(),
+        any::<u8>(),
+        any::<usize>(),
+        "[a:%#|{}]{0,3}",
+    )
+        .prop_map(|((s, l, v), which, how, at, text)| {
             let a = (s.clone(), l.clone(), v.clone());
             let b = match which % 5 {
                 0 => (edit(s, how, at, text), l, v),
@@ -282,19 +291,32 @@ fn triple_pair() -> impl Strategy<Value = ((String, String, String), (String, St
                 3 => {
                     let joined = format!("{s}:{l}");
                     let cut = at % (joined.len() + 1);
-                    let cut = (0..=cut).rev().find(|&i| joined.is_char_boundary(i)).unwrap_or(0);
-                    (joined[..cut].to_owned(), joined[cut..].trim_start_matches(':').to_owned(), v)
+                    let cut = (0..=cut)
+                        .rev()
+                        .find(|&i| joined.is_char_boundary(i))
+                        .unwrap_or(0);
+                    (
+                        joined[..cut].to_owned(),
+                        joined[cut..].trim_start_matches(':').to_owned(),
+                        v,
+                    )
                 }
                 _ => {
                     let joined = format!("{l}:{v}");
                     let cut = at % (joined.len() + 1);
-                    let cut = (0..=cut).rev().find(|&i| joined.is_char_boundary(i)).unwrap_or(0);
-                    (s, joined[..cut].to_owned(), joined[cut..].trim_start_matches(':').to_owned())
+                    let cut = (0..=cut)
+                        .rev()
+                        .find(|&i| joined.is_char_boundary(i))
+                        .unwrap_or(0);
+                    (
+                        s,
+                        joined[..cut].to_owned(),
+                        joined[cut..].trim_start_matches(':').to_owned(),
+                    )
                 }
             };
             (a, b)
-        },
-    )
+        })
 }
 
 fn escaped(part: &str) -> String {
@@ -307,8 +329,11 @@ fn ban_target() -> impl Strategy<Value = BanTarget> {
     prop_oneof![
         any::<[u8; 4]>().prop_map(|b| BanTarget::Ip(IpAddr::from(b))),
         any::<[u8; 16]>().prop_map(|b| BanTarget::Ip(IpAddr::from(b))),
-        any::<[u8; 4]>().prop_map(|b| BanTarget::Ip(IpAddr::V6(std::net::Ipv4Addr::from(b).to_ipv6_mapped()))),
-        part().prop_filter("user ids are not empty", |s| !s.is_empty()).prop_map(BanTarget::UserId),
+        any::<[u8; 4]>()
+            .prop_map(|b| BanTarget::Ip(IpAddr::V6(std::net::Ipv4Addr::from(b).to_ipv6_mapped()))),
+        part()
+            .prop_filter("user ids are not empty", |s| !s.is_empty())
+            .prop_map(BanTarget::UserId),
         // User ids that look like addresses, or like escaped text.
         any::<[u8; 4]>().prop_map(|b| BanTarget::UserId(IpAddr::from(b).to_string())),
         Just(BanTarget::UserId("%3A".into())),

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod cli;
+mod fuzz;
 mod grpc;
 mod http_api;
 mod redis;
