@@ -7,7 +7,8 @@ use std::{collections::HashSet, net::IpAddr, time::Duration};
 
 use proptest::prelude::*;
 use tollgate::{
-    BanTarget, DurationError, Fingerprint, MAX_WINDOW, Rule, RuleErrorKind, format_duration,
+    Algorithm, BanTarget, DurationError, Fingerprint, MAX_WINDOW, Rule, RuleErrorKind, algorithm,
+    format_duration,
     key::{MAX_PART, limiter_key, push_part},
     parse_duration,
 };
@@ -447,4 +448,98 @@ fn hashed_and_literal_parts_never_meet() {
     for p in [long.as_str(), hashed.as_str(), "#", "%23"] {
         assert!(seen.insert(escaped(p)), "{p:?}");
     }
+}
+
+/// A rule from arbitrary parts, leaning to the edges: limits near u64::MAX, windows of 1 ms.
+fn any_rule() -> impl Strategy<Value = Rule> {
+    (
+        prop_oneof![
+            1u64..10,
+            Just(u64::MAX),
+            (u64::MAX - 10)..=u64::MAX,
+            any::<u64>().prop_map(|n| n.max(1))
+        ],
+        prop_oneof![Just(1u64), 1u64..=MAX_WINDOW.as_millis() as u64],
+        prop::sample::select(vec![
+            Algorithm::SlidingLog,
+            Algorithm::FixedWindow,
+            Algorithm::Gcra,
+        ]),
+    )
+        .prop_map(|(limit, ms, algorithm)| {
+            Rule::new(limit, Duration::from_millis(ms))
+                .expect("valid by construction")
+                .with_algorithm(algorithm)
+        })
+}
+
+fn any_cost() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        0u64..4,
+        Just(u64::MAX),
+        (u64::MAX - 4)..=u64::MAX,
+        any::<u64>()
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The algorithms take any rule, cost and state without overflowing, and never admit past
+    /// the limit.
+    #[test]
+    fn algorithms_never_overflow_and_never_admit_past_the_limit(
+        rule in any_rule(),
+        cost in any_cost(),
+        // 2100-01-01 plus up to a year, in µs.
+        now in 4_102_444_800_000_000u64..4_134_000_000_000_000,
+        log_len in 0usize..4,
+        count in any_cost(),
+        tat_ahead in prop::option::of(any_cost()),
+    ) {
+        let window = rule.window_us();
+        let limit = rule.limit();
+        let log: Vec<u64> = (0..log_len as u64).map(|i| now - window.min(now) / 2 + i).collect();
+        let o = algorithm::sliding_log(&log, now, &rule, cost);
+        if o.allowed {
+            prop_assert!(u128::from(log_len as u64) + u128::from(cost) <= u128::from(limit));
+        }
+        let start = now - now % window;
+        let state = algorithm::FixedWindowState { start, count: count.min(limit) };
+        let (o, next) = algorithm::fixed_window(Some(state), now, &rule, cost);
+        prop_assert_eq!(o.allowed, next.is_some());
+        if let Some(next) = next {
+            prop_assert!(next.count <= limit);
+            prop_assert_eq!(u128::from(next.count), u128::from(state.count) + u128::from(cost));
+        }
+        let tat = tat_ahead.map(|ahead| now.saturating_add(ahead.min(window)));
+        let (o, next) = algorithm::gcra(tat, now, &rule, cost);
+        prop_assert_eq!(o.allowed, next.is_some());
+        if o.allowed {
+            let interval = algorithm::gcra_interval(&rule);
+            prop_assert!(u128::from(interval) * u128::from(cost) <= u128::from(interval) * u128::from(limit));
+        }
+    }
+}
+
+#[test]
+fn a_cost_past_what_u64_adds_up_to_is_denied_not_a_panic() {
+    let now = 4_102_444_800_000_000;
+    let huge = |a: Algorithm| {
+        Rule::new(u64::MAX, Duration::from_secs(60))
+            .unwrap()
+            .with_algorithm(a)
+    };
+    let o = algorithm::sliding_log(&[now - 1], now, &huge(Algorithm::SlidingLog), u64::MAX);
+    assert!(!o.allowed);
+    let state = algorithm::FixedWindowState {
+        start: now - now % 60_000_000,
+        count: 1,
+    };
+    let (o, next) =
+        algorithm::fixed_window(Some(state), now, &huge(Algorithm::FixedWindow), u64::MAX);
+    assert!(!o.allowed && next.is_none());
+    let (o, _) = algorithm::gcra(Some(now + 1), now, &huge(Algorithm::Gcra), u64::MAX);
+    assert!(!o.allowed);
+    assert!(o.retry_after_us.is_some());
 }
