@@ -72,5 +72,6 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
     if text.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    tollgate::parse_duration(text).map_err(|e| e.to_string())
+    // Bounded: a timer past the clock's range would panic when it is armed.
+    crate::config::bounded_duration(text)
 }

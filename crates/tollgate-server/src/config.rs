@@ -307,16 +307,30 @@ fn field_path(path: &serde_path_to_error::Path) -> String {
     out
 }
 
-/// A duration in the configuration's text form (`50ms`, `10m`).
+/// The longest duration the configuration and the API accept (bans, TTLs, timeouts, kept
+/// responses): ten years. Far beyond any sensible ban, and far from overflowing the stores'
+/// clocks (microseconds since the epoch in a u64).
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3650 * 86_400);
+
+/// Parses a duration no longer than [`MAX_DURATION`]; the error quotes the text.
+pub(crate) fn bounded_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text) {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        Ok(_) => Err(format!("{text:?}: a duration is at most 3650d")),
+        Err(e) => Err(format!("{text:?}: {e}")),
+    }
+}
+
+/// A duration in the configuration's text form (`50ms`, `10m`), at most [`MAX_DURATION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DurationText(Duration);
 
 impl<'de> Deserialize<'de> for DurationText {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        parse_duration(&text)
+        bounded_duration(&text)
             .map(DurationText)
-            .map_err(|e| de::Error::custom(format!("{text:?}: {e}")))
+            .map_err(de::Error::custom)
     }
 }
 
@@ -465,7 +479,7 @@ impl<'de> Deserialize<'de> for RawBlocklist {
             }
 
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawBlocklist, E> {
-                let d = parse_duration(v).map_err(|e| E::custom(format!("{v:?}: {e}")))?;
+                let d = bounded_duration(v).map_err(E::custom)?;
                 ban_rule(d, None, None).map_err(E::custom)
             }
 
@@ -491,7 +505,10 @@ fn ban_rule(
         (None, None) => Ok(RawBlocklist(rule)),
         (Some(0), _) => Err("escalate must be at least 1".into()),
         (Some(factor), max) => {
-            let cap = max.unwrap_or(ban.saturating_mul(factor.saturating_pow(4)));
+            let cap = max.unwrap_or(
+                ban.saturating_mul(factor.saturating_pow(4))
+                    .min(MAX_DURATION),
+            );
             if cap < ban {
                 return Err("max must be at least the ban".into());
             }

@@ -244,7 +244,12 @@ impl DomainsBuilder {
 
 /// The gRPC service over the running server's configuration.
 pub(crate) fn service(app: Arc<App>) -> RateLimitServiceServer<RateLimiter> {
-    RateLimitServiceServer::new(RateLimiter { app })
+    RateLimitServiceServer::new(limiter(app))
+}
+
+/// The service's implementation, without the gRPC transport.
+pub(crate) fn limiter(app: Arc<App>) -> RateLimiter {
+    RateLimiter { app }
 }
 
 /// Implements `ShouldRateLimit`.

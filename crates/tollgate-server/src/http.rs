@@ -20,10 +20,15 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
 use tollgate::{
     Acquire, BanTarget, CheckError, Decision, DuplicateState, Fingerprint, Identity, Lease, Reason,
-    StoreError, parse_duration,
+    StoreError,
 };
 
-use crate::{admin::Refusal, app::App, config::PolicyEntry, listen::BodyTimedOut};
+use crate::{
+    admin::Refusal,
+    app::App,
+    config::{PolicyEntry, bounded_duration},
+    listen::BodyTimedOut,
+};
 
 /// The API's routes over `app`.
 pub(crate) fn router(app: Arc<App>) -> Router {
@@ -504,13 +509,15 @@ async fn complete(
         .parse()
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}")))?;
     let keep_for = match &req.keep_for {
-        Some(text) => parse_duration(text)
+        Some(text) => bounded_duration(text)
             .ok()
             .filter(|d| !d.is_zero())
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::BAD_REQUEST,
-                    format!("keep_for {text:?}: expected e.g. \"1m\" (units ms, s, m, h, d)"),
+                    format!(
+                        "keep_for {text:?}: expected e.g. \"1m\" (units ms, s, m, h, d; at most 3650d)"
+                    ),
                 )
             })?,
         None => Duration::from_secs(60),
@@ -591,14 +598,14 @@ async fn ban(
 ) -> Result<Json<Value>, ApiError> {
     let target = BanTarget::parse(&req.kind, &req.value)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
-    let duration = parse_duration(&req.duration)
+    let duration = bounded_duration(&req.duration)
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "duration {:?}: expected e.g. \"10m\" (units ms, s, m, h, d)",
+                    "duration {:?}: expected e.g. \"10m\" (units ms, s, m, h, d; at most 3650d)",
                     req.duration
                 ),
             )

@@ -34,6 +34,7 @@
 //! - `envoy`: descriptor matching and the `ShouldRateLimit` gRPC service (tonic).
 //! - `metrics`: Prometheus metrics.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
+//! - `in_process`: the router and the Envoy service without listeners, for tests.
 
 mod admin;
 mod app;
@@ -41,6 +42,7 @@ mod cli;
 mod config;
 mod envoy;
 mod http;
+mod in_process;
 mod listen;
 mod metrics;
 mod server;
@@ -48,4 +50,6 @@ mod store;
 
 pub use cli::{CheckConfigArgs, Cli, Command, LogFormat, ServeArgs};
 pub use config::{Config, ConfigError};
+#[doc(hidden)]
+pub use in_process::InProcess;
 pub use server::{check_config, serve};

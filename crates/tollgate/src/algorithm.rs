@@ -31,7 +31,8 @@ pub fn sliding_log(log: &[u64], now: u64, rule: &Rule, cost: u64) -> RuleOutcome
     let live = &log[first..];
     let count = live.len() as u64;
     let newest = live.last().map(|&t| t + window - now);
-    if count + cost <= limit {
+    // `count + cost` may pass u64::MAX when the limit is near it: such a request does not fit.
+    if count.checked_add(cost).is_some_and(|total| total <= limit) {
         let reset_after_us = if cost > 0 {
             window
         } else {
@@ -45,8 +46,11 @@ pub fn sliding_log(log: &[u64], now: u64, rule: &Rule, cost: u64) -> RuleOutcome
         };
     }
     // The request fits once the `count + cost - limit` oldest live entries have left.
-    let must_leave = (count + cost - limit) as usize;
-    let retry_after_us = live.get(must_leave - 1).map(|&t| t + window - now);
+    let must_leave = u128::from(count) + u128::from(cost) - u128::from(limit);
+    let retry_after_us = usize::try_from(must_leave - 1)
+        .ok()
+        .and_then(|i| live.get(i))
+        .map(|&t| t + window - now);
     RuleOutcome {
         allowed: false,
         remaining: limit.saturating_sub(count),
@@ -102,18 +106,19 @@ pub fn fixed_window(
         _ => 0,
     };
     let reset_after_us = start + window - now;
-    if count + cost <= limit {
+    // `count + cost` may pass u64::MAX when the limit is near it: such a request does not fit.
+    if let Some(total) = count.checked_add(cost).filter(|&total| total <= limit) {
         let outcome = RuleOutcome {
             allowed: true,
-            remaining: limit - count - cost,
-            reset_after_us: if count + cost == 0 { 0 } else { reset_after_us },
+            remaining: limit - total,
+            reset_after_us: if total == 0 { 0 } else { reset_after_us },
             retry_after_us: None,
         };
         (
             outcome,
             Some(FixedWindowState {
                 start,
-                count: count + cost,
+                count: total,
             }),
         )
     } else {
@@ -138,23 +143,30 @@ pub fn gcra(tat: Option<u64>, now: u64, rule: &Rule, cost: u64) -> (RuleOutcome,
     let interval = gcra_interval(rule);
     let capacity = interval * rule.limit();
     let tat = tat.unwrap_or(now).max(now);
-    let new_tat = tat + interval * cost;
-    if new_tat - now <= capacity {
-        let outcome = RuleOutcome {
-            allowed: true,
-            remaining: (capacity - (new_tat - now)) / interval,
-            reset_after_us: new_tat - now,
-            retry_after_us: None,
-        };
-        (outcome, Some(new_tat))
-    } else {
-        let outcome = RuleOutcome {
-            allowed: false,
-            remaining: capacity.saturating_sub(tat - now) / interval,
-            reset_after_us: tat - now,
-            retry_after_us: Some(new_tat - capacity - now),
-        };
-        (outcome, None)
+    // The wait after this request, in u128: `interval * cost` passes u64::MAX for a large
+    // enough cost.
+    let wait = u128::from(tat - now) + u128::from(interval) * u128::from(cost);
+    match u64::try_from(wait).ok().filter(|&wait| wait <= capacity) {
+        Some(wait) => {
+            let outcome = RuleOutcome {
+                allowed: true,
+                remaining: (capacity - wait) / interval,
+                reset_after_us: wait,
+                retry_after_us: None,
+            };
+            (outcome, Some(now.saturating_add(wait)))
+        }
+        None => {
+            let outcome = RuleOutcome {
+                allowed: false,
+                remaining: capacity.saturating_sub(tat - now) / interval,
+                reset_after_us: tat - now,
+                retry_after_us: Some(
+                    u64::try_from(wait - u128::from(capacity)).unwrap_or(u64::MAX),
+                ),
+            };
+            (outcome, None)
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod admin_auth;
 mod cli;
+mod fuzz;
 mod grpc;
 mod http_api;
 mod redis;

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod duplicate;
+mod fuzz;
 mod identity;
 mod macros;
 mod rate_limit;

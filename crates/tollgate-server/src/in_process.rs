@@ -1,0 +1,53 @@
+//! The server's HTTP router and Envoy service without listeners, for tests that drive them in
+//! process: `tower::ServiceExt::oneshot` on the router, `ShouldRateLimit` called directly.
+
+use std::{path::PathBuf, sync::Arc};
+
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService as _,
+};
+use tollgate::Tollgate;
+
+use crate::{app::App, config::Config, envoy, http, metrics::Metrics, store};
+
+/// A server's handlers over one store and configuration, as `serve` builds them.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let config = tollgate_server::Config::parse("t.toml", "")?;
+/// let server = tollgate_server::InProcess::new(config, None).await?;
+/// let _router: axum::Router = server.router();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct InProcess {
+    app: Arc<App>,
+}
+
+impl InProcess {
+    /// Opens the store of `config`; admin endpoints accept `admin_token` (none: they answer 401).
+    pub async fn new(config: Config, admin_token: Option<String>) -> Result<InProcess, String> {
+        let store = store::open(&config.store).await?;
+        let gate = Tollgate::new(store)
+            .with_prefix(&config.store.prefix)
+            .with_on_error(config.store.on_error);
+        let app = App::new(gate, config, Metrics::new(), admin_token, PathBuf::new());
+        Ok(InProcess { app: Arc::new(app) })
+    }
+
+    /// The HTTP/JSON API's router.
+    pub fn router(&self) -> axum::Router {
+        http::router(self.app.clone())
+    }
+
+    /// Envoy's `ShouldRateLimit`, through the gRPC service's implementation.
+    pub async fn should_rate_limit(
+        &self,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
+        envoy::limiter(self.app.clone())
+            .should_rate_limit(tonic::Request::new(request))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
