@@ -144,4 +144,17 @@ pub enum PolicyError {
         /// The repeated rule.
         rule: String,
     },
+    /// A sliding-log rule whose log could outgrow any store.
+    #[error(
+        "limiter {limiter:?}: rule {rule} keeps one log entry per admitted unit, and more than \
+         {max} is too many to hold per client; use fixed_window or gcra for a limit this large"
+    )]
+    LogTooLarge {
+        /// The limiter's name.
+        limiter: String,
+        /// The rule.
+        rule: String,
+        /// The largest sliding-log limit.
+        max: u64,
+    },
 }

@@ -70,7 +70,7 @@ pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity, IpPrefix};
 pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use policy::{Limiter, OnError, Policy, PolicyBuilder};
+pub use policy::{Limiter, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder};
 pub use rule::{
     Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,
     parse_duration,

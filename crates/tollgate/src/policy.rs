@@ -8,8 +8,13 @@ use crate::{
     error::PolicyError,
     identity::{Dimension, IpPrefix},
     key,
-    rule::Rule,
+    rule::{Algorithm, Rule},
 };
+
+/// The largest limit of a sliding-log rule: its log holds one entry per admitted unit, per
+/// client (8 bytes each in memory, a sorted-set member in Redis). Larger limits take
+/// `fixed_window` or `gcra`, whose state is one or two numbers.
+pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 
 /// What to do when the store cannot answer.
 #[derive(
@@ -238,6 +243,13 @@ impl PolicyBuilder {
             }
             let mut rules = HashSet::new();
             for rule in limiter.rules.iter() {
+                if rule.algorithm() == Algorithm::SlidingLog && rule.limit() > MAX_LOG_LIMIT {
+                    return Err(PolicyError::LogTooLarge {
+                        limiter: limiter.name.to_string(),
+                        rule: rule.to_string(),
+                        max: MAX_LOG_LIMIT,
+                    });
+                }
                 if !rules.insert(rule) {
                     return Err(PolicyError::DuplicateRule {
                         limiter: limiter.name.to_string(),
@@ -306,6 +318,19 @@ mod tests {
             Policy::builder("a").limiter(empty).build(),
             Err(PolicyError::NoRules(_))
         ));
+        let huge = Limiter::new(Dimension::Ip, [r("1000001/1d")]);
+        assert!(matches!(
+            Policy::builder("a").limiter(huge).build(),
+            Err(PolicyError::LogTooLarge {
+                max: MAX_LOG_LIMIT,
+                ..
+            })
+        ));
+        let counted = Limiter::new(
+            Dimension::Ip,
+            [r("18446744073709551615/366d").with_algorithm(Algorithm::Gcra)],
+        );
+        assert!(Policy::builder("a").limiter(counted).build().is_ok());
         let twice = Limiter::new(Dimension::Ip, [r("1/1m"), r("1/60s")]);
         assert!(matches!(
             Policy::builder("a").limiter(twice).build(),

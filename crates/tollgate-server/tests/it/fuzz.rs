@@ -60,7 +60,7 @@ limiters = [{ by = "header:x-api-key", rules = ["5/1s", "100/1h"], algorithm = "
 limiters = [{ by = "arg:phone", rules = ["2/1s"], algorithm = "gcra", blocklist = "1m" }]
 
 [policies.names]
-limiters = [{ by = "user_name", rules = ["3/1m"] }, { by = "global", rules = ["18446744073709551615/366d"] }]
+limiters = [{ by = "user_name", rules = ["3/1m"] }, { by = "global", rules = ["18446744073709551615/366d"], algorithm = "fixed_window" }]
 
 [policies.dup_args]
 limiters = [{ by = "global", rules = ["1000000/1s"] }]

@@ -87,14 +87,14 @@ impl Inner {
                 .max()
                 .unwrap_or_default();
             let memory = rules.iter().map(|r| r.memory()).max().unwrap_or_default();
-            let until = now + duration.as_micros() as u64;
+            let until = now.saturating_add(super::micros(duration));
             let state = State::Ban(BanState {
                 target,
                 until,
                 strikes,
             });
             // Bans are written even past the key cap: forgetting an offender is worse.
-            let expires_at = until + memory.as_micros() as u64;
+            let expires_at = until.saturating_add(super::micros(memory));
             shard.insert(hash, ban.key, Entry::new(state, expires_at));
             self.ban_horizon.fetch_max(until, Ordering::AcqRel);
             longest = longest.max(Some(until - now));
@@ -131,7 +131,7 @@ impl Inner {
         let hash = self.shards.hash(&key);
         let mut shard = self.shards.lock_one(hash);
         let now = self.clock.now_us();
-        let until = now + duration.as_micros() as u64;
+        let until = now.saturating_add(super::micros(duration));
         let (strikes, expires_at) = match shard.live(hash, &key, now) {
             Some(Entry {
                 state: State::Ban(b),

@@ -54,7 +54,7 @@ impl Inner {
             completed: false,
             response: None,
         };
-        let expires_at = now + ttl.as_micros() as u64;
+        let expires_at = now.saturating_add(super::micros(ttl));
         shard.insert(
             hash,
             key,
@@ -95,7 +95,7 @@ impl Inner {
             }) if lock.token == token && !lock.completed => {
                 lock.completed = true;
                 lock.response = Some(response.to_vec());
-                *expires_at = now + keep_for.as_micros() as u64;
+                *expires_at = now.saturating_add(super::micros(keep_for));
                 true
             }
             _ => false,

@@ -204,6 +204,11 @@ fn spawn_sweeper(inner: Weak<Inner>, interval: Duration) {
         });
 }
 
+/// `d` in microseconds, saturating: a duration past the end of time never wraps to the past.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Per limiter of a check: where its entry is, if it has one.
 type Found = SmallVec<[Option<SlotId>; 4]>;
 
