@@ -57,7 +57,7 @@ mod policy;
 mod rule;
 mod store;
 
-pub use blocklist::{BanEntry, BanRule, BanTarget, ban_index_key};
+pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget, ban_index_key};
 pub use bypass::{Bypass, IpNet};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Reason, RuleDecision};

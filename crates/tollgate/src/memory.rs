@@ -17,7 +17,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::{
     algorithm::{self, FixedWindowState, RuleOutcome},
-    blocklist::{BanEntry, BanRule, BanTarget},
+    blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
     rule::{Algorithm, Rule},
@@ -877,6 +877,72 @@ impl Inner {
     }
 }
 
+/// Counting and paging the blocklist.
+impl Inner {
+    /// Calls `f` with the key and state of every ban under `prefix` that has not ended.
+    fn each_live_ban(&self, prefix: &str, now: u64, mut f: impl FnMut(&str, &BanState)) {
+        let ban_keys = format!("{prefix}:{{ban}}:");
+        for shard in self.shards.iter() {
+            for (key, entry) in &shard.lock().map {
+                if let State::Ban(ban) = &entry.state {
+                    if ban.until > now && key.starts_with(&ban_keys) {
+                        f(key, ban);
+                    }
+                }
+            }
+        }
+    }
+
+    /// No ban ever written is still live: nothing to walk.
+    fn no_live_ban(&self, now: u64) -> bool {
+        self.ban_horizon.load(Ordering::Acquire) <= now
+    }
+
+    fn ban_count(&self, prefix: &str) -> u64 {
+        let now = self.clock.now_us();
+        let mut count = 0;
+        if !self.no_live_ban(now) {
+            self.each_live_ban(prefix, now, |_, _| count += 1);
+        }
+        count
+    }
+
+    /// The page after `after`, in the order bans end, then by key (as the Redis index).
+    fn bans_page(&self, prefix: &str, after: Option<&BanCursor>, limit: usize) -> BanPage {
+        let limit = limit.max(1);
+        let now = self.clock.now_us();
+        let mut found: Vec<(BanCursor, BanEntry)> = Vec::new();
+        if !self.no_live_ban(now) {
+            self.each_live_ban(prefix, now, |key, ban| {
+                let at = BanCursor::new(ban.until, key);
+                if after.is_none_or(|a| at > *a) {
+                    found.push((
+                        at,
+                        BanEntry {
+                            target: ban.target.clone(),
+                            expires_in: Duration::from_micros(ban.until - now),
+                            strikes: ban.strikes,
+                        },
+                    ));
+                }
+            });
+        }
+        let more = found.len() > limit;
+        if more {
+            found.select_nth_unstable_by(limit - 1, |a, b| a.0.cmp(&b.0));
+        }
+        found.truncate(limit);
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let next = more
+            .then(|| found.last().map(|(at, _)| at.clone()))
+            .flatten();
+        BanPage {
+            bans: found.into_iter().map(|(_, ban)| ban).collect(),
+            next,
+        }
+    }
+}
+
 impl Store for MemoryStore {
     fn check(&self, plan: &CheckPlan) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
         std::future::ready(self.inner.check(plan))
@@ -943,6 +1009,19 @@ impl Store for MemoryStore {
         target: &BanTarget,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         std::future::ready(Ok(self.inner.unban(prefix, target)))
+    }
+
+    fn ban_count(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.ban_count(prefix)))
+    }
+
+    fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.bans_page(prefix, after, limit)))
     }
 }
 

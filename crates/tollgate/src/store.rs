@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::{
     algorithm::RuleOutcome,
-    blocklist::{BanEntry, BanRule, BanTarget},
+    blocklist::{self, BanCursor, BanEntry, BanPage, BanRule, BanTarget},
     error::StoreError,
     key,
     memory::MemoryStore,
@@ -256,6 +256,39 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
         target: &BanTarget,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// How many bans under `prefix` have not ended.
+    ///
+    /// Metrics read it at every scrape, so a store should answer without reading every ban
+    /// (Redis counts its ban index: O(log n)). The default counts [`bans`](Self::bans).
+    fn ban_count(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let bans = self.bans(prefix);
+        async move { Ok(u64::try_from(bans.await?.len()).unwrap_or(u64::MAX)) }
+    }
+
+    /// At most `limit` (at least 1) of the bans under `prefix` that have not ended, starting
+    /// after `after` (`None`: from the start); the page's `next` continues.
+    ///
+    /// Stores with a ban index list bans in the order they end, reading only the page (Redis:
+    /// O(log n + limit)). The default lists every ban and pages them by target.
+    fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
+        let bans = self.bans(prefix);
+        let prefix = prefix.to_owned();
+        let after = after.cloned();
+        async move {
+            Ok(blocklist::page_by_key(
+                &prefix,
+                bans.await?,
+                after.as_ref(),
+                limit,
+            ))
+        }
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -323,6 +356,19 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         (**self).unban(prefix, target)
     }
+
+    fn ban_count(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).ban_count(prefix)
+    }
+
+    fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
+        (**self).bans_page(prefix, after, limit)
+    }
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -365,6 +411,13 @@ trait DynStore: Send + Sync + 'static {
         prefix: &'a str,
         target: &'a BanTarget,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn ban_count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn bans_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a BanCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<BanPage, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -435,6 +488,19 @@ impl<S: Store> DynStore for S {
         target: &'a BanTarget,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(Store::unban(self, prefix, target))
+    }
+
+    fn ban_count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(Store::ban_count(self, prefix))
+    }
+
+    fn bans_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a BanCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<BanPage, StoreError>> {
+        Box::pin(Store::bans_page(self, prefix, after, limit))
     }
 }
 
@@ -524,5 +590,18 @@ impl Store for AnyStore {
 
     async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
         self.0.unban(prefix, target).await
+    }
+
+    async fn ban_count(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.0.ban_count(prefix).await
+    }
+
+    async fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> Result<BanPage, StoreError> {
+        self.0.bans_page(prefix, after, limit).await
     }
 }
