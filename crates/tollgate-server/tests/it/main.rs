@@ -4,6 +4,7 @@
 // Helpers outside `#[test]` functions unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
+mod blocklist;
 mod cli;
 mod grpc;
 mod http_api;
