@@ -1,18 +1,55 @@
--- Blocklist: every ban in the index that has not ended.
+-- Blocklist: one page of the bans that have not ended, in the order they end, then by key
+-- (the index's own order).
 -- KEYS[1]  the ban index (see prelude.lua). The ban keys it lists share its {ban} hash tag,
 --          so they live in its slot even though they are not declared in KEYS.
--- ARGV     1 now (see prelude.lua)
--- Reply    flat: per ban, kind, value, µs left, strikes
+-- ARGV     1 now (see prelude.lua), 2 the page size (at least 1), 3 and 4 the cursor: the end
+--          (µs) and key of the last ban of the previous page, or '' and '' for the first page
+-- Reply    flat: the next cursor (end µs as text, key), or '' and '' after the last page; then
+--          per ban, kind, value, µs left, strikes
+--
+-- Cost: O(log n + page size). The page starts at a rank found by ZCOUNT, so no call walks
+-- the bans before it; only the few that share the cursor's end are stepped over.
 
-local out = {}
-for _, key in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. int(now), '+inf')) do
-  local ban = redis.call('HMGET', key, 'u', 's', 'k', 'v')
-  local until_us = tonumber(ban[1] or '')
-  if until_us and until_us > now and ban[3] and ban[4] then
-    out[#out + 1] = ban[3]
-    out[#out + 1] = ban[4]
-    out[#out + 1] = until_us - now
-    out[#out + 1] = tonumber(ban[2] or '') or 1
+local index = KEYS[1]
+local limit = math.max(1, tonumber(ARGV[2]) or 1)
+local after_us = tonumber(ARGV[3])
+local after_key = ARGV[4]
+
+local from = now
+if after_us and after_us > from then
+  from = after_us
+end
+-- Every index entry before this rank ends before `from`.
+local rank = redis.call('ZCOUNT', index, '-inf', '(' .. int(from))
+local total = redis.call('ZCARD', index)
+local out = { '', '' }
+local found = 0
+local last_us, last_key
+while found < limit and rank < total do
+  local batch = redis.call('ZRANGE', index, rank, rank + limit - found - 1, 'WITHSCORES')
+  if #batch == 0 then
+    break
   end
+  for i = 1, #batch, 2 do
+    local key, until_us = batch[i], tonumber(batch[i + 1])
+    rank = rank + 1
+    local seen = after_us and until_us == after_us and key <= after_key
+    if until_us > now and not seen then
+      last_us, last_key = until_us, key
+      local ban = redis.call('HMGET', key, 'u', 's', 'k', 'v')
+      local ban_until = tonumber(ban[1] or '')
+      if ban_until and ban_until > now and ban[3] and ban[4] then
+        out[#out + 1] = ban[3]
+        out[#out + 1] = ban[4]
+        out[#out + 1] = ban_until - now
+        out[#out + 1] = tonumber(ban[2] or '') or 1
+        found = found + 1
+      end
+    end
+  end
+end
+if rank < total and last_us then
+  out[1] = int(last_us)
+  out[2] = last_key
 end
 return out

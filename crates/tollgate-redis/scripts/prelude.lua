@@ -1,5 +1,6 @@
--- tollgate: the shared head of the guard scripts (lock_*.lua, ban.lua, unban.lua, bans.lua);
--- the store prepends it to each of them.
+-- tollgate: the shared head of the guard scripts (lock_*.lua, ban.lua, unban.lua, bans.lua,
+-- ban_count.lua, and the Cluster's banned.lua, offend.lua, undo.lua); the store prepends it to
+-- each of them.
 --
 -- ARGV[1] is always the time: "" to read the server's TIME (production: one clock), or a test
 -- clock's µs since the epoch. With a test clock, keys get an hour more TTL, because that clock

@@ -51,6 +51,8 @@
 //! - `tls`: the TLS files read and checked.
 //! - `conn`: one connection type over the three deployments, and script calls (`EVALSHA`,
 //!   `EVAL` with the source when a node lacks the script).
+//! - `blocklist`: counting the bans (one `ZCOUNT` of the ban index) and listing them a page
+//!   at a time, never in one call that walks them all.
 //! - `cluster`: the multi-slot check: per-slot calls at once, undo, bans beside them.
 //! - `sentinel`: the connection to the primary the sentinels name, found again after a
 //!   failover.
@@ -62,7 +64,8 @@
 //! - `scripts/check.lua`: the algorithms of [`tollgate::algorithm`] in Lua, number for number,
 //!   and the plan's bans (blocked first, banned on a denial).
 //! - `scripts/prelude.lua` + `lock_acquire.lua`, `lock_release.lua`, `lock_complete.lua`,
-//!   `ban.lua`, `unban.lua`, `bans.lua`: one small script per guard operation; and, for a
+//!   `ban.lua`, `unban.lua`, `bans.lua` (one page), `ban_count.lua`: one small script per
+//!   guard operation; and, for a
 //!   Cluster, `undo.lua` (reverse one slot's reservation), `banned.lua` (read the bans beside
 //!   the limiters), `offend.lua` (ban after a denial).
 //!
@@ -74,6 +77,7 @@
 //! hash holding its own deadline, and `prefix:{ban}:index` lists the bans. Every key carries
 //! `PEXPIRE` for as long as its state can count, and a hash tag.
 
+mod blocklist;
 mod cluster;
 mod conn;
 mod error;

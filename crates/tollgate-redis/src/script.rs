@@ -5,8 +5,8 @@ use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, BanEntry, BanTarget, CheckRequest, HeldLock, LockReply, Outcomes, StoreError,
-    StoreErrorKind, Verdict, algorithm::RuleOutcome,
+    Algorithm, CheckRequest, HeldLock, LockReply, Outcomes, StoreError, StoreErrorKind, Verdict,
+    algorithm::RuleOutcome,
 };
 
 use crate::conn::{Call, Lua};
@@ -35,7 +35,10 @@ pub(crate) struct Scripts {
     pub(crate) lock_complete: Lua,
     pub(crate) ban: Lua,
     pub(crate) unban: Lua,
+    /// One page of the blocklist.
     pub(crate) bans: Lua,
+    /// How many bans are live, from the index.
+    pub(crate) ban_count: Lua,
     /// Cluster only: reverse a slot's reservation (`scripts/undo.lua`).
     pub(crate) undo: Lua,
     /// Cluster only: read the identity's bans beside the limiters' slots.
@@ -54,6 +57,7 @@ impl Scripts {
             ban: Lua::new(guard_script!("ban.lua")),
             unban: Lua::new(guard_script!("unban.lua")),
             bans: Lua::new(guard_script!("bans.lua")),
+            ban_count: Lua::new(guard_script!("ban_count.lua")),
             undo: Lua::new(guard_script!("undo.lua")),
             banned: Lua::new(guard_script!("banned.lua")),
             offend: Lua::new(guard_script!("offend.lua")),
@@ -61,7 +65,7 @@ impl Scripts {
     }
 
     /// The scripts every deployment loads up front.
-    pub(crate) fn standalone(&self) -> [&Lua; 7] {
+    pub(crate) fn standalone(&self) -> [&Lua; 8] {
         [
             &self.check,
             &self.lock_acquire,
@@ -70,6 +74,7 @@ impl Scripts {
             &self.ban,
             &self.unban,
             &self.bans,
+            &self.ban_count,
         ]
     }
 
@@ -84,7 +89,7 @@ pub(crate) fn now_arg(now_us: Option<u64>) -> String {
     now_us.map(|t| t.to_string()).unwrap_or_default()
 }
 
-fn protocol(what: &str, why: impl fmt::Display) -> StoreError {
+pub(crate) fn protocol(what: &str, why: impl fmt::Display) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
         format!("{what} script reply: {why}"),
@@ -119,33 +124,6 @@ pub(crate) fn lock_reply(reply: &[Value]) -> Result<LockReply, StoreError> {
         })),
         _ => Err(bad("unexpected shape")),
     }
-}
-
-/// Reads the bans reply: kind, value, µs left, strikes per ban; sorted by target.
-pub(crate) fn bans_reply(reply: &[Value]) -> Result<Vec<BanEntry>, StoreError> {
-    let mut bans = reply
-        .chunks(4)
-        .map(|ban| match ban {
-            [
-                Value::BulkString(kind),
-                Value::BulkString(value),
-                Value::Int(left),
-                Value::Int(strikes),
-            ] => {
-                let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-                let target = BanTarget::parse(&text(kind), &text(value))
-                    .map_err(|why| protocol("bans", why))?;
-                Ok(BanEntry {
-                    target,
-                    expires_in: Duration::from_micros(u64::try_from(*left).unwrap_or(0)),
-                    strikes: u32::try_from(*strikes).unwrap_or(u32::MAX),
-                })
-            }
-            other => Err(protocol("bans", format!("unexpected entry {other:?}"))),
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    bans.sort_by(|a, b| a.target.cmp(&b.target));
-    Ok(bans)
 }
 
 /// Fills `invocation` with the plan's keys and arguments (see the header of check.lua).

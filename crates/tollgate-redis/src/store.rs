@@ -10,12 +10,12 @@ use redis::{
     sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType},
 };
 use tollgate::{
-    BanEntry, BanTarget, CheckRequest, Clock, LockReply, Store, StoreError, StoreErrorKind,
-    Verdict, ban_index_key,
+    BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, Clock, LockReply, Store, StoreError,
+    StoreErrorKind, Verdict, ban_index_key,
 };
 
 use crate::{
-    cluster,
+    blocklist, cluster,
     conn::{Conn, Lua},
     error,
     script::{self, Scripts, micros, now_arg},
@@ -109,7 +109,7 @@ impl RedisStore {
     }
 
     /// The test clock's time as the scripts take it.
-    fn now_arg(&self) -> String {
+    pub(crate) fn now_arg(&self) -> String {
         now_arg(self.test_now())
     }
 
@@ -117,7 +117,7 @@ impl RedisStore {
         &self.inner.scripts
     }
 
-    fn conn(&self) -> Conn {
+    pub(crate) fn conn(&self) -> Conn {
         self.inner.conn.clone()
     }
 
@@ -254,13 +254,7 @@ impl Store for RedisStore {
     }
 
     async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
-        let mut invocation = self.inner.scripts.bans.call();
-        invocation.key(ban_index_key(prefix)).arg(self.now_arg());
-        let mut conn = self.conn();
-        let reply: Vec<Value> = self
-            .bounded("list bans", invocation.invoke(&mut conn))
-            .await?;
-        script::bans_reply(&reply)
+        blocklist::all(self, prefix).await
     }
 
     async fn ban(
@@ -290,6 +284,19 @@ impl Store for RedisStore {
             .arg(self.now_arg());
         let mut conn = self.conn();
         self.bounded("unban", invocation.invoke(&mut conn)).await
+    }
+
+    async fn ban_count(&self, prefix: &str) -> Result<u64, StoreError> {
+        blocklist::count(self, prefix).await
+    }
+
+    async fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> Result<BanPage, StoreError> {
+        blocklist::page(self, prefix, after, limit).await
     }
 }
 

@@ -11,7 +11,10 @@ use std::{
 
 use axum::{
     Json, Router,
-    extract::{FromRequest, FromRequestParts, Path, Request, State, rejection::JsonRejection},
+    extract::{
+        FromRequest, FromRequestParts, Path, Query, Request, State,
+        rejection::{JsonRejection, QueryRejection},
+    },
     http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -19,8 +22,8 @@ use axum::{
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
 use tollgate::{
-    Acquire, BanTarget, CheckError, Decision, DuplicateState, Fingerprint, Identity, Lease, Reason,
-    StoreError,
+    Acquire, BanCursor, BanTarget, CheckError, Decision, DuplicateState, Fingerprint, Identity,
+    Lease, Reason, StoreError,
 };
 
 use crate::{
@@ -562,25 +565,81 @@ struct BanJson {
     kind: &'static str,
     value: String,
     expires_in_ms: u64,
+    strikes: u32,
 }
 
-async fn blocklist(State(app): State<Arc<App>>, _: Admin) -> Result<Json<Vec<BanJson>>, ApiError> {
+/// The blocklist page size when the request names none, and the largest it may name.
+const BLOCKLIST_PAGE: usize = 100;
+const BLOCKLIST_PAGE_MAX: usize = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlocklistQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct BlocklistPage {
+    bans: Vec<BanJson>,
+    /// Pass as `cursor` for the next page; `null` after the last one.
+    next_cursor: Option<String>,
+}
+
+/// `GET /v1/blocklist?limit=&cursor=`: one page of the live bans, in the order they end.
+async fn blocklist(
+    State(app): State<Arc<App>>,
+    _: Admin,
+    query: Result<Query<BlocklistQuery>, QueryRejection>,
+) -> Result<Json<BlocklistPage>, ApiError> {
+    use tollgate::Store as _;
+    let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let limit = match query.limit.as_deref() {
+        None => BLOCKLIST_PAGE,
+        Some(text) => text
+            .parse()
+            .ok()
+            .filter(|n| (1..=BLOCKLIST_PAGE_MAX).contains(n))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit {text:?}: expected a number from 1 to {BLOCKLIST_PAGE_MAX}"),
+                )
+            })?,
+    };
+    let after = query
+        .cursor
+        .as_deref()
+        .map(str::parse::<BanCursor>)
+        .transpose()
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("cursor: {e} (pass next_cursor of the previous page)"),
+            )
+        })?;
     let started = Instant::now();
-    let result = app.gate.blocklist().await;
+    let result = app
+        .gate
+        .store()
+        .bans_page(app.gate.prefix(), after.as_ref(), limit)
+        .await;
     app.metrics
         .store_call("blocklist", started.elapsed(), result.is_err());
-    let mut bans = result.map_err(|e| ApiError::store("blocklist", &e))?;
-    app.metrics.set_blocklist_size(bans.len());
-    bans.sort_by(|a, b| a.target.cmp(&b.target));
-    Ok(Json(
-        bans.into_iter()
+    let page = result.map_err(|e| ApiError::store("blocklist", &e))?;
+    Ok(Json(BlocklistPage {
+        bans: page
+            .bans
+            .into_iter()
             .map(|b| BanJson {
                 kind: b.target.kind(),
                 value: b.target.value(),
                 expires_in_ms: ceil_ms(b.expires_in),
+                strikes: b.strikes,
             })
             .collect(),
-    ))
+        next_cursor: page.next.map(|c| c.to_string()),
+    }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -644,13 +703,16 @@ async fn unban(
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let started = Instant::now();
-    let result = app.gate.blocklist().await;
+    use tollgate::Store as _;
     app.metrics
-        .store_call("blocklist", started.elapsed(), result.is_err());
-    if let Ok(bans) = result {
-        app.metrics.set_blocklist_size(bans.len());
-    }
+        .refresh_blocklist_size(|| async {
+            let started = Instant::now();
+            let result = app.gate.store().ban_count(app.gate.prefix()).await;
+            app.metrics
+                .store_call("ban_count", started.elapsed(), result.is_err());
+            result
+        })
+        .await;
     (
         [(
             header::CONTENT_TYPE,

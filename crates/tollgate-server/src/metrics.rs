@@ -1,7 +1,11 @@
 //! Prometheus metrics: decisions by policy and reason, store latency and errors, blocklist
 //! size, configuration reloads.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -31,6 +35,10 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// How long a blocklist count serves scrapes. Scrapes are unauthenticated and may come from
+/// anyone, and a count may have to walk an in-process store: at most one per second does.
+const BAN_COUNT_FRESH: Duration = Duration::from_secs(1);
+
 fn latency_histogram() -> Histogram {
     // 25µs .. ~1.6s: a memory store answers in microseconds, a remote Redis in milliseconds.
     Histogram::new(exponential_buckets(0.000_025, 2.0, 17))
@@ -46,6 +54,9 @@ struct Inner {
     store_latency: Family<OpLabels, Histogram, fn() -> Histogram>,
     store_errors: Family<OpLabels, Counter>,
     blocklist_size: Gauge,
+    /// When the blocklist gauge was last counted; held while counting, so that concurrent
+    /// scrapes wait for one count instead of each making their own.
+    blocklist_counted: tokio::sync::Mutex<Option<Instant>>,
     reloads: Family<ResultLabels, Counter>,
 }
 
@@ -76,7 +87,7 @@ impl Metrics {
         );
         registry.register(
             "blocklist_entries",
-            "Active bans (IPs and user ids) at the last scrape",
+            "Active bans (IPs and user ids), counted at most once a second",
             blocklist_size.clone(),
         );
         registry.register(
@@ -92,6 +103,7 @@ impl Metrics {
             store_latency,
             store_errors,
             blocklist_size,
+            blocklist_counted: tokio::sync::Mutex::new(None),
             reloads,
         }))
     }
@@ -119,10 +131,24 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn set_blocklist_size(&self, size: usize) {
-        self.0
-            .blocklist_size
-            .set(i64::try_from(size).unwrap_or(i64::MAX));
+    /// Sets the blocklist gauge from `count` (the store's ban count), unless it was counted
+    /// less than a second ago. A failed count leaves the gauge as it was, to be tried again
+    /// at the next scrape.
+    pub(crate) async fn refresh_blocklist_size<F, Fut, E>(&self, count: F)
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<u64, E>>,
+    {
+        let mut counted = self.0.blocklist_counted.lock().await;
+        if counted.is_some_and(|at| at.elapsed() < BAN_COUNT_FRESH) {
+            return;
+        }
+        if let Ok(size) = count().await {
+            self.0
+                .blocklist_size
+                .set(i64::try_from(size).unwrap_or(i64::MAX));
+            *counted = Some(Instant::now());
+        }
     }
 
     pub(crate) fn reload(&self, ok: bool) {
@@ -140,5 +166,30 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_blocklist_count_serves_scrapes_for_a_second() {
+        let metrics = Metrics::new();
+        let counts = AtomicU64::new(0);
+        let count = || async { Ok::<u64, ()>(counts.fetch_add(1, Ordering::SeqCst) + 7) };
+        metrics.refresh_blocklist_size(count).await;
+        metrics.refresh_blocklist_size(count).await;
+        assert_eq!(counts.load(Ordering::SeqCst), 1, "counted once");
+        assert!(metrics.render().contains("tollgate_blocklist_entries 7"));
+
+        // A failed count leaves the gauge and is tried again at the next scrape.
+        let fresh = Metrics::new();
+        fresh.refresh_blocklist_size(|| async { Err(()) }).await;
+        fresh.refresh_blocklist_size(count).await;
+        assert_eq!(counts.load(Ordering::SeqCst), 2);
+        assert!(fresh.render().contains("tollgate_blocklist_entries 8"));
     }
 }

@@ -9,8 +9,8 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::sync::Barrier;
 use tollgate::{
-    Acquire, BanRule, BanTarget, Bypass, CheckError, Dimension, DuplicateBy, DuplicateGuard,
-    DuplicateState, Fingerprint, Identity, Limiter, Policy, Reason, Rule, Store,
+    Acquire, BanCursor, BanRule, BanTarget, Bypass, CheckError, Dimension, DuplicateBy,
+    DuplicateGuard, DuplicateState, Fingerprint, Identity, Limiter, Policy, Reason, Rule, Store,
 };
 
 use crate::conformance::{START, Subject};
@@ -32,6 +32,7 @@ macro_rules! guard_suite {
             blocklist_unban_and_expiry_lift_the_ban,
             blocklist_escalation_doubles_and_caps,
             blocklist_manual_ban_and_listing,
+            blocklist_counts_and_pages_in_the_order_bans_end,
             bypass_lets_through_without_counting,
         );
 
@@ -463,4 +464,86 @@ pub async fn bypass_lets_through_without_counting<S: Store>(s: Subject<S>) {
         .await
         .expect("store answers");
     assert_eq!(check(&s, &policy, &admin).await.reason(), Reason::Bypassed);
+}
+
+/// The ban count and the pages agree with the full listing: every live ban once, in the order
+/// bans end (ties by key), a page at most its size, ended and lifted bans left out, and a
+/// cursor still good after the ban it names was lifted.
+pub async fn blocklist_counts_and_pages_in_the_order_bans_end<S: Store>(s: Subject<S>) {
+    at(&s, Duration::ZERO);
+    let store = s.gate().store();
+    let prefix = s.gate().prefix();
+    let count = || async { store.ban_count(prefix).await.expect("store answers") };
+    assert_eq!(count().await, 0);
+    assert_eq!(
+        store
+            .bans_page(prefix, None, 10)
+            .await
+            .expect("store answers"),
+        tollgate::BanPage {
+            bans: vec![],
+            next: None
+        }
+    );
+    // 23 bans: three end together at each of 60 s .. 480 s (ties), and one ends at 5 s.
+    let mut targets = Vec::new();
+    for i in 0..22u64 {
+        let target = BanTarget::UserId(format!("user-{i:02}"));
+        s.gate()
+            .ban(&target, secs(60 * (1 + i / 3)))
+            .await
+            .expect("store answers");
+        targets.push(target);
+    }
+    let brief = BanTarget::Ip("2001:db8::7".parse().expect("ip"));
+    s.gate().ban(&brief, secs(5)).await.expect("store answers");
+    assert_eq!(count().await, 23);
+
+    at(&s, secs(10));
+    assert_eq!(count().await, 22, "the 5 s ban has ended");
+    let lifted = targets.remove(4);
+    assert!(s.gate().unban(&lifted).await.expect("store answers"));
+    assert_eq!(count().await, 21);
+
+    // Listed once each, the one lifted mid-way included (its page came before).
+    let mut expected_listed = targets.clone();
+    expected_listed.sort();
+    let mut listed = Vec::new();
+    let mut after: Option<BanCursor> = None;
+    let mut pages = 0;
+    loop {
+        let page = store
+            .bans_page(prefix, after.as_ref(), 4)
+            .await
+            .expect("store answers");
+        pages += 1;
+        assert!(page.bans.len() <= 4, "{page:?}");
+        listed.extend(page.bans);
+        match page.next {
+            // The cursor travels as text through an API.
+            Some(next) => after = Some(next.to_string().parse().expect("a cursor")),
+            None => break,
+        }
+        if pages == 2 {
+            // Lifting a ban that a cursor names does not lose the page after it.
+            let named = listed.last().expect("two pages").target.clone();
+            assert!(s.gate().unban(&named).await.expect("store answers"));
+            targets.retain(|t| *t != named);
+        }
+        assert!(pages < 20, "the pages never end");
+    }
+    assert!(pages >= 6, "21 bans in pages of 4: {pages}");
+    let ends: Vec<Duration> = listed.iter().map(|b| b.expires_in).collect();
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
+    let mut seen: Vec<BanTarget> = listed.iter().map(|b| b.target.clone()).collect();
+    seen.sort();
+    assert_eq!(seen, expected_listed, "every live ban exactly once");
+    assert!(listed.iter().all(|b| b.strikes == 1));
+    assert_eq!(count().await, 20);
+
+    let mut all = s.gate().blocklist().await.expect("store answers");
+    all.sort_by(|a, b| a.target.cmp(&b.target));
+    let all: Vec<BanTarget> = all.into_iter().map(|b| b.target).collect();
+    targets.sort();
+    assert_eq!(all, targets);
 }

@@ -58,7 +58,7 @@ mod policy;
 mod rule;
 mod store;
 
-pub use blocklist::{BanEntry, BanRule, BanTarget};
+pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget};
 pub use bypass::{Bypass, IpNet};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Reason, RuleDecision};

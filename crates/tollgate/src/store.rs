@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use crate::{
     algorithm::RuleOutcome,
-    blocklist::{BanEntry, BanRule, BanTarget},
+    blocklist::{self, BanCursor, BanEntry, BanPage, BanRule, BanTarget},
     error::StoreError,
     key,
     rule::{Algorithm, Rule},
@@ -36,7 +36,7 @@ pub struct CheckRequest<'a> {
     /// The identity's ban keys, checked first (see [`BanTarget::key`]); empty when no ban can
     /// be involved.
     pub bans: &'a [BanKey<'a>],
-    /// The key of the ban index (see [`crate::blocklist::ban_index_key`]), for stores that
+    /// The key of the ban index (see [`crate::key::ban_index_key`]), for stores that
     /// keep one.
     pub ban_index: &'a str,
 }
@@ -288,6 +288,39 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
         target: &BanTarget,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// How many bans under `prefix` have not ended.
+    ///
+    /// Metrics read it at every scrape, so a store should answer without reading every ban
+    /// (Redis counts its ban index: O(log n)). The default counts [`bans`](Self::bans).
+    fn ban_count(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let bans = self.bans(prefix);
+        async move { Ok(u64::try_from(bans.await?.len()).unwrap_or(u64::MAX)) }
+    }
+
+    /// At most `limit` (at least 1) of the bans under `prefix` that have not ended, starting
+    /// after `after` (`None`: from the start); the page's `next` continues.
+    ///
+    /// Stores with a ban index list bans in the order they end, reading only the page (Redis:
+    /// O(log n + limit)). The default lists every ban and pages them by target.
+    fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
+        let bans = self.bans(prefix);
+        let prefix = prefix.to_owned();
+        let after = after.cloned();
+        async move {
+            Ok(blocklist::page_by_key(
+                &prefix,
+                bans.await?,
+                after.as_ref(),
+                limit,
+            ))
+        }
+    }
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -333,6 +366,13 @@ trait DynStore: Send + Sync + 'static {
         prefix: &'a str,
         target: &'a BanTarget,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn ban_count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+    fn bans_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a BanCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<BanPage, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -407,6 +447,19 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(Store::unban(self, prefix, target))
     }
+
+    fn ban_count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(Store::ban_count(self, prefix))
+    }
+
+    fn bans_page<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Option<&'a BanCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<BanPage, StoreError>> {
+        Box::pin(Store::bans_page(self, prefix, after, limit))
+    }
 }
 
 /// Any store, chosen at run time (e.g. from a configuration URL), shared by cloning.
@@ -441,22 +494,31 @@ impl std::fmt::Debug for AnyStore {
 /// [`AnyStore`]'s object, a shared engine's store).
 macro_rules! forward_store {
     ($trait:ident, $inner:ident => $to:expr) => {
-        async fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+        async fn check(
+            &self,
+            request: &$crate::CheckRequest<'_>,
+        ) -> Result<$crate::Verdict, $crate::StoreError> {
             let $inner = self;
             $trait::check($to, request).await
         }
 
-        fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
+        fn check_sync(
+            &self,
+            request: &$crate::CheckRequest<'_>,
+        ) -> Option<Result<$crate::Verdict, $crate::StoreError>> {
             let $inner = self;
             $trait::check_sync($to, request)
         }
 
-        async fn reset(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {
+        async fn reset(
+            &self,
+            request: &$crate::CheckRequest<'_>,
+        ) -> Result<(), $crate::StoreError> {
             let $inner = self;
             $trait::reset($to, request).await
         }
 
-        async fn ping(&self) -> Result<(), StoreError> {
+        async fn ping(&self) -> Result<(), $crate::StoreError> {
             let $inner = self;
             $trait::ping($to).await
         }
@@ -471,13 +533,13 @@ macro_rules! forward_store {
             key: &str,
             token: &str,
             fingerprint: &str,
-            ttl: Duration,
-        ) -> Result<LockReply, StoreError> {
+            ttl: ::std::time::Duration,
+        ) -> Result<$crate::LockReply, $crate::StoreError> {
             let $inner = self;
             $trait::lock_acquire($to, key, token, fingerprint, ttl).await
         }
 
-        async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
+        async fn lock_release(&self, key: &str, token: &str) -> Result<bool, $crate::StoreError> {
             let $inner = self;
             $trait::lock_release($to, key, token).await
         }
@@ -487,13 +549,13 @@ macro_rules! forward_store {
             key: &str,
             token: &str,
             response: &[u8],
-            keep_for: Duration,
-        ) -> Result<bool, StoreError> {
+            keep_for: ::std::time::Duration,
+        ) -> Result<bool, $crate::StoreError> {
             let $inner = self;
             $trait::lock_complete($to, key, token, response, keep_for).await
         }
 
-        async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
+        async fn bans(&self, prefix: &str) -> Result<Vec<$crate::BanEntry>, $crate::StoreError> {
             let $inner = self;
             $trait::bans($to, prefix).await
         }
@@ -501,16 +563,35 @@ macro_rules! forward_store {
         async fn ban(
             &self,
             prefix: &str,
-            target: &BanTarget,
-            duration: Duration,
-        ) -> Result<(), StoreError> {
+            target: &$crate::BanTarget,
+            duration: ::std::time::Duration,
+        ) -> Result<(), $crate::StoreError> {
             let $inner = self;
             $trait::ban($to, prefix, target, duration).await
         }
 
-        async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
+        async fn unban(
+            &self,
+            prefix: &str,
+            target: &$crate::BanTarget,
+        ) -> Result<bool, $crate::StoreError> {
             let $inner = self;
             $trait::unban($to, prefix, target).await
+        }
+
+        async fn ban_count(&self, prefix: &str) -> Result<u64, $crate::StoreError> {
+            let $inner = self;
+            $trait::ban_count($to, prefix).await
+        }
+
+        async fn bans_page(
+            &self,
+            prefix: &str,
+            after: Option<&$crate::BanCursor>,
+            limit: usize,
+        ) -> Result<$crate::BanPage, $crate::StoreError> {
+            let $inner = self;
+            $trait::bans_page($to, prefix, after, limit).await
         }
     };
 }

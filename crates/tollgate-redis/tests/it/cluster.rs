@@ -233,6 +233,12 @@ async fn a_live_ban_undoes_the_reservations_and_a_denial_bans() {
     let listed = store.bans("bn").await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].target, target);
+    // Counted and paged from the index in the {ban} slot.
+    assert_eq!(store.ban_count("bn").await.unwrap(), 1);
+    let page = store.bans_page("bn", None, 10).await.unwrap();
+    assert_eq!(page.bans.len(), 1);
+    assert_eq!(page.bans[0].target, target);
+    assert_eq!(page.next, None);
 }
 
 #[tokio::test]

@@ -3,6 +3,7 @@
 // clippy.toml allows unwrap in test functions only; the helpers here are test code too.
 #![allow(clippy::unwrap_used)]
 
+mod ban_index;
 mod cluster;
 mod concurrency;
 mod connect;

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_auth;
+mod blocklist;
 mod cli;
 mod fuzz;
 mod grpc;

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     algorithm::RuleOutcome,
-    blocklist::{BanEntry, BanRule, BanTarget},
+    blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget},
     key,
     store::CheckRequest,
 };
@@ -105,23 +105,13 @@ impl Inner {
     pub(super) fn bans(&self, prefix: &str) -> Vec<BanEntry> {
         let now = self.clock.now_us();
         let mut bans = Vec::new();
-        let mut ban_keys = String::new();
-        key::push_ban_key(&mut ban_keys, prefix, "", "");
-        // `prefix:{ban}::` less its last `:` — the start every ban key of this prefix shares.
-        ban_keys.pop();
-        for shard in self.shards.iter() {
-            for (key, entry) in shard.lock().iter() {
-                if let State::Ban(ban) = &entry.state {
-                    if ban.until > now && key.starts_with(&ban_keys) {
-                        bans.push(BanEntry {
-                            target: ban.target.clone(),
-                            expires_in: Duration::from_micros(ban.until - now),
-                            strikes: ban.strikes,
-                        });
-                    }
-                }
-            }
-        }
+        self.each_live_ban(prefix, now, |_, ban| {
+            bans.push(BanEntry {
+                target: ban.target.clone(),
+                expires_in: Duration::from_micros(ban.until - now),
+                strikes: ban.strikes,
+            });
+        });
         bans.sort_by(|a, b| a.target.cmp(&b.target));
         bans
     }
@@ -164,6 +154,71 @@ impl Inner {
                 active
             }
             _ => false,
+        }
+    }
+}
+
+/// Counting and paging the blocklist.
+impl Inner {
+    /// Calls `f` with the key and state of every ban under `prefix` that has not ended.
+    fn each_live_ban(&self, prefix: &str, now: u64, mut f: impl FnMut(&str, &BanState)) {
+        // No ban ever written is still live: nothing to walk.
+        if self.ban_horizon.load(Ordering::Acquire) <= now {
+            return;
+        }
+        let mut ban_keys = String::new();
+        key::push_ban_key(&mut ban_keys, prefix, "", "");
+        ban_keys.pop();
+        for shard in self.shards.iter() {
+            for (key, entry) in shard.lock().iter() {
+                if let State::Ban(ban) = &entry.state {
+                    if ban.until > now && key.starts_with(&ban_keys) {
+                        f(key, ban);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn ban_count(&self, prefix: &str) -> u64 {
+        let mut count = 0;
+        self.each_live_ban(prefix, self.clock.now_us(), |_, _| count += 1);
+        count
+    }
+
+    /// The page after `after`, in the order bans end, then by key (as the Redis index).
+    pub(super) fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> BanPage {
+        let limit = limit.max(1);
+        let now = self.clock.now_us();
+        let mut found: Vec<(BanCursor, BanEntry)> = Vec::new();
+        self.each_live_ban(prefix, now, |key, ban| {
+            let at = BanCursor::new(ban.until, key);
+            if after.is_none_or(|a| at > *a) {
+                let entry = BanEntry {
+                    target: ban.target.clone(),
+                    expires_in: Duration::from_micros(ban.until - now),
+                    strikes: ban.strikes,
+                };
+                found.push((at, entry));
+            }
+        });
+        let more = found.len() > limit;
+        if more {
+            found.select_nth_unstable_by(limit - 1, |a, b| a.0.cmp(&b.0));
+        }
+        found.truncate(limit);
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let next = more
+            .then(|| found.last().map(|(at, _)| at.clone()))
+            .flatten();
+        BanPage {
+            bans: found.into_iter().map(|(_, ban)| ban).collect(),
+            next,
         }
     }
 }

@@ -29,7 +29,7 @@ use self::{
 };
 use crate::{
     algorithm::RuleOutcome,
-    blocklist::{BanEntry, BanTarget},
+    blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
     store::{CheckRequest, LockReply, Outcomes, Store, Verdict},
@@ -479,6 +479,19 @@ impl Store for MemoryStore {
         target: &BanTarget,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         std::future::ready(Ok(self.inner.unban(prefix, target)))
+    }
+
+    fn ban_count(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.ban_count(prefix)))
+    }
+
+    fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.bans_page(prefix, after, limit)))
     }
 }
 
