@@ -646,6 +646,6 @@ limiters = [{ by = "ip", rules = ["1/1h"], blocklist = "1h" }]
         assert_eq!((status, body), (200, json!({ "removed": true })), "{path}");
     }
     let (_, list) = server.get_admin("/v1/blocklist").await;
-    assert_eq!(list, json!([]));
+    assert_eq!(list, json!({ "bans": [], "next_cursor": null }));
     assert_eq!(check("sms", "2001:db8:7::1").await, "ok");
 }
