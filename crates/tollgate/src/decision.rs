@@ -85,6 +85,15 @@ impl Decision {
         }
     }
 
+    /// Makes this an empty decision, in place (a decision is large: it holds its rules).
+    pub(crate) fn reset(&mut self, allowed: bool, reason: Reason) {
+        self.allowed = allowed;
+        self.reason = reason;
+        self.retry_after = None;
+        self.rules.clear();
+        self.message = None;
+    }
+
     /// The request may proceed.
     pub fn allowed(&self) -> bool {
         self.allowed

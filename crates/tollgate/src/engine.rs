@@ -1,7 +1,10 @@
 //! The engine: turns a policy and an identity into keys, asks the store, and decides.
 
 use std::{
+    future::Future,
+    pin::Pin,
     sync::{Arc, OnceLock},
+    task::{Context, Poll, ready},
     time::Duration,
 };
 
@@ -138,31 +141,33 @@ impl<S: Store> Tollgate<S> {
     /// Checks `policy` for `identity` and records `cost` units in every rule if all admit.
     ///
     /// Errors only when the identity lacks a dimension a limiter needs; a store failure is
-    /// answered by `on_error` with reason [`Reason::StoreUnavailable`].
-    pub async fn check(
-        &self,
-        policy: &Policy,
-        identity: &Identity,
+    /// answered by `on_error` with reason [`Reason::StoreUnavailable`]. On a store that answers
+    /// at once (the memory store), the first poll decides, and the future holds nothing but
+    /// its arguments.
+    pub fn check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        identity: &'a Identity,
         cost: u64,
-    ) -> Result<Decision, CheckError> {
-        self.evaluate(policy, identity, cost, true).await
+    ) -> impl Future<Output = Result<Decision, CheckError>> + Send + 'a {
+        Check::new(self, policy, identity, cost, true)
     }
 
     /// The decision [`check`](Self::check) would return now, recording nothing.
-    pub async fn peek(
-        &self,
-        policy: &Policy,
-        identity: &Identity,
+    pub fn peek<'a>(
+        &'a self,
+        policy: &'a Policy,
+        identity: &'a Identity,
         cost: u64,
-    ) -> Result<Decision, CheckError> {
-        self.evaluate(policy, identity, cost, false).await
+    ) -> impl Future<Output = Result<Decision, CheckError>> + Send + 'a {
+        Check::new(self, policy, identity, cost, false)
     }
 
     /// Forgets every counter of `policy` for `identity`.
     pub async fn reset(&self, policy: &Policy, identity: &Identity) -> Result<(), CheckError> {
-        let mut keys = KeyBuf::new();
-        let ends = self.limiter_keys(policy, identity, &mut keys)?;
-        let limiters = limiter_requests(&policy.limiters, &keys, &ends);
+        let mut keys = CheckKeys::new();
+        self.limiter_keys(policy, identity, &mut keys)?;
+        let (limiters, _) = keys.requests(&policy.limiters);
         self.store
             .reset(&CheckRequest::new(0, false, &limiters))
             .await?;
@@ -182,7 +187,10 @@ impl<S: Store> Tollgate<S> {
         }
         let limiter = Limiter::new(Dimension::Global, unique).with_name(name);
         let key = key::group_key(&self.prefix, name);
-        self.check_named(&[limiter], &[key], cost).await
+        let mut decision = Decision::without_rules(true, Reason::Ok);
+        self.check_named(&[limiter], &[key], cost, &mut decision)
+            .await;
+        decision
     }
 
     /// The seed's single check: every rule counted on a key of its own (`name` + the rule).
@@ -209,7 +217,10 @@ impl<S: Store> Tollgate<S> {
             keys.push(key::single_key(&base, rule));
             limiters.push(Limiter::new(Dimension::Global, [*rule]).with_name(text));
         }
-        self.check_named(&limiters, &keys, cost).await
+        let mut decision = Decision::without_rules(true, Reason::Ok);
+        self.check_named(&limiters, &keys, cost, &mut decision)
+            .await;
+        decision
     }
 
     /// Every active ban, with the time left.
@@ -311,92 +322,163 @@ impl<S: Store> Tollgate<S> {
             .await?)
     }
 
-    /// The one path of every check and peek: the keys on the stack, one borrowed request, the
-    /// store's verdict, the decision.
-    async fn evaluate(
+    /// A check answered without a future, when the store can answer at once (`None` when it
+    /// cannot: then [`check_async`](Self::check_async) asks it).
+    fn check_now(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+        consume: bool,
+    ) -> Option<Result<Decision, CheckError>> {
+        let mut out = Decision::without_rules(true, Reason::Ok);
+        let mut keys = CheckKeys::new();
+        match self.prepare(policy, identity, cost, consume, &mut keys, &mut out) {
+            Ok(true) => {}
+            Ok(false) => return Some(Ok(out)),
+            Err(e) => return Some(Err(e)),
+        }
+        let (limiters, bans) = keys.requests(&policy.limiters);
+        let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
+        let mut verdict = Verdict::new(false, []);
+        let answer = self.store.check_sync(&request, &mut verdict)?;
+        let on_error = policy.on_error.unwrap_or(self.on_error);
+        self.conclude(
+            &policy.limiters,
+            &request,
+            answer,
+            &mut verdict,
+            on_error,
+            &mut out,
+        );
+        Some(Ok(out))
+    }
+
+    /// The same check, asking the store through its future.
+    async fn check_async(
         &self,
         policy: &Policy,
         identity: &Identity,
         cost: u64,
         consume: bool,
     ) -> Result<Decision, CheckError> {
-        if policy.bypass.as_ref().is_some_and(|b| b.matches(identity)) {
-            return Ok(Decision::without_rules(true, Reason::Bypassed));
+        let mut out = Decision::without_rules(true, Reason::Ok);
+        let mut keys = CheckKeys::new();
+        if !self.prepare(policy, identity, cost, consume, &mut keys, &mut out)? {
+            return Ok(out);
         }
-        let mut keys = KeyBuf::new();
-        let ends = self.limiter_keys(policy, identity, &mut keys)?;
+        let (limiters, bans) = keys.requests(&policy.limiters);
+        let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
+        let mut verdict = Verdict::new(false, []);
+        let answer = self.store.check(&request).await.map(|v| verdict = v);
+        let on_error = policy.on_error.unwrap_or(self.on_error);
+        self.conclude(
+            &policy.limiters,
+            &request,
+            answer,
+            &mut verdict,
+            on_error,
+            &mut out,
+        );
+        Ok(out)
+    }
+
+    /// What every check does before the store: the bypass, the keys, the cost. False when that
+    /// decided already (into `out`); true when `keys` hold what the store needs.
+    fn prepare<'i>(
+        &self,
+        policy: &Policy,
+        identity: &'i Identity,
+        cost: u64,
+        consume: bool,
+        keys: &mut CheckKeys<'i>,
+        out: &mut Decision,
+    ) -> Result<bool, CheckError> {
+        if policy.bypass.as_ref().is_some_and(|b| b.matches(identity)) {
+            out.reset(true, Reason::Bypassed);
+            return Ok(false);
+        }
+        self.limiter_keys(policy, identity, keys)?;
         if cost > policy.max_units {
-            return Ok(cost_exceeds_limit(&policy.limiters, cost));
+            cost_exceeds_limit(&policy.limiters, cost, out);
+            return Ok(false);
         }
         // Ban keys cost a key per target: left out when this check can neither meet a ban (the
         // store knows none can be live) nor write one.
-        let with_bans =
-            self.blocklist && ((consume && policy.may_ban) || self.store.bans_possible());
-        let mut ip_text = NetworkText::new();
-        let (ip_ban, user_ban) = if with_bans {
-            let ip = identity.ip().map(|ip| {
+        if self.blocklist && ((consume && policy.may_ban) || self.store.bans_possible()) {
+            if let Some(ip) = identity.ip() {
                 // A ban covers the client's network: its text is the target's value.
-                ip_text = BanTarget::PREFIX.network_inline(ip);
-                key::push_ban_key(&mut keys, &self.prefix, "ip", &ip_text);
-                keys.len()
-            });
-            let user = identity.user_id().map(|id| {
-                key::push_ban_key(&mut keys, &self.prefix, "user_id", id);
-                (keys.len(), id)
-            });
-            (ip, user)
-        } else {
-            (None, None)
-        };
+                keys.ip_text = BanTarget::PREFIX.network_inline(ip);
+                key::push_ban_key(&mut keys.text, &self.prefix, "ip", &keys.ip_text);
+                keys.ip_ban = Some(keys.text.len());
+            }
+            if let Some(id) = identity.user_id() {
+                key::push_ban_key(&mut keys.text, &self.prefix, "user_id", id);
+                keys.user_ban = Some((keys.text.len(), id));
+            }
+        }
+        Ok(true)
+    }
 
-        let limiters = limiter_requests(&policy.limiters, &keys, &ends);
-        let mut bans = SmallVec::<[BanKey<'_>; 2]>::new();
-        let mut start = ends.last().copied().unwrap_or(0);
-        if let Some(end) = ip_ban {
-            bans.push(BanKey {
-                key: &keys[start..end],
-                kind: "ip",
-                value: &ip_text,
-            });
-            start = end;
+    /// The decision from the store's answer (into `out`); a failed store meets `on_error`.
+    fn conclude(
+        &self,
+        limiters: &[Limiter],
+        request: &CheckRequest<'_>,
+        answer: Result<(), StoreError>,
+        verdict: &mut Verdict,
+        on_error: OnError,
+        out: &mut Decision,
+    ) {
+        if answer.is_ok() {
+            return decide(limiters, verdict, out);
         }
-        if let Some((end, id)) = user_ban {
-            bans.push(BanKey {
-                key: &keys[start..end],
-                kind: "user_id",
-                value: id,
-            });
+        match on_error {
+            OnError::Allow => out.reset(true, Reason::StoreUnavailable),
+            OnError::Deny => out.reset(false, Reason::StoreUnavailable),
+            OnError::Local => {
+                let local = self.local.get_or_init(MemoryStore::new);
+                match local.check_sync(request, verdict) {
+                    Some(Ok(())) => {
+                        decide(limiters, verdict, out);
+                        out.reason = Reason::StoreUnavailable;
+                    }
+                    _ => out.reset(false, Reason::StoreUnavailable),
+                }
+            }
         }
-        let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
-        let on_error = policy.on_error.unwrap_or(self.on_error);
-        Ok(self.run(&policy.limiters, &request, on_error).await)
     }
 
     /// Writes the key of every limiter of `policy` for `identity` into `keys`, one after the
     /// other (`prefix:{head:value}`, where `head` is the limiter's entry in
-    /// `Policy::key_heads`); returns where each ends.
+    /// `Policy::key_heads`), noting where each ends.
     fn limiter_keys(
         &self,
         policy: &Policy,
         identity: &Identity,
-        keys: &mut KeyBuf,
-    ) -> Result<SmallVec<[usize; INLINE_LIMITERS]>, CheckError> {
-        let mut ends = SmallVec::new();
+        keys: &mut CheckKeys<'_>,
+    ) -> Result<(), CheckError> {
         for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
-            key::open_limiter_key(keys, &self.prefix, head);
-            if !limiter.dimension.push_value(identity, keys) {
+            key::open_limiter_key(&mut keys.text, &self.prefix, head);
+            if !limiter.dimension.push_value(identity, &mut keys.text) {
                 return Err(missing_dimension(limiter));
             }
-            keys.push('}');
-            ends.push(keys.len());
+            keys.text.push_str("}");
+            keys.ends.push(keys.text.len());
         }
-        Ok(ends)
+        Ok(())
     }
 
     /// `check_group` and `check_single`: `limiters` counted on the caller's `keys`.
-    async fn check_named(&self, limiters: &[Limiter], keys: &[String], cost: u64) -> Decision {
+    async fn check_named(
+        &self,
+        limiters: &[Limiter],
+        keys: &[String],
+        cost: u64,
+        out: &mut Decision,
+    ) {
         if cost > max_cost(limiters) {
-            return cost_exceeds_limit(limiters, cost);
+            return cost_exceeds_limit(limiters, cost, out);
         }
         let requests: SmallVec<[LimiterRequest<'_>; INLINE_LIMITERS]> = limiters
             .iter()
@@ -408,40 +490,138 @@ impl<S: Store> Tollgate<S> {
             })
             .collect();
         let request = CheckRequest::new(cost, true, &requests);
-        self.run(limiters, &request, self.on_error).await
+        let mut verdict = Verdict::new(false, []);
+        let answer = match self.store.check_sync(&request, &mut verdict) {
+            Some(answer) => answer,
+            None => self.store.check(&request).await.map(|v| verdict = v),
+        };
+        self.conclude(limiters, &request, answer, &mut verdict, self.on_error, out);
+    }
+}
+
+/// The future of [`Tollgate::check`] and [`Tollgate::peek`]. Its first poll decides when the
+/// store answers at once (everything lives on that poll's stack); otherwise it boxes the
+/// check that awaits the store.
+struct Check<'a, S> {
+    gate: &'a Tollgate<S>,
+    policy: &'a Policy,
+    identity: &'a Identity,
+    cost: u64,
+    consume: bool,
+    state: CheckState<'a>,
+}
+
+enum CheckState<'a> {
+    Start,
+    Waiting(Pin<Box<dyn Future<Output = Result<Decision, CheckError>> + Send + 'a>>),
+    Done,
+}
+
+impl<'a, S: Store> Check<'a, S> {
+    fn new(
+        gate: &'a Tollgate<S>,
+        policy: &'a Policy,
+        identity: &'a Identity,
+        cost: u64,
+        consume: bool,
+    ) -> Check<'a, S> {
+        Check {
+            gate,
+            policy,
+            identity,
+            cost,
+            consume,
+            state: CheckState::Start,
+        }
+    }
+}
+
+impl<'a, S: Store> Future for Check<'a, S> {
+    type Output = Result<Decision, CheckError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let CheckState::Start = this.state {
+            let (gate, policy, identity) = (this.gate, this.policy, this.identity);
+            if let Some(done) = gate.check_now(policy, identity, this.cost, this.consume) {
+                this.state = CheckState::Done;
+                return Poll::Ready(done);
+            }
+            let waiting = gate.check_async(policy, identity, this.cost, this.consume);
+            this.state = CheckState::Waiting(Box::pin(waiting));
+        }
+        let CheckState::Waiting(waiting) = &mut this.state else {
+            panic!("a tollgate check polled after it completed");
+        };
+        let done = ready!(waiting.as_mut().poll(cx));
+        this.state = CheckState::Done;
+        Poll::Ready(done)
+    }
+}
+
+/// The keys of one check, on the stack: every limiter's key and the ban keys in one buffer,
+/// and the IP ban's value.
+struct CheckKeys<'i> {
+    text: KeyBuf,
+    /// Where each limiter's key ends.
+    ends: SmallVec<[usize; INLINE_LIMITERS]>,
+    ip_text: NetworkText,
+    /// Where the IP's ban key ends.
+    ip_ban: Option<usize>,
+    /// Where the user's ban key ends, and the user id.
+    user_ban: Option<(usize, &'i str)>,
+}
+
+impl<'i> CheckKeys<'i> {
+    fn new() -> CheckKeys<'i> {
+        CheckKeys {
+            text: KeyBuf::new(),
+            ends: SmallVec::new(),
+            ip_text: NetworkText::new(),
+            ip_ban: None,
+            user_ban: None,
+        }
     }
 
-    /// Asks the store (without a future when it can answer at once) and decides; a failed
-    /// store meets `on_error`.
-    async fn run(
-        &self,
-        limiters: &[Limiter],
-        request: &CheckRequest<'_>,
-        on_error: OnError,
-    ) -> Decision {
-        let answer = match self.store.check_sync(request) {
-            Some(answer) => answer,
-            // Boxed, so that the future of every check stays small whatever the store's is.
-            None => Box::pin(self.store.check(request)).await,
-        };
-        match answer {
-            Ok(verdict) => decide(limiters, &verdict),
-            Err(_) => match on_error {
-                OnError::Allow => Decision::without_rules(true, Reason::StoreUnavailable),
-                OnError::Deny => Decision::without_rules(false, Reason::StoreUnavailable),
-                OnError::Local => {
-                    let local = self.local.get_or_init(MemoryStore::new);
-                    match local.check_now(request) {
-                        Ok(verdict) => {
-                            let mut d = decide(limiters, &verdict);
-                            d.reason = Reason::StoreUnavailable;
-                            d
-                        }
-                        Err(_) => Decision::without_rules(false, Reason::StoreUnavailable),
-                    }
+    /// The request of each limiter (its key and rules) and the ban keys.
+    fn requests<'a>(
+        &'a self,
+        limiters: &'a [Limiter],
+    ) -> (
+        SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]>,
+        SmallVec<[BanKey<'a>; 2]>,
+    ) {
+        let mut start = 0;
+        let requests = limiters
+            .iter()
+            .zip(&self.ends)
+            .map(|(limiter, &end)| {
+                let key = &self.text[start..end];
+                start = end;
+                LimiterRequest {
+                    key,
+                    rules: &limiter.rules,
+                    ban: limiter.ban,
                 }
-            },
+            })
+            .collect();
+        let mut bans = SmallVec::new();
+        if let Some(end) = self.ip_ban {
+            bans.push(BanKey {
+                key: &self.text[start..end],
+                kind: "ip",
+                value: &self.ip_text,
+            });
+            start = end;
         }
+        if let Some((end, id)) = self.user_ban {
+            bans.push(BanKey {
+                key: &self.text[start..end],
+                kind: "user_id",
+                value: id,
+            });
+        }
+        (requests, bans)
     }
 }
 
@@ -450,28 +630,6 @@ struct EngineStore<S>(Arc<Tollgate<S>>);
 
 impl<S: Store> Store for EngineStore<S> {
     forward_store!(Store, this => &this.0.store);
-}
-
-/// The request of each limiter: its key in `keys` (the keys end at `ends`) and its rules.
-fn limiter_requests<'a>(
-    limiters: &'a [Limiter],
-    keys: &'a str,
-    ends: &[usize],
-) -> SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]> {
-    let mut start = 0;
-    limiters
-        .iter()
-        .zip(ends)
-        .map(|(limiter, &end)| {
-            let key = &keys[start..end];
-            start = end;
-            LimiterRequest {
-                key,
-                rules: &limiter.rules,
-                ban: limiter.ban,
-            }
-        })
-        .collect()
 }
 
 /// The largest cost `limiters` can ever admit: their smallest limit.
@@ -484,25 +642,25 @@ fn max_cost(limiters: &[Limiter]) -> u64 {
         .unwrap_or(0)
 }
 
-/// The decision from a store's verdict.
-fn decide(limiters: &[Limiter], verdict: &Verdict) -> Decision {
+/// The decision from a store's verdict, into `out`.
+fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
     if let Some(left) = verdict.blocked_us {
-        let mut d = Decision::without_rules(false, Reason::Blocked);
-        d.retry_after = Some(Duration::from_micros(left));
-        return d;
+        out.reset(false, Reason::Blocked);
+        out.retry_after = Some(Duration::from_micros(left));
+        return;
     }
+    out.reset(verdict.allowed, Reason::Ok);
     let mut outcomes = verdict.rules.iter();
-    let mut decision = Decision::without_rules(verdict.allowed, Reason::Ok);
     let mut retry_after = None::<u64>;
     for limiter in limiters {
         for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
             if !outcome.allowed {
-                if decision.message.is_none() {
-                    decision.message.clone_from(&limiter.message);
+                if out.message.is_none() {
+                    out.message.clone_from(&limiter.message);
                 }
                 retry_after = retry_after.max(outcome.retry_after_us);
             }
-            decision.rules.push(RuleDecision {
+            out.rules.push(RuleDecision {
                 limiter: limiter.name.clone(),
                 rule: *rule,
                 allowed: outcome.allowed,
@@ -512,13 +670,12 @@ fn decide(limiters: &[Limiter], verdict: &Verdict) -> Decision {
         }
     }
     if !verdict.allowed {
-        decision.reason = Reason::RateLimited;
+        out.reason = Reason::RateLimited;
         // A ban written by this denial outlasts the rule's own wait.
-        decision.retry_after = retry_after
+        out.retry_after = retry_after
             .max(verdict.banned_us)
             .map(Duration::from_micros);
     }
-    decision
 }
 
 fn missing_dimension(limiter: &Limiter) -> CheckError {
@@ -534,14 +691,14 @@ fn new_token() -> String {
     format!("{bits:032x}")
 }
 
-fn cost_exceeds_limit(limiters: &[Limiter], cost: u64) -> Decision {
-    let mut decision = Decision::without_rules(false, Reason::CostExceedsLimit);
+fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
+    out.reset(false, Reason::CostExceedsLimit);
     for limiter in limiters {
         for rule in limiter.rules.iter().filter(|r| r.limit() < cost) {
-            if decision.message.is_none() {
-                decision.message.clone_from(&limiter.message);
+            if out.message.is_none() {
+                out.message.clone_from(&limiter.message);
             }
-            decision.rules.push(RuleDecision {
+            out.rules.push(RuleDecision {
                 limiter: limiter.name.clone(),
                 rule: *rule,
                 allowed: false,
@@ -550,7 +707,6 @@ fn cost_exceeds_limit(limiters: &[Limiter], cost: u64) -> Decision {
             });
         }
     }
-    decision
 }
 
 #[cfg(test)]

@@ -68,19 +68,37 @@ pub fn push_part(out: &mut String, part: &str) {
 /// [`push_part`] into any key buffer.
 pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
     let start = out.len();
-    for &b in part.as_bytes() {
-        if needs_escape(b) {
-            out.push('%');
-            push_hex(out, b, b"0123456789ABCDEF");
-        } else {
-            out.push(b as char);
+    let bytes = part.as_bytes();
+    let mut plain = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if !needs_escape(b) {
+            continue;
         }
+        // Everything before `b` needs no escaping (printable ASCII): one copy.
+        out.push_str(ascii(&bytes[plain..i]));
+        let mut hex = *b"%00";
+        hex[1] = HEX_UPPER[usize::from(b >> 4)];
+        hex[2] = HEX_UPPER[usize::from(b & 0xf)];
+        out.push_str(ascii(&hex));
+        plain = i + 1;
         if out.len() - start > MAX_PART {
-            out.truncate(start);
-            push_hashed(out, part.as_bytes());
-            return;
+            break;
         }
     }
+    if out.len() - start <= MAX_PART {
+        out.push_str(ascii(&bytes[plain..]));
+    }
+    if out.len() - start > MAX_PART {
+        out.truncate(start);
+        push_hashed(out, bytes);
+    }
+}
+
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Bytes known to be ASCII as text.
+fn ascii(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or_default()
 }
 
 fn needs_escape(b: u8) -> bool {
@@ -103,23 +121,39 @@ fn push_hashed(out: &mut (impl KeyOut + ?Sized), bytes: &[u8]) {
 /// Appends an IPv4 address in dotted form, without the formatting machinery (digits and dots
 /// need no escaping).
 pub(crate) fn push_ipv4(out: &mut (impl KeyOut + ?Sized), ip: std::net::Ipv4Addr) {
+    let mut text = [0u8; 15];
+    let mut len = 0;
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
-            out.push('.');
+            text[len] = b'.';
+            len += 1;
         }
-        push_u8(out, octet);
+        len += write_u8(&mut text[len..], octet);
     }
+    out.push_str(ascii(&text[..len]));
 }
 
 /// Appends a byte in decimal.
 pub(crate) fn push_u8(out: &mut (impl KeyOut + ?Sized), n: u8) {
-    if n >= 100 {
-        out.push(char::from(b'0' + n / 100));
+    let mut text = [0u8; 3];
+    let len = write_u8(&mut text, n);
+    out.push_str(ascii(&text[..len]));
+}
+
+/// Writes `n` in decimal at the start of `to` (which has room for three digits); its length.
+fn write_u8(to: &mut [u8], n: u8) -> usize {
+    let digits = [n / 100, n / 10 % 10, n % 10];
+    let skip = if n >= 100 {
+        0
+    } else if n >= 10 {
+        1
+    } else {
+        2
+    };
+    for (slot, d) in to.iter_mut().zip(&digits[skip..]) {
+        *slot = b'0' + d;
     }
-    if n >= 10 {
-        out.push(char::from(b'0' + n / 10 % 10));
-    }
-    out.push(char::from(b'0' + n % 10));
+    3 - skip
 }
 
 /// The base key of one limiter of a policy for one dimension value:
@@ -147,7 +181,7 @@ pub(crate) fn open_limiter_key(out: &mut (impl KeyOut + ?Sized), prefix: &str, h
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(head);
-    out.push(':');
+    out.push_str(":");
 }
 
 /// The base key of a caller-named group (`check_group` / `check_single`): `prefix:{k:name}`.

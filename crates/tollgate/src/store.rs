@@ -220,11 +220,16 @@ pub trait Store: Send + Sync + 'static {
         request: &CheckRequest<'_>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
-    /// Runs the check at once, without a future, when this store can (an in-process store
-    /// answers here; a networked store keeps the default, `None`, and is asked through
-    /// [`check`](Self::check)). A store that answers must answer exactly as `check` would.
-    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
-        let _ = request;
+    /// Runs the check at once, without a future, when this store can, writing the answer into
+    /// `verdict` (an in-process store answers here; a networked store keeps the default,
+    /// `None`, and is asked through [`check`](Self::check)). A store that answers must answer
+    /// exactly as `check` would.
+    fn check_sync(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (request, verdict);
         None
     }
 
@@ -331,7 +336,11 @@ trait DynStore: Send + Sync + 'static {
         &'a self,
         request: &'a CheckRequest<'a>,
     ) -> BoxFuture<'a, Result<Verdict, StoreError>>;
-    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>>;
+    fn check_sync(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Option<Result<(), StoreError>>;
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
@@ -383,8 +392,12 @@ impl<S: Store> DynStore for S {
         Box::pin(Store::check(self, request))
     }
 
-    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
-        Store::check_sync(self, request)
+    fn check_sync(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Option<Result<(), StoreError>> {
+        Store::check_sync(self, request, verdict)
     }
 
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -505,9 +518,10 @@ macro_rules! forward_store {
         fn check_sync(
             &self,
             request: &$crate::CheckRequest<'_>,
-        ) -> Option<Result<$crate::Verdict, $crate::StoreError>> {
+            verdict: &mut $crate::Verdict,
+        ) -> Option<Result<(), $crate::StoreError>> {
             let $inner = self;
-            $trait::check_sync($to, request)
+            $trait::check_sync($to, request, verdict)
         }
 
         async fn reset(

@@ -136,8 +136,12 @@ impl Store for Wrapper {
         self.0.check(request).await
     }
 
-    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
-        self.0.check_sync(request)
+    fn check_sync(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Option<Result<(), StoreError>> {
+        self.0.check_sync(request, verdict)
     }
 
     async fn reset(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {

@@ -289,11 +289,15 @@ impl Shards {
     /// Locks the shards of `hashes`, in ascending order so that no two checks wait on each
     /// other.
     pub(super) fn lock(&self, hashes: &[u64]) -> Locked<'_> {
+        let first = hashes.first().map_or(0, |&h| self.shard_of(h));
+        if hashes.iter().all(|&h| self.shard_of(h) == first) {
+            return Locked::One(self.shards[first].lock());
+        }
         let mut order: SmallVec<[usize; 8]> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
         let guards = order.iter().map(|&i| self.shards[i].lock()).collect();
-        Locked {
+        Locked::Many {
             shards: self,
             order,
             guards,
@@ -302,21 +306,29 @@ impl Shards {
 }
 
 /// The shards one check holds.
-pub(super) struct Locked<'a> {
-    shards: &'a Shards,
-    order: SmallVec<[usize; 8]>,
-    guards: SmallVec<[MutexGuard<'a, Shard>; 8]>,
+pub(super) enum Locked<'a> {
+    /// Every key of the check lives in one shard.
+    One(MutexGuard<'a, Shard>),
+    Many {
+        shards: &'a Shards,
+        order: SmallVec<[usize; 8]>,
+        guards: SmallVec<[MutexGuard<'a, Shard>; 8]>,
+    },
 }
 
 impl Locked<'_> {
     /// The locked shard of a key's hash.
     pub(super) fn shard(&mut self, hash: u64) -> &mut Shard {
-        let shard = self.shards.shard_of(hash);
-        let index = if self.order.len() == 1 {
-            0
-        } else {
-            self.order.binary_search(&shard).unwrap_or(0)
-        };
-        &mut self.guards[index]
+        match self {
+            Locked::One(guard) => guard,
+            Locked::Many {
+                shards,
+                order,
+                guards,
+            } => {
+                let index = order.binary_search(&shards.shard_of(hash)).unwrap_or(0);
+                &mut guards[index]
+            }
+        }
     }
 }

@@ -32,7 +32,7 @@ use crate::{
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
-    store::{CheckRequest, LockReply, Outcomes, Store, Verdict},
+    store::{CheckRequest, LockReply, Store, Verdict},
 };
 
 /// An in-process store: exact and atomic within one process, nothing shared across processes.
@@ -117,7 +117,9 @@ impl MemoryStore {
 
     /// Runs a check synchronously: what [`Store::check`] and [`Store::check_sync`] answer.
     pub fn check_now(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
-        self.inner.check(request)
+        let mut verdict = Verdict::new(false, []);
+        self.inner.check(request, &mut verdict)?;
+        Ok(verdict)
     }
 }
 
@@ -219,8 +221,8 @@ impl Inner {
         horizon != 0 && self.clock.now_us() < horizon
     }
 
-    /// One atomic check (see [`CheckRequest`]).
-    fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+    /// One atomic check (see [`CheckRequest`]), answered into `verdict`.
+    fn check(&self, request: &CheckRequest<'_>, verdict: &mut Verdict) -> Result<(), StoreError> {
         let hashes: SmallVec<[u64; 8]> = request
             .limiters
             .iter()
@@ -232,12 +234,19 @@ impl Inner {
         let mut locked = self.shards.lock(&hashes);
         let now = self.clock.now_us();
 
-        if let Some(left) = self.blocked_for(request, ban_hashes, &mut locked, now) {
-            return Ok(Verdict::blocked(left));
+        verdict.blocked_us = self.blocked_for(request, ban_hashes, &mut locked, now);
+        verdict.banned_us = None;
+        verdict.rules.clear();
+        if verdict.blocked_us.is_some() {
+            verdict.allowed = false;
+            return Ok(());
         }
 
         let cost = request.cost;
-        let mut out = Outcomes::from_elem(RuleOutcome::default(), request.rule_count());
+        verdict
+            .rules
+            .resize(request.rule_count(), RuleOutcome::default());
+        let out = &mut verdict.rules;
         let mut found = Found::new();
         let mut allowed = true;
         let mut first = 0;
@@ -286,15 +295,12 @@ impl Inner {
                     None => RuleStates::default().settle(l.rules, now, out),
                 }
             }
-            let banned_us = if request.may_ban() {
-                self.ban_offender(request, ban_hashes, &out, &mut locked, now)
-            } else {
-                None
-            };
-            let mut verdict = Verdict::new(false, []);
-            verdict.rules = out;
-            verdict.banned_us = banned_us;
-            return Ok(verdict);
+            verdict.allowed = false;
+            if request.may_ban() {
+                verdict.banned_us =
+                    self.ban_offender(request, ban_hashes, &verdict.rules, &mut locked, now);
+            }
+            return Ok(());
         }
 
         if request.consume && cost > 0 {
@@ -327,9 +333,8 @@ impl Inner {
                 }
             }
         }
-        let mut verdict = Verdict::new(true, []);
-        verdict.rules = out;
-        Ok(verdict)
+        verdict.allowed = true;
+        Ok(())
     }
 
     /// Before anything is written: room in every shard for the keys this admission creates,
@@ -408,11 +413,15 @@ impl Store for MemoryStore {
         &self,
         request: &CheckRequest<'_>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
-        std::future::ready(self.inner.check(request))
+        std::future::ready(self.check_now(request))
     }
 
-    fn check_sync(&self, request: &CheckRequest<'_>) -> Option<Result<Verdict, StoreError>> {
-        Some(self.inner.check(request))
+    fn check_sync(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.inner.check(request, verdict))
     }
 
     fn reset(

@@ -16,7 +16,9 @@ use crate::{
 /// limiter with sliding-log rules, and one counter lives inline.
 #[derive(Default)]
 pub(super) struct RuleStates {
-    /// The instants of admitted units, oldest first, shared by the sliding-log rules.
+    /// The instants of admitted units, oldest first, shared by the sliding-log rules. Boxed:
+    /// one pointer in the entries of limiters without a sliding log, not a deque's four words.
+    #[allow(clippy::box_collection)]
     log: Option<Box<VecDeque<u64>>>,
     /// One per fixed-window or GCRA rule; inline for a limiter with one such rule.
     counters: SmallVec<[Counter; 1]>,
