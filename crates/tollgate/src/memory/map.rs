@@ -54,15 +54,15 @@ impl Entry {
 }
 
 struct Slot {
-    hash: u64,
     key: Box<str>,
     /// `None` while the slot is free.
     entry: Option<Entry>,
 }
 
-/// One shard: a slab of entries and a table of their indices.
-#[derive(Default)]
+/// One shard: a slab of entries and a table of their indices. A slot keeps no hash (8 bytes
+/// a key): the rare growth of the table hashes the keys again.
 pub(super) struct Shard {
+    hasher: Hasher,
     table: HashTable<u32>,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -77,6 +77,17 @@ pub(super) struct Shard {
 pub(super) type SlotId = u32;
 
 impl Shard {
+    fn new(hasher: Hasher) -> Shard {
+        Shard {
+            hasher,
+            table: HashTable::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            sample: 0,
+            tick: 0,
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         self.table.len()
     }
@@ -85,10 +96,7 @@ impl Shard {
     pub(super) fn find(&self, hash: u64, key: &str) -> Option<SlotId> {
         let slots = &self.slots;
         self.table
-            .find(hash, |&i| {
-                let slot = &slots[i as usize];
-                slot.hash == hash && *slot.key == *key
-            })
+            .find(hash, |&i| *slots[i as usize].key == *key)
             .copied()
     }
 
@@ -126,7 +134,6 @@ impl Shard {
             return id;
         }
         let slot = Slot {
-            hash,
             key: key.into(),
             entry: Some(entry),
         };
@@ -140,19 +147,18 @@ impl Shard {
                 (self.slots.len() - 1) as SlotId
             }
         };
-        let slots = &self.slots;
+        let (slots, hasher) = (&self.slots, &self.hasher);
         self.table
-            .insert_unique(hash, id, |&i| slots[i as usize].hash);
+            .insert_unique(hash, id, |&i| hasher.hash_one(&*slots[i as usize].key));
         id
     }
 
     /// Removes the entry under `key`.
     pub(super) fn remove(&mut self, hash: u64, key: &str) -> Option<Entry> {
         let slots = &self.slots;
-        let found = self.table.find_entry(hash, |&i| {
-            let slot = &slots[i as usize];
-            slot.hash == hash && *slot.key == *key
-        });
+        let found = self
+            .table
+            .find_entry(hash, |&i| *slots[i as usize].key == *key);
         let (id, _) = found.ok()?.remove();
         self.release(id)
     }
@@ -220,7 +226,7 @@ impl Shard {
         let Some((_, _, id)) = best else {
             return false;
         };
-        let hash = self.slots[id as usize].hash;
+        let hash = self.hasher.hash_one(&*self.slots[id as usize].key);
         if let Ok(found) = self.table.find_entry(hash, |&i| i == id) {
             found.remove();
         }
@@ -258,9 +264,12 @@ pub(super) struct Shards {
 
 impl Shards {
     pub(super) fn new(count: usize) -> Shards {
+        let hasher = Hasher::default();
         Shards {
-            shards: (0..count.max(1)).map(|_| Mutex::default()).collect(),
-            hasher: Hasher::default(),
+            shards: (0..count.max(1))
+                .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                .collect(),
+            hasher,
         }
     }
 

@@ -27,24 +27,55 @@ pub(super) struct RuleStates {
 /// The state of one fixed-window or GCRA rule, which its rule's algorithm reads: the window's
 /// start and count, or the theoretical arrival time (and 0).
 struct Counter {
-    rule: Rule,
+    rule: RuleId,
     a: u64,
     b: u64,
+}
+
+/// A fixed-window or GCRA rule, exactly, in two words: its limit, and its window in
+/// milliseconds (below 2^40) with the algorithm in the top bits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct RuleId {
+    limit: u64,
+    window_and_algorithm: u64,
+}
+
+impl RuleId {
+    fn of(rule: &Rule) -> RuleId {
+        let algorithm = match rule.algorithm() {
+            Algorithm::FixedWindow => 1,
+            _ => 2,
+        };
+        RuleId {
+            limit: rule.limit(),
+            window_and_algorithm: rule.window_ms() | algorithm << 56,
+        }
+    }
+
+    fn is_fixed_window(self) -> bool {
+        self.window_and_algorithm >> 56 == 1
+    }
+
+    fn window_us(self) -> u64 {
+        (self.window_and_algorithm & ((1 << 56) - 1)) * 1000
+    }
 }
 
 impl Counter {
     /// The instant (µs) after which the counter holds nothing that counts.
     fn expires_at(&self) -> u64 {
-        match self.rule.algorithm() {
-            Algorithm::FixedWindow => self.a + self.rule.window_us(),
-            _ => self.a,
+        if self.rule.is_fixed_window() {
+            self.a + self.rule.window_us()
+        } else {
+            self.a
         }
     }
 }
 
 /// The counter of `rule` among a limiter's counters.
 fn counter<'a>(counters: &'a [Counter], rule: &Rule) -> Option<&'a Counter> {
-    counters.iter().find(|c| c.rule == *rule)
+    let id = RuleId::of(rule);
+    counters.iter().find(|c| c.rule == id)
 }
 
 /// The fixed window of `rule` among a limiter's counters.
@@ -162,10 +193,11 @@ impl RuleStates {
                     (next, 0)
                 }
             };
-            let c = match self.counters.iter_mut().position(|c| c.rule == *rule) {
+            let id = RuleId::of(rule);
+            let c = match self.counters.iter_mut().position(|c| c.rule == id) {
                 Some(i) => &mut self.counters[i],
                 None => {
-                    self.counters.push(Counter { rule: *rule, a, b });
+                    self.counters.push(Counter { rule: id, a, b });
                     let last = self.counters.len() - 1;
                     &mut self.counters[last]
                 }

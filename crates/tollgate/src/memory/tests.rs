@@ -218,3 +218,12 @@ fn keys_spread_over_shards() {
         .collect();
     assert!(shards.len() > 32, "{}", shards.len());
 }
+
+/// A store holds up to millions of entries: a one-rule key's entry stays within 72 bytes
+/// (beside its key's text and the table's index), for about 145 bytes per key in all.
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn entries_stay_small() {
+    assert!(std::mem::size_of::<Option<super::map::Entry>>() <= 72);
+    assert!(std::mem::size_of::<super::rules::RuleStates>() <= 48);
+}
