@@ -199,3 +199,104 @@ async fn run(inner: &Inner, mut jobs: Vec<Job>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate::{Algorithm, CheckRequest, LimiterRequest, Rule, Store};
+    use tollgate_testkit::RedisServer;
+
+    use super::*;
+    use crate::RedisStore;
+
+    async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:"))
+            .map(|l| {
+                l["cmdstat_evalsha:calls=".len()..]
+                    .split(',')
+                    .next()
+                    .unwrap()
+            })
+            .map(|n| n.parse::<u64>().unwrap())
+            .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn checks_of_one_key_in_one_batch_admit_exactly_the_limit() {
+        let server = RedisServer::start();
+        let store = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(10))
+            .local_cache(false)
+            .build()
+            .await
+            .unwrap();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let inner = store.inner().clone();
+        // The lane is busy (as if a call were in flight): every check queues behind it.
+        inner.lanes.lock().insert(None, Vec::new());
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let algorithm = [Algorithm::SlidingLog, Algorithm::FixedWindow][i % 2];
+                    let rules = [
+                        "7/1h".parse::<Rule>().unwrap(),
+                        "7/1h".parse::<Rule>().unwrap().with_algorithm(algorithm),
+                    ];
+                    let limiters = [LimiterRequest {
+                        key: "one:{batch}",
+                        rules: &rules[..1 + i % 2],
+                        ban: None,
+                    }];
+                    store
+                        .check(&CheckRequest::new(1, true, &limiters))
+                        .await
+                        .unwrap()
+                        .allowed
+                })
+            })
+            .collect();
+        // Wait (bounded) until all 20 have queued.
+        for _ in 0..10_000 {
+            if inner.lanes.lock().get(&None).map_or(0, Vec::len) == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(inner.lanes.lock().get(&None).map(Vec::len), Some(20));
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // The call returns: its hand-off drains the queue, all 20 in one call.
+        drop(HandOff {
+            inner: &inner,
+            lane: None,
+        });
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += usize::from(task.await.unwrap());
+        }
+        assert_eq!(admitted, 7);
+        assert_eq!(script_calls(&mut conn).await, 1);
+        let logged: u64 = redis::cmd("ZCARD")
+            .arg("one:{batch}:l")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(logged, 7);
+        assert!(inner.lanes.lock().is_empty(), "the lane is idle again");
+    }
+}

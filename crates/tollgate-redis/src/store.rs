@@ -167,6 +167,12 @@ impl RedisStore {
         self.inner.cache.as_ref().map_or(0, LocalCache::answered)
     }
 
+    /// What the clones share.
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     /// The test clock's time, if any (production: `None`, the scripts read `TIME`).
     pub(crate) fn test_now(&self) -> Option<u64> {
         self.inner.clock.as_ref().map(|c| c.now_us())

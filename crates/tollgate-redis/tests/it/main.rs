@@ -3,6 +3,7 @@
 // clippy.toml allows unwrap in test functions only; the helpers here are test code too.
 #![allow(clippy::unwrap_used)]
 
+mod batching;
 mod cluster;
 mod concurrency;
 mod connect;
@@ -10,6 +11,7 @@ mod failover;
 mod failure;
 mod guards;
 mod layout;
+mod local_cache;
 mod parity;
 mod redis_time;
 mod round_trip;
