@@ -87,7 +87,10 @@ struct Bench {
     /// For the seed's calls and for FLUSHALL / MEMORY USAGE.
     conn: MultiplexedConnection,
     seed: Script,
+    /// The store as shipped: batching and the local cache on.
     gate: Arc<Gate>,
+    /// Batching and the local cache off: one script call per check.
+    unbatched: Arc<Gate>,
 }
 
 impl Bench {
@@ -106,11 +109,19 @@ impl Bench {
             .build()
             .await
             .expect("a RedisStore on the bench's redis-server");
+        let unbatched = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(5))
+            .batching(false)
+            .local_cache(false)
+            .build()
+            .await
+            .expect("a RedisStore on the bench's redis-server");
         Bench {
             port: server.port(),
             conn,
             seed,
             gate: Arc::new(Tollgate::new(store)),
+            unbatched: Arc::new(Tollgate::new(unbatched)),
         }
     }
 
@@ -162,7 +173,20 @@ impl Bench {
         let policy = Arc::new(policy(&[Dimension::Ip]));
         let mut seed = Vec::new();
         let mut ours = Vec::new();
+        let mut unbatched = Vec::new();
         for round in 0..rounds() {
+            self.flush().await;
+            let before = self.probe().await;
+            let run = self
+                .tollgate_throughput_on(&self.unbatched, &policy, scaled(CHECKS), |i| {
+                    Identity::new().with_ip(client_ip(i))
+                })
+                .await;
+            let cpu = self.probe().await.since(&before, scaled(CHECKS));
+            println!(
+                "  1 limiter, round {round}: tollgate without batching: {run}; {cpu} per check"
+            );
+            unbatched.push(run.per_second);
             for side in order(round) {
                 self.flush().await;
                 if side == Side::Seed {
@@ -192,6 +216,13 @@ impl Bench {
             "Redis, 1 limiter x 3 sliding-log rules, random keys, 50 in flight: throughput \
              (checks/s) vs redis-benchmark -c 50 -P 16, seed script",
             median(&ours),
+            median(&seed),
+            Target::AtLeast(1.5),
+            "/s",
+        );
+        table.row(
+            "  the same, batching off",
+            median(&unbatched),
             median(&seed),
             Target::AtLeast(0.8),
             "/s",
@@ -257,13 +288,25 @@ impl Bench {
         total: usize,
         identity: fn(u32) -> Identity,
     ) -> Run {
+        self.tollgate_throughput_on(&self.gate, policy, total, identity)
+            .await
+    }
+
+    /// The same on `gate`.
+    async fn tollgate_throughput_on(
+        &self,
+        gate: &Arc<Gate>,
+        policy: &Arc<Policy>,
+        total: usize,
+        identity: fn(u32) -> Identity,
+    ) -> Run {
         let started = AtomicUsize::new(0);
         let tally = Tally::default();
         let shared = Arc::new((started, tally));
         let begin = Instant::now();
         let tasks: Vec<_> = (0..IN_FLIGHT)
             .map(|_| {
-                let (gate, policy, shared) = (self.gate.clone(), policy.clone(), shared.clone());
+                let (gate, policy, shared) = (gate.clone(), policy.clone(), shared.clone());
                 tokio::spawn(async move {
                     while shared.0.fetch_add(1, Ordering::Relaxed) < total {
                         let who = identity(rand::random::<u32>() % KEYSPACE);

@@ -24,6 +24,7 @@ use tollgate::{
 };
 
 use crate::{
+    batch::Lane,
     script::{self, Record, Report, SlotReply},
     store::RedisStore,
 };
@@ -66,6 +67,17 @@ fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
     } else {
         Layout::Slots(groups)
     })
+}
+
+/// The slot of a plan whose keys share one ([`Layout::OneSlot`]): its batching lane.
+fn one_slot(plan: &CheckRequest<'_>) -> Lane {
+    let first = plan
+        .limiters
+        .first()
+        .map(|l| l.key)
+        .or_else(|| plan.bans.first().map(|b| b.key))
+        .unwrap_or("");
+    Some(Slot::for_key(first))
 }
 
 /// The one slot of all of a limiter's keys: its state keys are its base key plus a suffix, so
@@ -136,7 +148,7 @@ pub(crate) async fn check(
     plan: &CheckRequest<'_>,
 ) -> Result<Verdict, StoreError> {
     let groups = match layout(plan)? {
-        Layout::OneSlot => return store.check_one_call(plan).await,
+        Layout::OneSlot => return store.check_one_call(plan, one_slot(plan)).await,
         Layout::Slots(groups) => groups,
     };
     let report = if groups.len() > 1 {
@@ -161,11 +173,10 @@ pub(crate) async fn check(
         async move {
             let request = c.request(plan);
             let mut call = scripts.check.call();
-            script::prepare(&mut call, &request, now, nonce)?;
-            call.arg(report as u8);
-            let reply: RedisResult<Vec<i64>> = call.invoke(&mut conn).await;
-            let reply = reply.map_err(|e| store.redis_error("check", e))?;
-            script::slot_reply(&request, &reply, report)
+            script::prepare(&mut call, &request, now, nonce, Some(report))?;
+            let replies: RedisResult<Vec<Vec<i64>>> = call.invoke(&mut conn).await;
+            let reply = replies.map_err(|e| store.redis_error("check", e))?;
+            script::slot_reply(&request, &script::only_reply(reply)?, report)
         }
     }));
     let bans = async {

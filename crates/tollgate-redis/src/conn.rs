@@ -103,6 +103,20 @@ impl Call<'_> {
         self
     }
 
+    /// The keys and arguments given so far, to be sent later with others ([`append`]).
+    ///
+    /// [`append`]: Self::append
+    pub(crate) fn into_parts(self) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        (self.keys, self.args)
+    }
+
+    /// Appends keys and arguments taken by [`into_parts`](Self::into_parts) from a call of
+    /// the same script.
+    pub(crate) fn append(&mut self, keys: &mut Vec<Vec<u8>>, args: &mut Vec<Vec<u8>>) {
+        self.keys.append(keys);
+        self.args.append(args);
+    }
+
     fn cmd(&self, by_hash: bool) -> Cmd {
         let mut cmd = if by_hash {
             let mut c = redis::cmd("EVALSHA");

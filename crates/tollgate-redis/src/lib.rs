@@ -77,7 +77,9 @@
 //! hash holding its own deadline, and `prefix:{ban}:index` lists the bans. Every key carries
 //! `PEXPIRE` for as long as its state can count, and a hash tag.
 
+mod batch;
 mod blocklist;
+mod cache;
 mod cluster;
 mod conn;
 mod error;

@@ -126,15 +126,17 @@ pub(crate) fn lock_reply(reply: &[Value]) -> Result<LockReply, StoreError> {
     }
 }
 
-/// Fills `invocation` with the plan's keys and arguments (see the header of check.lua).
+/// Appends the plan's keys and arguments to `invocation` (see the header of check.lua): one
+/// check of the call.
 ///
-/// `now_us` overrides the server's `TIME` (tests only); `nonce` makes this call's sliding-log
-/// members unique.
+/// `now_us` overrides the server's `TIME` (tests only); `nonce` makes this check's sliding-log
+/// members unique; `report` is `None` but for one slot of a Cluster check over several.
 pub(crate) fn prepare(
     invocation: &mut Call<'_>,
     plan: &CheckRequest<'_>,
     now_us: Option<u64>,
     nonce: [u8; 8],
+    report: Option<Report>,
 ) -> Result<(), StoreError> {
     let mut packed = Packed::new(nonce, plan);
     match now_us {
@@ -168,6 +170,7 @@ pub(crate) fn prepare(
     // only read the ban keys, and spare the server two arguments per target and a key.
     let writes_bans = plan.may_ban();
     packed.flag(writes_bans);
+    packed.push(report.map_or(0, |r| r as i64));
     invocation.arg(packed.0);
     if writes_bans {
         for ban in plan.bans {
@@ -185,7 +188,7 @@ struct Packed(Vec<u8>);
 
 impl Packed {
     fn new(nonce: [u8; 8], plan: &CheckRequest<'_>) -> Packed {
-        let ints = 6 + 6 * plan.limiters.len() + 3 * plan.rule_count();
+        let ints = 7 + 6 * plan.limiters.len() + 3 * plan.rule_count();
         let mut bytes = Vec::with_capacity(8 + 8 * ints);
         bytes.extend_from_slice(&nonce);
         Packed(bytes)
@@ -238,6 +241,17 @@ fn algorithm_code(algorithm: Algorithm) -> Result<i64, StoreError> {
             format!("the Redis store does not implement the {other} algorithm"),
         )),
     }
+}
+
+/// The one reply of a check.lua call that held one check.
+pub(crate) fn only_reply(mut replies: Vec<Vec<i64>>) -> Result<Vec<i64>, StoreError> {
+    if replies.len() != 1 {
+        return Err(protocol(
+            "check",
+            format!("{} replies to one check", replies.len()),
+        ));
+    }
+    Ok(replies.swap_remove(0))
 }
 
 /// Reads the script's reply: `allowed`, `blocked_us`, `banned_us`, then four integers per rule.
@@ -310,7 +324,7 @@ fn read_outcomes(
         .collect()
 }
 
-/// How a Cluster store asks check.lua to report (its optional last argument).
+/// How a Cluster store asks check.lua to report (the last integer of a check's plan).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Report {
     /// What was recorded, to undo it if the identity is banned.
@@ -543,6 +557,6 @@ mod tests {
         let mut inv = scripts.check.call();
         let mut p = plan(&["2/1s"]);
         p.cost = 1 << 60;
-        assert!(prepare(&mut inv, &p, None, [0; 8]).is_err());
+        assert!(prepare(&mut inv, &p, None, [0; 8], None).is_err());
     }
 }

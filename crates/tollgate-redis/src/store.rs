@@ -1,6 +1,12 @@
 //! [`RedisStore`]: the [`Store`] over one standalone Redis, and its builder.
 
-use std::{fmt, future::Future, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use redis::{
     AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, RedisResult, TlsCertificates,
@@ -15,7 +21,10 @@ use tollgate::{
 };
 
 use crate::{
-    blocklist, cluster,
+    batch::{self, Lane, Lanes},
+    blocklist,
+    cache::LocalCache,
+    cluster,
     conn::{Conn, Lua},
     error,
     script::{self, Scripts, micros, now_arg},
@@ -59,13 +68,61 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    conn: Conn,
-    scripts: Scripts,
+/// What every clone of a store shares, and what its batches are sent with.
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) scripts: Scripts,
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     /// The URL without its password, for messages.
-    target: String,
+    pub(crate) target: String,
+    /// Send checks of one lane together while a call is in flight (see `batch`).
+    batching: bool,
+    /// The lanes with a call in flight.
+    pub(crate) lanes: Lanes,
+    /// The local over-limit cache, if on.
+    cache: Option<LocalCache>,
+    /// The cache's clock without a test clock: µs since this instant.
+    epoch: Instant,
+}
+
+impl Inner {
+    /// `err`, raised while doing `what`, as a store error naming the target.
+    pub(crate) fn redis_error(&self, what: &str, err: RedisError) -> StoreError {
+        error::from_redis(what, &self.target, err)
+    }
+
+    /// Runs `fut` within the store's timeout, naming `what` in any error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        self.bounded_store(what, async {
+            fut.await.map_err(|e| self.redis_error(what, e))
+        })
+        .await
+    }
+
+    /// Runs `fut` within the store's timeout; a timeout names `what`.
+    pub(crate) async fn bounded_store<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(error::timed_out(what, &self.target, self.timeout)),
+        }
+    }
+
+    /// The local cache's clock: the test clock's time, or µs since the store was built.
+    fn local_now_us(&self) -> u64 {
+        match &self.clock {
+            Some(clock) => clock.now_us(),
+            None => u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 impl RedisStore {
@@ -100,7 +157,21 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             clock: None,
             tls: TlsFiles::default(),
+            batching: None,
+            local_cache: None,
         }
+    }
+
+    /// How many checks the local over-limit cache has denied without a call to Redis, since
+    /// the store was built (shared by its clones); always 0 with the cache off.
+    pub fn local_denials(&self) -> u64 {
+        self.inner.cache.as_ref().map_or(0, LocalCache::answered)
+    }
+
+    /// What the clones share.
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
     }
 
     /// The test clock's time, if any (production: `None`, the scripts read `TIME`).
@@ -123,7 +194,7 @@ impl RedisStore {
 
     /// `err`, raised while doing `what`, as a store error naming the target.
     pub(crate) fn redis_error(&self, what: &str, err: RedisError) -> StoreError {
-        error::from_redis(what, &self.inner.target, err)
+        self.inner.redis_error(what, err)
     }
 
     /// Runs `fut` within the store's timeout, naming `what` in any error.
@@ -132,10 +203,7 @@ impl RedisStore {
         what: &str,
         fut: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        self.bounded_store(what, async {
-            fut.await.map_err(|e| self.redis_error(what, e))
-        })
-        .await
+        self.inner.bounded(what, fut).await
     }
 
     /// Runs `fut` within the store's timeout; a timeout names `what`.
@@ -144,22 +212,27 @@ impl RedisStore {
         what: &str,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let inner = &self.inner;
-        match tokio::time::timeout(inner.timeout, fut).await {
-            Ok(result) => result,
-            Err(_) => Err(error::timed_out(what, &inner.target, inner.timeout)),
-        }
+        self.inner.bounded_store(what, fut).await
     }
 
-    /// The whole plan as one check.lua call: every key must live on one node (one slot).
+    /// The whole plan as one check of check.lua: every key must live on `lane` (one slot,
+    /// or the one server). Sent with the other checks of its lane when batching is on.
     pub(crate) async fn check_one_call(
         &self,
         plan: &CheckRequest<'_>,
+        lane: Lane,
     ) -> Result<Verdict, StoreError> {
         let mut call = self.inner.scripts.check.call();
-        script::prepare(&mut call, plan, self.test_now(), rand::random())?;
-        let mut conn = self.conn();
-        let reply: Vec<i64> = self.bounded("check", call.invoke(&mut conn)).await?;
+        script::prepare(&mut call, plan, self.test_now(), rand::random(), None)?;
+        let reply = if self.inner.batching {
+            let (keys, args) = call.into_parts();
+            self.bounded_store("check", batch::submit(&self.inner, lane, keys, args))
+                .await?
+        } else {
+            let mut conn = self.conn();
+            let replies: Vec<Vec<i64>> = self.bounded("check", call.invoke(&mut conn)).await?;
+            script::only_reply(replies)?
+        };
         script::verdict(plan, &reply)
     }
 }
@@ -169,6 +242,8 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("target", &self.inner.target)
             .field("timeout", &self.inner.timeout)
+            .field("batching", &self.inner.batching)
+            .field("local_cache", &self.inner.cache.is_some())
             .field("test_clock", &self.inner.clock)
             .finish_non_exhaustive()
     }
@@ -176,10 +251,21 @@ impl fmt::Debug for RedisStore {
 
 impl Store for RedisStore {
     async fn check(&self, plan: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
-        match &self.inner.conn {
-            Conn::Cluster(conn) => cluster::check(self, conn, plan).await,
-            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan).await,
+        let cache = self.inner.cache.as_ref();
+        let sent_us = cache.map(|_| self.inner.local_now_us());
+        if let (Some(cache), Some(now)) = (cache, sent_us)
+            && let Some(denied) = cache.answer(plan, now)
+        {
+            return Ok(denied);
         }
+        let verdict = match &self.inner.conn {
+            Conn::Cluster(conn) => cluster::check(self, conn, plan).await?,
+            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan, None).await?,
+        };
+        if let (Some(cache), Some(sent)) = (cache, sent_us) {
+            cache.learn(plan, &verdict, sent);
+        }
+        Ok(verdict)
     }
 
     async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
@@ -187,10 +273,17 @@ impl Store for RedisStore {
         if keys.is_empty() {
             return Ok(());
         }
+        // Forgotten before and after: a denial learnt while the keys are deleted is dropped.
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_limiters(plan);
+        }
         let mut conn = self.conn();
         let _deleted: u64 = self
             .bounded("reset", redis::cmd("DEL").arg(keys).query_async(&mut conn))
             .await?;
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_limiters(plan);
+        }
         Ok(())
     }
 
@@ -277,13 +370,21 @@ impl Store for RedisStore {
     }
 
     async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
+        let key = target.key(prefix);
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_ban(&key);
+        }
         let mut invocation = self.inner.scripts.unban.call();
         invocation
-            .key(target.key(prefix))
+            .key(&key)
             .key(ban_index_key(prefix))
             .arg(self.now_arg());
         let mut conn = self.conn();
-        self.bounded("unban", invocation.invoke(&mut conn)).await
+        let lifted = self.bounded("unban", invocation.invoke(&mut conn)).await?;
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_ban(&key);
+        }
+        Ok(lifted)
     }
 
     async fn ban_count(&self, prefix: &str) -> Result<u64, StoreError> {
@@ -307,6 +408,8 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     tls: TlsFiles,
+    batching: Option<bool>,
+    local_cache: Option<bool>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -316,6 +419,8 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("timeout", &self.timeout)
             .field("test_clock", &self.clock)
             .field("tls", &self.tls)
+            .field("batching", &self.batching)
+            .field("local_cache", &self.local_cache)
             .finish()
     }
 }
@@ -330,6 +435,35 @@ impl RedisStoreBuilder {
     /// least 1 s.
     pub fn timeout(mut self, timeout: Duration) -> RedisStoreBuilder {
         self.timeout = timeout;
+        self
+    }
+
+    /// Natural batching (default: on): while a check's script call is in flight, the checks
+    /// that arrive for the same server (on a Cluster, the same hash slot) wait, and go
+    /// together as one call when it returns, evaluated one after the other against one
+    /// `TIME`, each all-or-nothing on its own: the same answers as one call each, for less
+    /// Redis CPU per check. A check that finds nothing in flight goes at once, so a lone
+    /// check waits for nothing. The same as `?batching=off` (or `on`) in the URL (give it in
+    /// one place).
+    ///
+    /// On a Cluster only checks whose keys share one slot are batched; a check over several
+    /// slots is its own call per slot.
+    pub fn batching(mut self, on: bool) -> RedisStoreBuilder {
+        self.batching = Some(on);
+        self
+    }
+
+    /// The local over-limit cache (default: on): once Redis denies a limiter until some
+    /// instant, this store denies the checks that need that limiter with at least that cost
+    /// until then (less a margin), without asking Redis; the same for a live ban. It never
+    /// admits, so it cannot over-admit. Other instances learn of a denial on their own first
+    /// call; a reset or an unban through this store forgets what it concerns, one through
+    /// another instance does not reach this cache (it keeps denying until the remembered
+    /// end). See `docs/deployment.md`, "The local over-limit cache", for what a local denial
+    /// approximates. The same as `?local_cache=off` (or `on`) in the URL (give it in one
+    /// place). [`RedisStore::local_denials`] counts its answers.
+    pub fn local_cache(mut self, on: bool) -> RedisStoreBuilder {
+        self.local_cache = Some(on);
         self
     }
 
@@ -371,8 +505,8 @@ impl RedisStoreBuilder {
     }
 
     /// The TLS files of the URL and of the builder, read; and the URL without them.
-    fn tls(&self) -> Result<(String, Option<TlsCertificates>), String> {
-        let (url, mut files) = url::take_tls_files(&self.url)?;
+    fn tls(&self, url: &str) -> Result<(String, Option<TlsCertificates>), String> {
+        let (url, mut files) = url::take_tls_files(url)?;
         for (name, from_url, from_builder) in [
             ("tls_ca_file", &mut files.ca, &self.tls.ca),
             ("tls_cert_file", &mut files.cert, &self.tls.cert),
@@ -405,7 +539,11 @@ impl RedisStoreBuilder {
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         let target = error::redact(&self.url);
         let bad_url = |why: String| unavailable(format!("invalid Redis URL {target:?}: {why}"));
-        let (url, certs) = self.tls().map_err(bad_url)?;
+        let (url, options) = url::take_store_options(&self.url).map_err(bad_url)?;
+        let batching = pick("batching", options.batching, self.batching).map_err(bad_url)?;
+        let local_cache =
+            pick("local_cache", options.local_cache, self.local_cache).map_err(bad_url)?;
+        let (url, certs) = self.tls(&url).map_err(bad_url)?;
         let parsed = url::parse(&url).map_err(bad_url)?;
         if url.starts_with("rediss") {
             install_crypto_provider();
@@ -494,6 +632,10 @@ impl RedisStoreBuilder {
                 timeout: self.timeout,
                 clock: self.clock,
                 target,
+                batching,
+                lanes: Lanes::default(),
+                cache: local_cache.then(LocalCache::new),
+                epoch: Instant::now(),
             }),
         })
     }
@@ -558,6 +700,17 @@ async fn connecting<T>(
         Err(_) => Err(unavailable(format!(
             "cannot connect to {target}: no answer within {limit:?}"
         ))),
+    }
+}
+
+/// A switch given in the URL or to the builder (not both); on by default.
+fn pick(name: &str, from_url: Option<bool>, from_builder: Option<bool>) -> Result<bool, String> {
+    match (from_url, from_builder) {
+        (Some(_), Some(_)) => Err(format!(
+            "{name} is given both in the URL and to the builder"
+        )),
+        (Some(on), None) | (None, Some(on)) => Ok(on),
+        (None, None) => Ok(true),
     }
 }
 

@@ -191,6 +191,61 @@ pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
     Ok((rest, files))
 }
 
+/// The store's own switches a URL may carry: `batching=` and `local_cache=`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreOptions {
+    pub(crate) batching: Option<bool>,
+    pub(crate) local_cache: Option<bool>,
+}
+
+/// Takes `batching` and `local_cache` (each `on` or `off`; also `true`/`false`, `1`/`0`)
+/// out of `url`'s query: the URL without them, and their values. Every other parameter stays,
+/// in order.
+pub(crate) fn take_store_options(url: &str) -> Result<(String, StoreOptions), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), StoreOptions::default()));
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let mut options = StoreOptions::default();
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match name {
+            "batching" => &mut options.batching,
+            "local_cache" => &mut options.local_cache,
+            _ => {
+                kept.push(pair);
+                continue;
+            }
+        };
+        if slot.is_some() {
+            return Err(format!("URL parameter {name:?} is given twice"));
+        }
+        *slot = Some(match value {
+            "on" | "true" | "1" => true,
+            "off" | "false" | "0" => false,
+            other => {
+                return Err(format!(
+                    "URL parameter {name:?}: {other:?} is neither on nor off"
+                ));
+            }
+        });
+    }
+    let mut rest = base.to_owned();
+    if !kept.is_empty() {
+        rest.push('?');
+        rest.push_str(&kept.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        rest.push('#');
+        rest.push_str(fragment);
+    }
+    Ok((rest, options))
+}
+
 /// `%XX` escapes decoded; the result must be UTF-8.
 fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();
@@ -329,6 +384,29 @@ mod tests {
         assert!(err.contains("twice"), "{err}");
         let err = take_tls_files("rediss://h?tls_ca_file=%zz").unwrap_err();
         assert!(err.contains("%-escape"), "{err}");
+    }
+
+    #[test]
+    fn store_switches_leave_the_url() {
+        let (rest, options) =
+            take_store_options("redis+cluster://a,b?batching=off&protocol=resp3&local_cache=on")
+                .unwrap();
+        assert_eq!(rest, "redis+cluster://a,b?protocol=resp3");
+        assert_eq!(
+            options,
+            StoreOptions {
+                batching: Some(false),
+                local_cache: Some(true)
+            }
+        );
+        let (rest, options) = take_store_options("redis://h/0?local_cache=0").unwrap();
+        assert_eq!(rest, "redis://h/0");
+        assert_eq!(options.local_cache, Some(false));
+        assert_eq!(options.batching, None);
+        let err = take_store_options("redis://h?batching=maybe").unwrap_err();
+        assert!(err.contains("neither on nor off"), "{err}");
+        let err = take_store_options("redis://h?batching=on&batching=off").unwrap_err();
+        assert!(err.contains("twice"), "{err}");
     }
 
     #[test]

@@ -463,3 +463,45 @@ async fn acl_users_and_passwords_come_from_the_url() {
     assert!(err.is_unavailable(), "{err}");
     assert!(!format!("{err:?} {err}").contains("nope"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_of_one_slot_are_batched_and_admit_exactly_the_limit() {
+    let cluster = shared_cluster();
+    let store = RedisStore::builder(&cluster.url())
+        .timeout(Duration::from_secs(10))
+        .local_cache(false)
+        .build()
+        .await
+        .unwrap();
+    let tags = tags_on_distinct_primaries(&cluster, "batch", 1);
+    // Two limiters in one slot, the first over its limit half way.
+    let p = CheckPlan::new(
+        1,
+        true,
+        vec![
+            limiter(
+                &format!("bsl:{{{}}}:ip", tags[0]),
+                &[rule("100/1h", Algorithm::SlidingLog)],
+            ),
+            limiter(
+                &format!("bsl:{{{}}}:user", tags[0]),
+                &[rule("1000/1h", Algorithm::Gcra)],
+            ),
+        ],
+    );
+    let mut admitted = 0;
+    let sent = commands_sent(&cluster, "bsl:", async {
+        for _ in 0..4 {
+            admitted += fire(&store, &p, 50).await;
+        }
+    })
+    .await;
+    assert_eq!(admitted, 100);
+    println!("200 one-slot checks, 50 in flight: {} calls", sent.len());
+    // (`eval` when a test beside this one has just flushed the nodes' scripts)
+    assert!(
+        sent.iter().all(|c| c == "evalsha" || c == "eval"),
+        "{sent:?}"
+    );
+    assert!(sent.len() < 200 / 2, "{} calls for 200 checks", sent.len());
+}

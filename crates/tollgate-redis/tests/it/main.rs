@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod ban_index;
+mod batching;
 mod cluster;
 mod concurrency;
 mod connect;
@@ -11,6 +12,7 @@ mod failover;
 mod failure;
 mod guards;
 mod layout;
+mod local_cache;
 mod parity;
 mod redis_time;
 mod round_trip;

@@ -15,14 +15,16 @@ fn one_rule_plan(nonce: &[u8], now: Option<u64>, cost: u64, limit: u64, window_u
     let mut plan = nonce.to_vec();
     let now = now.map_or(-1, int);
     let (cost, limit, window) = (int(cost), int(limit), int(window_us));
-    // now, cost, consume, limiters; rules, longest log window, bans; the rule; ban keys, writes bans
-    for v in [now, cost, 1, 1, 1, window, 0, 1, limit, window, 0, 0] {
+    // now, cost, consume, limiters; rules, longest log window, bans; the rule; ban keys,
+    // writes bans, report
+    for v in [now, cost, 1, 1, 1, window, 0, 1, limit, window, 0, 0, 0] {
         plan.extend_from_slice(&v.to_le_bytes());
     }
     plan
 }
 
-/// Runs the script on one sliding-log rule `limit/1h` with a chosen nonce, at `now`.
+/// Runs the script on one sliding-log rule `limit/1h` with a chosen nonce, at `now`: a call
+/// of one check, whose reply is the only one.
 async fn check_with_nonce(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
@@ -31,12 +33,40 @@ async fn check_with_nonce(
     nonce: &[u8],
     now: u64,
 ) -> Vec<i64> {
-    redis::Script::new(SOURCE)
+    let mut replies: Vec<Vec<i64>> = redis::Script::new(SOURCE)
         .key(key)
         .arg(one_rule_plan(nonce, Some(now), cost, limit, 3_600_000_000))
         .invoke_async(conn)
         .await
-        .unwrap()
+        .unwrap();
+    assert_eq!(replies.len(), 1);
+    replies.remove(0)
+}
+
+#[tokio::test]
+async fn one_call_runs_several_checks_in_order_each_on_its_own() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let now = 1_800_000_000_000_000;
+    // Four checks of cost 2 on a limit of 5, then one of cost 1, in one call: the first two
+    // fit, the third and fourth do not (and record nothing), the fifth takes the last unit.
+    let source = redis::Script::new(SOURCE);
+    let mut script = source.prepare_invoke();
+    for (i, cost) in [2, 2, 2, 2, 1].into_iter().enumerate() {
+        let nonce = format!("nonce00{i}");
+        script.key("b:{k}:l").arg(one_rule_plan(
+            nonce.as_bytes(),
+            Some(now),
+            cost,
+            5,
+            60_000_000,
+        ));
+    }
+    let replies: Vec<Vec<i64>> = script.invoke_async(&mut conn).await.unwrap();
+    let verdicts: Vec<(i64, i64)> = replies.iter().map(|r| (r[0], r[4])).collect();
+    assert_eq!(verdicts, [(1, 3), (1, 1), (0, 1), (0, 1), (1, 0)]);
+    let count: u64 = conn.zcard("b:{k}:l").await.unwrap();
+    assert_eq!(count, 5);
 }
 
 #[tokio::test]
@@ -64,11 +94,11 @@ async fn a_key_count_that_does_not_match_the_plan_is_refused() {
         .key("a")
         .key("b")
         .arg(one_rule_plan(b"nonce123", None, 1, 5, 1_000_000))
-        .invoke_async::<Vec<i64>>(&mut conn)
+        .invoke_async::<Vec<Vec<i64>>>(&mut conn)
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("2 keys given, the plan needs 1"),
+        err.to_string().contains("2 keys given, the checks need 1"),
         "{err}"
     );
 }
