@@ -16,7 +16,7 @@ use crate::{
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
     identity::{Dimension, Identity, NetworkText},
-    key::{self, KeyBuf, ban_index_key},
+    key::{self, KeyBuf, KeyOut, ban_index_key},
     memory::MemoryStore,
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
@@ -463,7 +463,7 @@ impl<S: Store> Tollgate<S> {
             if !limiter.dimension.push_value(identity, &mut keys.text) {
                 return Err(missing_dimension(limiter));
             }
-            keys.text.push_str("}");
+            keys.text.push_ascii(b'}');
             keys.ends.push(keys.text.len());
         }
         Ok(())
@@ -575,7 +575,7 @@ struct CheckKeys<'i> {
 impl<'i> CheckKeys<'i> {
     fn new() -> CheckKeys<'i> {
         CheckKeys {
-            text: KeyBuf::new(),
+            text: KeyBuf::default(),
             ends: SmallVec::new(),
             ip_text: NetworkText::new(),
             ip_ban: None,
@@ -591,12 +591,13 @@ impl<'i> CheckKeys<'i> {
         SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]>,
         SmallVec<[BanKey<'a>; 2]>,
     ) {
+        let text = self.text.text();
         let mut start = 0;
         let requests = limiters
             .iter()
             .zip(&self.ends)
             .map(|(limiter, &end)| {
-                let key = &self.text[start..end];
+                let key = &text[start..end];
                 start = end;
                 LimiterRequest {
                     key,
@@ -608,7 +609,7 @@ impl<'i> CheckKeys<'i> {
         let mut bans = SmallVec::new();
         if let Some(end) = self.ip_ban {
             bans.push(BanKey {
-                key: &self.text[start..end],
+                key: &text[start..end],
                 kind: "ip",
                 value: &self.ip_text,
             });
@@ -616,7 +617,7 @@ impl<'i> CheckKeys<'i> {
         }
         if let Some((end, id)) = self.user_ban {
             bans.push(BanKey {
-                key: &self.text[start..end],
+                key: &text[start..end],
                 kind: "user_id",
                 value: id,
             });

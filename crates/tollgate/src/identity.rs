@@ -194,7 +194,7 @@ impl IpPrefix {
             IpAddr::V4(v4) => {
                 key::push_ipv4(out, mask_v4(v4, self.v4));
                 if self.v4 < 32 {
-                    out.push('/');
+                    out.push_ascii(b'/');
                     key::push_u8(out, self.v4);
                 }
             }

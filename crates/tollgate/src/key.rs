@@ -15,15 +15,24 @@ use crate::rule::{Algorithm, Rule};
 /// The longest escaped key part kept as text; longer parts are hashed.
 pub const MAX_PART: usize = 128;
 
-/// A key being built on the stack: a check's keys fit inline unless its identity is unusual.
-pub(crate) type KeyBuf = smallstr::SmallString<[u8; 256]>;
+/// A key being built on the stack, as bytes: keys are ASCII (every other byte is escaped), so
+/// the text is read once at the end ([`KeyBuf::text`]).
+#[derive(Default)]
+pub(crate) struct KeyBuf(smallvec::SmallVec<[u8; 256]>);
+
+impl KeyBuf {
+    /// The keys written so far.
+    pub(crate) fn text(&self) -> &str {
+        ascii(&self.0)
+    }
+}
 
 /// Text that keys are written into: a `String`, or the stack buffer of a check.
 pub(crate) trait KeyOut {
-    /// Appends a character.
-    fn push(&mut self, c: char);
     /// Appends text.
     fn push_str(&mut self, s: &str);
+    /// Appends an ASCII byte.
+    fn push_ascii(&mut self, b: u8);
     /// The length in bytes.
     fn len(&self) -> usize;
     /// Shortens to `len` bytes.
@@ -31,11 +40,11 @@ pub(crate) trait KeyOut {
 }
 
 impl KeyOut for String {
-    fn push(&mut self, c: char) {
-        String::push(self, c);
-    }
     fn push_str(&mut self, s: &str) {
         String::push_str(self, s);
+    }
+    fn push_ascii(&mut self, b: u8) {
+        self.push(char::from(b));
     }
     fn len(&self) -> usize {
         String::len(self)
@@ -45,18 +54,18 @@ impl KeyOut for String {
     }
 }
 
-impl<A: smallvec::Array<Item = u8>> KeyOut for smallstr::SmallString<A> {
-    fn push(&mut self, c: char) {
-        smallstr::SmallString::push(self, c);
-    }
+impl KeyOut for KeyBuf {
     fn push_str(&mut self, s: &str) {
-        smallstr::SmallString::push_str(self, s);
+        self.0.extend_from_slice(s.as_bytes());
+    }
+    fn push_ascii(&mut self, b: u8) {
+        self.0.push(b);
     }
     fn len(&self) -> usize {
-        smallstr::SmallString::len(self)
+        self.0.len()
     }
     fn truncate(&mut self, len: usize) {
-        smallstr::SmallString::truncate(self, len);
+        self.0.truncate(len);
     }
 }
 
@@ -76,10 +85,9 @@ pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
         }
         // Everything before `b` needs no escaping (printable ASCII): one copy.
         out.push_str(ascii(&bytes[plain..i]));
-        let mut hex = *b"%00";
-        hex[1] = HEX_UPPER[usize::from(b >> 4)];
-        hex[2] = HEX_UPPER[usize::from(b & 0xf)];
-        out.push_str(ascii(&hex));
+        out.push_ascii(b'%');
+        out.push_ascii(HEX_UPPER[usize::from(b >> 4)]);
+        out.push_ascii(HEX_UPPER[usize::from(b & 0xf)]);
         plain = i + 1;
         if out.len() - start > MAX_PART {
             break;
@@ -106,13 +114,13 @@ fn needs_escape(b: u8) -> bool {
 }
 
 fn push_hex(out: &mut (impl KeyOut + ?Sized), b: u8, digits: &[u8; 16]) {
-    out.push(char::from(digits[usize::from(b >> 4)]));
-    out.push(char::from(digits[usize::from(b & 0xf)]));
+    out.push_ascii(digits[usize::from(b >> 4)]);
+    out.push_ascii(digits[usize::from(b & 0xf)]);
 }
 
 fn push_hashed(out: &mut (impl KeyOut + ?Sized), bytes: &[u8]) {
     let digest = Sha256::digest(bytes);
-    out.push('#');
+    out.push_ascii(b'#');
     for &b in &digest[..16] {
         push_hex(out, b, b"0123456789abcdef");
     }
@@ -121,39 +129,23 @@ fn push_hashed(out: &mut (impl KeyOut + ?Sized), bytes: &[u8]) {
 /// Appends an IPv4 address in dotted form, without the formatting machinery (digits and dots
 /// need no escaping).
 pub(crate) fn push_ipv4(out: &mut (impl KeyOut + ?Sized), ip: std::net::Ipv4Addr) {
-    let mut text = [0u8; 15];
-    let mut len = 0;
     for (i, octet) in ip.octets().into_iter().enumerate() {
         if i > 0 {
-            text[len] = b'.';
-            len += 1;
+            out.push_ascii(b'.');
         }
-        len += write_u8(&mut text[len..], octet);
+        push_u8(out, octet);
     }
-    out.push_str(ascii(&text[..len]));
 }
 
 /// Appends a byte in decimal.
 pub(crate) fn push_u8(out: &mut (impl KeyOut + ?Sized), n: u8) {
-    let mut text = [0u8; 3];
-    let len = write_u8(&mut text, n);
-    out.push_str(ascii(&text[..len]));
-}
-
-/// Writes `n` in decimal at the start of `to` (which has room for three digits); its length.
-fn write_u8(to: &mut [u8], n: u8) -> usize {
-    let digits = [n / 100, n / 10 % 10, n % 10];
-    let skip = if n >= 100 {
-        0
-    } else if n >= 10 {
-        1
-    } else {
-        2
-    };
-    for (slot, d) in to.iter_mut().zip(&digits[skip..]) {
-        *slot = b'0' + d;
+    if n >= 100 {
+        out.push_ascii(b'0' + n / 100);
     }
-    3 - skip
+    if n >= 10 {
+        out.push_ascii(b'0' + n / 10 % 10);
+    }
+    out.push_ascii(b'0' + n % 10);
 }
 
 /// The base key of one limiter of a policy for one dimension value:
@@ -181,7 +173,7 @@ pub(crate) fn open_limiter_key(out: &mut (impl KeyOut + ?Sized), prefix: &str, h
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(head);
-    out.push_str(":");
+    out.push_ascii(b':');
 }
 
 /// The base key of a caller-named group (`check_group` / `check_single`): `prefix:{k:name}`.
@@ -229,7 +221,7 @@ pub(crate) fn push_ban_key(
     out.push_str(prefix);
     out.push_str(":{ban}:");
     out.push_str(kind);
-    out.push(':');
+    out.push_ascii(b':');
     push_escaped(out, value);
 }
 
