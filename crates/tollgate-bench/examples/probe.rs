@@ -97,7 +97,10 @@ fn main() {
     // Deny cases: use up every key first.
     if !admit {
         for who in &who {
-            while ready(gate.check(&policy, who, 1)).expect("a check").allowed() {}
+            while ready(gate.check(&policy, who, 1))
+                .expect("a check")
+                .allowed()
+            {}
         }
     }
     let mut wrong = 0;

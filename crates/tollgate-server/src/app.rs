@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, sync::Arc, time::Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use tollgate::{AnyStore, Reason, Tollgate};
 
 use crate::{
@@ -44,9 +44,10 @@ impl App {
         &self.path
     }
 
-    /// The configuration in force now.
-    pub(crate) fn config(&self) -> Arc<Config> {
-        self.config.load_full()
+    /// The configuration in force now, without touching its reference count (hold the
+    /// guard briefly: clone what must outlive it).
+    pub(crate) fn config(&self) -> Guard<Arc<Config>> {
+        self.config.load()
     }
 
     /// Reads the file again and, if it is valid, puts it in force at once.

@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, HashSet},
     fmt,
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
     time::Duration,
 };
@@ -17,7 +17,10 @@ use tollgate::{
 };
 use toml::Spanned;
 
-use crate::envoy::{Domains, DomainsBuilder};
+use crate::{
+    envoy::{Domains, DomainsBuilder, RawDomain},
+    store::StoreSettings,
+};
 
 /// Default HTTP listen address.
 const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -66,19 +69,6 @@ const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 1 << 20;
 const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 1000;
 /// Default `server.admin_failure_limit`.
 const DEFAULT_ADMIN_FAILURE_LIMIT: &str = "5/1m";
-
-/// `[store]`, with defaults filled in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoreSettings {
-    pub(crate) url: String,
-    pub(crate) on_error: OnError,
-    pub(crate) timeout: Duration,
-    pub(crate) prefix: String,
-    /// `tls_ca_file`, resolved against the configuration file's directory.
-    pub(crate) tls_ca_file: Option<PathBuf>,
-    /// `tls_cert_file` and `tls_key_file`, both or neither, resolved likewise.
-    pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
-}
 
 /// One `[policies.<name>]`: the policy and its optional duplicate guard.
 #[derive(Debug, Clone)]
@@ -174,7 +164,7 @@ impl Config {
                 );
             }
         }
-        out.push_str(&self.envoy.summary());
+        out.push_str(self.envoy.summary());
         out
     }
 }
@@ -524,28 +514,6 @@ struct RawDuplicate {
 struct RawEnvoy {
     #[serde(default)]
     domains: Vec<Spanned<RawDomain>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawDomain {
-    pub(crate) name: String,
-    #[serde(default)]
-    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawDescriptor {
-    pub(crate) key: String,
-    pub(crate) value: Option<String>,
-    #[serde(default)]
-    pub(crate) rules: Vec<Rule>,
-    pub(crate) algorithm: Option<Algorithm>,
-    #[serde(default)]
-    pub(crate) shadow: bool,
-    #[serde(default)]
-    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
