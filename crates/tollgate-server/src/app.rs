@@ -99,10 +99,16 @@ impl App {
         allowed: bool,
         started: Instant,
     ) {
+        self.record_store_call(op, reason, started);
+        self.metrics.decision(policy, reason, allowed);
+    }
+
+    /// Records the store call behind a decision with `reason`, if there was one (a bypassed
+    /// identity or a cost above every limit is answered without the store).
+    pub(crate) fn record_store_call(&self, op: &'static str, reason: Reason, started: Instant) {
         if !matches!(reason, Reason::Bypassed | Reason::CostExceedsLimit) {
             self.metrics
                 .store_call(op, started.elapsed(), reason == Reason::StoreUnavailable);
         }
-        self.metrics.decision(policy, reason, allowed);
     }
 }

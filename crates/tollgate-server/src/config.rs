@@ -55,6 +55,8 @@ pub(crate) struct ServerSettings {
     pub(crate) grpc_max_concurrent_streams: u32,
     /// Failed admin authentications allowed per client address before it is refused.
     pub(crate) admin_failure_limit: Rule,
+    /// The most checks one `/v1/checks` request holds.
+    pub(crate) max_batch: usize,
 }
 
 /// Default `server.header_read_timeout`.
@@ -67,6 +69,8 @@ const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Default `server.grpc_max_concurrent_streams`.
 const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 1000;
+/// Default `server.max_batch`.
+const DEFAULT_MAX_BATCH: usize = 100;
 /// Default `server.admin_failure_limit`.
 const DEFAULT_ADMIN_FAILURE_LIMIT: &str = "5/1m";
 
@@ -351,6 +355,7 @@ struct RawServer {
     max_connections: Option<Spanned<u32>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
+    max_batch: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
 }
 
@@ -637,6 +642,8 @@ impl RawServer {
             "the stream limit",
         )?
         .unwrap_or(DEFAULT_GRPC_MAX_CONCURRENT_STREAMS);
+        let max_batch = at_least_one(self.max_batch, "max_batch", "the batch size limit")?
+            .map_or(DEFAULT_MAX_BATCH, |n| n as usize);
         let admin_failure_limit = match self.admin_failure_limit {
             Some(rule) => rule,
             None => DEFAULT_ADMIN_FAILURE_LIMIT
@@ -653,6 +660,7 @@ impl RawServer {
             grpc_max_message_bytes,
             grpc_max_concurrent_streams,
             admin_failure_limit,
+            max_batch,
         })
     }
 }
@@ -956,6 +964,7 @@ mod tests {
         assert_eq!(c.server.max_connections, 10_000);
         assert_eq!(c.server.grpc_max_message_bytes, 1 << 20);
         assert_eq!(c.server.grpc_max_concurrent_streams, 1000);
+        assert_eq!(c.server.max_batch, 100);
         assert_eq!(c.server.admin_failure_limit.to_string(), "5/1m");
 
         let c = Config::parse(
@@ -994,6 +1003,10 @@ mod tests {
         assert_eq!(
             err("[server]\ngrpc_max_concurrent_streams = 0\n"),
             "t.toml:2: server.grpc_max_concurrent_streams: the stream limit must be at least 1"
+        );
+        assert_eq!(
+            err("[server]\nmax_batch = 0\n"),
+            "t.toml:2: server.max_batch: the batch size limit must be at least 1"
         );
         let e = err("[server]\nadmin_failure_limit = \"5/1x\"\n");
         assert!(

@@ -110,6 +110,8 @@ fn descriptor_cost(descriptor: &RateLimitDescriptor, request_addend: u64) -> u64
 }
 
 /// What one check of some counters answered.
+// One lives on the stack per check; boxing the verdict would cost an allocation instead.
+#[allow(clippy::large_enum_variant)]
 enum Answer {
     /// The store's verdict (or, with `unavailable`, the local fallback's).
     Verdict { verdict: Verdict, unavailable: bool },

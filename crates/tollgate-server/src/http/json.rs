@@ -1,0 +1,244 @@
+//! The API's wire types: what requests carry and what answers say.
+
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tollgate::{Decision, DuplicateState, Identity, Reason};
+
+/// The request's identity as JSON.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct IdentityJson {
+    pub(crate) ip: Option<IpAddr>,
+    pub(crate) user_id: Option<String>,
+    pub(crate) user_name: Option<String>,
+    #[serde(default)]
+    pub(crate) headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub(crate) args: BTreeMap<String, String>,
+}
+
+impl IdentityJson {
+    pub(crate) fn into_identity(self) -> Identity {
+        let mut identity = Identity::new();
+        if let Some(ip) = self.ip {
+            identity = identity.with_ip(ip);
+        }
+        if let Some(id) = self.user_id {
+            identity = identity.with_user_id(id);
+        }
+        if let Some(name) = self.user_name {
+            identity = identity.with_user_name(name);
+        }
+        for (name, value) in self.headers {
+            identity = identity.with_header(name, value);
+        }
+        for (name, value) in self.args {
+            identity = identity.with_arg(name, value);
+        }
+        identity
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckRequest {
+    pub(crate) policy: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+    pub(crate) cost: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResetRequest {
+    pub(crate) policy: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct DecisionJson {
+    pub(crate) allowed: bool,
+    pub(crate) reason: Reason,
+    pub(crate) retry_after_ms: Option<u64>,
+    pub(crate) message: Option<String>,
+    pub(crate) rules: Vec<RuleJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct RuleJson {
+    pub(crate) limiter: String,
+    pub(crate) rule: String,
+    pub(crate) limit: u64,
+    pub(crate) remaining: u64,
+    pub(crate) reset_after_ms: u64,
+}
+
+/// `/v1/checks`: the checks, each parsed on its own so that one malformed check fails alone.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchRequest {
+    pub(crate) checks: Vec<Value>,
+}
+
+/// `/v1/checks`' answer: one result per check, in order.
+#[derive(Debug, Serialize)]
+pub(crate) struct BatchJson {
+    pub(crate) results: Vec<ItemJson>,
+}
+
+/// One check's result in a batch: its decision, or the error `/v1/check` would have answered
+/// (with that answer's HTTP status).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum ItemJson {
+    Decision(DecisionJson),
+    Error { error: String, status: u16 },
+}
+
+impl ItemJson {
+    pub(crate) fn error(e: &super::ApiError) -> ItemJson {
+        ItemJson::Error {
+            error: e.message.clone(),
+            status: e.status.as_u16(),
+        }
+    }
+}
+
+/// Whole milliseconds, rounded up: waiting the answer is always long enough.
+pub(crate) fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_micros().div_ceil(1000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+impl From<&Decision> for DecisionJson {
+    fn from(d: &Decision) -> DecisionJson {
+        DecisionJson {
+            allowed: d.allowed(),
+            reason: d.reason(),
+            retry_after_ms: d.retry_after().map(ceil_ms),
+            message: d.message().map(str::to_owned),
+            rules: d
+                .rules()
+                .iter()
+                .map(|r| RuleJson {
+                    limiter: r.limiter.to_string(),
+                    rule: r.rule.to_string(),
+                    limit: r.rule.limit(),
+                    remaining: r.remaining,
+                    reset_after_ms: ceil_ms(r.reset_after),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AcquireRequest {
+    pub(crate) policy: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+    #[serde(default)]
+    pub(crate) args: Value,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct AcquireJson {
+    pub(crate) acquired: bool,
+    pub(crate) lease: Option<String>,
+    pub(crate) state: Option<DuplicateState>,
+    pub(crate) retry_after_ms: u64,
+    pub(crate) message: Option<&'static str>,
+    /// Whether the first submission had the same `args` (false: a reused key with others).
+    pub(crate) same_args: Option<bool>,
+    /// The first submission's response, stored by `/v1/duplicate/complete`.
+    pub(crate) response: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompleteRequest {
+    pub(crate) lease: String,
+    #[serde(default)]
+    pub(crate) response: Value,
+    pub(crate) keep_for: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReleaseRequest {
+    pub(crate) lease: String,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct BanJson {
+    pub(crate) kind: &'static str,
+    pub(crate) value: String,
+    pub(crate) expires_in_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BanRequest {
+    pub(crate) kind: String,
+    pub(crate) value: String,
+    pub(crate) duration: String,
+}
+
+/// JSON with object keys sorted at every depth, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are
+/// one submission whatever map type serde_json was built with.
+pub(crate) fn canonical_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical_json(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(v, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth() {
+        let a: Value = serde_json::from_str(r#"{"b":[{"y":1,"x":2}],"a":"s"}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":"s","b":[{"x":2,"y":1}]}"#).unwrap();
+        let (mut ca, mut cb) = (String::new(), String::new());
+        canonical_json(&a, &mut ca);
+        canonical_json(&b, &mut cb);
+        assert_eq!(ca, cb);
+        assert_eq!(ca, r#"{"a":"s","b":[{"x":2,"y":1}]}"#);
+    }
+
+    #[test]
+    fn milliseconds_round_up() {
+        assert_eq!(ceil_ms(Duration::from_micros(1)), 1);
+        assert_eq!(ceil_ms(Duration::from_millis(60_000)), 60_000);
+        assert_eq!(ceil_ms(Duration::ZERO), 0);
+    }
+}
