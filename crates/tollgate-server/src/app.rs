@@ -8,7 +8,7 @@ use tollgate::{AnyStore, Reason, Tollgate};
 use crate::{
     admin::AdminAuth,
     config::{Config, ConfigError},
-    metrics::Metrics,
+    metrics::{DecisionHandles, Metrics},
 };
 
 /// What every handler shares: the engine (and so the store, kept across reloads), the
@@ -94,13 +94,13 @@ impl App {
     pub(crate) fn record(
         &self,
         op: &'static str,
-        policy: &str,
+        (handles, policy): (&DecisionHandles, &str),
         reason: Reason,
         allowed: bool,
         started: Instant,
     ) {
         self.record_store_call(op, reason, started);
-        self.metrics.decision(policy, reason, allowed);
+        self.metrics.decision(handles, policy, reason, allowed);
     }
 
     /// Records the store call behind a decision with `reason`, if there was one (a bypassed

@@ -19,6 +19,7 @@ use toml::Spanned;
 
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain},
+    metrics::DecisionHandles,
     store::StoreSettings,
 };
 
@@ -81,6 +82,8 @@ pub(crate) struct PolicyEntry {
     pub(crate) duplicate: Option<Arc<DuplicateGuard>>,
     /// The bypass as configured, for `check-config`.
     bypass: Option<String>,
+    /// This policy's decision counters.
+    pub(crate) metrics: Arc<DecisionHandles>,
 }
 
 impl Config {
@@ -853,6 +856,7 @@ impl RawPolicy {
             policy: Arc::new(policy),
             duplicate,
             bypass: bypass_summary,
+            metrics: Arc::default(),
         })
     }
 }

@@ -14,6 +14,8 @@ use serde::Deserialize;
 use tollgate::{Algorithm, OnError, Rule, key::push_part};
 use toml::Spanned;
 
+use crate::metrics::DecisionHandles;
+
 /// `[[envoy.domains]]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +68,8 @@ pub(crate) struct Domain {
     /// The scope escaped as a key part, written once here rather than per request.
     scope_part: Box<str>,
     pub(crate) on_error: OnError,
+    /// The domain's decision counters.
+    pub(crate) metrics: DecisionHandles,
     root: Level,
 }
 
@@ -166,6 +170,7 @@ impl DomainsBuilder {
                 scope,
                 scope_part: scope_part.into(),
                 on_error: self.on_error,
+                metrics: DecisionHandles::default(),
                 root,
             }),
         );

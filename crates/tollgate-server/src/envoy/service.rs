@@ -400,7 +400,7 @@ impl RateLimiter {
         };
         self.app.record(
             "check",
-            &domain.scope,
+            (&domain.metrics, &domain.scope),
             answer.reason(),
             answer.allowed(),
             started,

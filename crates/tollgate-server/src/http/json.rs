@@ -2,9 +2,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
 use serde_json::Value;
-use tollgate::{Decision, DuplicateState, Identity, Reason};
+use tollgate::{Decision, DuplicateState, Identity, RuleDecision};
 
 /// The request's identity as JSON.
 #[derive(Debug, Default, Deserialize)]
@@ -58,22 +58,68 @@ pub(crate) struct ResetRequest {
     pub(crate) identity: IdentityJson,
 }
 
-#[derive(Debug, Serialize)]
-pub(crate) struct DecisionJson {
-    pub(crate) allowed: bool,
-    pub(crate) reason: Reason,
-    pub(crate) retry_after_ms: Option<u64>,
-    pub(crate) message: Option<String>,
-    pub(crate) rules: Vec<RuleJson>,
+/// A decision as JSON, written straight from the decision: no intermediate strings.
+///
+/// `{"allowed", "reason", "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit",
+/// "remaining", "reset_after_ms"}]}`.
+pub(crate) struct DecisionJson<'a>(pub(crate) &'a Decision);
+
+impl Serialize for DecisionJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let d = self.0;
+        let mut out = serializer.serialize_struct("Decision", 5)?;
+        out.serialize_field("allowed", &d.allowed())?;
+        out.serialize_field("reason", &d.reason())?;
+        out.serialize_field("retry_after_ms", &d.retry_after().map(ceil_ms))?;
+        out.serialize_field("message", &d.message())?;
+        out.serialize_field("rules", &RulesJson(d.rules()))?;
+        out.end()
+    }
 }
 
-#[derive(Debug, Serialize)]
-pub(crate) struct RuleJson {
-    pub(crate) limiter: String,
-    pub(crate) rule: String,
-    pub(crate) limit: u64,
-    pub(crate) remaining: u64,
-    pub(crate) reset_after_ms: u64,
+impl DecisionJson<'_> {
+    /// Room for the whole answer, so that writing it takes one allocation.
+    pub(crate) fn size_hint(&self) -> usize {
+        128 + 128 * self.0.rules().len() + self.0.message().map_or(0, str::len)
+    }
+}
+
+struct RulesJson<'a>(&'a [RuleDecision]);
+
+impl Serialize for RulesJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(RuleJson))
+    }
+}
+
+struct RuleJson<'a>(&'a RuleDecision);
+
+impl Serialize for RuleJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let r = self.0;
+        let mut out = serializer.serialize_struct("Rule", 5)?;
+        out.serialize_field("limiter", &*r.limiter)?;
+        out.serialize_field("rule", &Text(&r.rule))?;
+        out.serialize_field("limit", &r.rule.limit())?;
+        out.serialize_field("remaining", &r.remaining)?;
+        out.serialize_field("reset_after_ms", &ceil_ms(r.reset_after))?;
+        out.end()
+    }
+}
+
+/// A value serialized as its `Display` text, written into the output without a `String`.
+struct Text<'a, T>(&'a T);
+
+impl<T: std::fmt::Display> Serialize for Text<'_, T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self.0)
+    }
+}
+
+/// Whole milliseconds, rounded up: waiting the answer is always long enough.
+pub(crate) fn ceil_ms(d: Duration) -> u64 {
+    let ms = d.as_micros().div_ceil(1000);
+    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 /// `/v1/checks`: the checks, each parsed on its own so that one malformed check fails alone.
@@ -84,53 +130,30 @@ pub(crate) struct BatchRequest {
 }
 
 /// `/v1/checks`' answer: one result per check, in order.
-#[derive(Debug, Serialize)]
+#[derive(Serialize)]
 pub(crate) struct BatchJson {
     pub(crate) results: Vec<ItemJson>,
 }
 
 /// One check's result in a batch: its decision, or the error `/v1/check` would have answered
-/// (with that answer's HTTP status).
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
+/// (`{"error", "status"}`, with that answer's HTTP status).
+// A batch holds one per check; boxing the decision would cost an allocation per check.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum ItemJson {
-    Decision(DecisionJson),
-    Error { error: String, status: u16 },
+    Decision(Decision),
+    Error(super::ApiError),
 }
 
-impl ItemJson {
-    pub(crate) fn error(e: &super::ApiError) -> ItemJson {
-        ItemJson::Error {
-            error: e.message.clone(),
-            status: e.status.as_u16(),
-        }
-    }
-}
-
-/// Whole milliseconds, rounded up: waiting the answer is always long enough.
-pub(crate) fn ceil_ms(d: Duration) -> u64 {
-    let ms = d.as_micros().div_ceil(1000);
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
-
-impl From<&Decision> for DecisionJson {
-    fn from(d: &Decision) -> DecisionJson {
-        DecisionJson {
-            allowed: d.allowed(),
-            reason: d.reason(),
-            retry_after_ms: d.retry_after().map(ceil_ms),
-            message: d.message().map(str::to_owned),
-            rules: d
-                .rules()
-                .iter()
-                .map(|r| RuleJson {
-                    limiter: r.limiter.to_string(),
-                    rule: r.rule.to_string(),
-                    limit: r.rule.limit(),
-                    remaining: r.remaining,
-                    reset_after_ms: ceil_ms(r.reset_after),
-                })
-                .collect(),
+impl Serialize for ItemJson {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ItemJson::Decision(d) => DecisionJson(d).serialize(serializer),
+            ItemJson::Error(e) => {
+                let mut out = serializer.serialize_struct("Error", 2)?;
+                out.serialize_field("error", &e.message)?;
+                out.serialize_field("status", &e.status.as_u16())?;
+                out.end()
+            }
         }
     }
 }

@@ -19,6 +19,9 @@ mod error;
 mod json;
 mod ops;
 
+#[cfg(test)]
+mod allocations;
+
 use std::sync::Arc;
 
 use axum::{

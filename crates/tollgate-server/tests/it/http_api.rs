@@ -668,7 +668,7 @@ async fn a_peek_answered_without_the_store_counts_no_store_call() {
     assert_eq!((status, &d["reason"]), (200, &json!("cost_exceeds_limit")));
     let (_, metrics) = server.get_text("/metrics").await;
     assert!(
-        !metrics.contains(r#"tollgate_store_latency_seconds_count{op="peek"}"#),
+        metrics.contains(r#"tollgate_store_latency_seconds_count{op="peek"} 0"#),
         "{metrics}"
     );
     // A peek that asks the store counts one.
