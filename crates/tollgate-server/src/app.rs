@@ -2,13 +2,13 @@
 
 use std::{path::PathBuf, sync::Arc, time::Instant};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
 use tollgate::{AnyStore, Reason, Tollgate};
 
 use crate::{
     admin::AdminAuth,
     config::{Config, ConfigError},
-    metrics::Metrics,
+    metrics::{DecisionHandles, Metrics},
 };
 
 /// What every handler shares: the engine (and so the store, kept across reloads), the
@@ -44,9 +44,10 @@ impl App {
         &self.path
     }
 
-    /// The configuration in force now.
-    pub(crate) fn config(&self) -> Arc<Config> {
-        self.config.load_full()
+    /// The configuration in force now, without touching its reference count (hold the
+    /// guard briefly: clone what must outlive it).
+    pub(crate) fn config(&self) -> Guard<Arc<Config>> {
+        self.config.load()
     }
 
     /// Reads the file again and, if it is valid, puts it in force at once.
@@ -93,15 +94,21 @@ impl App {
     pub(crate) fn record(
         &self,
         op: &'static str,
-        policy: &str,
+        (handles, policy): (&DecisionHandles, &str),
         reason: Reason,
         allowed: bool,
         started: Instant,
     ) {
+        self.record_store_call(op, reason, started);
+        self.metrics.decision(handles, policy, reason, allowed);
+    }
+
+    /// Records the store call behind a decision with `reason`, if there was one (a bypassed
+    /// identity or a cost above every limit is answered without the store).
+    pub(crate) fn record_store_call(&self, op: &'static str, reason: Reason, started: Instant) {
         if !matches!(reason, Reason::Bypassed | Reason::CostExceedsLimit) {
             self.metrics
                 .store_call(op, started.elapsed(), reason == Reason::StoreUnavailable);
         }
-        self.metrics.decision(policy, reason, allowed);
     }
 }

@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, HashSet},
     fmt,
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     sync::Arc,
     time::Duration,
 };
@@ -17,7 +17,11 @@ use tollgate::{
 };
 use toml::Spanned;
 
-use crate::envoy::{Domains, DomainsBuilder};
+use crate::{
+    envoy::{Domains, DomainsBuilder, RawDomain},
+    metrics::DecisionHandles,
+    store::StoreSettings,
+};
 
 /// Default HTTP listen address.
 const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -52,6 +56,8 @@ pub(crate) struct ServerSettings {
     pub(crate) grpc_max_concurrent_streams: u32,
     /// Failed admin authentications allowed per client address before it is refused.
     pub(crate) admin_failure_limit: Rule,
+    /// The most checks one `/v1/checks` request holds.
+    pub(crate) max_batch: usize,
 }
 
 /// Default `server.header_read_timeout`.
@@ -64,21 +70,10 @@ const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Default `server.grpc_max_concurrent_streams`.
 const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 1000;
+/// Default `server.max_batch`.
+const DEFAULT_MAX_BATCH: usize = 100;
 /// Default `server.admin_failure_limit`.
 const DEFAULT_ADMIN_FAILURE_LIMIT: &str = "5/1m";
-
-/// `[store]`, with defaults filled in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct StoreSettings {
-    pub(crate) url: String,
-    pub(crate) on_error: OnError,
-    pub(crate) timeout: Duration,
-    pub(crate) prefix: String,
-    /// `tls_ca_file`, resolved against the configuration file's directory.
-    pub(crate) tls_ca_file: Option<PathBuf>,
-    /// `tls_cert_file` and `tls_key_file`, both or neither, resolved likewise.
-    pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
-}
 
 /// One `[policies.<name>]`: the policy and its optional duplicate guard.
 #[derive(Debug, Clone)]
@@ -87,6 +82,8 @@ pub(crate) struct PolicyEntry {
     pub(crate) duplicate: Option<Arc<DuplicateGuard>>,
     /// The bypass as configured, for `check-config`.
     bypass: Option<String>,
+    /// This policy's decision counters.
+    pub(crate) metrics: Arc<DecisionHandles>,
 }
 
 impl Config {
@@ -174,7 +171,7 @@ impl Config {
                 );
             }
         }
-        out.push_str(&self.envoy.summary());
+        out.push_str(self.envoy.summary());
         out
     }
 }
@@ -375,6 +372,7 @@ struct RawServer {
     max_connections: Option<Spanned<u32>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
+    max_batch: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
 }
 
@@ -543,28 +541,6 @@ struct RawEnvoy {
     domains: Vec<Spanned<RawDomain>>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawDomain {
-    pub(crate) name: String,
-    #[serde(default)]
-    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawDescriptor {
-    pub(crate) key: String,
-    pub(crate) value: Option<String>,
-    #[serde(default)]
-    pub(crate) rules: Vec<Rule>,
-    pub(crate) algorithm: Option<Algorithm>,
-    #[serde(default)]
-    pub(crate) shadow: bool,
-    #[serde(default)]
-    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
-}
-
 /// A policy name is part of every key and of URLs in logs: keep it plain.
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -686,6 +662,8 @@ impl RawServer {
             "the stream limit",
         )?
         .unwrap_or(DEFAULT_GRPC_MAX_CONCURRENT_STREAMS);
+        let max_batch = at_least_one(self.max_batch, "max_batch", "the batch size limit")?
+            .map_or(DEFAULT_MAX_BATCH, |n| n as usize);
         let admin_failure_limit = match self.admin_failure_limit {
             Some(rule) => rule,
             None => DEFAULT_ADMIN_FAILURE_LIMIT
@@ -702,6 +680,7 @@ impl RawServer {
             grpc_max_message_bytes,
             grpc_max_concurrent_streams,
             admin_failure_limit,
+            max_batch,
         })
     }
 }
@@ -894,6 +873,7 @@ impl RawPolicy {
             policy: Arc::new(policy),
             duplicate,
             bypass: bypass_summary,
+            metrics: Arc::default(),
         })
     }
 }
@@ -1005,6 +985,7 @@ mod tests {
         assert_eq!(c.server.max_connections, 10_000);
         assert_eq!(c.server.grpc_max_message_bytes, 1 << 20);
         assert_eq!(c.server.grpc_max_concurrent_streams, 1000);
+        assert_eq!(c.server.max_batch, 100);
         assert_eq!(c.server.admin_failure_limit.to_string(), "5/1m");
 
         let c = Config::parse(
@@ -1043,6 +1024,10 @@ mod tests {
         assert_eq!(
             err("[server]\ngrpc_max_concurrent_streams = 0\n"),
             "t.toml:2: server.grpc_max_concurrent_streams: the stream limit must be at least 1"
+        );
+        assert_eq!(
+            err("[server]\nmax_batch = 0\n"),
+            "t.toml:2: server.max_batch: the batch size limit must be at least 1"
         );
         let e = err("[server]\nadmin_failure_limit = \"5/1x\"\n");
         assert!(

@@ -1,8 +1,8 @@
 //! The `tollgate` server: multi-rule rate limits and duplicate guards as a service.
 //!
 //! One binary, `tollgate`, reads a TOML file of policies and serves them over an HTTP/JSON
-//! API (`/v1/check`, `/v1/peek`, `/v1/reset`, duplicate guard and blocklist endpoints,
-//! `/metrics`, `/healthz`, `/readyz`) and Envoy's rate-limit gRPC API
+//! API (`/v1/check`, `/v1/peek`, `/v1/checks`, `/v1/reset`, duplicate guard and blocklist
+//! endpoints, `/metrics`, `/healthz`, `/readyz`) and Envoy's rate-limit gRPC API
 //! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), on the embedded memory
 //! store or on Redis. See `docs/configuration.md` and `docs/api.md`.
 //!
@@ -24,14 +24,16 @@
 //! - `cli`: the command line ([`Cli`]: `serve`, `check-config`).
 //! - `config`: the TOML file's shape, errors naming file, line and field ([`ConfigError`]),
 //!   validation into policies and Envoy domains ([`Config`]).
-//! - `store`: opening the store named by `store.url` (memory, Redis).
+//! - `store`: `[store]` settings and opening the store they name (memory, Redis).
 //! - `admin`: admin authentication (constant-time token comparison, failed attempts rate
 //!   limited per client address).
 //! - `app`: the state handlers share (engine, current configuration, metrics) and reload.
-//! - `http`: the HTTP/JSON API (axum); every 4xx body is `{"error": "..."}`.
+//! - `http`: the HTTP/JSON API (axum): wire types, errors, and the handlers by concern
+//!   (checks, duplicate guard, admin, operations); every 4xx body is `{"error": "..."}`.
 //! - `listen`: the listeners' defences against slow and greedy clients (header and body
 //!   timeouts, connection caps).
-//! - `envoy`: descriptor matching and the `ShouldRateLimit` gRPC service (tonic).
+//! - `envoy`: the descriptor trees (built once per configuration load) and the
+//!   `ShouldRateLimit` gRPC service (tonic).
 //! - `metrics`: Prometheus metrics.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.

@@ -3,7 +3,7 @@
 
 use std::{
     future::Future,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -50,6 +50,11 @@ pub(crate) struct Metrics(Arc<Inner>);
 
 struct Inner {
     registry: Registry,
+    /// The latency series of checks and peeks, resolved once: the hot path skips the label
+    /// look-up.
+    check_latency: Histogram,
+    peek_latency: Histogram,
+    check_errors: Counter,
     decisions: Family<DecisionLabels, Counter>,
     store_latency: Family<OpLabels, Histogram, fn() -> Histogram>,
     store_errors: Family<OpLabels, Counter>,
@@ -96,9 +101,20 @@ impl Metrics {
             reloads.clone(),
         );
         // Present from the start, so dashboards and alerts see 0 rather than no series.
-        let _ = store_errors.get_or_create(&OpLabels { op: "check" });
+        let check_errors = store_errors
+            .get_or_create(&OpLabels { op: "check" })
+            .clone();
+        let check_latency = store_latency
+            .get_or_create(&OpLabels { op: "check" })
+            .clone();
+        let peek_latency = store_latency
+            .get_or_create(&OpLabels { op: "peek" })
+            .clone();
         Metrics(Arc::new(Inner {
             registry,
+            check_latency,
+            peek_latency,
+            check_errors,
             decisions,
             store_latency,
             store_errors,
@@ -108,7 +124,24 @@ impl Metrics {
         }))
     }
 
-    pub(crate) fn decision(&self, policy: &str, reason: tollgate::Reason, allowed: bool) {
+    /// Counts a decision of `policy`, through `handles` (the policy's own, filled on first
+    /// use of each reason, so later decisions skip the label look-up).
+    pub(crate) fn decision(
+        &self,
+        handles: &DecisionHandles,
+        policy: &str,
+        reason: tollgate::Reason,
+        allowed: bool,
+    ) {
+        match DecisionHandles::slot(reason, allowed) {
+            Some(slot) => handles.0[slot]
+                .get_or_init(|| self.decision_counter(policy, reason, allowed))
+                .inc(),
+            None => self.decision_counter(policy, reason, allowed).inc(),
+        };
+    }
+
+    fn decision_counter(&self, policy: &str, reason: tollgate::Reason, allowed: bool) -> Counter {
         self.0
             .decisions
             .get_or_create(&DecisionLabels {
@@ -116,11 +149,25 @@ impl Metrics {
                 reason: reason.as_str(),
                 allowed: if allowed { "true" } else { "false" },
             })
-            .inc();
+            .clone()
     }
 
     /// Records one store operation; `failed` counts it as a store error.
     pub(crate) fn store_call(&self, op: &'static str, took: Duration, failed: bool) {
+        match op {
+            "check" => {
+                self.0.check_latency.observe(took.as_secs_f64());
+                if failed {
+                    self.0.check_errors.inc();
+                }
+                return;
+            }
+            "peek" if !failed => {
+                self.0.peek_latency.observe(took.as_secs_f64());
+                return;
+            }
+            _ => {}
+        }
         let labels = OpLabels { op };
         self.0
             .store_latency
@@ -166,6 +213,28 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
         out
+    }
+}
+
+/// The decision counters of one policy (or Envoy domain), one per (reason, allowed), each
+/// resolved from the metric family on first use. A policy's entry holds them, so a reload,
+/// which builds new entries, resolves them again: the series themselves carry on.
+#[derive(Debug, Default)]
+pub(crate) struct DecisionHandles([OnceLock<Counter>; 12]);
+
+impl DecisionHandles {
+    fn slot(reason: tollgate::Reason, allowed: bool) -> Option<usize> {
+        use tollgate::Reason;
+        let r = match reason {
+            Reason::Ok => 0,
+            Reason::RateLimited => 1,
+            Reason::Blocked => 2,
+            Reason::Bypassed => 3,
+            Reason::StoreUnavailable => 4,
+            Reason::CostExceedsLimit => 5,
+            _ => return None,
+        };
+        Some(r * 2 + usize::from(allowed))
     }
 }
 

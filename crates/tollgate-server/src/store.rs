@@ -1,9 +1,22 @@
-//! Opening the store named by `store.url`.
+//! The store: `[store]` settings, and opening the store named by `store.url`.
 
-use tollgate::{AnyStore, MemoryStore};
+use std::{path::PathBuf, time::Duration};
+
+use tollgate::{AnyStore, MemoryStore, OnError};
 use tollgate_redis::RedisStore;
 
-use crate::config::StoreSettings;
+/// `[store]`, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoreSettings {
+    pub(crate) url: String,
+    pub(crate) on_error: OnError,
+    pub(crate) timeout: Duration,
+    pub(crate) prefix: String,
+    /// `tls_ca_file`, resolved against the configuration file's directory.
+    pub(crate) tls_ca_file: Option<PathBuf>,
+    /// `tls_cert_file` and `tls_key_file`, both or neither, resolved likewise.
+    pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
+}
 
 /// Checks a store URL's scheme at configuration time, so `check-config` catches it.
 pub(crate) fn check_url(url: &str) -> Result<(), String> {

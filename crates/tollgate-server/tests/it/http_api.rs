@@ -649,3 +649,40 @@ limiters = [{ by = "ip", rules = ["1/1h"], blocklist = "1h" }]
     assert_eq!(list, json!({ "bans": [], "next_cursor": null }));
     assert_eq!(check("sms", "2001:db8:7::1").await, "ok");
 }
+
+#[tokio::test]
+async fn a_peek_answered_without_the_store_counts_no_store_call() {
+    let server = Server::start(CONFIG);
+    // Bypassed, and a cost above every limit: answered without the store.
+    let (status, _) = server
+        .post(
+            "/v1/peek",
+            json!({ "policy": "sms_code", "identity": { "ip": "10.1.2.3" } }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, d) = server
+        .post(
+            "/v1/peek",
+            json!({ "policy": "login", "identity": who("192.0.2.50", "u50"), "cost": 9 }),
+        )
+        .await;
+    assert_eq!((status, &d["reason"]), (200, &json!("cost_exceeds_limit")));
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains(r#"tollgate_store_latency_seconds_count{op="peek"} 0"#),
+        "{metrics}"
+    );
+    // A peek that asks the store counts one.
+    server
+        .post(
+            "/v1/peek",
+            json!({ "policy": "login", "identity": who("192.0.2.50", "u50") }),
+        )
+        .await;
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains(r#"tollgate_store_latency_seconds_count{op="peek"} 1"#),
+        "{metrics}"
+    );
+}

@@ -1,0 +1,498 @@
+//! The descriptor tree of each configured domain, built once per configuration load, and
+//! matching a request descriptor to the node that limits it.
+
+use std::{collections::HashMap, fmt::Write as _, ops::Range, sync::Arc};
+
+use envoy_types::pb::{
+    envoy::{
+        extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
+        service::ratelimit::v3::rate_limit_response::{RateLimit, rate_limit::Unit},
+    },
+    google::protobuf::Duration as PbDuration,
+};
+use serde::Deserialize;
+use tollgate::{Algorithm, OnError, Rule, key::push_part};
+use toml::Spanned;
+
+use crate::metrics::DecisionHandles;
+
+/// `[[envoy.domains]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDomain {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+/// One descriptor of a domain as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptor {
+    pub(crate) key: String,
+    pub(crate) value: Option<String>,
+    #[serde(default)]
+    pub(crate) rules: Vec<Rule>,
+    pub(crate) algorithm: Option<Algorithm>,
+    #[serde(default)]
+    pub(crate) shadow: bool,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+/// A configuration error inside one domain: span, field path below the domain, message.
+pub(crate) type DomainError = (Range<usize>, String, String);
+
+/// The configured domains.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Domains {
+    map: HashMap<String, Arc<Domain>>,
+    summary: String,
+}
+
+impl Domains {
+    pub(crate) fn summary(&self) -> &str {
+        &self.summary
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<Domain>> {
+        self.map.get(name)
+    }
+}
+
+/// One domain: its descriptor tree, and the part of its counters' keys it fixes.
+#[derive(Debug)]
+pub(crate) struct Domain {
+    /// `envoy:<domain>`: the metrics' policy label, and the scope of the counters' keys.
+    pub(crate) scope: Arc<str>,
+    /// The scope escaped as a key part, written once here rather than per request.
+    scope_part: Box<str>,
+    pub(crate) on_error: OnError,
+    /// The domain's decision counters.
+    pub(crate) metrics: DecisionHandles,
+    root: Level,
+}
+
+#[derive(Debug, Default)]
+struct Level {
+    by_key: HashMap<String, KeyEntry>,
+}
+
+#[derive(Debug, Default)]
+struct KeyEntry {
+    by_value: HashMap<String, Arc<Node>>,
+    any: Option<Arc<Node>>,
+}
+
+/// A node of the tree: what limits the descriptors that end here.
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// `key` or `key=value` segments joined by `/`, for names and logs.
+    pub(crate) path: Arc<str>,
+    /// The rules, in configuration order; empty for a node that only holds children.
+    pub(crate) rules: Box<[Rule]>,
+    /// The smallest limit of the rules: the largest cost they can admit.
+    pub(crate) max_cost: u64,
+    pub(crate) shadow: bool,
+    children: Level,
+}
+
+impl Node {
+    fn new(path: Arc<str>, rules: Box<[Rule]>, shadow: bool, children: Level) -> Node {
+        Node {
+            path,
+            max_cost: rules.iter().map(Rule::limit).min().unwrap_or(0),
+            rules,
+            shadow,
+            children,
+        }
+    }
+
+    /// The rule with the lowest rate, as Envoy's `current_limit` (statuses without outcomes).
+    pub(crate) fn lowest_rate(&self) -> Option<RateLimit> {
+        lowest_rate(&self.rules).map(|rule| current_limit(rule, &self.path))
+    }
+}
+
+impl Domain {
+    /// Appends the key of the counter `name` (see [`counter_name`]) under `prefix`:
+    /// `prefix:{scope:name:}`, the layout of every limiter key (`tollgate::key`).
+    pub(crate) fn push_key(&self, out: &mut String, prefix: &str, name: &str) {
+        out.push_str(prefix);
+        out.push_str(":{");
+        out.push_str(&self.scope_part);
+        out.push(':');
+        push_part(out, name);
+        out.push_str(":}");
+    }
+
+    /// The node that limits a request descriptor with these entries, if any.
+    pub(crate) fn find(&self, entries: &[Entry]) -> Option<&Arc<Node>> {
+        let mut level = &self.root;
+        let last = entries.len().checked_sub(1)?;
+        for (i, entry) in entries.iter().enumerate() {
+            let keyed = level.by_key.get(&entry.key)?;
+            let node = keyed.by_value.get(&entry.value).or(keyed.any.as_ref())?;
+            if i == last {
+                return (!node.rules.is_empty()).then_some(node);
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+
+/// Builds [`Domains`] from the configuration.
+pub(crate) struct DomainsBuilder {
+    on_error: OnError,
+    map: HashMap<String, Arc<Domain>>,
+    summary: String,
+}
+
+impl DomainsBuilder {
+    pub(crate) fn new(on_error: OnError) -> DomainsBuilder {
+        DomainsBuilder {
+            on_error,
+            map: HashMap::new(),
+            summary: String::new(),
+        }
+    }
+
+    pub(crate) fn domain(&mut self, raw: RawDomain) -> Result<(), DomainError> {
+        let _ = writeln!(self.summary, "envoy domain {}", raw.name);
+        let root = self.level(raw.descriptors, "", "", 1)?;
+        let scope: Arc<str> = format!("envoy:{}", raw.name).into();
+        let mut scope_part = String::new();
+        push_part(&mut scope_part, &scope);
+        self.map.insert(
+            raw.name,
+            Arc::new(Domain {
+                scope,
+                scope_part: scope_part.into(),
+                on_error: self.on_error,
+                metrics: DecisionHandles::default(),
+                root,
+            }),
+        );
+        Ok(())
+    }
+
+    fn level(
+        &mut self,
+        descriptors: Vec<Spanned<RawDescriptor>>,
+        field: &str,
+        parent: &str,
+        depth: usize,
+    ) -> Result<Level, DomainError> {
+        let mut level = Level::default();
+        for (i, raw) in descriptors.into_iter().enumerate() {
+            let span = raw.span();
+            let here = format!("{field}.descriptors[{i}]");
+            let raw = raw.into_inner();
+            let fail = |sub: &str, msg: String| Err((span.clone(), format!("{here}{sub}"), msg));
+            if raw.key.is_empty() {
+                return fail(".key", "a descriptor needs a non-empty key".into());
+            }
+            if raw.value.as_deref() == Some("") {
+                return fail(
+                    ".value",
+                    "an empty value matches nothing; leave `value` out to match any value".into(),
+                );
+            }
+            if raw.rules.is_empty() && raw.descriptors.is_empty() {
+                return fail(
+                    ".rules",
+                    "a descriptor needs rules, nested descriptors, or both".into(),
+                );
+            }
+            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
+            for (j, rule) in raw.rules.iter().enumerate() {
+                let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
+                if rules.contains(&rule) {
+                    return fail(
+                        &format!(".rules[{j}]"),
+                        format!("rule {rule} is listed twice"),
+                    );
+                }
+                rules.push(rule);
+            }
+            let segment = match &raw.value {
+                Some(v) => format!("{}={v}", raw.key),
+                None => raw.key.clone(),
+            };
+            let path = if parent.is_empty() {
+                segment
+            } else {
+                format!("{parent}/{segment}")
+            };
+            let keyed = level.by_key.entry(raw.key.clone()).or_default();
+            let taken = match &raw.value {
+                Some(v) => keyed.by_value.contains_key(v),
+                None => keyed.any.is_some(),
+            };
+            if taken {
+                return fail(
+                    "",
+                    format!("descriptor {path:?} is configured twice at this level"),
+                );
+            }
+            let _ = write!(self.summary, "{}{}", "  ".repeat(depth), path);
+            if !rules.is_empty() {
+                let texts: Vec<String> = rules
+                    .iter()
+                    .map(|r| format!("{r} {}", r.algorithm()))
+                    .collect();
+                let _ = write!(self.summary, ": {}", texts.join(", "));
+            }
+            if raw.shadow {
+                self.summary.push_str(" (shadow)");
+            }
+            self.summary.push('\n');
+            let children = self.level(raw.descriptors, &here, &path, depth + 1)?;
+            let node = Arc::new(Node::new(path.into(), rules.into(), raw.shadow, children));
+            // Re-borrow: the recursive call above needed `self`.
+            let keyed = level.by_key.entry(raw.key).or_default();
+            match raw.value {
+                Some(v) => {
+                    keyed.by_value.insert(v, node);
+                }
+                None => keyed.any = Some(node),
+            }
+        }
+        Ok(level)
+    }
+
+    pub(crate) fn build(self) -> Domains {
+        Domains {
+            map: self.map,
+            summary: self.summary,
+        }
+    }
+}
+
+/// A node for a descriptor's own `limit`: `requests_per_unit` per unit, in a fixed window of
+/// that unit (the units' lengths are Envoy's: a month is 30 days, a year 365); `None` for an
+/// override that cannot be one (no requests, unknown unit).
+pub(crate) fn override_node(descriptor: &RateLimitDescriptor) -> Option<Arc<Node>> {
+    let limit = descriptor.limit.as_ref()?;
+    let unit_ms = match limit.unit {
+        1 => SECOND_MS,
+        2 => 60 * SECOND_MS,
+        3 => 3_600 * SECOND_MS,
+        4 => DAY_MS,
+        5 => 30 * DAY_MS,
+        6 => 365 * DAY_MS,
+        _ => return None,
+    };
+    let rule = Rule::new(
+        u64::from(limit.requests_per_unit),
+        std::time::Duration::from_millis(unit_ms),
+    )
+    .ok()?
+    .with_algorithm(Algorithm::FixedWindow);
+    let mut path = String::new();
+    for (i, e) in descriptor.entries.iter().enumerate() {
+        if i > 0 {
+            path.push('/');
+        }
+        let _ = write!(path, "{}={}", e.key, e.value);
+    }
+    Some(Arc::new(Node::new(
+        path.into(),
+        Box::new([rule]),
+        false,
+        Level::default(),
+    )))
+}
+
+/// Writes the escaped request entries into `name`: `key:value|key:value`. Escaping keeps `:`
+/// and `|` out of the parts, so two different entry lists never share a name.
+pub(crate) fn counter_name(name: &mut String, entries: &[Entry]) {
+    for (i, entry) in entries.iter().enumerate() {
+        if i > 0 {
+            name.push('|');
+        }
+        push_part(name, &entry.key);
+        name.push(':');
+        push_part(name, &entry.value);
+    }
+}
+
+fn lowest_rate(rules: &[Rule]) -> Option<&Rule> {
+    rules.iter().min_by(|a, b| {
+        // a.limit / a.window < b.limit / b.window, without division.
+        (u128::from(a.limit()) * u128::from(b.window_ms()))
+            .cmp(&(u128::from(b.limit()) * u128::from(a.window_ms())))
+    })
+}
+
+pub(crate) fn pb_duration(d: std::time::Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+const SECOND_MS: u64 = 1_000;
+const DAY_MS: u64 = 86_400_000;
+/// Envoy's units, shortest first, with the lengths Envoy's reference service gives them.
+const UNITS: [(Unit, u64); 7] = [
+    (Unit::Second, SECOND_MS),
+    (Unit::Minute, 60 * SECOND_MS),
+    (Unit::Hour, 3_600 * SECOND_MS),
+    (Unit::Day, DAY_MS),
+    (Unit::Week, 7 * DAY_MS),
+    (Unit::Month, 30 * DAY_MS),
+    (Unit::Year, 365 * DAY_MS),
+];
+
+/// A rule in Envoy's terms: the shortest unit at least as long as the window, and the rule's
+/// rate over that unit, rounded down (`10/1m` is 10 per MINUTE, `10/30s` 20 per MINUTE,
+/// `5/500ms` 10 per SECOND). Windows longer than a year are given per YEAR.
+pub(crate) fn current_limit(rule: &Rule, name: &str) -> RateLimit {
+    let window = rule.window_ms();
+    let (unit, unit_ms) = UNITS
+        .iter()
+        .copied()
+        .find(|&(_, ms)| ms >= window)
+        .unwrap_or(UNITS[UNITS.len() - 1]);
+    let per_unit = u128::from(rule.limit()) * u128::from(unit_ms) / u128::from(window);
+    RateLimit {
+        name: name.to_owned(),
+        requests_per_unit: u32::try_from(per_unit.max(1)).unwrap_or(u32::MAX),
+        unit: unit as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn rule(t: &str) -> Rule {
+        t.parse().unwrap()
+    }
+
+    #[test]
+    fn units_are_the_nearest_that_holds_the_window() {
+        let cl = |t: &str| {
+            let l = current_limit(&rule(t), "x");
+            (l.requests_per_unit, Unit::try_from(l.unit).unwrap())
+        };
+        assert_eq!(cl("10/1s"), (10, Unit::Second));
+        assert_eq!(cl("10/1m"), (10, Unit::Minute));
+        assert_eq!(cl("10/30s"), (20, Unit::Minute));
+        assert_eq!(cl("5/500ms"), (10, Unit::Second));
+        assert_eq!(cl("1000/1h"), (1000, Unit::Hour));
+        assert_eq!(cl("60/1d"), (60, Unit::Day));
+        assert_eq!(cl("7/7d"), (7, Unit::Week));
+        assert_eq!(cl("1/366d"), (1, Unit::Year));
+    }
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+        pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matching_follows_envoys_reference_service() {
+        let config = Config::parse(
+            "t.toml",
+            r#"
+[[envoy.domains]]
+name = "d"
+descriptors = [
+  { key = "remote_address", rules = ["10/1s"] },
+  { key = "path", rules = ["100/1s"] },
+  { key = "path", value = "/login", rules = ["5/1m"] },
+  { key = "tenant", descriptors = [
+      { key = "plan", value = "free", rules = ["1/1s"] },
+      { key = "plan", rules = ["50/1s"] },
+  ] },
+]
+"#,
+        )
+        .unwrap();
+        let domain = config.envoy.get("d").unwrap();
+        let path =
+            |pairs: &[(&str, &str)]| domain.find(&entries(pairs)).map(|n| n.path.to_string());
+        assert_eq!(
+            path(&[("remote_address", "1.2.3.4")]).as_deref(),
+            Some("remote_address")
+        );
+        assert_eq!(path(&[("path", "/login")]).as_deref(), Some("path=/login"));
+        assert_eq!(path(&[("path", "/other")]).as_deref(), Some("path"));
+        assert_eq!(
+            path(&[("tenant", "a"), ("plan", "free")]).as_deref(),
+            Some("tenant/plan=free")
+        );
+        assert_eq!(
+            path(&[("tenant", "a"), ("plan", "pro")]).as_deref(),
+            Some("tenant/plan")
+        );
+        // A node without rules limits nothing; nor does a descriptor that goes past the tree.
+        assert_eq!(path(&[("tenant", "a")]), None);
+        assert_eq!(path(&[("remote_address", "1.2.3.4"), ("path", "/")]), None);
+        assert_eq!(path(&[("unknown", "x")]), None);
+        assert_eq!(path(&[]), None);
+    }
+
+    #[test]
+    fn counter_names_cannot_collide() {
+        let name = |pairs: &[(&str, &str)]| {
+            let mut name = String::new();
+            counter_name(&mut name, &entries(pairs));
+            name
+        };
+        assert_ne!(name(&[("a", "b|c:d")]), name(&[("a", "b"), ("c", "d")]));
+    }
+
+    #[test]
+    fn counter_keys_are_limiter_keys() {
+        let config = Config::parse(
+            "t.toml",
+            "[[envoy.domains]]\nname = \"d:1\"\ndescriptors = [{ key = \"a\", rules = [\"1/1s\"] }]\n",
+        )
+        .unwrap();
+        let domain = config.envoy.get("d:1").unwrap();
+        let mut name = String::new();
+        counter_name(&mut name, &entries(&[("a", "x{y}")]));
+        let mut key = String::new();
+        domain.push_key(&mut key, "tg", &name);
+        assert_eq!(
+            key,
+            tollgate::key::limiter_key("tg", "envoy:d:1", &name, "")
+        );
+    }
+
+    #[test]
+    fn descriptor_errors_name_the_field() {
+        let e = Config::parse(
+            "t.toml",
+            "[[envoy.domains]]\nname = \"d\"\ndescriptors = [\n  { key = \"a\", rules = [\"1/1s\"] },\n  { key = \"a\", rules = [\"2/1s\"] },\n]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with(
+                "t.toml:5: envoy.domains[0].descriptors[1]: descriptor \"a\" is configured twice"
+            ),
+            "{e}"
+        );
+        let e = Config::parse(
+            "t.toml",
+            "[[envoy.domains]]\nname = \"d\"\ndescriptors = [{ key = \"a\", descriptors = [{ key = \"b\" }] }]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("t.toml:3: envoy.domains[0].descriptors[0].descriptors[0].rules: a descriptor needs rules"),
+            "{e}"
+        );
+    }
+}

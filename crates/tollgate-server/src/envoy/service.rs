@@ -1,0 +1,420 @@
+//! `ShouldRateLimit`: a request's matched descriptors become one store check (one per cost),
+//! and the store's verdict becomes one status per descriptor.
+//!
+//! The descriptors' nodes and their rules were prepared when the configuration was loaded; a
+//! request only writes its counters' keys and borrows the rules into one
+//! [`CheckRequest`], asked of the engine's store without a future when the store can answer at
+//! once (the memory store), as the engine does.
+
+use std::{
+    sync::{Arc, OnceLock},
+    time::{Duration, Instant},
+};
+
+use envoy_types::pb::envoy::{
+    extensions::common::ratelimit::v3::RateLimitDescriptor,
+    service::ratelimit::v3::{
+        RateLimitRequest, RateLimitResponse,
+        rate_limit_response::{Code, DescriptorStatus},
+        rate_limit_service_server::{RateLimitService, RateLimitServiceServer},
+    },
+};
+use smallvec::SmallVec;
+use tollgate::{
+    CheckRequest, LimiterRequest, MemoryStore, OnError, Reason, Store as _, Verdict,
+    algorithm::RuleOutcome,
+};
+
+use super::descriptors::{Domain, Node, counter_name, current_limit, override_node, pb_duration};
+use crate::app::App;
+
+/// The gRPC service over the running server's configuration.
+pub(crate) fn service(app: Arc<App>) -> RateLimitServiceServer<RateLimiter> {
+    RateLimitServiceServer::new(limiter(app))
+}
+
+/// The service's implementation, without the gRPC transport.
+pub(crate) fn limiter(app: Arc<App>) -> RateLimiter {
+    RateLimiter {
+        app,
+        local: OnceLock::new(),
+    }
+}
+
+/// Implements `ShouldRateLimit`.
+pub(crate) struct RateLimiter {
+    app: Arc<App>,
+    /// The fallback of domains whose store fails with `on_error = "local"`.
+    local: OnceLock<MemoryStore>,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let request = request.into_inner();
+        if request.domain.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "rate limit domain must not be empty",
+            ));
+        }
+        if request.descriptors.is_empty() {
+            return Err(tonic::Status::invalid_argument(
+                "rate limit descriptor list must not be empty",
+            ));
+        }
+        // The domain outlives a reload that happens while this request is in flight.
+        let domain = self.app.config().envoy.get(&request.domain).cloned();
+        let response = match domain {
+            Some(domain) => self.decide(&domain, &request).await,
+            None => not_limited(request.descriptors.len()),
+        };
+        Ok(tonic::Response::new(response))
+    }
+}
+
+fn not_limited(count: usize) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: vec![ok_status(); count],
+        ..RateLimitResponse::default()
+    }
+}
+
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
+}
+
+/// One distinct counter of a request: the node that limits it and its key.
+struct Counter {
+    /// The counter's name (see `counter_name`), to merge descriptors that share it.
+    name: String,
+    key: String,
+    node: Arc<Node>,
+}
+
+/// The matched descriptors of one cost, checked together (Envoy sends one cost per request
+/// unless descriptors override it with their own `hits_addend`).
+struct Group {
+    cost: u64,
+    counters: Vec<Counter>,
+    /// (descriptor index, counter index) per matched descriptor.
+    members: Vec<(usize, usize)>,
+}
+
+fn descriptor_cost(descriptor: &RateLimitDescriptor, request_addend: u64) -> u64 {
+    descriptor
+        .hits_addend
+        .as_ref()
+        .map_or(request_addend, |h| h.value)
+}
+
+/// What one check of some counters answered.
+// One lives on the stack per check; boxing the verdict would cost an allocation instead.
+#[allow(clippy::large_enum_variant)]
+enum Answer {
+    /// The store's verdict (or, with `unavailable`, the local fallback's).
+    Verdict { verdict: Verdict, unavailable: bool },
+    /// The cost is above some rule's limit: denied without asking the store.
+    CostExceeded,
+    /// The store failed; `on_error` allowed or denied without rules.
+    Unavailable { allowed: bool },
+}
+
+impl Answer {
+    fn allowed(&self) -> bool {
+        match self {
+            Answer::Verdict { verdict, .. } => verdict.allowed,
+            Answer::CostExceeded => false,
+            Answer::Unavailable { allowed } => *allowed,
+        }
+    }
+
+    fn reason(&self) -> Reason {
+        match self {
+            Answer::Verdict {
+                unavailable: true, ..
+            }
+            | Answer::Unavailable { .. } => Reason::StoreUnavailable,
+            Answer::Verdict { verdict, .. } if verdict.allowed => Reason::Ok,
+            Answer::Verdict { .. } => Reason::RateLimited,
+            Answer::CostExceeded => Reason::CostExceedsLimit,
+        }
+    }
+}
+
+/// A check's answer, read per counter.
+struct Checked {
+    answer: Answer,
+    cost: u64,
+    /// Per checked counter, where its outcomes start in the verdict; `None` if not checked.
+    starts: Vec<Option<usize>>,
+}
+
+impl Checked {
+    /// The outcomes of counter `c`'s rules (empty when there are none to report).
+    fn outcomes<'a>(&'a self, c: usize, node: &Node) -> &'a [RuleOutcome] {
+        match (&self.answer, self.starts[c]) {
+            (Answer::Verdict { verdict, .. }, Some(start)) => verdict
+                .rules
+                .get(start..start + node.rules.len())
+                .unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+
+    /// Whether counter `c` denied: one of its rules denied, or its cost is above a limit.
+    fn denied_by(&self, c: usize, node: &Node) -> bool {
+        match self.answer {
+            Answer::Verdict { .. } => self.outcomes(c, node).iter().any(|o| !o.allowed),
+            Answer::CostExceeded => self.starts[c].is_some() && node.max_cost < self.cost,
+            Answer::Unavailable { .. } => false,
+        }
+    }
+
+    /// The status of counter `c`: its strictest rule as `current_limit`, with what is left of
+    /// it and when it resets.
+    fn status(&self, c: usize, node: &Node, over: bool) -> DescriptorStatus {
+        let code = if over { Code::OverLimit } else { Code::Ok } as i32;
+        // (allowed, remaining, reset after) of each rule this answer reports.
+        let reported: SmallVec<[(usize, bool, u64, Duration); 8]> = match self.answer {
+            Answer::Verdict { .. } => self
+                .outcomes(c, node)
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    (
+                        i,
+                        o.allowed,
+                        o.remaining,
+                        Duration::from_micros(o.reset_after_us),
+                    )
+                })
+                .collect(),
+            Answer::CostExceeded if self.starts[c].is_some() => node
+                .rules
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.limit() < self.cost)
+                .map(|(i, _)| (i, false, 0, Duration::ZERO))
+                .collect(),
+            _ => SmallVec::new(),
+        };
+        // The strictest rule: a denying one that resets last, else the one with the least
+        // left (the longer window on a tie).
+        let strictest = reported.iter().max_by(|a, b| {
+            (!a.1, a.1.then_some(u64::MAX - a.2), a.3)
+                .cmp(&(!b.1, b.1.then_some(u64::MAX - b.2), b.3))
+                .then(node.rules[a.0].window().cmp(&node.rules[b.0].window()))
+        });
+        match strictest {
+            Some(&(i, _, remaining, reset_after)) => DescriptorStatus {
+                code,
+                current_limit: Some(current_limit(&node.rules[i], &node.path)),
+                limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                duration_until_reset: Some(pb_duration(reset_after)),
+                quota: None,
+            },
+            None => DescriptorStatus {
+                code,
+                current_limit: node.lowest_rate(),
+                ..DescriptorStatus::default()
+            },
+        }
+    }
+}
+
+impl RateLimiter {
+    async fn decide(&self, domain: &Domain, request: &RateLimitRequest) -> RateLimitResponse {
+        let prefix = self.app.gate.prefix();
+        let request_addend = u64::from(request.hits_addend.max(1));
+        let mut statuses = vec![ok_status(); request.descriptors.len()];
+        let mut groups: Vec<Group> = Vec::new();
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            let mut name = String::new();
+            counter_name(&mut name, &descriptor.entries);
+            let node = match override_node(descriptor) {
+                Some(node) => {
+                    // `#` is escaped in entries and starts only hashed parts (32 hex digits),
+                    // so this suffix names no configured counter.
+                    let rule = &node.rules[0];
+                    name.push_str("|#override:");
+                    name.push_str(&rule.limit().to_string());
+                    name.push('/');
+                    name.push_str(&rule.window_ms().to_string());
+                    node
+                }
+                None => match domain.find(&descriptor.entries) {
+                    Some(node) => node.clone(),
+                    None => continue,
+                },
+            };
+            let cost = descriptor_cost(descriptor, request_addend);
+            let g = match groups.iter().position(|g| g.cost == cost) {
+                Some(g) => g,
+                None => {
+                    groups.push(Group {
+                        cost,
+                        counters: Vec::new(),
+                        members: Vec::new(),
+                    });
+                    groups.len() - 1
+                }
+            };
+            let group = &mut groups[g];
+            let c = match group.counters.iter().position(|c| c.name == name) {
+                Some(c) => c,
+                None => {
+                    let mut key = String::with_capacity(prefix.len() + name.len() + 16);
+                    domain.push_key(&mut key, prefix, &name);
+                    group.counters.push(Counter { name, key, node });
+                    group.counters.len() - 1
+                }
+            };
+            group.members.push((i, c));
+        }
+        let mut over = false;
+        for group in groups {
+            let outcome = self.check_group(domain, &group.counters, group.cost).await;
+            for (i, c) in group.members {
+                let status = &outcome[c];
+                over |= status.code == Code::OverLimit as i32;
+                statuses[i] = status.clone();
+            }
+        }
+        RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..RateLimitResponse::default()
+        }
+    }
+
+    /// Checks the counters together; returns one status per counter.
+    ///
+    /// One store call, unless only shadow counters deny: then they are reported from that
+    /// answer and the others are checked once more without them, so they are recorded. That
+    /// second answer is final (a shadow counter that denies in it, after a concurrent request
+    /// spent it, is reported and keeps the request OK without recording it).
+    async fn check_group(
+        &self,
+        domain: &Domain,
+        counters: &[Counter],
+        cost: u64,
+    ) -> Vec<DescriptorStatus> {
+        let all = vec![true; counters.len()];
+        let first = self.check(domain, counters, &all, cost).await;
+        let denied_by = |checked: &Checked, c: usize| checked.denied_by(c, &counters[c].node);
+        let has_denied = (0..counters.len()).any(|c| denied_by(&first, c));
+        let only_shadow_denied = !first.answer.allowed()
+            && has_denied
+            && (0..counters.len()).all(|c| !denied_by(&first, c) || counters[c].node.shadow);
+        if !only_shadow_denied {
+            return self.statuses(counters, &first, None);
+        }
+        let rest: Vec<bool> = (0..counters.len()).map(|c| !denied_by(&first, c)).collect();
+        if !rest.contains(&true) {
+            return (0..counters.len())
+                .map(|c| first.status(c, &counters[c].node, false))
+                .collect();
+        }
+        let second = self.check(domain, counters, &rest, cost).await;
+        self.statuses(counters, &second, Some(&first))
+    }
+
+    /// The statuses from `checked`; counters it left out are reported from `dropped_from`
+    /// (shadow counters that denied there).
+    fn statuses(
+        &self,
+        counters: &[Counter],
+        checked: &Checked,
+        dropped_from: Option<&Checked>,
+    ) -> Vec<DescriptorStatus> {
+        let allowed = checked.answer.allowed();
+        let has_denied = (0..counters.len()).any(|c| checked.denied_by(c, &counters[c].node));
+        counters
+            .iter()
+            .enumerate()
+            .map(|(c, counter)| match (checked.starts[c], dropped_from) {
+                (None, Some(first)) => first.status(c, &counter.node, false),
+                _ => {
+                    let over = !allowed
+                        && !counter.node.shadow
+                        && (checked.denied_by(c, &counter.node) || !has_denied);
+                    checked.status(c, &counter.node, over)
+                }
+            })
+            .collect()
+    }
+
+    /// One atomic check of the counters marked in `active`, recorded in the metrics.
+    async fn check(
+        &self,
+        domain: &Domain,
+        counters: &[Counter],
+        active: &[bool],
+        cost: u64,
+    ) -> Checked {
+        let mut starts = vec![None; counters.len()];
+        let mut limiters: SmallVec<[LimiterRequest<'_>; 4]> = SmallVec::new();
+        let mut max_cost = u64::MAX;
+        let mut next = 0;
+        for (c, counter) in counters.iter().enumerate() {
+            if active[c] {
+                starts[c] = Some(next);
+                next += counter.node.rules.len();
+                max_cost = max_cost.min(counter.node.max_cost);
+                limiters.push(LimiterRequest {
+                    key: &counter.key,
+                    rules: &counter.node.rules,
+                    ban: None,
+                });
+            }
+        }
+        let started = Instant::now();
+        let answer = if cost > max_cost {
+            Answer::CostExceeded
+        } else {
+            let request = CheckRequest::new(cost, true, &limiters);
+            let store = self.app.gate.store();
+            let mut verdict = Verdict::new(false, []);
+            let result = match store.check_sync(&request, &mut verdict) {
+                Some(answer) => answer.map(|()| verdict),
+                None => store.check(&request).await,
+            };
+            match (result, domain.on_error) {
+                (Ok(verdict), _) => Answer::Verdict {
+                    verdict,
+                    unavailable: false,
+                },
+                (Err(_), OnError::Allow) => Answer::Unavailable { allowed: true },
+                (Err(_), OnError::Deny) => Answer::Unavailable { allowed: false },
+                (Err(_), OnError::Local) => {
+                    match self.local.get_or_init(MemoryStore::new).check_now(&request) {
+                        Ok(verdict) => Answer::Verdict {
+                            verdict,
+                            unavailable: true,
+                        },
+                        Err(_) => Answer::Unavailable { allowed: false },
+                    }
+                }
+            }
+        };
+        self.app.record(
+            "check",
+            (&domain.metrics, &domain.scope),
+            answer.reason(),
+            answer.allowed(),
+            started,
+        );
+        Checked {
+            answer,
+            cost,
+            starts,
+        }
+    }
+}

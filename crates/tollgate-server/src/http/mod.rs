@@ -1,0 +1,66 @@
+//! The HTTP/JSON API: check, peek, batched checks, reset, duplicate guard, blocklist, metrics
+//! and health.
+//!
+//! Every 4xx (and 5xx) body is `{"error": "..."}` saying what is wrong.
+//!
+//! # Layout
+//! - `error`: [`ApiError`] (the error body and its status) and `ApiJson`, the JSON body
+//!   extractor whose rejections are error bodies.
+//! - `json`: the wire types: requests, decisions, leases, bans.
+//! - `check`: `/v1/check`, `/v1/peek` (one handler body) and `/v1/checks`.
+//! - `duplicate`: the duplicate guard's acquire, complete and release.
+//! - `admin`: the admin extractor (bearer token, see `crate::admin`), reset and the blocklist.
+//! - `ops`: `/metrics`, `/healthz`, `/readyz`.
+
+mod admin;
+mod check;
+mod duplicate;
+mod error;
+mod json;
+mod ops;
+
+#[cfg(test)]
+mod allocations;
+
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    http::StatusCode,
+    routing::{delete, get, post},
+};
+
+pub(crate) use error::ApiError;
+
+use crate::app::App;
+
+/// The API's routes over `app`.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check::check))
+        .route("/v1/peek", post(check::peek))
+        .route("/v1/checks", post(check::checks))
+        .route("/v1/reset", post(admin::reset))
+        .route("/v1/duplicate/acquire", post(duplicate::acquire))
+        .route("/v1/duplicate/release", post(duplicate::release))
+        .route("/v1/duplicate/complete", post(duplicate::complete))
+        .route("/v1/blocklist", get(admin::blocklist).post(admin::ban))
+        .route("/v1/blocklist/{kind}/{value}", delete(admin::unban))
+        .route("/metrics", get(ops::metrics))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint; see docs/api.md")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this endpoint; see docs/api.md",
+    )
+}

@@ -1,0 +1,49 @@
+//! Operations: metrics and health.
+
+use std::{sync::Arc, time::Instant};
+
+use axum::{
+    Json,
+    extract::State,
+    http::header,
+    response::{IntoResponse, Response},
+};
+use serde_json::Value;
+
+use super::error::ApiError;
+use crate::app::App;
+
+pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
+    use tollgate::Store as _;
+    app.metrics
+        .refresh_blocklist_size(|| async {
+            let started = Instant::now();
+            let result = app.gate.store().ban_count(app.gate.prefix()).await;
+            app.metrics
+                .store_call("ban_count", started.elapsed(), result.is_err());
+            result
+        })
+        .await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn healthz() -> Json<Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+    use tollgate::Store as _;
+    let started = Instant::now();
+    let result = app.gate.store().ping().await;
+    app.metrics
+        .store_call("ping", started.elapsed(), result.is_err());
+    result.map_err(|e| ApiError::store("ping", &e))?;
+    Ok(Json(serde_json::json!({ "status": "ready" })))
+}
