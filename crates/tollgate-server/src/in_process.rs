@@ -27,11 +27,15 @@ pub struct InProcess {
 impl InProcess {
     /// Opens the store of `config`; admin endpoints accept `admin_token` (none: they answer 401).
     pub async fn new(config: Config, admin_token: Option<String>) -> Result<InProcess, String> {
-        let store = store::open(&config.store).await?;
+        let (store, memory) = store::open(&config.store).await?;
         let gate = Tollgate::new(store)
             .with_prefix(&config.store.prefix)
             .with_on_error(config.store.on_error);
-        let app = App::new(gate, config, Metrics::new(), admin_token, PathBuf::new());
+        let metrics = Metrics::new();
+        if let Some(memory) = memory {
+            metrics.watch_memory_store(memory);
+        }
+        let app = App::new(gate, config, metrics, admin_token, PathBuf::new());
         Ok(InProcess { app: Arc::new(app) })
     }
 

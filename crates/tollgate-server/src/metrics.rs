@@ -7,6 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tollgate::MemoryStore;
+
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{
@@ -63,6 +65,9 @@ struct Inner {
     /// scrapes wait for one count instead of each making their own.
     blocklist_counted: tokio::sync::Mutex<Option<Instant>>,
     reloads: Family<ResultLabels, Counter>,
+    /// Keys the memory store evicted, brought up to date at every scrape.
+    evictions: Counter,
+    memory: OnceLock<MemoryStore>,
 }
 
 impl Metrics {
@@ -100,6 +105,12 @@ impl Metrics {
             "Configuration reloads by result (ok or error)",
             reloads.clone(),
         );
+        let evictions = Counter::default();
+        registry.register(
+            "memory_store_evictions",
+            "Keys the memory store evicted to make room for new ones (an evicted key forgets its count)",
+            evictions.clone(),
+        );
         // Present from the start, so dashboards and alerts see 0 rather than no series.
         let check_errors = store_errors
             .get_or_create(&OpLabels { op: "check" })
@@ -121,6 +132,8 @@ impl Metrics {
             blocklist_size,
             blocklist_counted: tokio::sync::Mutex::new(None),
             reloads,
+            evictions,
+            memory: OnceLock::new(),
         }))
     }
 
@@ -208,7 +221,16 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// Reports the evictions of `store` (the server's memory store) from now on.
+    pub(crate) fn watch_memory_store(&self, store: MemoryStore) {
+        let _ = self.0.memory.set(store);
+    }
+
     pub(crate) fn render(&self) -> String {
+        if let Some(memory) = self.0.memory.get() {
+            let (now, seen) = (memory.evictions(), self.0.evictions.get());
+            self.0.evictions.inc_by(now.saturating_sub(seen));
+        }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
@@ -243,6 +265,43 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+
+    #[tokio::test]
+    async fn memory_store_evictions_are_counted() {
+        use tollgate::{Dimension, Identity, Limiter, Policy, Tollgate};
+        let metrics = Metrics::new();
+        assert!(
+            metrics
+                .render()
+                .contains("tollgate_memory_store_evictions_total 0")
+        );
+        let store = MemoryStore::builder()
+            .shards(1)
+            .max_keys(2)
+            .purge_interval(None)
+            .build();
+        metrics.watch_memory_store(store.clone());
+        let gate = Tollgate::new(store);
+        let policy = Policy::builder("p")
+            .limiter(Limiter::new(Dimension::UserId, ["5/1m".parse().unwrap()]))
+            .build()
+            .unwrap();
+        for user in ["a", "b", "c", "d", "e"] {
+            let who = Identity::new().with_user_id(user);
+            assert!(gate.check(&policy, &who, 1).await.unwrap().allowed());
+        }
+        // Five keys in room for two: three evicted, each counted once over two scrapes.
+        assert!(
+            metrics
+                .render()
+                .contains("tollgate_memory_store_evictions_total 3")
+        );
+        assert!(
+            metrics
+                .render()
+                .contains("tollgate_memory_store_evictions_total 3")
+        );
+    }
 
     #[tokio::test]
     async fn the_blocklist_count_serves_scrapes_for_a_second() {

@@ -43,7 +43,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         config.store.url.clone_from(url);
     }
     let metrics = Metrics::new();
-    let store = store::open(&config.store).await?;
+    let (store, memory) = store::open(&config.store).await?;
+    if let Some(memory) = memory {
+        metrics.watch_memory_store(memory);
+    }
     let gate = Tollgate::new(store)
         .with_prefix(&config.store.prefix)
         .with_on_error(config.store.on_error);

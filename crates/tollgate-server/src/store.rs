@@ -44,10 +44,14 @@ fn scheme(url: &str) -> Option<&str> {
 }
 
 /// Opens the store of `settings`: the embedded memory store, or Redis (which must answer now).
-pub(crate) async fn open(settings: &StoreSettings) -> Result<AnyStore, String> {
+/// The memory store is also returned on its own, for its statistics.
+pub(crate) async fn open(
+    settings: &StoreSettings,
+) -> Result<(AnyStore, Option<MemoryStore>), String> {
     check_url(&settings.url)?;
     if scheme(&settings.url) == Some("memory") {
-        return Ok(AnyStore::new(MemoryStore::new()));
+        let memory = MemoryStore::new();
+        return Ok((AnyStore::new(memory.clone()), Some(memory)));
     }
     let mut builder = RedisStore::builder(&settings.url).timeout(settings.timeout);
     if let Some(ca) = &settings.tls_ca_file {
@@ -60,7 +64,7 @@ pub(crate) async fn open(settings: &StoreSettings) -> Result<AnyStore, String> {
         .build()
         .await
         .map_err(|e| format!("cannot open the store: {e}"))?;
-    Ok(AnyStore::new(store))
+    Ok((AnyStore::new(store), None))
 }
 
 /// The URL without its passwords (user info and `sentinel_password=`), for logs and
