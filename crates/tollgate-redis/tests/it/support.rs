@@ -31,11 +31,13 @@ pub(crate) async fn store(server: &RedisServer) -> RedisStore {
         .unwrap()
 }
 
-/// A plain connection for inspecting the server.
+/// A plain connection for inspecting the server. Its replies may take long (a test's own
+/// bulk script on a loaded machine): no response timeout.
 pub(crate) async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
     redis::Client::open(server.url())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap()
 }
