@@ -161,9 +161,11 @@ async fn slowloris_connections_are_closed_and_checks_still_answer() {
         "{checks} checks under {TRICKLERS} trickling connections: slowest {slowest:?}; \
          {closed} trickling connections closed by the server after {shortest:?} to {longest:?}"
     );
-    assert!(checks >= 10, "only {checks} checks in two seconds");
+    // Loose bounds, printed figures: they catch a server that stops answering, not a slow
+    // shared machine (about 20 ms is typical on two cores).
+    assert!(checks >= 3, "only {checks} checks in two seconds");
     assert!(
-        slowest < Duration::from_secs(1),
+        slowest < Duration::from_secs(5),
         "a check took {slowest:?} under attack"
     );
     // Every trickler was closed at least once, and none before its header timeout.
