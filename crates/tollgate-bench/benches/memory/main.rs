@@ -21,6 +21,7 @@
 //! - `middleware`: an axum route bare, behind `RateLimitLayer` and behind tower_governor's
 //!   `GovernorLayer` (`middleware/gcra_1rule`).
 
+mod clock;
 mod middleware;
 mod support;
 mod threads;
@@ -38,6 +39,6 @@ criterion_group! {
     name = benches;
     config = config();
     targets = vs_governor::gcra_one_rule, vs_governor::sliding_log, vs_limitador::fixed_windows,
-        threads::gcra_threads, middleware::middleware
+        threads::gcra_threads, middleware::middleware, clock::clock_read
 }
 criterion_main!(benches);
