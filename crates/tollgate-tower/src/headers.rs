@@ -1,9 +1,9 @@
 //! `RateLimit-Policy`, `RateLimit` (draft-ietf-httpapi-ratelimit-headers) and `Retry-After`.
 
-use std::{fmt::Write, sync::Arc, time::Duration};
+use std::{fmt::Write, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
-use tollgate::{Decision, Policy, RuleDecision, format_duration};
+use tollgate::{Decision, LimiterName, Policy, RuleDecision, format_duration};
 
 /// The `RateLimit-Policy` field name.
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -109,7 +109,7 @@ impl PolicyFields {
             .limiters()
             .iter()
             .flat_map(|l| {
-                let limiter: Arc<str> = l.name().into();
+                let limiter: LimiterName = l.name().into();
                 l.rules().iter().map(move |rule| RuleDecision {
                     limiter: limiter.clone(),
                     rule: *rule,
@@ -179,13 +179,12 @@ pub(crate) fn sf_string(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use super::*;
 
     fn rule(limiter: &str, text: &str) -> RuleDecision {
         RuleDecision {
-            limiter: Arc::from(limiter),
+            limiter: limiter.into(),
             rule: text.parse().unwrap(),
             allowed: true,
             remaining: 0,

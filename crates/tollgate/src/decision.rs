@@ -1,9 +1,10 @@
 //! Decisions: allowed or denied, why, and what every rule says.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{borrow::Borrow, fmt, ops::Deref, sync::Arc, time::Duration};
 
 use serde::Serialize;
 use smallvec::SmallVec;
+use smol_str::SmolStr;
 
 use crate::{rule::Rule, store::INLINE_RULES};
 
@@ -46,11 +47,92 @@ impl fmt::Display for Reason {
     }
 }
 
+/// A limiter's name as a decision carries it: names of up to 23 bytes are held inline, so
+/// copying one into every decision touches no shared reference count (threads checking one
+/// policy would otherwise contend on it); longer names are shared.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LimiterName(SmolStr);
+
+impl LimiterName {
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Deref for LimiterName {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for LimiterName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for LimiterName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for LimiterName {
+    fn from(name: &str) -> LimiterName {
+        LimiterName(SmolStr::new(name))
+    }
+}
+
+impl From<String> for LimiterName {
+    fn from(name: String) -> LimiterName {
+        LimiterName(SmolStr::from(name))
+    }
+}
+
+impl From<Arc<str>> for LimiterName {
+    fn from(name: Arc<str>) -> LimiterName {
+        LimiterName(SmolStr::from(name))
+    }
+}
+
+impl PartialEq<str> for LimiterName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for LimiterName {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl fmt::Display for LimiterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for LimiterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl Serialize for LimiterName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
 /// What one rule of one limiter said.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleDecision {
     /// The limiter's name.
-    pub limiter: Arc<str>,
+    pub limiter: LimiterName,
     /// The rule.
     pub rule: Rule,
     /// This rule admitted the request.

@@ -53,6 +53,8 @@ const INLINE_LIMITERS: usize = 4;
 pub struct Tollgate<S> {
     store: S,
     prefix: Arc<str>,
+    /// `prefix:{`, where every limiter key starts.
+    key_start: Arc<str>,
     on_error: OnError,
     blocklist: bool,
     ban_index: Arc<str>,
@@ -68,6 +70,7 @@ impl<S: Store> Tollgate<S> {
         Tollgate {
             store,
             prefix: "tg".into(),
+            key_start: key::limiter_key_start("tg").into(),
             on_error: OnError::Allow,
             blocklist: true,
             ban_index: ban_index_key("tg").into(),
@@ -97,6 +100,7 @@ impl<S: Store> Tollgate<S> {
         let mut escaped = String::new();
         key::push_part(&mut escaped, prefix.as_ref());
         self.ban_index = ban_index_key(&escaped).into();
+        self.key_start = key::limiter_key_start(&escaped).into();
         self.prefix = escaped.into();
         self
     }
@@ -120,6 +124,7 @@ impl<S: Store> Tollgate<S> {
         Tollgate {
             store: AnyStore::new(EngineStore(self.clone())),
             prefix: self.prefix.clone(),
+            key_start: self.key_start.clone(),
             on_error: self.on_error,
             blocklist: self.blocklist,
             ban_index: self.ban_index.clone(),
@@ -167,7 +172,8 @@ impl<S: Store> Tollgate<S> {
     pub async fn reset(&self, policy: &Policy, identity: &Identity) -> Result<(), CheckError> {
         let mut keys = CheckKeys::new();
         self.limiter_keys(policy, identity, &mut keys)?;
-        let (limiters, _) = keys.requests(&policy.limiters);
+        let mut limiters = LimiterRequests::new();
+        keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
         self.store
             .reset(&CheckRequest::new(0, false, &limiters))
             .await?;
@@ -322,23 +328,26 @@ impl<S: Store> Tollgate<S> {
             .await?)
     }
 
-    /// A check answered without a future, when the store can answer at once (`None` when it
-    /// cannot: then [`check_async`](Self::check_async) asks it).
+    /// A check answered without a future, into `out`, when the store can answer at once
+    /// (`None` when it cannot: then [`check_async`](Self::check_async) asks it). The decision
+    /// is written in place: it is large (it holds its rules), and every move is a copy.
     fn check_now(
         &self,
         policy: &Policy,
         identity: &Identity,
         cost: u64,
         consume: bool,
-    ) -> Option<Result<Decision, CheckError>> {
-        let mut out = Decision::without_rules(true, Reason::Ok);
+        out: &mut Decision,
+    ) -> Option<Result<(), CheckError>> {
         let mut keys = CheckKeys::new();
-        match self.prepare(policy, identity, cost, consume, &mut keys, &mut out) {
+        match self.prepare(policy, identity, cost, consume, &mut keys, out) {
             Ok(true) => {}
-            Ok(false) => return Some(Ok(out)),
+            Ok(false) => return Some(Ok(())),
             Err(e) => return Some(Err(e)),
         }
-        let (limiters, bans) = keys.requests(&policy.limiters);
+        let mut limiters = LimiterRequests::new();
+        let mut bans = BanKeys::new();
+        keys.requests(&policy.limiters, &mut limiters, &mut bans);
         let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
         let mut verdict = Verdict::new(false, []);
         let answer = self.store.check_sync(&request, &mut verdict)?;
@@ -349,9 +358,9 @@ impl<S: Store> Tollgate<S> {
             answer,
             &mut verdict,
             on_error,
-            &mut out,
+            out,
         );
-        Some(Ok(out))
+        Some(Ok(()))
     }
 
     /// The same check, asking the store through its future.
@@ -367,7 +376,9 @@ impl<S: Store> Tollgate<S> {
         if !self.prepare(policy, identity, cost, consume, &mut keys, &mut out)? {
             return Ok(out);
         }
-        let (limiters, bans) = keys.requests(&policy.limiters);
+        let mut limiters = LimiterRequests::new();
+        let mut bans = BanKeys::new();
+        keys.requests(&policy.limiters, &mut limiters, &mut bans);
         let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
         let mut verdict = Verdict::new(false, []);
         let answer = self.store.check(&request).await.map(|v| verdict = v);
@@ -450,7 +461,7 @@ impl<S: Store> Tollgate<S> {
     }
 
     /// Writes the key of every limiter of `policy` for `identity` into `keys`, one after the
-    /// other (`prefix:{head:value}`, where `head` is the limiter's entry in
+    /// other (`prefix:{head:value}`, where `head:` is the limiter's entry in
     /// `Policy::key_heads`), noting where each ends.
     fn limiter_keys(
         &self,
@@ -459,7 +470,8 @@ impl<S: Store> Tollgate<S> {
         keys: &mut CheckKeys<'_>,
     ) -> Result<(), CheckError> {
         for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
-            key::open_limiter_key(&mut keys.text, &self.prefix, head);
+            keys.text.push_str(&self.key_start);
+            keys.text.push_str(head);
             if !limiter.dimension.push_value(identity, &mut keys.text) {
                 return Err(missing_dimension(limiter));
             }
@@ -480,7 +492,7 @@ impl<S: Store> Tollgate<S> {
         if cost > max_cost(limiters) {
             return cost_exceeds_limit(limiters, cost, out);
         }
-        let requests: SmallVec<[LimiterRequest<'_>; INLINE_LIMITERS]> = limiters
+        let requests: LimiterRequests<'_> = limiters
             .iter()
             .zip(keys)
             .map(|(l, key)| LimiterRequest {
@@ -543,9 +555,17 @@ impl<'a, S: Store> Future for Check<'a, S> {
         let this = &mut *self;
         if let CheckState::Start = this.state {
             let (gate, policy, identity) = (this.gate, this.policy, this.identity);
-            if let Some(done) = gate.check_now(policy, identity, this.cost, this.consume) {
-                this.state = CheckState::Done;
-                return Poll::Ready(done);
+            let mut out = Decision::without_rules(true, Reason::Ok);
+            match gate.check_now(policy, identity, this.cost, this.consume, &mut out) {
+                Some(Ok(())) => {
+                    this.state = CheckState::Done;
+                    return Poll::Ready(Ok(out));
+                }
+                Some(Err(e)) => {
+                    this.state = CheckState::Done;
+                    return Poll::Ready(Err(e));
+                }
+                None => {}
             }
             let waiting = gate.check_async(policy, identity, this.cost, this.consume);
             this.state = CheckState::Waiting(Box::pin(waiting));
@@ -558,6 +578,12 @@ impl<'a, S: Store> Future for Check<'a, S> {
         Poll::Ready(done)
     }
 }
+
+/// The limiters of one check, on the stack for up to [`INLINE_LIMITERS`].
+type LimiterRequests<'a> = SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]>;
+
+/// The ban keys of one check: the IP's and the user's.
+type BanKeys<'a> = SmallVec<[BanKey<'a>; 2]>;
 
 /// The keys of one check, on the stack: every limiter's key and the ban keys in one buffer,
 /// and the IP ban's value.
@@ -583,30 +609,24 @@ impl<'i> CheckKeys<'i> {
         }
     }
 
-    /// The request of each limiter (its key and rules) and the ban keys.
+    /// The request of each limiter (its key and rules) and the ban keys, into the caller's
+    /// vectors (built in place: returned, they would be copied).
     fn requests<'a>(
         &'a self,
         limiters: &'a [Limiter],
-    ) -> (
-        SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]>,
-        SmallVec<[BanKey<'a>; 2]>,
+        requests: &mut LimiterRequests<'a>,
+        bans: &mut BanKeys<'a>,
     ) {
         let text = self.text.text();
         let mut start = 0;
-        let requests = limiters
-            .iter()
-            .zip(&self.ends)
-            .map(|(limiter, &end)| {
-                let key = &text[start..end];
-                start = end;
-                LimiterRequest {
-                    key,
-                    rules: &limiter.rules,
-                    ban: limiter.ban,
-                }
-            })
-            .collect();
-        let mut bans = SmallVec::new();
+        for (limiter, &end) in limiters.iter().zip(&self.ends) {
+            requests.push(LimiterRequest {
+                key: &text[start..end],
+                rules: &limiter.rules,
+                ban: limiter.ban,
+            });
+            start = end;
+        }
         if let Some(end) = self.ip_ban {
             bans.push(BanKey {
                 key: &text[start..end],
@@ -622,7 +642,6 @@ impl<'i> CheckKeys<'i> {
                 value: id,
             });
         }
-        (requests, bans)
     }
 }
 

@@ -37,6 +37,10 @@ pub(crate) trait KeyOut {
     fn len(&self) -> usize;
     /// Shortens to `len` bytes.
     fn truncate(&mut self, len: usize);
+    /// Appends bytes known to be ASCII.
+    fn push_ascii_bytes(&mut self, bytes: &[u8]) {
+        self.push_str(ascii(bytes));
+    }
 }
 
 impl KeyOut for String {
@@ -55,17 +59,25 @@ impl KeyOut for String {
 }
 
 impl KeyOut for KeyBuf {
+    #[inline]
     fn push_str(&mut self, s: &str) {
         self.0.extend_from_slice(s.as_bytes());
     }
+    #[inline]
     fn push_ascii(&mut self, b: u8) {
         self.0.push(b);
     }
+    #[inline]
     fn len(&self) -> usize {
         self.0.len()
     }
+    #[inline]
     fn truncate(&mut self, len: usize) {
         self.0.truncate(len);
+    }
+    #[inline]
+    fn push_ascii_bytes(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
     }
 }
 
@@ -127,25 +139,47 @@ fn push_hashed(out: &mut (impl KeyOut + ?Sized), bytes: &[u8]) {
 }
 
 /// Appends an IPv4 address in dotted form, without the formatting machinery (digits and dots
-/// need no escaping).
+/// need no escaping): written on the stack from a table of the 256 octets, appended once.
 pub(crate) fn push_ipv4(out: &mut (impl KeyOut + ?Sized), ip: std::net::Ipv4Addr) {
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            out.push_ascii(b'.');
-        }
-        push_u8(out, octet);
+    let mut text = [0; 16];
+    let mut len = 0;
+    for octet in ip.octets() {
+        let (digits, n) = DECIMAL[usize::from(octet)];
+        text[len..len + 4].copy_from_slice(&digits);
+        len += n;
     }
+    // Each octet was written with a dot after it: the last one is dropped.
+    out.push_ascii_bytes(&text[..len - 1]);
 }
+
+/// Every byte in decimal followed by a dot, and the length of that text.
+const DECIMAL: [([u8; 4], usize); 256] = {
+    let mut table = [([0; 4], 0); 256];
+    let mut n = 0;
+    while n < 256 {
+        let b = n as u8;
+        let mut digits = [0; 4];
+        let mut len = 0;
+        if b >= 100 {
+            digits[len] = b'0' + b / 100;
+            len += 1;
+        }
+        if b >= 10 {
+            digits[len] = b'0' + b / 10 % 10;
+            len += 1;
+        }
+        digits[len] = b'0' + b % 10;
+        digits[len + 1] = b'.';
+        table[n] = (digits, len + 2);
+        n += 1;
+    }
+    table
+};
 
 /// Appends a byte in decimal.
 pub(crate) fn push_u8(out: &mut (impl KeyOut + ?Sized), n: u8) {
-    if n >= 100 {
-        out.push_ascii(b'0' + n / 100);
-    }
-    if n >= 10 {
-        out.push_ascii(b'0' + n / 10 % 10);
-    }
-    out.push_ascii(b'0' + n % 10);
+    let (digits, len) = DECIMAL[usize::from(n)];
+    out.push_ascii_bytes(&digits[..len - 1]);
 }
 
 /// The base key of one limiter of a policy for one dimension value:
@@ -174,6 +208,11 @@ pub(crate) fn open_limiter_key(out: &mut (impl KeyOut + ?Sized), prefix: &str, h
     out.push_str(":{");
     out.push_str(head);
     out.push_ascii(b':');
+}
+
+/// The text every limiter key of an engine starts with: `prefix:{`.
+pub(crate) fn limiter_key_start(prefix: &str) -> String {
+    format!("{prefix}:{{")
 }
 
 /// The base key of a caller-named group (`check_group` / `check_single`): `prefix:{k:name}`.
@@ -270,6 +309,19 @@ mod tests {
             let mut s = String::new();
             push_part(&mut s, i);
             assert!(seen.insert(s.clone()), "{i:?} -> {s}");
+        }
+    }
+
+    #[test]
+    fn ipv4_text_matches_display_for_every_octet() {
+        for n in 0..=255u8 {
+            let ip = std::net::Ipv4Addr::new(n, 255 - n, n / 2, n.wrapping_mul(7));
+            let mut text = KeyBuf::default();
+            push_ipv4(&mut text, ip);
+            assert_eq!(text.text(), ip.to_string());
+            let mut byte = String::new();
+            push_u8(&mut byte, n);
+            assert_eq!(byte, n.to_string());
         }
     }
 

@@ -61,7 +61,7 @@ mod store;
 pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget};
 pub use bypass::{Bypass, IpNet};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, Reason, RuleDecision};
+pub use decision::{Decision, LimiterName, Reason, RuleDecision};
 pub use duplicate::{
     Acquire, Duplicate, DuplicateBy, DuplicateGuard, DuplicateState, Fingerprint, Lease,
 };

@@ -5,6 +5,7 @@ use std::{collections::HashSet, sync::Arc};
 use crate::{
     blocklist::BanRule,
     bypass::Bypass,
+    decision::LimiterName,
     error::PolicyError,
     identity::{Dimension, IpPrefix},
     key,
@@ -43,7 +44,7 @@ pub enum OnError {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Limiter {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: LimiterName,
     pub(crate) dimension: Dimension,
     pub(crate) rules: Arc<[Rule]>,
     pub(crate) message: Option<Arc<str>>,
@@ -268,7 +269,11 @@ impl PolicyBuilder {
         let key_heads = self
             .limiters
             .iter()
-            .map(|l| key::limiter_head(&self.scope, &l.name).into())
+            .map(|l| {
+                let mut head = key::limiter_head(&self.scope, &l.name);
+                head.push(':');
+                head.into()
+            })
             .collect();
         Ok(Policy {
             key_heads,
