@@ -223,13 +223,13 @@ impl Inner {
 
     /// One atomic check (see [`CheckRequest`]), answered into `verdict`.
     fn check(&self, request: &CheckRequest<'_>, verdict: &mut Verdict) -> Result<(), StoreError> {
-        let hashes: SmallVec<[u64; 8]> = request
-            .limiters
-            .iter()
-            .map(|l| l.key)
-            .chain(request.bans.iter().map(|b| b.key))
-            .map(|key| self.shards.hash(key))
-            .collect();
+        let mut hashes = SmallVec::<[u64; 8]>::new();
+        for key in request.limiters.iter().map(|l| l.key) {
+            hashes.push(self.shards.hash(key));
+        }
+        for key in request.bans.iter().map(|b| b.key) {
+            hashes.push(self.shards.hash(key));
+        }
         let (limiter_hashes, ban_hashes) = hashes.split_at(request.limiters.len());
         let mut locked = self.shards.lock(&hashes);
         let now = self.clock.now_us();
@@ -307,9 +307,8 @@ impl Inner {
             self.make_room_for(limiter_hashes, &found, &mut locked, now)?;
             let mut first = 0;
             for ((l, &hash), id) in request.limiters.iter().zip(limiter_hashes).zip(&found) {
-                let used_up = out[first..first + l.rules.len()]
-                    .iter()
-                    .any(|o| o.remaining == 0);
+                let outcomes = &out[first..first + l.rules.len()];
+                let used_up = outcomes.iter().any(|o| o.remaining == 0);
                 first += l.rules.len();
                 let shard = locked.shard(hash);
                 match id.map(|id| shard.entry(id)) {
@@ -319,13 +318,13 @@ impl Inner {
                         limited,
                         ..
                     }) => {
-                        let until = states.record(l.rules, now, cost);
+                        let until = states.record(l.rules, outcomes, now, cost);
                         *expires_at = (*expires_at).max(until);
                         *limited = used_up;
                     }
                     _ => {
                         let mut states = RuleStates::default();
-                        let expires_at = states.record(l.rules, now, cost);
+                        let expires_at = states.record(l.rules, outcomes, now, cost);
                         let mut entry = Entry::new(State::Rules(states), expires_at);
                         entry.limited = used_up;
                         shard.insert(hash, l.key, entry);

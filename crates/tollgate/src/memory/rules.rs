@@ -148,9 +148,15 @@ impl RuleStates {
         }
     }
 
-    /// Records `cost` units that every rule admitted at `now`; returns until when the states
-    /// count.
-    pub(super) fn record(&mut self, rules: &[Rule], now: u64, cost: u64) -> u64 {
+    /// Records `cost` units that every rule admitted at `now`, with `outcomes` the admitting
+    /// outcomes [`evaluate`](Self::evaluate) gave; returns until when the states count.
+    pub(super) fn record(
+        &mut self,
+        rules: &[Rule],
+        outcomes: &[RuleOutcome],
+        now: u64,
+        cost: u64,
+    ) -> u64 {
         self.counters.retain(|c| c.expires_at() > now);
         let mut expires_at = now;
         let log_window = rules
@@ -178,7 +184,7 @@ impl RuleStates {
             }
             expires_at = now + window;
         }
-        for rule in rules {
+        for (rule, outcome) in rules.iter().zip(outcomes) {
             let (a, b) = match rule.algorithm() {
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
@@ -187,11 +193,9 @@ impl RuleStates {
                     let Some(next) = next else { continue };
                     (next.start, next.count)
                 }
-                Algorithm::Gcra => {
-                    let (_, next) = algorithm::gcra(tat(&self.counters, rule), now, rule, cost);
-                    let Some(next) = next else { continue };
-                    (next, 0)
-                }
+                // An admitting GCRA outcome waits until the new arrival time: no second
+                // evaluation.
+                Algorithm::Gcra => (now.saturating_add(outcome.reset_after_us), 0),
             };
             let id = RuleId::of(rule);
             let c = match self.counters.iter_mut().position(|c| c.rule == id) {
