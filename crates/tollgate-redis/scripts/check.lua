@@ -62,17 +62,13 @@
 -- outcome shows it, and builds the helpers of other paths (fixed window, GCRA, bans) only
 -- when taken. A batch pays the call's own cost (the command, this chunk, TIME) once.
 
-if redis.replicate_commands then
-  -- Redis < 5 refuses writes after TIME unless the script replicates its effects.
-  redis.replicate_commands()
-end
+--@include common.lua
 
-local call, format = redis.call, string.format
 local SLIDING_LOG, FIXED_WINDOW, GCRA = 1, 2, 3
 
 -- The check being evaluated: its plan's integers (p[1] the nonce, p[2] .. the integers), its
 -- time and settings.
-local p, nonce, now, cost, consume, ttl_slack_ms, report
+local p, nonce, cost, consume, report -- and common.lua's now, ttl_slack_ms
 local server_now = false -- TIME, read once per call when a check needs it
 
 -- The plan of the check being evaluated, in two flat tables (a table per rule would cost
@@ -87,28 +83,6 @@ local server_now = false -- TIME, read once per call when a check needs it
 -- overwrites what it uses and reads nothing past it.
 local rule = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local limiter = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
-
-local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-    r = r + b
-  elseif r >= b then
-    q = q + 1
-    r = r - b
-  end
-  return q, r
-end
-
--- A TTL in ms for state that counts for `us` more µs: never shorter, so never lost early.
-local function ttl_ms(us)
-  local q, r = divmod(us, 1000)
-  if r > 0 then
-    q = q + 1
-  end
-  return q + ttl_slack_ms
-end
 
 -- The lower bound of a sliding window w: live entries are t > now - w (all while now < w).
 local function edge(w)
@@ -212,84 +186,45 @@ local function evaluate(i, l, c)
   error('tollgate check: unknown algorithm code ' .. tostring(k))
 end
 
--- After a denial: bans every target for the longest ban of the denying limiters that ban;
--- the longest ban written, or -1. Built only when a check takes this path.
+-- After a denial: bans every target for the longest ban of the denying limiters that ban
+-- (ban_writer.lua); the longest ban written, or -1. Built only when a check takes this path.
 local ban_offender
 local function build_ban_offender()
-  -- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for; `at` is the
-  -- index in p of the limiter's ban duration, factor and cap.
-  local function ban_duration(at, strike)
-    local duration, factor, cap = p[at], p[at + 1], p[at + 2]
-    if factor <= 1 then
-      return math.min(duration, cap)
-    end
-    local d = duration
-    for _ = 2, strike do
-      d = d * factor
-      if d >= cap then
-        return cap
-      end
-    end
-    return math.min(d, cap)
-  end
+--@include ban_writer.lua
+  return ban_offender
+end
 
-  -- `reply` holds the check's outcomes; its ban keys are KEYS[ban_keys + 1 .. ban_keys +
-  -- bans], their targets ARGV[targets + 1 ..].
-  ban_offender = function(reply, limiters, ban_keys, bans, targets, ban_index)
-    local denying = {}
-    for l = 1, limiters do
-      local m = 6 * l
-      local ban_at = limiter[m - 3]
-      if ban_at then
-        for i = limiter[m - 5], limiter[m - 4] do
-          if reply[4 * i] == 0 then
-            denying[#denying + 1] = ban_at
-            break
-          end
+-- `reply` holds the check's outcomes; its ban keys are KEYS[ban_keys + 1 .. ban_keys + bans],
+-- their targets ARGV[targets + 1 ..].
+local function offend(reply, limiters, ban_keys, bans, targets, ban_index)
+  local denying = {}
+  for l = 1, limiters do
+    local m = 6 * l
+    local at = limiter[m - 3]
+    if at then
+      for i = limiter[m - 5], limiter[m - 4] do
+        if reply[4 * i] == 0 then
+          denying[#denying + 1] = p[at]
+          denying[#denying + 1] = p[at + 1]
+          denying[#denying + 1] = p[at + 2]
+          break
         end
       end
     end
-    if #denying == 0 then
-      return -1
-    end
-    -- Strikes are remembered until the ban ends plus the cap, when bans escalate.
-    local memory = 0
-    for _, at in ipairs(denying) do
-      local factor, cap = p[at + 1], p[at + 2]
-      if factor > 1 and cap > memory then
-        memory = cap
-      end
-    end
-    local longest = -1
-    for b = 1, bans do
-      local ban_key = KEYS[ban_keys + b]
-      local old = call('HMGET', ban_key, 's', 'x')
-      local strikes = 1
-      if tonumber(old[2] or '') and tonumber(old[2]) > now then
-        strikes = (tonumber(old[1] or '') or 0) + 1
-      end
-      local duration = 0
-      for _, at in ipairs(denying) do
-        duration = math.max(duration, ban_duration(at, strikes))
-      end
-      local until_us = now + duration
-      call('DEL', ban_key)
-      call('HSET', ban_key, 'u', format('%d', until_us), 's', format('%d', strikes),
-        'x', format('%d', until_us + memory),
-        'k', ARGV[targets + 2 * b - 1], 'v', ARGV[targets + 2 * b])
-      call('PEXPIRE', ban_key, format('%d', ttl_ms(until_us + memory - now)))
-      call('ZADD', ban_index, format('%d', until_us), ban_key)
-      if duration > longest then
-        longest = duration
-      end
-    end
-    call('ZREMRANGEBYSCORE', ban_index, '-inf', format('%d', now))
-    local newest = call('ZRANGE', ban_index, '-1', '-1', 'WITHSCORES')
-    if newest[2] then
-      call('PEXPIRE', ban_index, format('%d', ttl_ms(tonumber(newest[2]) - now)))
-    end
-    return longest
   end
+  if #denying == 0 then
+    return -1
+  end
+  local keys, kinds_values = {}, {}
+  for b = 1, bans do
+    keys[b] = KEYS[ban_keys + b]
+    kinds_values[2 * b - 1] = ARGV[targets + 2 * b - 1]
+    kinds_values[2 * b] = ARGV[targets + 2 * b]
+  end
+  if not ban_offender then
+    ban_offender = build_ban_offender()
+  end
+  return (ban_offender(denying, keys, kinds_values, ban_index))
 end
 
 -- One check: its plan is ARGV[argi + 1], its keys start after KEYS[keyi]. Returns its reply
@@ -466,10 +401,7 @@ local function check(keyi, argi)
     end
     reply[1] = 0
     if targets then
-      if not ban_offender then
-        build_ban_offender()
-      end
-      reply[3] = ban_offender(reply, limiters, ban_keys, bans, targets, ban_index)
+      reply[3] = offend(reply, limiters, ban_keys, bans, targets, ban_index)
     end
   elseif consume and cost > 0 then
     recorded = true

@@ -11,14 +11,14 @@ use std::time::Duration;
 use redis::Value;
 use tollgate::{BanCursor, BanEntry, BanPage, BanTarget, StoreError, ban_index_key};
 
-use crate::{script::protocol, store::RedisStore};
+use crate::{backend::Backend, script::protocol};
 
 /// The page size [`all`] reads with: each call stays short, however many bans there are.
 const LIST_PAGE: usize = 1000;
 
 /// How many bans under `prefix` have not ended.
-pub(crate) async fn count(store: &RedisStore, prefix: &str) -> Result<u64, StoreError> {
-    let mut call = store.scripts().ban_count.call();
+pub(crate) async fn count(store: &Backend, prefix: &str) -> Result<u64, StoreError> {
+    let mut call = store.scripts.ban_count.call();
     call.key(ban_index_key(prefix)).arg(store.now_arg());
     let mut conn = store.conn();
     store
@@ -32,12 +32,12 @@ pub(crate) async fn count(store: &RedisStore, prefix: &str) -> Result<u64, Store
 
 /// One page of at most `limit` bans after `after`, in the order they end.
 pub(crate) async fn page(
-    store: &RedisStore,
+    store: &Backend,
     prefix: &str,
     after: Option<&BanCursor>,
     limit: usize,
 ) -> Result<BanPage, StoreError> {
-    let mut call = store.scripts().bans.call();
+    let mut call = store.scripts.bans.call();
     call.key(ban_index_key(prefix))
         .arg(store.now_arg())
         .arg(limit.max(1));
@@ -58,7 +58,7 @@ pub(crate) async fn page(
 
 /// Every ban under `prefix`, sorted by target: page after page, so that no call holds the
 /// server for long. Bans that start or end meanwhile may or may not be listed.
-pub(crate) async fn all(store: &RedisStore, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
+pub(crate) async fn all(store: &Backend, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
     let mut bans = Vec::new();
     let mut after = None;
     loop {

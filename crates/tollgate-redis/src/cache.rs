@@ -317,16 +317,13 @@ mod tests {
         assert_eq!(cache.answered(), 1);
         // A smaller cost may fit, a larger one waits longer; the margin before the end is left
         // to Redis.
-        assert!(
-            cache
-                .answer(&CheckRequest::new(1, true, &limiters), 1_100_000)
-                .is_none()
-        );
-        assert!(
-            cache
-                .answer(&CheckRequest::new(3, true, &limiters), 1_100_000)
-                .is_none()
-        );
+        for cost in [1, 3] {
+            let other_cost = CheckRequest::new(cost, true, &limiters);
+            assert!(
+                cache.answer(&other_cost, 1_100_000).is_none(),
+                "cost {cost}"
+            );
+        }
         let end = 1_000_000 + 400_000;
         assert!(cache.answer(&plan, end - margin_us(400_000) - 1).is_some());
         assert!(cache.answer(&plan, end - margin_us(400_000)).is_none());

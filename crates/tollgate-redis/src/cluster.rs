@@ -17,34 +17,36 @@
 use std::collections::HashMap;
 
 use futures_util::future::join_all;
-use redis::{RedisResult, cluster_async::ClusterConnection, cluster_routing::Slot};
+use redis::{RedisResult, cluster_routing::Slot};
 use tollgate::{
     Algorithm, CheckRequest, LimiterRequest, StoreError, StoreErrorKind, Verdict,
     algorithm::RuleOutcome, key,
 };
 
 use crate::{
+    backend::Backend,
     batch::Lane,
     script::{self, Record, Report, SlotReply},
-    store::RedisStore,
 };
 
 /// The limiters of a plan that share one slot, in plan order.
-struct Group {
+pub(crate) struct Group {
     slot: Slot,
     /// Indices into the plan's limiters.
     limiters: Vec<usize>,
 }
 
 /// Where a plan's keys live.
-enum Layout {
-    /// Every key in one slot (or no key at all): the standalone script, one call.
-    OneSlot,
-    /// The limiters' slots, and whether the bans need reading beside them.
+pub(crate) enum Layout {
+    /// Every key in one slot (or no key at all): the standalone script, one call on that
+    /// slot's lane.
+    OneSlot(Lane),
+    /// The limiters' slots; the bans are read beside them.
     Slots(Vec<Group>),
 }
 
-fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
+/// Where `plan`'s keys live; an error if a limiter's keys could span slots.
+pub(crate) fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
     let mut groups: Vec<Group> = Vec::new();
     for (i, limiter) in plan.limiters.iter().enumerate() {
         let slot = limiter_slot(limiter)?;
@@ -63,14 +65,14 @@ fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
         _ => false,
     };
     Ok(if one_slot {
-        Layout::OneSlot
+        Layout::OneSlot(one_slot_lane(plan))
     } else {
         Layout::Slots(groups)
     })
 }
 
 /// The slot of a plan whose keys share one ([`Layout::OneSlot`]): its batching lane.
-fn one_slot(plan: &CheckRequest<'_>) -> Lane {
+fn one_slot_lane(plan: &CheckRequest<'_>) -> Lane {
     let first = plan
         .limiters
         .first()
@@ -141,16 +143,13 @@ struct SlotAnswer<'a> {
     reply: Option<SlotReply>,
 }
 
-/// Checks `plan` on the cluster behind `conn` (see the module docs).
+/// Checks `plan`, whose limiters live in `groups` ([`Layout::Slots`]), on the cluster (see
+/// the module docs).
 pub(crate) async fn check(
-    store: &RedisStore,
-    conn: &ClusterConnection,
+    store: &Backend,
     plan: &CheckRequest<'_>,
+    groups: Vec<Group>,
 ) -> Result<Verdict, StoreError> {
-    let groups = match layout(plan)? {
-        Layout::OneSlot => return store.check_one_call(plan, one_slot(plan)).await,
-        Layout::Slots(groups) => groups,
-    };
     let report = if groups.len() > 1 {
         Report::RecordAndZero
     } else {
@@ -158,7 +157,7 @@ pub(crate) async fn check(
     };
     let nonce: [u8; 8] = rand::random();
     let now = store.test_now();
-    let scripts = store.scripts();
+    let scripts = &store.scripts;
     let calls: Vec<SlotCall> = groups
         .into_iter()
         .map(|g| SlotCall {
@@ -169,7 +168,7 @@ pub(crate) async fn check(
 
     // Round trip 1: every slot, and the bans, at once.
     let slots = join_all(calls.iter().map(|c| {
-        let mut conn = conn.clone();
+        let mut conn = store.conn();
         async move {
             let request = c.request(plan);
             let mut call = scripts.check.call();
@@ -188,7 +187,7 @@ pub(crate) async fn check(
             call.key(ban.key);
         }
         call.arg(script::now_arg(now));
-        let mut conn = conn.clone();
+        let mut conn = store.conn();
         let left: i64 = call
             .invoke(&mut conn)
             .await
@@ -220,13 +219,13 @@ pub(crate) async fn check(
             .iter()
             .filter_map(|a| {
                 let record = a.reply.as_ref()?.record.as_ref()?;
-                Some(undo(store, conn, plan, &a.call, record, nonce, now))
+                Some(undo(store, plan, &a.call, record, nonce, now))
             })
             .collect::<Vec<_>>(),
     );
     let offence = async {
         match (&failure, blocked) {
-            (None, None) => offend(store, conn, plan, &answers, now).await,
+            (None, None) => offend(store, plan, &answers, now).await,
             _ => Ok(None),
         }
     };
@@ -268,15 +267,14 @@ fn assemble(plan: &CheckRequest<'_>, answers: Vec<SlotAnswer<'_>>, allowed: bool
 
 /// Undoes what one slot's call wrote (undo.lua): each state key once.
 async fn undo(
-    store: &RedisStore,
-    conn: &ClusterConnection,
+    store: &Backend,
     plan: &CheckRequest<'_>,
     call: &SlotCall<'_>,
     record: &Record,
     nonce: [u8; 8],
     now: Option<u64>,
 ) -> Result<i64, StoreError> {
-    let scripts = store.scripts();
+    let scripts = &store.scripts;
     let mut undo = scripts.undo.call();
     undo.arg(script::now_arg(now))
         .arg(plan.cost)
@@ -301,7 +299,7 @@ async fn undo(
     for (key, op, a, b) in &ops {
         undo.key(key).arg(op).arg(a).arg(b);
     }
-    let mut conn = conn.clone();
+    let mut conn = store.conn();
     undo.invoke(&mut conn)
         .await
         .map_err(|e| store.redis_error("undo", e))
@@ -309,8 +307,7 @@ async fn undo(
 
 /// Bans the plan's targets if a denying limiter bans offenders (offend.lua); the ban's length.
 async fn offend(
-    store: &RedisStore,
-    conn: &ClusterConnection,
+    store: &Backend,
     plan: &CheckRequest<'_>,
     answers: &[SlotAnswer<'_>],
     now: Option<u64>,
@@ -338,7 +335,7 @@ async fn offend(
     if bans.is_empty() {
         return Ok(None);
     }
-    let mut call = store.scripts().offend.call();
+    let mut call = store.scripts.offend.call();
     for ban in plan.bans {
         call.key(ban.key);
     }
@@ -352,12 +349,14 @@ async fn offend(
     for ban in plan.bans {
         call.arg(ban.kind).arg(ban.value);
     }
-    let mut conn = conn.clone();
-    let longest: i64 = call
+    let mut conn = store.conn();
+    let reply: Vec<i64> = call
         .invoke(&mut conn)
         .await
         .map_err(|e| store.redis_error("ban", e))?;
-    Ok(u64::try_from(longest).ok())
+    Ok(reply
+        .first()
+        .and_then(|&longest| u64::try_from(longest).ok()))
 }
 
 #[cfg(test)]
@@ -387,7 +386,7 @@ mod tests {
         }];
         let same = [limiter("tg:{a}"), limiter("tg:{a}:x")];
         let same = CheckRequest::new(1, true, &same);
-        assert!(matches!(layout(&same).unwrap(), Layout::OneSlot));
+        assert!(matches!(layout(&same).unwrap(), Layout::OneSlot(_)));
         let banned = same.with_bans(&bans, &index);
         assert!(matches!(layout(&banned).unwrap(), Layout::Slots(g) if g.len() == 1));
         let two = [limiter("tg:{a}"), limiter("tg:{b}")];
@@ -396,7 +395,7 @@ mod tests {
         };
         assert_eq!(groups.len(), 2);
         let only_bans = CheckRequest::new(1, true, &[]).with_bans(&bans, &index);
-        assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot));
+        assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot(_)));
     }
 
     #[test]
