@@ -9,8 +9,9 @@
 --   per limiter in plan order, exactly LimiterRequest::state_keys: the limiter's sliding log
 --   (ZSET, score = µs timestamp) first, if any rule is a sliding log; then one key per
 --   fixed-window rule (string "start:count") or GCRA rule (string tat), in rule order;
---   then the plan's ban keys (hashes, see ban.lua), then the ban index if this check may
---   write a ban (see "writes bans" below).
+--   then the plan's ban keys (hashes, see ban_writer.lua), then the ban index if this check
+--   may write a ban (see "writes bans" below; a Cluster store never sends such a check here,
+--   its ban keys and the index live in other slots: it uses offend.lua and ban_index.lua).
 -- ARGV: per check, in call order:
 --   the plan: 8 random bytes, the nonce (fresh per check; sliding-log members are nonce ..
 --   unit index), then little-endian signed 64-bit integers, all read by one struct.unpack

@@ -30,6 +30,11 @@ impl Backend {
         self.conn.clone()
     }
 
+    /// Whether this is a Redis Cluster (a call's keys must share one hash slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
     /// The test clock's time, if any.
     pub(crate) fn test_now(&self) -> Option<u64> {
         self.clock.as_ref().map(|c| c.now_us())

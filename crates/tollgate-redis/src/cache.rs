@@ -392,12 +392,12 @@ mod tests {
         }];
         let bans = [
             BanKey {
-                key: "tg:{ban}:ip:1",
+                key: "tg:ban:ip:1",
                 kind: "ip",
                 value: "1",
             },
             BanKey {
-                key: "tg:{ban}:user_id:u",
+                key: "tg:ban:user_id:u",
                 kind: "user_id",
                 value: "u",
             },
@@ -411,7 +411,7 @@ mod tests {
         // Only the same set of ban keys.
         let one = CheckRequest::new(1, true, &limiters).with_bans(&bans[..1], "tg:{ban}:index");
         assert!(cache.answer(&one, 10_000_000).is_none());
-        cache.forget_ban("tg:{ban}:user_id:u");
+        cache.forget_ban("tg:ban:user_id:u");
         assert!(cache.answer(&plan, 10_000_000).is_none());
     }
 }

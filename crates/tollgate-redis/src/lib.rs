@@ -35,12 +35,14 @@
 //! # Cluster
 //! Every key of one limiter shares the limiter's hash tag, so a limiter is one slot. A plan
 //! whose keys all share one slot is one `EVALSHA`, as on one server. Otherwise the limiters of
-//! each slot run the check script at once, one call per slot, while the identity's bans
-//! (`{ban}` slot) are read beside them; each slot that admits records at once and says what it
+//! each slot run the check script at once, one call per slot, while the identity's bans are
+//! read beside them (a ban key has no hash tag: each target's ban lives in its own key's slot,
+//! so the bans spread over the cluster); each slot that admits records at once and says what it
 //! wrote. If a slot denies or a ban holds, a second round trip undoes those reservations (the
 //! sliding log's members by their unique ids, a fixed window's count by the cost, a GCRA
 //! timestamp only if it is still the one written) and bans the offender if a denying limiter
-//! says so. Until then other checks see the reservations: that can deny a check that would
+//! says so (in each ban key's slot, then in the ban index, `{ban}` slot, which checks never
+//! read). Until then other checks see the reservations: that can deny a check that would
 //! have fitted, never admit one too many (`docs/deployment.md`, "The residual window").
 //!
 //! # Layout
@@ -86,7 +88,9 @@
 //! 8 random bytes and a unit index, 9 to 12 bytes), each fixed-window rule holds
 //! `"start:count"`, each GCRA rule its theoretical arrival time; a lock or a ban is a small
 //! hash holding its own deadline, and `prefix:{ban}:index` lists the bans. Every key carries
-//! `PEXPIRE` for as long as its state can count, and a hash tag.
+//! `PEXPIRE` for as long as its state can count, and a hash tag, but a ban
+//! (`prefix:ban:kind:value`), which is one key alone. No script touches a key it is not given
+//! (a Cluster and Dragonfly require that).
 
 mod backend;
 mod batch;

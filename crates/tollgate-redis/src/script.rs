@@ -80,6 +80,8 @@ pub(crate) struct Scripts {
     pub(crate) banned: Lua,
     /// Cluster only: ban the offender after a denial.
     pub(crate) offend: Lua,
+    /// Cluster only: add bans to and remove them from the index, in its own slot.
+    pub(crate) ban_index: Lua,
 }
 
 impl Scripts {
@@ -96,6 +98,7 @@ impl Scripts {
             undo: guard(lua_file!("undo.lua")),
             banned: guard(lua_file!("banned.lua")),
             offend: guard(lua_file!("offend.lua")),
+            ban_index: guard(lua_file!("ban_index.lua")),
         }
     }
 
@@ -114,8 +117,8 @@ impl Scripts {
     }
 
     /// The scripts only a Cluster store runs.
-    pub(crate) fn cluster(&self) -> [&Lua; 3] {
-        [&self.undo, &self.banned, &self.offend]
+    pub(crate) fn cluster(&self) -> [&Lua; 4] {
+        [&self.undo, &self.banned, &self.offend, &self.ban_index]
     }
 }
 

@@ -10,7 +10,7 @@ use std::{
 use redis::Value;
 use tollgate::{
     BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, LockReply, Store, StoreError,
-    StoreErrorKind, Verdict, ban_index_key,
+    StoreErrorKind, Verdict,
 };
 
 use crate::{
@@ -171,7 +171,9 @@ impl Store for RedisStore {
         let verdict = match &self.backend().conn {
             Conn::Cluster(_) => match cluster::layout(plan)? {
                 Layout::OneSlot(lane) => self.check_one_call(plan, lane).await?,
-                Layout::Slots(groups) => cluster::check(self.backend(), plan, groups).await?,
+                Layout::Slots { limiters, bans } => {
+                    cluster::check(self.backend(), plan, limiters, bans).await?
+                }
             },
             Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan, None).await?,
         };
@@ -278,20 +280,7 @@ impl Store for RedisStore {
         target: &BanTarget,
         duration: Duration,
     ) -> Result<(), StoreError> {
-        let mut invocation = self.backend().scripts.ban.call();
-        invocation
-            .key(target.key(prefix))
-            .key(ban_index_key(prefix))
-            .arg(self.backend().now_arg())
-            .arg(micros(duration))
-            .arg(target.kind())
-            .arg(target.value());
-        let mut conn = self.backend().conn();
-        let _: i64 = self
-            .backend()
-            .bounded("ban", invocation.invoke(&mut conn))
-            .await?;
-        Ok(())
+        blocklist::ban(self.backend(), prefix, target, duration).await
     }
 
     async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
@@ -299,16 +288,7 @@ impl Store for RedisStore {
         if let Some(cache) = &self.inner.cache {
             cache.forget_ban(&key);
         }
-        let mut invocation = self.backend().scripts.unban.call();
-        invocation
-            .key(&key)
-            .key(ban_index_key(prefix))
-            .arg(self.backend().now_arg());
-        let mut conn = self.backend().conn();
-        let lifted = self
-            .backend()
-            .bounded("unban", invocation.invoke(&mut conn))
-            .await?;
+        let lifted = blocklist::unban(self.backend(), prefix, target).await?;
         if let Some(cache) = &self.inner.cache {
             cache.forget_ban(&key);
         }
