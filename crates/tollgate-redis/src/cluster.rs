@@ -391,9 +391,10 @@ async fn offend(
             Err(err) => failure = Some(err),
         }
     }
-    // Listed once written: a ban the index missed is still enforced, only not listed.
+    // Listed once written. A ban the index missed is still enforced, only not listed or
+    // counted: the denial still reports it.
     if !entries.is_empty() {
-        index_bans(store, plan.ban_index, now, &entries, &[]).await?;
+        let _unlisted = index_bans(store, plan.ban_index, now, &entries, &[]).await;
     }
     match failure {
         Some(err) if longest.is_none() => Err(err),
