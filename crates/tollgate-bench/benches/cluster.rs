@@ -11,7 +11,7 @@
 //!
 //! Each runs again with the identity's two ban keys (what the engine adds when its blocklist is
 //! on): standalone reads them inside its one script; a cluster reads them beside the limiters,
-//! one more call, on the `{ban}` slot's primary.
+//! one more call per ban key's slot (a ban key has no hash tag: each target's own slot).
 //!
 //! Each measurement runs `ROUNDS` times (the order rotating), every run on an empty data set;
 //! the tables report medians: throughput, and CPU per check (all Redis processes of the

@@ -8,6 +8,9 @@
 //!    (the two sides interleaved decision by decision, so that both meet the same load on a
 //!    shared machine), throughput with 50.
 //! 3. Redis memory per admitted sliding-log entry, 10 entries per key, both layouts.
+//! 4. A hot-key denial storm: one identity far over its limit, 50 in flight, with the local
+//!    over-limit cache (the store as shipped) and without it (batching still on): decisions/s,
+//!    and Redis script calls per denied check (`INFO commandstats`).
 //!
 //! Each measurement runs `ROUNDS` times, the two sides alternating which goes first; every run
 //! starts on an empty data set (FLUSHALL on the bench's own server). The table reports the
@@ -77,6 +80,8 @@ fn main() {
         bench.one_limiter_throughput(&mut table).await;
         bench.two_limiters(&mut table).await;
         bench.memory_per_entry(&mut table).await;
+        // Last: the cache remembers the storm's denials (under names no other run uses).
+        bench.denial_storm(&mut table).await;
     });
     println!("\n{}", table.render());
 }
@@ -91,6 +96,8 @@ struct Bench {
     gate: Arc<Gate>,
     /// Batching and the local cache off: one script call per check.
     unbatched: Arc<Gate>,
+    /// Batching on, the local cache off.
+    uncached: Arc<Gate>,
 }
 
 impl Bench {
@@ -116,12 +123,19 @@ impl Bench {
             .build()
             .await
             .expect("a RedisStore on the bench's redis-server");
+        let uncached = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(5))
+            .local_cache(false)
+            .build()
+            .await
+            .expect("a RedisStore on the bench's redis-server");
         Bench {
             port: server.port(),
             conn,
             seed,
             gate: Arc::new(Tollgate::new(store)),
             unbatched: Arc::new(Tollgate::new(unbatched)),
+            uncached: Arc::new(Tollgate::new(uncached)),
         }
     }
 
@@ -166,6 +180,76 @@ impl Bench {
             server_s,
             client_s: process_cpu_seconds(),
         }
+    }
+
+    /// Script calls (`EVALSHA` and `EVAL`) the server has run so far.
+    async fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("INFO commandstats");
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
+    /// Issue 11's denial storm: one identity over its limit (`10/1m` and the rest), 50 in
+    /// flight, with the local cache and without it (batching on in both); each round under a
+    /// policy name of its own, so that no round starts with what another learnt.
+    async fn denial_storm(&self, table: &mut Table) {
+        let total = scaled(CHECKS);
+        let (mut cached, mut uncached, mut calls) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds() {
+            for (side, gate) in [(true, &self.gate), (false, &self.uncached)] {
+                let policy = Arc::new(storm_policy(round, side));
+                let before = self.script_calls().await;
+                let run = self
+                    .tollgate_throughput_on(gate, &policy, total, |_| {
+                        Identity::new().with_ip(client_ip(KEYSPACE + 1))
+                    })
+                    .await;
+                let per_denial = (self.script_calls().await - before) as f64 / run.denied as f64;
+                let cache = if side {
+                    "local cache"
+                } else {
+                    "no local cache"
+                };
+                println!(
+                    "  denial storm, round {round}, {cache}: {run}; {per_denial:.4} script calls \
+                     per denied check"
+                );
+                if side {
+                    cached.push(run.per_second);
+                    calls.push(per_denial);
+                } else {
+                    uncached.push(run.per_second);
+                }
+            }
+        }
+        table.row(
+            "Redis, hot-key denial storm (one identity over its limit, 50 in flight): script \
+             calls per denied check with the local cache (against 1 per check)",
+            median(&calls),
+            1.0,
+            Target::AtMost(0.01),
+            "",
+        );
+        table.row(
+            "  the same: decisions/s with the local cache vs without (batching on in both)",
+            median(&cached),
+            median(&uncached),
+            Target::AtLeast(5.0),
+            "/s",
+        );
     }
 
     /// Target 1: 3 sliding-log rules, random keys, 50 in flight, vs redis-benchmark -P 16.
@@ -572,6 +656,18 @@ fn policy(dimensions: &[Dimension]) -> Policy {
         .expect("a valid policy")
 }
 
+/// The denial storm's policy: `sms_code`'s rules under a name of its own per round and side.
+fn storm_policy(round: usize, cached: bool) -> Policy {
+    let rules: Vec<Rule> = RULES
+        .iter()
+        .map(|r| r.parse().expect("a valid rule"))
+        .collect();
+    Policy::builder(format!("storm_{round}_{cached}"))
+        .limiter(Limiter::new(Dimension::Ip, rules))
+        .build()
+        .expect("a valid policy")
+}
+
 /// CPU seconds used by this process so far (all threads), from /proc/self/stat.
 fn process_cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -772,8 +868,10 @@ impl Table {
             Target::AtLeast(t) => (format!(">= {t}x"), ratio >= t),
             Target::AtMost(t) => (format!("<= {t}x"), ratio <= t),
         };
+        // Small figures (calls per check) keep their digits.
+        let (p, r) = if ours.abs() < 1.0 { (4, 4) } else { (1, 2) };
         self.rows.push(format!(
-            "| {what} | {ours:.1}{unit} | {seed:.1}{unit} | {ratio:.2}x | {target} | {} |",
+            "| {what} | {ours:.p$}{unit} | {seed:.1}{unit} | {ratio:.r$}x | {target} | {} |",
             if pass { "pass" } else { "MISS" }
         ));
     }

@@ -1,6 +1,7 @@
--- Cluster: reads the identity's bans, which live in the {ban} slot, while the limiters'
--- slots run check.lua (the standalone check.lua reads them itself).
--- KEYS     the ban keys (see ban.lua)
+-- Cluster: reads the identity's bans of one hash slot (a ban key has no hash tag: each lives
+-- in its own key's slot) while the limiters' slots run check.lua (the standalone check.lua
+-- reads them itself).
+-- KEYS     the ban keys (see ban_writer.lua) of one slot
 -- ARGV     1 now (see prelude.lua)
 -- Reply    µs left of the longest live ban, or -1
 

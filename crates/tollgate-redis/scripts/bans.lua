@@ -1,11 +1,13 @@
--- Blocklist: one page of the bans that have not ended, in the order they end, then by key
--- (the index's own order).
--- KEYS[1]  the ban index (see prelude.lua). The ban keys it lists share its {ban} hash tag,
---          so they live in its slot even though they are not declared in KEYS.
+-- Blocklist: the index entries of one page of the bans that have not ended, in the order
+-- they end, then by key (the index's own order). It reads the index only (a script must
+-- touch no key but its KEYS: a Cluster, where the bans live in other slots, and Dragonfly
+-- refuse that): the store then reads each listed ban's hash (HMGET), skipping any lifted
+-- meanwhile.
+-- KEYS[1]  the ban index (ZSET: ban key -> end of ban µs)
 -- ARGV     1 now (see prelude.lua), 2 the page size (at least 1), 3 and 4 the cursor: the end
 --          (µs) and key of the last ban of the previous page, or '' and '' for the first page
--- Reply    flat: the next cursor (end µs as text, key), or '' and '' after the last page; then
---          per ban, kind, value, µs left, strikes
+-- Reply    flat: the next cursor (end µs as text, key), or '' and '' after the last page; now
+--          (µs, as text); then each ban's key
 --
 -- Cost: O(log n + page size). The page starts at a rank found by ZCOUNT, so no call walks
 -- the bans before it; only the few that share the cursor's end are stepped over.
@@ -22,7 +24,7 @@ end
 -- Every index entry before this rank ends before `from`.
 local rank = redis.call('ZCOUNT', index, '-inf', '(' .. int(from))
 local total = redis.call('ZCARD', index)
-local out = { '', '' }
+local out = { '', '', int(now) }
 local found = 0
 local last_us, last_key
 while found < limit and rank < total do
@@ -36,15 +38,8 @@ while found < limit and rank < total do
     local seen = after_us and until_us == after_us and key <= after_key
     if until_us > now and not seen then
       last_us, last_key = until_us, key
-      local ban = redis.call('HMGET', key, 'u', 's', 'k', 'v')
-      local ban_until = tonumber(ban[1] or '')
-      if ban_until and ban_until > now and ban[3] and ban[4] then
-        out[#out + 1] = ban[3]
-        out[#out + 1] = ban[4]
-        out[#out + 1] = ban_until - now
-        out[#out + 1] = tonumber(ban[2] or '') or 1
-        found = found + 1
-      end
+      out[#out + 1] = key
+      found = found + 1
     end
   end
 end

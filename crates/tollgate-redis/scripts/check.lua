@@ -9,8 +9,9 @@
 --   per limiter in plan order, exactly LimiterRequest::state_keys: the limiter's sliding log
 --   (ZSET, score = µs timestamp) first, if any rule is a sliding log; then one key per
 --   fixed-window rule (string "start:count") or GCRA rule (string tat), in rule order;
---   then the plan's ban keys (hashes, see ban.lua), then the ban index if this check may
---   write a ban (see "writes bans" below).
+--   then the plan's ban keys (hashes, see ban_writer.lua), then the ban index if this check
+--   may write a ban (see "writes bans" below; a Cluster store never sends such a check here,
+--   its ban keys and the index live in other slots: it uses offend.lua and ban_index.lua).
 -- ARGV: per check, in call order:
 --   the plan: 8 random bytes, the nonce (fresh per check; sliding-log members are nonce ..
 --   unit index), then little-endian signed 64-bit integers, all read by one struct.unpack
@@ -54,25 +55,23 @@
 -- costs more than the whole rest of a call: the common path hands it strings.
 --
 -- Cost: Redis runs this whole chunk on every call, and on the server a tonumber() (strtod), a
--- format(), a new table or closure, a table that grows, or an argument each cost about a
--- third of a cheap Redis command. So the plan comes packed in one argument, and the common
--- path (sliding logs that admit) reads it once into two flat tables made at their usual
--- size (reused by every check of a call), counts a limiter's log once over its longest
--- window (an empty log answers every rule at once), looks up the newest entry only when an
--- outcome shows it, and builds the helpers of other paths (fixed window, GCRA, bans) only
--- when taken. A batch pays the call's own cost (the command, this chunk, TIME) once.
+-- format(), a new table or closure (each upvalue is looked up when the closure is made), a
+-- table that grows, or an argument each cost about a third of a cheap Redis command. So the
+-- plan comes packed in one argument, the checks run in a loop of the chunk itself (not a
+-- function), and the common path (sliding logs that admit) reads the plan once into two flat
+-- tables made at their usual size (reused by every check of a call), counts a limiter's log
+-- once over its longest window (an empty log answers every rule at once, and needs no trim),
+-- looks up the newest entry only when an outcome shows it, and builds the evaluators and the
+-- ban writer only when a check needs them. A batch pays the call's own cost (the command,
+-- this chunk, TIME) once.
 
-if redis.replicate_commands then
-  -- Redis < 5 refuses writes after TIME unless the script replicates its effects.
-  redis.replicate_commands()
-end
+--@include common.lua
 
-local call, format = redis.call, string.format
 local SLIDING_LOG, FIXED_WINDOW, GCRA = 1, 2, 3
 
 -- The check being evaluated: its plan's integers (p[1] the nonce, p[2] .. the integers), its
 -- time and settings.
-local p, nonce, now, cost, consume, ttl_slack_ms, report
+local p, nonce, cost, consume, report -- and common.lua's now, ttl_slack_ms
 local server_now = false -- TIME, read once per call when a check needs it
 
 -- The plan of the check being evaluated, in two flat tables (a table per rule would cost
@@ -88,72 +87,52 @@ local server_now = false -- TIME, read once per call when a check needs it
 local rule = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 local limiter = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 
-local function divmod(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q = q - 1
-    r = r + b
-  elseif r >= b then
-    q = q + 1
-    r = r - b
-  end
-  return q, r
-end
-
--- A TTL in ms for state that counts for `us` more µs: never shorter, so never lost early.
-local function ttl_ms(us)
-  local q, r = divmod(us, 1000)
-  if r > 0 then
-    q = q + 1
-  end
-  return q + ttl_slack_ms
-end
-
--- The lower bound of a sliding window w: live entries are t > now - w (all while now < w).
-local function edge(w)
-  if now >= w then
-    return format('(%d', now - w)
-  end
-  return '-inf'
-end
-
--- Each evaluator gives rule i's outcome at cost c: allowed (1/0), remaining, reset_after,
--- retry_after, then, when it admits, the two integers of its record (see the header).
-
--- `live` is the count of the rule's log over the limiter's longest window, `longest`.
-local function sliding_log(i, c, live, longest)
-  local r = 4 * i
-  local lim, w, log = rule[r - 2], rule[r - 1], rule[r]
-  local count = live
-  if live > 0 and w ~= longest then
-    count = call('ZCOUNT', log, edge(w), '+inf')
-  end
-  -- µs until the newest live entry leaves (0: none), looked up only when shown.
-  local newest = 0
-  if count > 0 and (c == 0 or report > 0 or count + c > lim) then
-    newest = call('ZRANGE', log, '-1', '-1', 'WITHSCORES')[2] + w - now
-  end
-  if count + c <= lim then
-    if c > 0 then
-      return 1, lim - count - c, w, -1, 0, newest
+-- The evaluators of rules, built only when a call needs one: the common path (a sliding log
+-- with no live entry, which admits) answers without them, and a closure made on every call
+-- costs about a cheap Redis command (each of its upvalues is looked up when it is made).
+local edge, sliding_log, fixed_window, gcra, evaluate
+local function build_evaluators()
+  -- The lower bound of a sliding window w: live entries are t > now - w (all while now < w).
+  edge = function(w)
+    if now >= w then
+      return format('(%d', now - w)
     end
-    return 1, lim - count, newest, -1, 0, newest
+    return '-inf'
   end
-  -- The request fits once the (count + c - lim) oldest live entries have left.
-  local must_leave = count + c - lim
-  local retry = -1
-  if must_leave <= count then
-    local entry = call('ZRANGEBYSCORE', log, edge(w), '+inf', 'WITHSCORES', 'LIMIT',
-      format('%d', must_leave - 1), '1')
-    retry = entry[2] + w - now
-  end
-  return 0, lim - math.min(count, lim), newest, retry
-end
 
--- Fixed windows and GCRA: built only when a check of the call has such rules.
-local fixed_window, gcra
-local function build_counters()
+  -- Each evaluator gives rule i's outcome at cost c: allowed (1/0), remaining, reset_after,
+  -- retry_after, then, when it admits, the two integers of its record (see the header).
+
+  -- `live` is the count of the rule's log over the limiter's longest window, `longest`.
+  sliding_log = function(i, c, live, longest)
+    local r = 4 * i
+    local lim, w, log = rule[r - 2], rule[r - 1], rule[r]
+    local count = live
+    if live > 0 and w ~= longest then
+      count = call('ZCOUNT', log, edge(w), '+inf')
+    end
+    -- µs until the newest live entry leaves (0: none), looked up only when shown.
+    local newest = 0
+    if count > 0 and (c == 0 or report > 0 or count + c > lim) then
+      newest = call('ZRANGE', log, '-1', '-1', 'WITHSCORES')[2] + w - now
+    end
+    if count + c <= lim then
+      if c > 0 then
+        return 1, lim - count - c, w, -1, 0, newest
+      end
+      return 1, lim - count, newest, -1, 0, newest
+    end
+    -- The request fits once the (count + c - lim) oldest live entries have left.
+    local must_leave = count + c - lim
+    local retry = -1
+    if must_leave <= count then
+      local entry = call('ZRANGEBYSCORE', log, edge(w), '+inf', 'WITHSCORES', 'LIMIT',
+        format('%d', must_leave - 1), '1')
+      retry = entry[2] + w - now
+    end
+    return 0, lim - math.min(count, lim), newest, retry
+  end
+
   fixed_window = function(i, c)
     local r = 4 * i
     local lim, w = rule[r - 2], rule[r - 1]
@@ -198,369 +177,337 @@ local function build_counters()
     end
     return 0, remaining, tat - now, new_tat - capacity - now
   end
-end
 
-local function evaluate(i, l, c)
-  local k = rule[4 * i - 3]
-  if k == SLIDING_LOG then
-    return sliding_log(i, c, limiter[6 * l], limiter[6 * l - 1])
-  elseif k == FIXED_WINDOW then
-    return fixed_window(i, c)
-  elseif k == GCRA then
-    return gcra(i, c)
+  evaluate = function(i, l, c)
+    local k = rule[4 * i - 3]
+    if k == SLIDING_LOG then
+      return sliding_log(i, c, limiter[6 * l], limiter[6 * l - 1])
+    elseif k == FIXED_WINDOW then
+      return fixed_window(i, c)
+    elseif k == GCRA then
+      return gcra(i, c)
+    end
+    error('tollgate check: unknown algorithm code ' .. tostring(k))
   end
-  error('tollgate check: unknown algorithm code ' .. tostring(k))
 end
 
--- After a denial: bans every target for the longest ban of the denying limiters that ban;
--- the longest ban written, or -1. Built only when a check takes this path.
+-- After a denial, the ban writer (ban_writer.lua), built only when a check takes that path.
 local ban_offender
-local function build_ban_offender()
-  -- The ban for the `strike`-th offence, as tollgate::BanRule::duration_for; `at` is the
-  -- index in p of the limiter's ban duration, factor and cap.
-  local function ban_duration(at, strike)
-    local duration, factor, cap = p[at], p[at + 1], p[at + 2]
-    if factor <= 1 then
-      return math.min(duration, cap)
-    end
-    local d = duration
-    for _ = 2, strike do
-      d = d * factor
-      if d >= cap then
-        return cap
-      end
-    end
-    return math.min(d, cap)
-  end
 
-  -- `reply` holds the check's outcomes; its ban keys are KEYS[ban_keys + 1 .. ban_keys +
-  -- bans], their targets ARGV[targets + 1 ..].
-  ban_offender = function(reply, limiters, ban_keys, bans, targets, ban_index)
-    local denying = {}
-    for l = 1, limiters do
-      local m = 6 * l
-      local ban_at = limiter[m - 3]
-      if ban_at then
-        for i = limiter[m - 5], limiter[m - 4] do
-          if reply[4 * i] == 0 then
-            denying[#denying + 1] = ban_at
-            break
-          end
-        end
-      end
-    end
-    if #denying == 0 then
-      return -1
-    end
-    -- Strikes are remembered until the ban ends plus the cap, when bans escalate.
-    local memory = 0
-    for _, at in ipairs(denying) do
-      local factor, cap = p[at + 1], p[at + 2]
-      if factor > 1 and cap > memory then
-        memory = cap
-      end
-    end
-    local longest = -1
-    for b = 1, bans do
-      local ban_key = KEYS[ban_keys + b]
-      local old = call('HMGET', ban_key, 's', 'x')
-      local strikes = 1
-      if tonumber(old[2] or '') and tonumber(old[2]) > now then
-        strikes = (tonumber(old[1] or '') or 0) + 1
-      end
-      local duration = 0
-      for _, at in ipairs(denying) do
-        duration = math.max(duration, ban_duration(at, strikes))
-      end
-      local until_us = now + duration
-      call('DEL', ban_key)
-      call('HSET', ban_key, 'u', format('%d', until_us), 's', format('%d', strikes),
-        'x', format('%d', until_us + memory),
-        'k', ARGV[targets + 2 * b - 1], 'v', ARGV[targets + 2 * b])
-      call('PEXPIRE', ban_key, format('%d', ttl_ms(until_us + memory - now)))
-      call('ZADD', ban_index, format('%d', until_us), ban_key)
-      if duration > longest then
-        longest = duration
-      end
-    end
-    call('ZREMRANGEBYSCORE', ban_index, '-inf', format('%d', now))
-    local newest = call('ZRANGE', ban_index, '-1', '-1', 'WITHSCORES')
-    if newest[2] then
-      call('PEXPIRE', ban_index, format('%d', ttl_ms(tonumber(newest[2]) - now)))
-    end
-    return longest
-  end
-end
-
--- One check: its plan is ARGV[argi + 1], its keys start after KEYS[keyi]. Returns its reply
--- and the last key and argument it used.
-local function check(keyi, argi)
-  argi = argi + 1
-  local packed = ARGV[argi]
-  p = { struct.unpack('<c8' .. string.rep('i8', (#packed - 8) / 8), packed) }
-  nonce, now, cost, consume = p[1], p[2], p[3], p[4] == 1
-  ttl_slack_ms = 3600000
-  if now < 0 then
-    if not server_now then
-      local t = call('TIME')
-      server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    now = server_now
-    ttl_slack_ms = 0
-  end
-
-  local counters = false -- any fixed-window or GCRA rule
-  local limiters = p[5]
-  local pi, rules = 5, 0 -- p[pi] was the last integer read
-  for l = 1, limiters do
-    local n, longest = p[pi + 1], p[pi + 2]
-    local ban_at = false
-    if p[pi + 3] == 1 then
-      ban_at = pi + 4
-      pi = pi + 3
-    end
-    pi = pi + 3
-    local log = false
-    if longest > 0 then
-      keyi = keyi + 1
-      log = KEYS[keyi]
-    end
-    for i = rules + 1, rules + n do
-      local k, r = p[pi + 1], 4 * i
-      rule[r - 3] = k
-      rule[r - 2] = p[pi + 2]
-      rule[r - 1] = p[pi + 3]
-      if k == SLIDING_LOG then
-        rule[r] = log
-      else
-        counters = true
-        keyi = keyi + 1
-        rule[r] = KEYS[keyi]
-      end
-      pi = pi + 3
-    end
-    local m = 6 * l
-    limiter[m - 5] = rules + 1
-    limiter[m - 4] = rules + n
-    limiter[m - 3] = ban_at
-    limiter[m - 2] = log
-    limiter[m - 1] = longest
-    limiter[m] = 0
-    rules = rules + n
-  end
-  local bans = p[pi + 1]
-  local ban_keys = keyi -- the ban keys are KEYS[ban_keys + 1 .. ban_keys + bans]
-  local targets, ban_index = false, false -- ARGV index before the first target kind
-  keyi = keyi + bans
-  if p[pi + 2] == 1 then
-    targets = argi
-    argi = argi + 2 * bans
-    keyi = keyi + 1
-    ban_index = KEYS[keyi]
-  end
-  report = p[pi + 3]
-  if keyi > #KEYS then
-    error('tollgate check: ' .. #KEYS .. ' keys given, the checks need more')
-  end
-  if counters and not fixed_window then
-    build_counters()
-  end
-
-  -- A live ban blocks before any rule is looked at. Several ban keys that do not exist (the
-  -- common case) cost one EXISTS.
-  if bans > 0 and (bans == 1 or call('EXISTS', unpack(KEYS, ban_keys + 1, ban_keys + bans)) > 0) then
-    local blocked = -1
-    for k = ban_keys + 1, ban_keys + bans do
-      local until_us = tonumber(call('HGET', KEYS[k], 'u') or '')
-      if until_us and until_us > now and until_us - now > blocked then
-        blocked = until_us - now
-      end
-    end
-    if blocked >= 0 then
-      return { 0, blocked, -1 }, keyi, argi
-    end
-  end
-
-  -- reply[4i .. 4i + 3] is rule i's outcome (sized for 4 rules, like `rule`; Redis reads a
-  -- reply up to its first nil); record[2i - 1], record[2i] what it writes, kept only when
-  -- needed.
-  local reply = {
-    1, -1, -1,
-    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  }
-  local record = (counters or report > 0) and {}
-  local oldest = {} -- per limiter with a log, now - its longest window as text (while >= 0)
-  -- Limiters of one policy often have the same rules: the last window's texts are reused.
-  local text_window, trim_text, edge_text = false, false, false
-  local allowed = true
-  for l = 1, limiters do
-    local m = 6 * l
-    local log, longest = limiter[m - 2], limiter[m - 1]
-    local live = 0
-    if log then
-      -- One count over the longest window: when it is 0, so is every rule's.
-      if now >= longest then
-        if longest ~= text_window then
-          trim_text = format('%d', now - longest)
-          text_window, edge_text = longest, '(' .. trim_text
-        end
-        oldest[l] = trim_text -- for the trim when the check is recorded
-        live = call('ZCOUNT', log, edge_text, '+inf')
-      else
-        live = call('ZCOUNT', log, '-inf', '+inf')
-      end
-      limiter[m] = live
-    end
-    for i = limiter[m - 5], limiter[m - 4] do
-      local j = 4 * i -- rule[j - 3 .. j], reply[j .. j + 3]
-      local ok, remaining, reset, retry, a, b
-      if rule[j - 3] == SLIDING_LOG and live == 0 and cost <= rule[j - 2] then
-        -- Empty over the longest window, so over this one: what sliding_log() answers for a
-        -- count of 0, without the call (a fresh key's common case; a call costs ~1/3 command).
-        ok, remaining, retry, a, b = 1, rule[j - 2] - cost, -1, 0, 0
-        reset = cost > 0 and rule[j - 1] or 0
-      elseif rule[j - 3] == SLIDING_LOG then
-        ok, remaining, reset, retry, a, b = sliding_log(i, cost, live, longest)
-      else
-        ok, remaining, reset, retry, a, b = evaluate(i, l, cost)
-      end
-      reply[j] = ok
-      reply[j + 1] = remaining
-      reply[j + 2] = reset
-      reply[j + 3] = retry
-      if record then
-        record[2 * i - 1] = a or 0
-        record[2 * i] = b or 0
-      end
-      if ok == 0 then
-        allowed = false
-      end
-    end
-  end
-
-  local recorded = false
-  -- Cluster stores: how each rule stays if another slot denies. (When this check records,
-  -- the store works that out from the record instead.)
-  local zero = false
-  if allowed and report >= 2 and not (consume and cost > 0) then
-    zero = {}
-    for l = 1, limiters do
-      for i = limiter[6 * l - 5], limiter[6 * l - 4] do
-        local ok, remaining, reset, retry = evaluate(i, l, 0)
-        zero[#zero + 1] = ok
-        zero[#zero + 1] = remaining
-        zero[#zero + 1] = reset
-        zero[#zero + 1] = retry
-      end
-    end
-  end
-  if not allowed then
-    -- Nothing is recorded: rules that would have admitted report the state as it stays.
-    for l = 1, limiters do
-      for i = limiter[6 * l - 5], limiter[6 * l - 4] do
-        local j = 4 * i
-        if reply[j] == 1 then
-          reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = evaluate(i, l, 0)
-        end
-      end
-    end
-    reply[1] = 0
-    if targets then
-      if not ban_offender then
-        build_ban_offender()
-      end
-      reply[3] = ban_offender(reply, limiters, ban_keys, bans, targets, ban_index)
-    end
-  elseif consume and cost > 0 then
-    recorded = true
-    local score = format('%d', now)
-    local ttl_window, ttl_text = false, false -- the last log TTL, reused as above
-    for l = 1, limiters do
-      local m = 6 * l
-      local log, longest = limiter[m - 2], limiter[m - 1]
-      if log then
-        if oldest[l] then
-          call('ZREMRANGEBYSCORE', log, '-inf', oldest[l])
-        end
-        -- ZADD NX reports what it added: a member that already exists (a nonce collision)
-        -- would otherwise silently count once for two units.
-        local missing
-        if cost == 1 then
-          missing = 1 - call('ZADD', log, 'NX', score, nonce .. '1')
-        else
-          missing = 0
-          local unit = 1
-          while unit <= cost do
-            local upto = math.min(cost, unit + 499)
-            local args = {}
-            for u = unit, upto do
-              args[#args + 1] = score
-              args[#args + 1] = nonce .. format('%d', u)
-            end
-            missing = missing + (upto - unit + 1) - call('ZADD', log, 'NX', unpack(args))
-            unit = upto + 1
-          end
-        end
-        local attempt = 0
-        while missing > 0 do
-          attempt = attempt + 1
-          if attempt > 1000 then
-            error('tollgate check: cannot find a free sliding-log member')
-          end
-          missing = missing - call('ZADD', log, 'NX', score, nonce .. 'r' .. format('%d', attempt))
-        end
-        if longest ~= ttl_window then
-          ttl_window, ttl_text = longest, format('%d', ttl_ms(longest))
-        end
-        call('PEXPIRE', log, ttl_text)
-        -- Every sliding-log rule of this limiter records the members retried.
-        if record and attempt > 0 then
-          for i = limiter[m - 5], limiter[m - 4] do
-            if rule[4 * i - 3] == SLIDING_LOG then
-              record[2 * i - 1] = attempt
-            end
-          end
-        end
-      end
-      for i = limiter[m - 5], limiter[m - 4] do
-        local r = 4 * i
-        local k = rule[r - 3]
-        if k == FIXED_WINDOW then
-          local start, count = record[2 * i - 1], record[2 * i]
-          call('SET', rule[r], format('%d:%d', start, count),
-            'PX', format('%d', ttl_ms(start + rule[r - 1] - now)))
-        elseif k == GCRA then
-          local tat = record[2 * i]
-          call('SET', rule[r], format('%d', tat), 'PX', format('%d', ttl_ms(tat - now)))
-        end
-      end
-    end
-  end
-
-  if report > 0 then
-    reply[#reply + 1] = recorded and 1 or 0
-    if recorded then
-      reply[#reply + 1] = now
-      for _, v in ipairs(record) do
-        reply[#reply + 1] = v
-      end
-    end
-    if zero then
-      for _, v in ipairs(zero) do
-        reply[#reply + 1] = v
-      end
-    end
-  end
-  return reply, keyi, argi
-end
-
--- Every check of the call, in order.
+-- Every check of the call, in order: the plan of the n-th is ARGV[argi + 1], its keys start
+-- after KEYS[keyi]. (A loop at the top of the chunk, not a function: a closure is made on
+-- every call.)
 local replies = {}
 local keyi, argi, n = 0, 0, 0
 local args = #ARGV
 while argi < args do
   n = n + 1
-  replies[n], keyi, argi = check(keyi, argi)
+  repeat -- one check; `break` ends it with replies[n] set
+    argi = argi + 1
+    local packed = ARGV[argi]
+    p = { struct.unpack('<c8' .. string.rep('i8', (#packed - 8) / 8), packed) }
+    nonce, now, cost, consume = p[1], p[2], p[3], p[4] == 1
+    ttl_slack_ms = 3600000
+    if now < 0 then
+      if not server_now then
+        local t = call('TIME')
+        server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      end
+      now = server_now
+      ttl_slack_ms = 0
+    end
+
+    local counters = false -- any fixed-window or GCRA rule
+    local limiters = p[5]
+    local pi, rules = 5, 0 -- p[pi] was the last integer read
+    for l = 1, limiters do
+      local n, longest = p[pi + 1], p[pi + 2]
+      local ban_at = false
+      if p[pi + 3] == 1 then
+        ban_at = pi + 4
+        pi = pi + 3
+      end
+      pi = pi + 3
+      local log = false
+      if longest > 0 then
+        keyi = keyi + 1
+        log = KEYS[keyi]
+      end
+      for i = rules + 1, rules + n do
+        local k, r = p[pi + 1], 4 * i
+        rule[r - 3] = k
+        rule[r - 2] = p[pi + 2]
+        rule[r - 1] = p[pi + 3]
+        if k == SLIDING_LOG then
+          rule[r] = log
+        else
+          counters = true
+          keyi = keyi + 1
+          rule[r] = KEYS[keyi]
+        end
+        pi = pi + 3
+      end
+      local m = 6 * l
+      limiter[m - 5] = rules + 1
+      limiter[m - 4] = rules + n
+      limiter[m - 3] = ban_at
+      limiter[m - 2] = log
+      limiter[m - 1] = longest
+      limiter[m] = 0
+      rules = rules + n
+    end
+    local bans = p[pi + 1]
+    local ban_keys = keyi -- the ban keys are KEYS[ban_keys + 1 .. ban_keys + bans]
+    local targets, ban_index = false, false -- ARGV index before the first target kind
+    keyi = keyi + bans
+    if p[pi + 2] == 1 then
+      targets = argi
+      argi = argi + 2 * bans
+      keyi = keyi + 1
+      ban_index = KEYS[keyi]
+    end
+    report = p[pi + 3]
+    if keyi > #KEYS then
+      error('tollgate check: ' .. #KEYS .. ' keys given, the checks need more')
+    end
+    if counters and not evaluate then
+      build_evaluators()
+    end
+
+    -- A live ban blocks before any rule is looked at. Several ban keys that do not exist (the
+    -- common case) cost one EXISTS.
+    if bans > 0 and (bans == 1 or call('EXISTS', unpack(KEYS, ban_keys + 1, ban_keys + bans)) > 0) then
+      local blocked = -1
+      for k = ban_keys + 1, ban_keys + bans do
+        local until_us = tonumber(call('HGET', KEYS[k], 'u') or '')
+        if until_us and until_us > now and until_us - now > blocked then
+          blocked = until_us - now
+        end
+      end
+      if blocked >= 0 then
+        replies[n] = { 0, blocked, -1 }
+        break
+      end
+    end
+
+    -- reply[4i .. 4i + 3] is rule i's outcome (sized for 4 rules, like `rule`; Redis reads a
+    -- reply up to its first nil); record[2i - 1], record[2i] what it writes, kept only when
+    -- needed.
+    local reply = {
+      1, -1, -1,
+      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    }
+    local record = (counters or report > 0) and {}
+    local oldest = false -- per limiter whose log has live entries: now - its longest window as text
+    -- Limiters of one policy often have the same rules: the last window's texts are reused.
+    local text_window, trim_text, edge_text = false, false, false
+    local allowed = true
+    for l = 1, limiters do
+      local m = 6 * l
+      local log, longest = limiter[m - 2], limiter[m - 1]
+      local live = 0
+      if log then
+        -- One count over the longest window: when it is 0, so is every rule's.
+        if now >= longest then
+          if longest ~= text_window then
+            trim_text = format('%d', now - longest)
+            text_window, edge_text = longest, '(' .. trim_text
+          end
+          live = call('ZCOUNT', log, edge_text, '+inf')
+          if live > 0 then
+            -- For the trim when the check is recorded. A log with no entry in its longest
+            -- window is not trimmed: its entries are older than that window, so its last
+            -- write, and the TTL that write set (the longest window), are too; it has
+            -- expired (under a test clock, with its hour of slack, they linger unseen until
+            -- the next trim or that hour ends).
+            oldest = oldest or {}
+            oldest[l] = trim_text
+          end
+        else
+          live = call('ZCOUNT', log, '-inf', '+inf')
+        end
+        limiter[m] = live
+      end
+      for i = limiter[m - 5], limiter[m - 4] do
+        local j = 4 * i -- rule[j - 3 .. j], reply[j .. j + 3]
+        local ok, remaining, reset, retry, a, b
+        if rule[j - 3] == SLIDING_LOG and live == 0 and cost <= rule[j - 2] then
+          -- Empty over the longest window, so over this one: what sliding_log() answers for a
+          -- count of 0, without the call (a fresh key's common case; a call costs ~1/3 command).
+          ok, remaining, retry, a, b = 1, rule[j - 2] - cost, -1, 0, 0
+          reset = cost > 0 and rule[j - 1] or 0
+        elseif rule[j - 3] == SLIDING_LOG then
+          if not evaluate then
+            build_evaluators()
+          end
+          ok, remaining, reset, retry, a, b = sliding_log(i, cost, live, longest)
+        else
+          ok, remaining, reset, retry, a, b = evaluate(i, l, cost)
+        end
+        reply[j] = ok
+        reply[j + 1] = remaining
+        reply[j + 2] = reset
+        reply[j + 3] = retry
+        if record then
+          record[2 * i - 1] = a or 0
+          record[2 * i] = b or 0
+        end
+        if ok == 0 then
+          allowed = false
+        end
+      end
+    end
+
+    local recorded = false
+    -- Cluster stores: how each rule stays if another slot denies. (When this check records,
+    -- the store works that out from the record instead.)
+    local zero = false
+    if allowed and report >= 2 and not (consume and cost > 0) then
+      if not evaluate then
+        build_evaluators()
+      end
+      zero = {}
+      for l = 1, limiters do
+        for i = limiter[6 * l - 5], limiter[6 * l - 4] do
+          local ok, remaining, reset, retry = evaluate(i, l, 0)
+          zero[#zero + 1] = ok
+          zero[#zero + 1] = remaining
+          zero[#zero + 1] = reset
+          zero[#zero + 1] = retry
+        end
+      end
+    end
+    if not allowed then
+      if not evaluate then
+        build_evaluators()
+      end
+      -- Nothing is recorded: rules that would have admitted report the state as it stays.
+      for l = 1, limiters do
+        for i = limiter[6 * l - 5], limiter[6 * l - 4] do
+          local j = 4 * i
+          if reply[j] == 1 then
+            reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = evaluate(i, l, 0)
+          end
+        end
+      end
+      reply[1] = 0
+      if targets then
+        -- Bans every target for the longest ban of the denying limiters that ban.
+        local denying = {}
+        for l = 1, limiters do
+          local m = 6 * l
+          local at = limiter[m - 3]
+          if at then
+            for i = limiter[m - 5], limiter[m - 4] do
+              if reply[4 * i] == 0 then
+                denying[#denying + 1] = p[at]
+                denying[#denying + 1] = p[at + 1]
+                denying[#denying + 1] = p[at + 2]
+                break
+              end
+            end
+          end
+        end
+        if #denying > 0 then
+          -- Its ban keys are KEYS[ban_keys + 1 .. ban_keys + bans], their targets
+          -- ARGV[targets + 1 ..].
+          local keys, kinds_values = {}, {}
+          for b = 1, bans do
+            keys[b] = KEYS[ban_keys + b]
+            kinds_values[2 * b - 1] = ARGV[targets + 2 * b - 1]
+            kinds_values[2 * b] = ARGV[targets + 2 * b]
+          end
+          if not ban_offender then
+            ban_offender = (function()
+--@include ban_writer.lua
+              return ban_offender
+            end)()
+          end
+          reply[3] = (ban_offender(denying, keys, kinds_values, ban_index))
+        end
+      end
+    elseif consume and cost > 0 then
+      recorded = true
+      local score = format('%d', now)
+      local ttl_window, ttl_text = false, false -- the last log TTL, reused as above
+      for l = 1, limiters do
+        local m = 6 * l
+        local log, longest = limiter[m - 2], limiter[m - 1]
+        if log then
+          if oldest and oldest[l] then
+            call('ZREMRANGEBYSCORE', log, '-inf', oldest[l])
+          end
+          -- ZADD NX reports what it added: a member that already exists (a nonce collision)
+          -- would otherwise silently count once for two units.
+          local missing
+          if cost == 1 then
+            missing = 1 - call('ZADD', log, 'NX', score, nonce .. '1')
+          else
+            missing = 0
+            local unit = 1
+            while unit <= cost do
+              local upto = math.min(cost, unit + 499)
+              local args = {}
+              for u = unit, upto do
+                args[#args + 1] = score
+                args[#args + 1] = nonce .. format('%d', u)
+              end
+              missing = missing + (upto - unit + 1) - call('ZADD', log, 'NX', unpack(args))
+              unit = upto + 1
+            end
+          end
+          local attempt = 0
+          while missing > 0 do
+            attempt = attempt + 1
+            if attempt > 1000 then
+              error('tollgate check: cannot find a free sliding-log member')
+            end
+            missing = missing - call('ZADD', log, 'NX', score, nonce .. 'r' .. format('%d', attempt))
+          end
+          if longest ~= ttl_window then
+            ttl_window, ttl_text = longest, format('%d', ttl_ms(longest))
+          end
+          call('PEXPIRE', log, ttl_text)
+          -- Every sliding-log rule of this limiter records the members retried.
+          if record and attempt > 0 then
+            for i = limiter[m - 5], limiter[m - 4] do
+              if rule[4 * i - 3] == SLIDING_LOG then
+                record[2 * i - 1] = attempt
+              end
+            end
+          end
+        end
+        for i = limiter[m - 5], limiter[m - 4] do
+          local r = 4 * i
+          local k = rule[r - 3]
+          if k == FIXED_WINDOW then
+            local start, count = record[2 * i - 1], record[2 * i]
+            call('SET', rule[r], format('%d:%d', start, count),
+              'PX', format('%d', ttl_ms(start + rule[r - 1] - now)))
+          elseif k == GCRA then
+            local tat = record[2 * i]
+            call('SET', rule[r], format('%d', tat), 'PX', format('%d', ttl_ms(tat - now)))
+          end
+        end
+      end
+    end
+
+    if report > 0 then
+      reply[#reply + 1] = recorded and 1 or 0
+      if recorded then
+        reply[#reply + 1] = now
+        for _, v in ipairs(record) do
+          reply[#reply + 1] = v
+        end
+      end
+      if zero then
+        for _, v in ipairs(zero) do
+          reply[#reply + 1] = v
+        end
+      end
+    end
+    replies[n] = reply
+  until true
 end
 if keyi ~= #KEYS then
   return redis.error_reply('tollgate check: ' .. #KEYS .. ' keys given, the checks need ' .. keyi)

@@ -99,7 +99,7 @@ pub(crate) async fn submit(
             StoreErrorKind::Unavailable,
             format!(
                 "check on {}: abandoned (the runtime is shutting down)",
-                inner.target
+                inner.backend.target
             ),
         ))
     })
@@ -160,12 +160,13 @@ async fn run(inner: &Inner, mut jobs: Vec<Job>) {
     if jobs.is_empty() {
         return;
     }
-    let mut call = inner.scripts.check.call();
+    let mut call = inner.backend.scripts.check.call();
     for job in &mut jobs {
         call.append(&mut job.keys, &mut job.args);
     }
-    let mut conn = inner.conn.clone();
+    let mut conn = inner.backend.conn();
     let replies = inner
+        .backend
         .bounded("check", call.invoke::<Vec<Vec<i64>>>(&mut conn))
         .await;
     match replies {

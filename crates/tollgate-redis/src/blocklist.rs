@@ -1,24 +1,94 @@
-//! Counting and listing bans from the ban index (`prefix:{ban}:index`, a sorted set of ban
-//! keys scored by the end of the ban), without reading every ban in one call.
+//! The blocklist written by hand, counted and listed, through the ban index
+//! (`prefix:{ban}:index`, a sorted set of ban keys scored by the end of the ban), without
+//! reading every ban in one call.
 //!
-//! Every ban script keeps the index exact: `ban.lua`, `offend.lua` and a banning `check.lua`
-//! add the key with its end, `unban.lua` removes it, and each write trims the bans that ended.
-//! So the live bans are the index entries scored after now: `ban_count.lua` counts them with
-//! one `ZCOUNT` (O(log n)), and `bans.lua` reads one page from a rank (O(log n + page)).
+//! Every ban write keeps the index exact: `ban.lua`, `offend.lua` and a banning `check.lua` add
+//! the key with its end, `unban.lua` removes it, and each write trims the bans that ended. On a
+//! standalone server the index is updated in the same script as the ban. On a Cluster a ban
+//! key has no hash tag (the bans spread over the slots by target, so no slot is read by every
+//! check), the index lives in the `{ban}` slot, and `ban_index.lua` updates it in a call of its
+//! own right after the ban's: a ban whose index update failed is enforced but not listed.
+//! The live bans are the index entries scored after now: `ban_count.lua` counts them with one
+//! `ZCOUNT` (O(log n)), and `bans.lua` reads one page of keys from a rank (O(log n + page));
+//! each listed ban's hash is then read with its own `HMGET`, in its own slot (no script touches
+//! a key it was not given).
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use redis::Value;
 use tollgate::{BanCursor, BanEntry, BanPage, BanTarget, StoreError, ban_index_key};
 
-use crate::{script::protocol, store::RedisStore};
+use crate::{
+    backend::Backend,
+    cluster,
+    script::{micros, protocol},
+};
 
 /// The page size [`all`] reads with: each call stays short, however many bans there are.
 const LIST_PAGE: usize = 1000;
 
+/// Bans `target` under `prefix` for `duration` from now, keeping its strikes.
+pub(crate) async fn ban(
+    store: &Backend,
+    prefix: &str,
+    target: &BanTarget,
+    duration: Duration,
+) -> Result<(), StoreError> {
+    let key = target.key(prefix);
+    let index = ban_index_key(prefix);
+    let mut call = store.scripts.ban.call();
+    call.key(&key);
+    if !store.is_cluster() {
+        call.key(&index);
+    }
+    call.arg(store.now_arg())
+        .arg(micros(duration))
+        .arg(target.kind())
+        .arg(target.value());
+    let mut conn = store.conn();
+    let end: i64 = store.bounded("ban", call.invoke(&mut conn)).await?;
+    if store.is_cluster() {
+        store
+            .bounded_store(
+                "ban",
+                cluster::index_bans(store, &index, store.test_now(), &[(end, &key)], &[]),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Lifts `target`'s ban under `prefix`; whether it was banned.
+pub(crate) async fn unban(
+    store: &Backend,
+    prefix: &str,
+    target: &BanTarget,
+) -> Result<bool, StoreError> {
+    let key = target.key(prefix);
+    let index = ban_index_key(prefix);
+    let mut call = store.scripts.unban.call();
+    call.key(&key);
+    if !store.is_cluster() {
+        call.key(&index);
+    }
+    call.arg(store.now_arg());
+    let mut conn = store.conn();
+    let lifted = store.bounded("unban", call.invoke(&mut conn)).await?;
+    if store.is_cluster() {
+        store
+            .bounded_store(
+                "unban",
+                cluster::index_bans(store, &index, store.test_now(), &[], &[&key]),
+            )
+            .await?;
+    }
+    Ok(lifted)
+}
+
 /// How many bans under `prefix` have not ended.
-pub(crate) async fn count(store: &RedisStore, prefix: &str) -> Result<u64, StoreError> {
-    let mut call = store.scripts().ban_count.call();
+pub(crate) async fn count(store: &Backend, prefix: &str) -> Result<u64, StoreError> {
+    let mut call = store.scripts.ban_count.call();
     call.key(ban_index_key(prefix)).arg(store.now_arg());
     let mut conn = store.conn();
     store
@@ -32,12 +102,50 @@ pub(crate) async fn count(store: &RedisStore, prefix: &str) -> Result<u64, Store
 
 /// One page of at most `limit` bans after `after`, in the order they end.
 pub(crate) async fn page(
-    store: &RedisStore,
+    store: &Backend,
     prefix: &str,
     after: Option<&BanCursor>,
     limit: usize,
 ) -> Result<BanPage, StoreError> {
-    let mut call = store.scripts().bans.call();
+    let limit = limit.max(1);
+    let mut bans = Vec::new();
+    let mut after = after.cloned();
+    // Another round only when bans were lifted between the index and their hashes.
+    loop {
+        let (next, now, keys) =
+            index_page(store, prefix, after.as_ref(), limit - bans.len()).await?;
+        let reads = join_all(keys.iter().map(|key| {
+            let mut conn = store.conn();
+            let mut hmget = redis::cmd("HMGET");
+            hmget.arg(key).arg(&["u", "s", "k", "v"]);
+            async move {
+                store
+                    .bounded("list bans", hmget.query_async(&mut conn))
+                    .await
+            }
+        }))
+        .await;
+        for read in reads {
+            let fields: Vec<Option<String>> = read?;
+            if let Some(entry) = entry(&fields, now)? {
+                bans.push(entry);
+            }
+        }
+        match next {
+            Some(next) if bans.len() < limit => after = Some(next),
+            next => return Ok(BanPage { bans, next }),
+        }
+    }
+}
+
+/// The keys of one page of the index (bans.lua): the next cursor, the script's now, the keys.
+async fn index_page(
+    store: &Backend,
+    prefix: &str,
+    after: Option<&BanCursor>,
+    limit: usize,
+) -> Result<(Option<BanCursor>, u64, Vec<String>), StoreError> {
+    let mut call = store.scripts.bans.call();
     call.key(ban_index_key(prefix))
         .arg(store.now_arg())
         .arg(limit.max(1));
@@ -56,9 +164,28 @@ pub(crate) async fn page(
     page_reply(&reply)
 }
 
+/// A listed ban from its hash's `u`, `s`, `k`, `v` at `now`; `None` if lifted or ended since.
+fn entry(fields: &[Option<String>], now: u64) -> Result<Option<BanEntry>, StoreError> {
+    let [Some(until), strikes, Some(kind), Some(value)] = fields else {
+        return Ok(None);
+    };
+    let Ok(until) = until.parse::<u64>() else {
+        return Err(protocol("bans", format!("a ban ends at {until:?}")));
+    };
+    if until <= now {
+        return Ok(None);
+    }
+    let target = BanTarget::parse(kind, value).map_err(|why| protocol("bans", why))?;
+    Ok(Some(BanEntry {
+        target,
+        expires_in: Duration::from_micros(until - now),
+        strikes: strikes.as_deref().and_then(|s| s.parse().ok()).unwrap_or(1),
+    }))
+}
+
 /// Every ban under `prefix`, sorted by target: page after page, so that no call holds the
 /// server for long. Bans that start or end meanwhile may or may not be listed.
-pub(crate) async fn all(store: &RedisStore, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
+pub(crate) async fn all(store: &Backend, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
     let mut bans = Vec::new();
     let mut after = None;
     loop {
@@ -73,46 +200,34 @@ pub(crate) async fn all(store: &RedisStore, prefix: &str) -> Result<Vec<BanEntry
     Ok(bans)
 }
 
-/// Reads the reply of `bans.lua`: the next cursor, then kind, value, µs left, strikes per ban.
-fn page_reply(reply: &[Value]) -> Result<BanPage, StoreError> {
+/// Reads the reply of `bans.lua`: the next cursor, now, then the page's ban keys.
+fn page_reply(reply: &[Value]) -> Result<(Option<BanCursor>, u64, Vec<String>), StoreError> {
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let bad = || protocol("bans", format!("unexpected reply {reply:?}"));
     let [
         Value::BulkString(next_us),
         Value::BulkString(next_key),
-        bans @ ..,
+        Value::BulkString(now),
+        keys @ ..,
     ] = reply
     else {
-        return Err(protocol("bans", format!("no cursor in {reply:?}")));
+        return Err(bad());
     };
     let next = if next_us.is_empty() {
         None
     } else {
-        let until_us = text(next_us)
-            .parse()
-            .map_err(|_| protocol("bans", format!("bad cursor {reply:?}")))?;
+        let until_us = text(next_us).parse().map_err(|_| bad())?;
         Some(BanCursor::new(until_us, text(next_key)))
     };
-    let bans = bans
-        .chunks(4)
-        .map(|ban| match ban {
-            [
-                Value::BulkString(kind),
-                Value::BulkString(value),
-                Value::Int(left),
-                Value::Int(strikes),
-            ] => {
-                let target = BanTarget::parse(&text(kind), &text(value))
-                    .map_err(|why| protocol("bans", why))?;
-                Ok(BanEntry {
-                    target,
-                    expires_in: Duration::from_micros(u64::try_from(*left).unwrap_or(0)),
-                    strikes: u32::try_from(*strikes).unwrap_or(u32::MAX),
-                })
-            }
-            other => Err(protocol("bans", format!("unexpected entry {other:?}"))),
+    let now = text(now).parse().map_err(|_| bad())?;
+    let keys = keys
+        .iter()
+        .map(|key| match key {
+            Value::BulkString(key) => Ok(text(key)),
+            _ => Err(bad()),
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(BanPage { bans, next })
+    Ok((next, now, keys))
 }
 
 #[cfg(test)]
@@ -127,50 +242,56 @@ mod tests {
     fn a_page_reply_is_read_with_its_cursor() {
         let reply = [
             bulk("1700000000000000"),
-            bulk("tg:{ban}:ip:192.0.2.1"),
-            bulk("ip"),
-            bulk("192.0.2.1"),
-            Value::Int(5_000_000),
-            Value::Int(2),
+            bulk("tg:ban:ip:192.0.2.1"),
+            bulk("1600000000000000"),
+            bulk("tg:ban:ip:192.0.2.1"),
         ];
-        let page = page_reply(&reply).unwrap();
+        let (next, now, keys) = page_reply(&reply).unwrap();
         assert_eq!(
-            page.next,
-            Some(BanCursor::new(
-                1_700_000_000_000_000,
-                "tg:{ban}:ip:192.0.2.1"
-            ))
+            next,
+            Some(BanCursor::new(1_700_000_000_000_000, "tg:ban:ip:192.0.2.1"))
         );
-        assert_eq!(page.bans.len(), 1);
-        assert_eq!(page.bans[0].expires_in, Duration::from_secs(5));
-        assert_eq!(page.bans[0].strikes, 2);
-
-        let last = page_reply(&[bulk(""), bulk("")]).unwrap();
-        assert_eq!(
-            last,
-            BanPage {
-                bans: vec![],
-                next: None
-            }
-        );
+        assert_eq!(now, 1_600_000_000_000_000);
+        assert_eq!(keys, ["tg:ban:ip:192.0.2.1"]);
+        let (next, _, keys) = page_reply(&[bulk(""), bulk(""), bulk("1")]).unwrap();
+        assert_eq!((next, keys.len()), (None, 0));
     }
 
     #[test]
     fn a_malformed_page_reply_is_a_protocol_error() {
         for reply in [
             vec![],
-            vec![bulk("x"), bulk("k")],
-            vec![bulk(""), bulk(""), bulk("ip")],
-            vec![
-                bulk(""),
-                bulk(""),
-                bulk("cookie"),
-                bulk("v"),
-                Value::Int(1),
-                Value::Int(1),
-            ],
+            vec![bulk(""), bulk("")],
+            vec![bulk("x"), bulk("k"), bulk("1")],
+            vec![bulk(""), bulk(""), bulk("now")],
+            vec![bulk(""), bulk(""), bulk("1"), Value::Int(1)],
         ] {
             assert!(page_reply(&reply).is_err(), "{reply:?}");
         }
+    }
+
+    #[test]
+    fn a_ban_is_listed_from_its_hash_while_it_lasts() {
+        let fields = |u: &str, s: Option<&str>, k: &str| {
+            vec![
+                Some(u.to_owned()),
+                s.map(str::to_owned),
+                Some(k.to_owned()),
+                Some("192.0.2.1".to_owned()),
+            ]
+        };
+        let live = entry(&fields("5000000", Some("2"), "ip"), 1_000_000)
+            .unwrap()
+            .unwrap();
+        assert_eq!(live.expires_in, Duration::from_secs(4));
+        assert_eq!(live.strikes, 2);
+        assert!(
+            entry(&fields("1000000", None, "ip"), 1_000_000)
+                .unwrap()
+                .is_none()
+        );
+        assert!(entry(&[None, None, None, None], 0).unwrap().is_none());
+        assert!(entry(&fields("soon", None, "ip"), 0).is_err());
+        assert!(entry(&fields("5", None, "cookie"), 0).is_err());
     }
 }

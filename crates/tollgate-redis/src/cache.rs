@@ -317,16 +317,13 @@ mod tests {
         assert_eq!(cache.answered(), 1);
         // A smaller cost may fit, a larger one waits longer; the margin before the end is left
         // to Redis.
-        assert!(
-            cache
-                .answer(&CheckRequest::new(1, true, &limiters), 1_100_000)
-                .is_none()
-        );
-        assert!(
-            cache
-                .answer(&CheckRequest::new(3, true, &limiters), 1_100_000)
-                .is_none()
-        );
+        for cost in [1, 3] {
+            let other_cost = CheckRequest::new(cost, true, &limiters);
+            assert!(
+                cache.answer(&other_cost, 1_100_000).is_none(),
+                "cost {cost}"
+            );
+        }
         let end = 1_000_000 + 400_000;
         assert!(cache.answer(&plan, end - margin_us(400_000) - 1).is_some());
         assert!(cache.answer(&plan, end - margin_us(400_000)).is_none());
@@ -395,12 +392,12 @@ mod tests {
         }];
         let bans = [
             BanKey {
-                key: "tg:{ban}:ip:1",
+                key: "tg:ban:ip:1",
                 kind: "ip",
                 value: "1",
             },
             BanKey {
-                key: "tg:{ban}:user_id:u",
+                key: "tg:ban:user_id:u",
                 kind: "user_id",
                 value: "u",
             },
@@ -414,7 +411,7 @@ mod tests {
         // Only the same set of ban keys.
         let one = CheckRequest::new(1, true, &limiters).with_bans(&bans[..1], "tg:{ban}:index");
         assert!(cache.answer(&one, 10_000_000).is_none());
-        cache.forget_ban("tg:{ban}:user_id:u");
+        cache.forget_ban("tg:ban:user_id:u");
         assert!(cache.answer(&plan, 10_000_000).is_none());
     }
 }

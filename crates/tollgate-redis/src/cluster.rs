@@ -2,12 +2,15 @@
 //! reservations undone when any slot denies or the identity is banned.
 //!
 //! Every key of one limiter carries the limiter's hash tag, so a limiter lives in one slot;
-//! the bans live under `{ban}`. A plan whose keys all share one slot is one EVALSHA, exactly as
-//! on a standalone server. Otherwise each slot's limiters run check.lua at once (the bans are
-//! read beside them by banned.lua): a slot that admits records its admission at once, and
+//! a ban key has no tag, so each target's ban lives in a slot of its own key, and the bans
+//! spread over the cluster (no slot is read by every check). A plan whose keys all share one
+//! slot, and that writes no ban, is one EVALSHA, exactly as on a standalone server. Otherwise
+//! each slot's limiters run check.lua at once, and the bans are read beside them by banned.lua,
+//! one call per slot holding ban keys: a slot that admits records its admission at once, and
 //! reports what it wrote. If every slot admits and nobody is banned, that is the answer, one
 //! round trip later. If not, a second round trip undoes what the admitting slots wrote
-//! (undo.lua, concurrently) and, when a denying limiter bans, bans the offender (offend.lua).
+//! (undo.lua, concurrently) and, when a denying limiter bans, bans the offender (offend.lua in
+//! each ban key's slot, then ban_index.lua adds the bans to the index, in its own slot).
 //!
 //! Between the two round trips the reservations are visible: a concurrent check may count
 //! them and be denied when it would have been admitted. That is the residual window, and it
@@ -17,60 +20,76 @@
 use std::collections::HashMap;
 
 use futures_util::future::join_all;
-use redis::{RedisResult, cluster_async::ClusterConnection, cluster_routing::Slot};
+use redis::{RedisResult, cluster_routing::Slot};
 use tollgate::{
     Algorithm, CheckRequest, LimiterRequest, StoreError, StoreErrorKind, Verdict,
     algorithm::RuleOutcome, key,
 };
 
 use crate::{
+    backend::Backend,
     batch::Lane,
     script::{self, Record, Report, SlotReply},
-    store::RedisStore,
 };
 
-/// The limiters of a plan that share one slot, in plan order.
-struct Group {
+/// The limiters (or the ban keys) of a plan that share one slot, in plan order.
+pub(crate) struct Group {
     slot: Slot,
-    /// Indices into the plan's limiters.
-    limiters: Vec<usize>,
+    /// Indices into the plan's limiters (or ban keys).
+    members: Vec<usize>,
 }
 
 /// Where a plan's keys live.
-enum Layout {
-    /// Every key in one slot (or no key at all): the standalone script, one call.
-    OneSlot,
-    /// The limiters' slots, and whether the bans need reading beside them.
-    Slots(Vec<Group>),
+pub(crate) enum Layout {
+    /// Every key in one slot (or no key at all), and no ban to write: the standalone script,
+    /// one call on that slot's lane.
+    OneSlot(Lane),
+    /// The limiters' slots, and the ban keys' (read beside them, and written there on a
+    /// denial that bans).
+    Slots {
+        limiters: Vec<Group>,
+        bans: Vec<Group>,
+    },
 }
 
-fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
-    let mut groups: Vec<Group> = Vec::new();
+/// Where `plan`'s keys live; an error if a limiter's keys could span slots.
+pub(crate) fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
+    let mut limiters: Vec<Group> = Vec::new();
     for (i, limiter) in plan.limiters.iter().enumerate() {
-        let slot = limiter_slot(limiter)?;
-        match groups.iter_mut().find(|g| g.slot == slot) {
-            Some(group) => group.limiters.push(i),
-            None => groups.push(Group {
-                slot,
-                limiters: vec![i],
-            }),
-        }
+        join(&mut limiters, limiter_slot(limiter)?, i);
     }
-    let ban_slot = ban_slot(plan)?;
-    let one_slot = match (groups.as_slice(), ban_slot) {
-        ([], _) | ([_], None) => true,
-        ([group], Some(bans)) => group.slot == bans,
+    // A ban key has no hash tag: each target's ban lives in the slot of its own key.
+    let mut bans: Vec<Group> = Vec::new();
+    for (i, ban) in plan.bans.iter().enumerate() {
+        join(&mut bans, Slot::for_key(ban.key), i);
+    }
+    // A ban written on a Cluster also goes to the index, in a slot of its own: a check that
+    // may ban takes the spread path, which writes both.
+    let one_slot = match (limiters.as_slice(), bans.as_slice()) {
+        ([] | [_], []) | ([], [_]) => true,
+        ([group], [bans]) => group.slot == bans.slot && !plan.may_ban(),
         _ => false,
     };
     Ok(if one_slot {
-        Layout::OneSlot
+        Layout::OneSlot(one_slot_lane(plan))
     } else {
-        Layout::Slots(groups)
+        Layout::Slots { limiters, bans }
     })
 }
 
+/// Adds member `i` to the group of `slot`.
+fn join(groups: &mut Vec<Group>, slot: Slot, i: usize) {
+    match groups.iter_mut().find(|g| g.slot == slot) {
+        Some(group) => group.members.push(i),
+        None => groups.push(Group {
+            slot,
+            members: vec![i],
+        }),
+    }
+}
+
 /// The slot of a plan whose keys share one ([`Layout::OneSlot`]): its batching lane.
-fn one_slot(plan: &CheckRequest<'_>) -> Lane {
+fn one_slot_lane(plan: &CheckRequest<'_>) -> Lane {
     let first = plan
         .limiters
         .first()
@@ -96,27 +115,12 @@ fn has_hash_tag(key: &str) -> bool {
         .is_some_and(|(tag, _)| !tag.is_empty())
 }
 
-/// The one slot of the ban keys and the ban index, if the plan has bans.
-fn ban_slot(plan: &CheckRequest<'_>) -> Result<Option<Slot>, StoreError> {
-    let Some(first) = plan.bans.first() else {
-        return Ok(None);
-    };
-    let slot = Slot::for_key(first.key);
-    let keys = plan.bans.iter().map(|b| b.key).chain([plan.ban_index]);
-    for k in keys {
-        if Slot::for_key(k) != slot {
-            return Err(cross_slot(k));
-        }
-    }
-    Ok(Some(slot))
-}
-
 fn cross_slot(key: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
         format!(
             "key {key:?} has no hash tag shared with its siblings: on a Redis Cluster every key \
-             of one limiter (and every ban key) must share a hash tag"
+             of one limiter must share a hash tag"
         ),
     )
 }
@@ -141,35 +145,33 @@ struct SlotAnswer<'a> {
     reply: Option<SlotReply>,
 }
 
-/// Checks `plan` on the cluster behind `conn` (see the module docs).
+/// Checks `plan`, whose limiters and ban keys live in these groups ([`Layout::Slots`]), on
+/// the cluster (see the module docs).
 pub(crate) async fn check(
-    store: &RedisStore,
-    conn: &ClusterConnection,
+    store: &Backend,
     plan: &CheckRequest<'_>,
+    limiters: Vec<Group>,
+    bans: Vec<Group>,
 ) -> Result<Verdict, StoreError> {
-    let groups = match layout(plan)? {
-        Layout::OneSlot => return store.check_one_call(plan, one_slot(plan)).await,
-        Layout::Slots(groups) => groups,
-    };
-    let report = if groups.len() > 1 {
+    let report = if limiters.len() > 1 {
         Report::RecordAndZero
     } else {
         Report::Record
     };
     let nonce: [u8; 8] = rand::random();
     let now = store.test_now();
-    let scripts = store.scripts();
-    let calls: Vec<SlotCall> = groups
+    let scripts = &store.scripts;
+    let calls: Vec<SlotCall> = limiters
         .into_iter()
         .map(|g| SlotCall {
-            requests: g.limiters.iter().map(|&i| plan.limiters[i]).collect(),
-            limiters: g.limiters,
+            requests: g.members.iter().map(|&i| plan.limiters[i]).collect(),
+            limiters: g.members,
         })
         .collect();
 
     // Round trip 1: every slot, and the bans, at once.
     let slots = join_all(calls.iter().map(|c| {
-        let mut conn = conn.clone();
+        let mut conn = store.conn();
         async move {
             let request = c.request(plan);
             let mut call = scripts.check.call();
@@ -179,21 +181,27 @@ pub(crate) async fn check(
             script::slot_reply(&request, &script::only_reply(reply)?, report)
         }
     }));
+    // The longest live ban over every ban slot.
     let bans = async {
-        if plan.bans.is_empty() {
-            return Ok(None);
-        }
-        let mut call = scripts.banned.call();
-        for ban in plan.bans {
-            call.key(ban.key);
-        }
-        call.arg(script::now_arg(now));
-        let mut conn = conn.clone();
-        let left: i64 = call
-            .invoke(&mut conn)
-            .await
-            .map_err(|e| store.redis_error("check bans", e))?;
-        Ok::<_, StoreError>(u64::try_from(left).ok())
+        let reads = join_all(bans.iter().map(|group| {
+            let mut call = scripts.banned.call();
+            for &i in &group.members {
+                call.key(plan.bans[i].key);
+            }
+            call.arg(script::now_arg(now));
+            let mut conn = store.conn();
+            async move {
+                let left: i64 = call
+                    .invoke(&mut conn)
+                    .await
+                    .map_err(|e| store.redis_error("check bans", e))?;
+                Ok::<_, StoreError>(u64::try_from(left).ok())
+            }
+        }))
+        .await;
+        reads
+            .into_iter()
+            .try_fold(None, |longest: Option<u64>, left| Ok(longest.max(left?)))
     };
     let (replies, banned) = store
         .bounded_store("check", async { Ok(tokio::join!(slots, bans)) })
@@ -220,13 +228,13 @@ pub(crate) async fn check(
             .iter()
             .filter_map(|a| {
                 let record = a.reply.as_ref()?.record.as_ref()?;
-                Some(undo(store, conn, plan, &a.call, record, nonce, now))
+                Some(undo(store, plan, &a.call, record, nonce, now))
             })
             .collect::<Vec<_>>(),
     );
     let offence = async {
         match (&failure, blocked) {
-            (None, None) => offend(store, conn, plan, &answers, now).await,
+            (None, None) => offend(store, plan, &answers, now).await,
             _ => Ok(None),
         }
     };
@@ -268,15 +276,14 @@ fn assemble(plan: &CheckRequest<'_>, answers: Vec<SlotAnswer<'_>>, allowed: bool
 
 /// Undoes what one slot's call wrote (undo.lua): each state key once.
 async fn undo(
-    store: &RedisStore,
-    conn: &ClusterConnection,
+    store: &Backend,
     plan: &CheckRequest<'_>,
     call: &SlotCall<'_>,
     record: &Record,
     nonce: [u8; 8],
     now: Option<u64>,
 ) -> Result<i64, StoreError> {
-    let scripts = store.scripts();
+    let scripts = &store.scripts;
     let mut undo = scripts.undo.call();
     undo.arg(script::now_arg(now))
         .arg(plan.cost)
@@ -301,16 +308,16 @@ async fn undo(
     for (key, op, a, b) in &ops {
         undo.key(key).arg(op).arg(a).arg(b);
     }
-    let mut conn = conn.clone();
+    let mut conn = store.conn();
     undo.invoke(&mut conn)
         .await
         .map_err(|e| store.redis_error("undo", e))
 }
 
-/// Bans the plan's targets if a denying limiter bans offenders (offend.lua); the ban's length.
+/// Bans the plan's targets if a denying limiter bans offenders: offend.lua in each ban key's
+/// slot, then the new bans into the index (ban_index.lua); the longest ban written.
 async fn offend(
-    store: &RedisStore,
-    conn: &ClusterConnection,
+    store: &Backend,
     plan: &CheckRequest<'_>,
     answers: &[SlotAnswer<'_>],
     now: Option<u64>,
@@ -338,31 +345,92 @@ async fn offend(
     if bans.is_empty() {
         return Ok(None);
     }
-    let mut call = store.scripts().offend.call();
-    for ban in plan.bans {
-        call.key(ban.key);
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, ban) in plan.bans.iter().enumerate() {
+        join(&mut groups, Slot::for_key(ban.key), i);
     }
-    call.key(plan.ban_index);
-    call.arg(script::now_arg(now)).arg(bans.len());
-    for ban in &bans {
-        call.arg(script::micros(ban.duration()))
-            .arg(ban.factor())
-            .arg(script::micros(ban.cap()));
+    let writes = join_all(groups.iter().map(|group| {
+        let mut call = store.scripts.offend.call();
+        for &i in &group.members {
+            call.key(plan.bans[i].key);
+        }
+        call.arg(script::now_arg(now)).arg(bans.len());
+        for ban in &bans {
+            call.arg(script::micros(ban.duration()))
+                .arg(ban.factor())
+                .arg(script::micros(ban.cap()));
+        }
+        for &i in &group.members {
+            call.arg(plan.bans[i].kind).arg(plan.bans[i].value);
+        }
+        let mut conn = store.conn();
+        async move {
+            let reply: Vec<i64> = call
+                .invoke(&mut conn)
+                .await
+                .map_err(|e| store.redis_error("ban", e))?;
+            match reply.split_first() {
+                Some((&longest, ends)) if ends.len() == group.members.len() => Ok((
+                    longest,
+                    group.members.iter().zip(ends.to_vec()).collect::<Vec<_>>(),
+                )),
+                _ => Err(script::protocol("offend", format!("{reply:?}"))),
+            }
+        }
+    }))
+    .await;
+    let mut longest = None;
+    let mut entries = Vec::new();
+    let mut failure = None;
+    for write in writes {
+        match write {
+            Ok((written, ends)) => {
+                longest = longest.max(u64::try_from(written).ok());
+                entries.extend(ends.into_iter().map(|(&i, end)| (end, plan.bans[i].key)));
+            }
+            Err(err) => failure = Some(err),
+        }
     }
-    for ban in plan.bans {
-        call.arg(ban.kind).arg(ban.value);
+    // Listed once written. A ban the index missed is still enforced, only not listed or
+    // counted: the denial still reports it.
+    if !entries.is_empty() {
+        let _unlisted = index_bans(store, plan.ban_index, now, &entries, &[]).await;
     }
-    let mut conn = conn.clone();
-    let longest: i64 = call
+    match failure {
+        Some(err) if longest.is_none() => Err(err),
+        _ => Ok(longest),
+    }
+}
+
+/// Adds bans (their end in µs and key) to the ban index at `index` and removes others, then
+/// trims it (ban_index.lua): how a Cluster store keeps the index, which lives in a slot of its
+/// own.
+pub(crate) async fn index_bans(
+    store: &Backend,
+    index: &str,
+    now: Option<u64>,
+    add: &[(i64, &str)],
+    remove: &[&str],
+) -> Result<(), StoreError> {
+    let mut call = store.scripts.ban_index.call();
+    call.key(index).arg(script::now_arg(now)).arg(add.len());
+    for (end, key) in add {
+        call.arg(end).arg(key);
+    }
+    for key in remove {
+        call.arg(key);
+    }
+    let mut conn = store.conn();
+    let _: i64 = call
         .invoke(&mut conn)
         .await
-        .map_err(|e| store.redis_error("ban", e))?;
-    Ok(u64::try_from(longest).ok())
+        .map_err(|e| store.redis_error("index bans", e))?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use tollgate::{BanKey, BanTarget, Rule, ban_index_key};
+    use tollgate::{BanKey, BanRule, BanTarget, Rule, ban_index_key};
 
     use super::*;
 
@@ -378,25 +446,51 @@ mod tests {
 
     #[test]
     fn one_slot_plans_are_one_call() {
-        let target = BanTarget::Ip("10.0.0.1".parse().unwrap());
-        let (ban_key, index) = (target.key("tg"), ban_index_key("tg"));
-        let bans = [BanKey {
-            key: &ban_key,
-            kind: "ip",
-            value: "10.0.0.1",
-        }];
+        let ip = BanTarget::Ip("10.0.0.1".parse().unwrap());
+        let user = BanTarget::UserId("u".into());
+        let (ip_key, user_key, index) = (ip.key("tg"), user.key("tg"), ban_index_key("tg"));
+        let bans = [
+            BanKey {
+                key: &ip_key,
+                kind: "ip",
+                value: "10.0.0.1",
+            },
+            BanKey {
+                key: &user_key,
+                kind: "user_id",
+                value: "u",
+            },
+        ];
+        let spread = |l: Layout| match l {
+            Layout::Slots { limiters, bans } => (limiters.len(), bans.len()),
+            Layout::OneSlot(_) => (0, 0),
+        };
         let same = [limiter("tg:{a}"), limiter("tg:{a}:x")];
         let same = CheckRequest::new(1, true, &same);
-        assert!(matches!(layout(&same).unwrap(), Layout::OneSlot));
+        assert!(matches!(layout(&same).unwrap(), Layout::OneSlot(_)));
+        // Each target's ban in its own slot, none in the limiters'.
         let banned = same.with_bans(&bans, &index);
-        assert!(matches!(layout(&banned).unwrap(), Layout::Slots(g) if g.len() == 1));
+        assert_eq!(spread(layout(&banned).unwrap()), (1, 2));
         let two = [limiter("tg:{a}"), limiter("tg:{b}")];
-        let Layout::Slots(groups) = layout(&CheckRequest::new(1, true, &two)).unwrap() else {
-            panic!("two slots")
-        };
-        assert_eq!(groups.len(), 2);
-        let only_bans = CheckRequest::new(1, true, &[]).with_bans(&bans, &index);
-        assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot));
+        assert_eq!(
+            spread(layout(&CheckRequest::new(1, true, &two)).unwrap()),
+            (2, 0)
+        );
+        let only_bans = CheckRequest::new(1, true, &[]).with_bans(&bans[..1], &index);
+        assert!(matches!(layout(&only_bans).unwrap(), Layout::OneSlot(_)));
+        let both = CheckRequest::new(1, true, &[]).with_bans(&bans, &index);
+        assert_eq!(spread(layout(&both).unwrap()), (0, 2));
+        // A limiter in the ban key's slot: one call while no ban can be written there (the
+        // index lives elsewhere).
+        let tagged = format!("x:{{{ip_key}}}");
+        let mut banning = limiter(&tagged);
+        let read_only = [banning];
+        let read_only = CheckRequest::new(1, true, &read_only).with_bans(&bans[..1], &index);
+        assert!(matches!(layout(&read_only).unwrap(), Layout::OneSlot(_)));
+        banning.ban = Some(BanRule::new(std::time::Duration::from_secs(60)));
+        let writes = [banning];
+        let writes = CheckRequest::new(1, true, &writes).with_bans(&bans[..1], &index);
+        assert_eq!(spread(layout(&writes).unwrap()), (1, 1));
     }
 
     #[test]

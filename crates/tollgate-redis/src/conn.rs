@@ -52,18 +52,22 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// A Lua script: its source and SHA-1.
+/// A Lua script: its source (its parts spliced in, see `script::assemble`) and SHA-1.
 pub(crate) struct Lua {
-    code: &'static str,
+    code: String,
     hash: String,
 }
 
 impl Lua {
-    pub(crate) fn new(code: &'static str) -> Lua {
-        Lua {
-            code,
-            hash: redis::Script::new(code).get_hash().to_owned(),
-        }
+    pub(crate) fn new(code: String) -> Lua {
+        let hash = redis::Script::new(&code).get_hash().to_owned();
+        Lua { code, hash }
+    }
+
+    /// The source, as sent to Redis.
+    #[cfg(test)]
+    pub(crate) fn code(&self) -> &str {
+        &self.code
     }
 
     /// A call of this script, to be filled with keys and arguments.
@@ -78,7 +82,7 @@ impl Lua {
     /// `SCRIPT LOAD`: on a cluster connection, every node loads it.
     pub(crate) fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.code);
+        cmd.arg("LOAD").arg(&self.code);
         cmd
     }
 }
@@ -124,7 +128,7 @@ impl Call<'_> {
             c
         } else {
             let mut c = redis::cmd("EVAL");
-            c.arg(self.lua.code);
+            c.arg(&self.lua.code);
             c
         };
         cmd.arg(self.keys.len());

@@ -35,39 +35,52 @@
 //! # Cluster
 //! Every key of one limiter shares the limiter's hash tag, so a limiter is one slot. A plan
 //! whose keys all share one slot is one `EVALSHA`, as on one server. Otherwise the limiters of
-//! each slot run the check script at once, one call per slot, while the identity's bans
-//! (`{ban}` slot) are read beside them; each slot that admits records at once and says what it
+//! each slot run the check script at once, one call per slot, while the identity's bans are
+//! read beside them (a ban key has no hash tag: each target's ban lives in its own key's slot,
+//! so the bans spread over the cluster); each slot that admits records at once and says what it
 //! wrote. If a slot denies or a ban holds, a second round trip undoes those reservations (the
 //! sliding log's members by their unique ids, a fixed window's count by the cost, a GCRA
 //! timestamp only if it is still the one written) and bans the offender if a denying limiter
-//! says so. Until then other checks see the reservations: that can deny a check that would
+//! says so (in each ban key's slot, then in the ban index, `{ban}` slot, which checks never
+//! read). Until then other checks see the reservations: that can deny a check that would
 //! have fitted, never admit one too many (`docs/deployment.md`, "The residual window").
 //!
 //! # Layout
-//! - `store`: [`RedisStore`] (the whole [`tollgate::Store`] contract: check, reset, ping,
-//!   duplicate-guard locks, bans) and [`RedisStoreBuilder`] (URL, timeout, test clock,
-//!   connecting to each kind of deployment).
-//! - `url`: which deployment a URL names, its nodes and credentials, its TLS files.
+//! - `store`: [`RedisStore`], the whole [`tollgate::Store`] contract (check, reset, ping,
+//!   duplicate-guard locks, bans) over a backend; the local cache around every check.
+//! - `builder`: [`RedisStoreBuilder`] (URL, timeout, switches, test clock) and connecting to
+//!   each kind of deployment.
+//! - `backend`: what every call needs, whoever makes it: the connection, the scripts, the
+//!   timeout and the test clock. The store, the Cluster check, batching and the blocklist send
+//!   through it and need nothing of each other to do so.
+//! - `batch`: natural batching, the checks of one lane sent together while a call is in flight.
+//! - `cache`: the local over-limit cache.
+//! - `cluster`: where a plan's keys live (one slot or several), and the multi-slot check:
+//!   per-slot calls at once, undo, bans beside them.
+//! - `blocklist`: counting the bans (one `ZCOUNT` of the ban index) and listing them a page
+//!   at a time, never in one call that walks them all.
+//! - `url`: which deployment a URL names, its nodes and credentials, its TLS files, the
+//!   store's switches.
 //! - `tls`: the TLS files read and checked.
 //! - `conn`: one connection type over the three deployments, and script calls (`EVALSHA`,
 //!   `EVAL` with the source when a node lacks the script).
-//! - `blocklist`: counting the bans (one `ZCOUNT` of the ban index) and listing them a page
-//!   at a time, never in one call that walks them all.
-//! - `cluster`: the multi-slot check: per-slot calls at once, undo, bans beside them.
 //! - `sentinel`: the connection to the primary the sentinels name, found again after a
 //!   failover.
-//! - `script`: turns a [`tollgate::CheckRequest`] into the keys and arguments of
-//!   `scripts/check.lua` and its reply into a [`tollgate::Verdict`]; loads the guard scripts
-//!   and reads their replies.
+//! - `script`: assembles the scripts; turns a [`tollgate::CheckRequest`] into the keys and
+//!   arguments of `scripts/check.lua` and its reply into a [`tollgate::Verdict`]; reads the
+//!   guard scripts' replies.
 //! - `error`: Redis failures as store errors of the right kind (timeout, unavailable,
 //!   protocol, capacity); URLs with their passwords hidden.
 //! - `scripts/check.lua`: the algorithms of [`tollgate::algorithm`] in Lua, number for number,
 //!   and the plan's bans (blocked first, banned on a denial).
+//! - `scripts/common.lua` (the head of every script: TTLs, integer division) and
+//!   `scripts/ban_writer.lua` (the ban hash, strikes, escalation): parts spliced into the
+//!   scripts that need them when the store builds them (a line `--@include <part>`), so each
+//!   is written once.
 //! - `scripts/prelude.lua` + `lock_acquire.lua`, `lock_release.lua`, `lock_complete.lua`,
 //!   `ban.lua`, `unban.lua`, `bans.lua` (one page), `ban_count.lua`: one small script per
-//!   guard operation; and, for a
-//!   Cluster, `undo.lua` (reverse one slot's reservation), `banned.lua` (read the bans beside
-//!   the limiters), `offend.lua` (ban after a denial).
+//!   guard operation; and, for a Cluster, `undo.lua` (reverse one slot's reservation),
+//!   `banned.lua` (read the bans beside the limiters), `offend.lua` (ban after a denial).
 //!
 //! # Keys
 //! The keys are the core's ([`tollgate::LimiterRequest::state_keys`], [`tollgate::BanTarget::key`],
@@ -75,10 +88,14 @@
 //! 8 random bytes and a unit index, 9 to 12 bytes), each fixed-window rule holds
 //! `"start:count"`, each GCRA rule its theoretical arrival time; a lock or a ban is a small
 //! hash holding its own deadline, and `prefix:{ban}:index` lists the bans. Every key carries
-//! `PEXPIRE` for as long as its state can count, and a hash tag.
+//! `PEXPIRE` for as long as its state can count, and a hash tag, but a ban
+//! (`prefix:ban:kind:value`), which is one key alone. No script touches a key it is not given
+//! (a Cluster and Dragonfly require that).
 
+mod backend;
 mod batch;
 mod blocklist;
+mod builder;
 mod cache;
 mod cluster;
 mod conn;
@@ -89,5 +106,6 @@ mod store;
 mod tls;
 mod url;
 
+pub use builder::RedisStoreBuilder;
 pub use error::redact as redact_url;
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::RedisStore;

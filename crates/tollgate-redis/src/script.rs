@@ -11,16 +11,51 @@ use tollgate::{
 
 use crate::conn::{Call, Lua};
 
-/// The Lua source; its header lists KEYS, ARGV and the reply.
-pub(crate) const SOURCE: &str = include_str!("../scripts/check.lua");
+/// check.lua; its header lists KEYS, ARGV and the reply.
+const CHECK: &str = include_str!("../scripts/check.lua");
+/// The head of every guard script (time, TTLs).
+const PRELUDE: &str = include_str!("../scripts/prelude.lua");
 
-/// A guard script: the shared prelude (time, TTLs) and the body.
-macro_rules! guard_script {
+/// The parts scripts splice in with a line `--@include <name>`: one source for what several
+/// scripts share.
+const PARTS: [(&str, &str); 3] = [
+    ("common.lua", include_str!("../scripts/common.lua")),
+    ("prelude.lua", PRELUDE),
+    ("ban_writer.lua", include_str!("../scripts/ban_writer.lua")),
+];
+
+/// `source` with each `--@include <name>` line replaced by that part (itself assembled).
+///
+/// # Panics
+/// On an unknown part: the sources are the crate's own, and a test assembles them all.
+fn assemble(source: &str) -> String {
+    let mut out = String::with_capacity(source.len() * 2);
+    for line in source.split_inclusive('\n') {
+        match line.trim_end().strip_prefix("--@include ") {
+            Some(name) => {
+                let Some((_, part)) = PARTS.iter().find(|(n, _)| *n == name) else {
+                    panic!("tollgate-redis: no Lua part {name:?}");
+                };
+                out.push_str(&assemble(part));
+                if !out.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// A guard script: the shared prelude (time, TTLs) and the body, assembled.
+fn guard(body: &str) -> Lua {
+    Lua::new(assemble(&format!("{PRELUDE}\n{body}")))
+}
+
+/// The text of one of `scripts/`.
+macro_rules! lua_file {
     ($file:literal) => {
-        concat!(
-            include_str!("../scripts/prelude.lua"),
-            include_str!(concat!("../scripts/", $file))
-        )
+        include_str!(concat!("../scripts/", $file))
     };
 }
 
@@ -45,22 +80,25 @@ pub(crate) struct Scripts {
     pub(crate) banned: Lua,
     /// Cluster only: ban the offender after a denial.
     pub(crate) offend: Lua,
+    /// Cluster only: add bans to and remove them from the index, in its own slot.
+    pub(crate) ban_index: Lua,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            check: Lua::new(SOURCE),
-            lock_acquire: Lua::new(guard_script!("lock_acquire.lua")),
-            lock_release: Lua::new(guard_script!("lock_release.lua")),
-            lock_complete: Lua::new(guard_script!("lock_complete.lua")),
-            ban: Lua::new(guard_script!("ban.lua")),
-            unban: Lua::new(guard_script!("unban.lua")),
-            bans: Lua::new(guard_script!("bans.lua")),
-            ban_count: Lua::new(guard_script!("ban_count.lua")),
-            undo: Lua::new(guard_script!("undo.lua")),
-            banned: Lua::new(guard_script!("banned.lua")),
-            offend: Lua::new(guard_script!("offend.lua")),
+            check: Lua::new(assemble(CHECK)),
+            lock_acquire: guard(lua_file!("lock_acquire.lua")),
+            lock_release: guard(lua_file!("lock_release.lua")),
+            lock_complete: guard(lua_file!("lock_complete.lua")),
+            ban: guard(lua_file!("ban.lua")),
+            unban: guard(lua_file!("unban.lua")),
+            bans: guard(lua_file!("bans.lua")),
+            ban_count: guard(lua_file!("ban_count.lua")),
+            undo: guard(lua_file!("undo.lua")),
+            banned: guard(lua_file!("banned.lua")),
+            offend: guard(lua_file!("offend.lua")),
+            ban_index: guard(lua_file!("ban_index.lua")),
         }
     }
 
@@ -79,8 +117,8 @@ impl Scripts {
     }
 
     /// The scripts only a Cluster store runs.
-    pub(crate) fn cluster(&self) -> [&Lua; 3] {
-        [&self.undo, &self.banned, &self.offend]
+    pub(crate) fn cluster(&self) -> [&Lua; 4] {
+        [&self.undo, &self.banned, &self.offend, &self.ban_index]
     }
 }
 
@@ -549,6 +587,32 @@ mod tests {
     fn a_blocked_reply_has_no_rules() {
         let v = verdict(&plan(&["2/1s"]), &[0, 1_000, -1]).unwrap();
         assert_eq!(v, Verdict::blocked(1_000));
+    }
+
+    #[test]
+    fn every_part_is_spliced_once_where_it_is_included() {
+        let scripts = Scripts::new();
+        let all = scripts.standalone().into_iter().chain(scripts.cluster());
+        for lua in all {
+            let unspliced = lua.code().lines().any(|l| l.starts_with("--@include"));
+            assert!(!unspliced, "{}", lua.code());
+            assert_eq!(lua.code().matches("local function ttl_ms").count(), 1);
+        }
+        let writer = "local function ban_offender(";
+        assert_eq!(scripts.check.code().matches(writer).count(), 1);
+        assert_eq!(scripts.offend.code().matches(writer).count(), 1);
+        assert_eq!(
+            scripts
+                .ban
+                .code()
+                .matches("local function put_ban(")
+                .count(),
+            1
+        );
+        assert!(
+            !scripts.check.code().contains("ARGV[1] == ''"),
+            "check.lua has no prelude"
+        );
     }
 
     #[test]

@@ -150,26 +150,13 @@ impl TlsFiles {
 /// Whether the scheme is a TLS one is for the caller to check, once the builder's files are
 /// added.
 pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), TlsFiles::default()));
-    };
-    // A fragment (`#insecure`) follows the query.
-    let (query, fragment) = match query.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (query, None),
-    };
     let mut files = TlsFiles::default();
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    let rest = take_params(url, |name, value| {
         let slot = match name {
             "tls_ca_file" => &mut files.ca,
             "tls_cert_file" => &mut files.cert,
             "tls_key_file" => &mut files.key,
-            _ => {
-                kept.push(pair);
-                continue;
-            }
+            _ => return Ok(false),
         };
         if value.is_empty() {
             return Err(format!("URL parameter {name:?} needs a file path"));
@@ -178,6 +165,32 @@ pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
             return Err(format!("URL parameter {name:?} is given twice"));
         }
         *slot = Some(PathBuf::from(percent_decode(value)?));
+        Ok(true)
+    })?;
+    Ok((rest, files))
+}
+
+/// `url` without the query parameters `take` claims: `take(name, value)` is called for each
+/// parameter in order and answers whether it took it (or why the parameter is wrong). Every
+/// other parameter stays, in order, and so does a fragment (`#insecure`).
+fn take_params(
+    url: &str,
+    mut take: impl FnMut(&str, &str) -> Result<bool, String>,
+) -> Result<String, String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok(url.to_owned());
+    };
+    // A fragment follows the query.
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if !take(name, value)? {
+            kept.push(pair);
+        }
     }
     let mut rest = base.to_owned();
     if !kept.is_empty() {
@@ -188,7 +201,7 @@ pub(crate) fn take_tls_files(url: &str) -> Result<(String, TlsFiles), String> {
         rest.push('#');
         rest.push_str(fragment);
     }
-    Ok((rest, files))
+    Ok(rest)
 }
 
 /// The store's own switches a URL may carry: `batching=` and `local_cache=`.
@@ -202,24 +215,12 @@ pub(crate) struct StoreOptions {
 /// out of `url`'s query: the URL without them, and their values. Every other parameter stays,
 /// in order.
 pub(crate) fn take_store_options(url: &str) -> Result<(String, StoreOptions), String> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), StoreOptions::default()));
-    };
-    let (query, fragment) = match query.split_once('#') {
-        Some((query, fragment)) => (query, Some(fragment)),
-        None => (query, None),
-    };
     let mut options = StoreOptions::default();
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    let rest = take_params(url, |name, value| {
         let slot = match name {
             "batching" => &mut options.batching,
             "local_cache" => &mut options.local_cache,
-            _ => {
-                kept.push(pair);
-                continue;
-            }
+            _ => return Ok(false),
         };
         if slot.is_some() {
             return Err(format!("URL parameter {name:?} is given twice"));
@@ -233,16 +234,8 @@ pub(crate) fn take_store_options(url: &str) -> Result<(String, StoreOptions), St
                 ));
             }
         });
-    }
-    let mut rest = base.to_owned();
-    if !kept.is_empty() {
-        rest.push('?');
-        rest.push_str(&kept.join("&"));
-    }
-    if let Some(fragment) = fragment {
-        rest.push('#');
-        rest.push_str(fragment);
-    }
+        Ok(true)
+    })?;
     Ok((rest, options))
 }
 

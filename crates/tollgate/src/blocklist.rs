@@ -159,9 +159,10 @@ impl BanTarget {
         }
     }
 
-    /// The store key holding this target's ban: `prefix:{ban}:kind:value`.
+    /// The store key holding this target's ban: `prefix:ban:kind:value`.
     ///
-    /// All bans share the `{ban}` hash tag so a Redis Cluster can list them from one slot.
+    /// The key has no hash tag, so on a Redis Cluster the bans spread over the slots by
+    /// target; the ban index (`prefix:{ban}:index`) lists them.
     pub fn key(&self, prefix: &str) -> String {
         let mut k = String::new();
         key::push_ban_key(&mut k, prefix, self.kind(), &self.value());
@@ -254,7 +255,7 @@ pub struct BanEntry {
 /// ```
 /// use tollgate::BanCursor;
 ///
-/// let cursor = BanCursor::new(1_700_000_000_000_000, "tg:{ban}:ip:192.0.2.1");
+/// let cursor = BanCursor::new(1_700_000_000_000_000, "tg:ban:ip:192.0.2.1");
 /// let text = cursor.to_string();
 /// assert!(text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'));
 /// assert_eq!(text.parse::<BanCursor>().unwrap(), cursor);
@@ -371,7 +372,7 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_reject_garbage() {
-        let odd = BanCursor::new(7, "p:{ban}:user_id:é \"x\"/?&");
+        let odd = BanCursor::new(7, "p:ban:user_id:é \"x\"/?&");
         assert_eq!(odd.to_string().parse::<BanCursor>(), Ok(odd));
         for bad in ["", "12", "x.00", "1.0", "1.zz", "1.ff", "-1.61"] {
             assert!(bad.parse::<BanCursor>().is_err(), "{bad:?}");
@@ -414,7 +415,7 @@ mod tests {
         let a = BanTarget::UserId("a:b".into()).key("tg");
         let b = BanTarget::UserId("a%3Ab".into()).key("tg");
         assert_ne!(a, b);
-        assert_eq!(a, "tg:{ban}:user_id:a%3Ab");
+        assert_eq!(a, "tg:ban:user_id:a%3Ab");
     }
 
     #[test]
@@ -425,7 +426,7 @@ mod tests {
         let other = ip("2001:db8:1:3::1");
         assert_eq!(a, b);
         assert_eq!(a.key("tg"), b.key("tg"));
-        assert_eq!(a.key("tg"), "tg:{ban}:ip:2001%3Adb8%3A1%3A2%3A%3A/64");
+        assert_eq!(a.key("tg"), "tg:ban:ip:2001%3Adb8%3A1%3A2%3A%3A/64");
         assert_ne!(a, other);
         assert_ne!(a.key("tg"), other.key("tg"));
         assert_eq!(a.value(), "2001:db8:1:2::/64");
@@ -435,7 +436,7 @@ mod tests {
         assert_eq!(set.len(), 2);
 
         // IPv4 keeps its per-address key; a mapped address is the IPv4 address.
-        assert_eq!(ip("192.0.2.7").key("tg"), "tg:{ban}:ip:192.0.2.7");
+        assert_eq!(ip("192.0.2.7").key("tg"), "tg:ban:ip:192.0.2.7");
         assert_eq!(ip("::ffff:192.0.2.7"), ip("192.0.2.7"));
         assert_ne!(ip("192.0.2.7"), ip("192.0.2.8"));
 

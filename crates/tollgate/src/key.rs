@@ -248,9 +248,13 @@ pub(crate) fn single_key(base: &str, rule: &Rule) -> String {
     )
 }
 
-/// Appends the key of a ban: `prefix:{ban}:kind:value`, the value escaped.
+/// Appends the key of a ban: `prefix:ban:kind:value`, the value escaped.
 ///
-/// All bans share the `{ban}` hash tag so a Redis Cluster can list them from one slot.
+/// A ban key has no hash tag (no braces: the prefix, the kind and the escaped value hold
+/// none), so on a Redis Cluster the whole key, one per target, picks its slot: the bans spread
+/// over the cluster by target, and a check reads its targets' slots only. Every ban key under
+/// `prefix` starts with `prefix:ban:`, what `push_ban_key(out, prefix, "", "")` writes less
+/// its last byte.
 pub(crate) fn push_ban_key(
     out: &mut (impl KeyOut + ?Sized),
     prefix: &str,
@@ -258,13 +262,15 @@ pub(crate) fn push_ban_key(
     value: &str,
 ) {
     out.push_str(prefix);
-    out.push_str(":{ban}:");
+    out.push_str(":ban:");
     out.push_str(kind);
     out.push_ascii(b':');
     push_escaped(out, value);
 }
 
-/// The key of the index listing every ban under `prefix` (for stores that cannot scan).
+/// The key of the index listing every ban under `prefix` (for stores that cannot scan):
+/// `prefix:{ban}:index`, one key in one slot. Checks never read it: only writing or lifting a
+/// ban, counting and listing the bans do.
 pub fn ban_index_key(prefix: &str) -> String {
     format!("{prefix}:{{ban}}:index")
 }

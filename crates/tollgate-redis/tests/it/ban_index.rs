@@ -21,7 +21,7 @@ async fn write_bans(conn: &mut MultiplexedConnection, prefix: &str, n: u64) {
         local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
         for i = tonumber(ARGV[2]), tonumber(ARGV[3]) do
-          local key = ARGV[1] .. ':{ban}:user_id:u' .. i
+          local key = ARGV[1] .. ':ban:user_id:u' .. i
           local until_us = now + 3600000000 + (i % 5000) * 1000000
           local u = string.format('%d', until_us)
           redis.call('HSET', key, 'u', u, 's', '1', 'x', u, 'k', 'user_id', 'v', 'u' .. i)

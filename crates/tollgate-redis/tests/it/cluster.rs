@@ -217,7 +217,8 @@ async fn a_live_ban_undoes_the_reservations_and_a_denial_bans() {
     let p = CheckPlan::new(1, true, vec![banning, other]).with_bans(bans, ban_index_key("bn"));
 
     assert!(store.check_plan(&p).await.unwrap().allowed);
-    // Denied by the first limiter, which bans: the ban is written in the {ban} slot.
+    // Denied by the first limiter, which bans: the ban is written in its key's slot, and
+    // listed in the index's ({ban}).
     let denied = store.check_plan(&p).await.unwrap();
     assert!(!denied.allowed);
     let banned = denied.banned_us.expect("the denial bans");
@@ -233,7 +234,7 @@ async fn a_live_ban_undoes_the_reservations_and_a_denial_bans() {
     let listed = store.bans("bn").await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].target, target);
-    // Counted and paged from the index in the {ban} slot.
+    // Counted and paged from the index in the {ban} slot, read from the ban's own.
     assert_eq!(store.ban_count("bn").await.unwrap(), 1);
     let page = store.bans_page("bn", None, 10).await.unwrap();
     assert_eq!(page.bans.len(), 1);
@@ -504,4 +505,102 @@ async fn checks_of_one_slot_are_batched_and_admit_exactly_the_limit() {
         "{sent:?}"
     );
     assert!(sent.len() < 200 / 2, "{} calls for 200 checks", sent.len());
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) each primary of `cluster` has served since its stats
+/// were last reset.
+async fn script_calls_per_primary(cluster: &RedisCluster) -> Vec<(u16, u64)> {
+    let mut calls = Vec::new();
+    for port in cluster.primaries() {
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let n: u64 = info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        calls.push((port, n));
+    }
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_blocklist_on_no_primary_serves_most_checks() {
+    // A cluster of its own: the per-node counts are this test's calls only.
+    let cluster = RedisCluster::start();
+    let store = store(&cluster).await;
+    let gate = tollgate::Tollgate::new(store.clone());
+    let policy = tollgate::Policy::builder("spread")
+        .limiter(
+            tollgate::Limiter::new(
+                tollgate::Dimension::Ip,
+                [rule("100/1h", Algorithm::SlidingLog)],
+            )
+            .with_blocklist(BanRule::new(Duration::from_secs(60))),
+        )
+        .build()
+        .unwrap();
+    for port in cluster.primaries() {
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    // Random identities: an IP and a user id each, so every check reads two ban keys beside
+    // its limiter.
+    let checks = 600;
+    for i in 0..checks {
+        let ip: std::net::IpAddr = format!("10.{}.{}.{}", i % 7, i / 7 % 250, rand::random::<u8>())
+            .parse()
+            .unwrap();
+        let who = tollgate::Identity::new()
+            .with_ip(ip)
+            .with_user_id(format!("user-{}", rand::random::<u64>()));
+        let decision = gate.check(&policy, &who, 1).await.unwrap();
+        assert!(decision.allowed(), "{decision:?}");
+    }
+    let calls = script_calls_per_primary(&cluster).await;
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    // The limiter's slot, and each target's ban key's: three calls per check (two when both
+    // ban keys happen to share a slot).
+    assert!(total > 2 * checks && total <= 3 * checks, "{calls:?}");
+    for (port, n) in &calls {
+        assert!(
+            *n * 2 <= total,
+            "primary {port} served {n} of {total} script calls: {calls:?}"
+        );
+    }
+    // Bans written on such a cluster are listed and counted from the index.
+    let target = BanTarget::UserId("mallory".into());
+    store
+        .ban("tg", &target, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(store.ban_count("tg").await.unwrap(), 1);
+    let page = store.bans_page("tg", None, 10).await.unwrap();
+    assert_eq!(page.bans.len(), 1);
+    assert_eq!(page.bans[0].target, target);
+    assert!(store.unban("tg", &target).await.unwrap());
+    assert_eq!(store.ban_count("tg").await.unwrap(), 0);
 }

@@ -6,7 +6,18 @@ use tollgate_testkit::RedisServer;
 
 use crate::support::{PlanExt, limiter, plan, raw, rule, store};
 
-const SOURCE: &str = include_str!("../../scripts/check.lua");
+/// check.lua as the store sends it: its `--@include` parts spliced in.
+static SOURCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    include_str!("../../scripts/check.lua")
+        .replace(
+            "--@include common.lua",
+            include_str!("../../scripts/common.lua"),
+        )
+        .replace(
+            "--@include ban_writer.lua",
+            include_str!("../../scripts/ban_writer.lua"),
+        )
+});
 
 /// check.lua's packed plan (see its header): one limiter of one sliding-log rule
 /// `limit/window_us` that bans nobody, no ban keys.
@@ -33,7 +44,7 @@ async fn check_with_nonce(
     nonce: &[u8],
     now: u64,
 ) -> Vec<i64> {
-    let mut replies: Vec<Vec<i64>> = redis::Script::new(SOURCE)
+    let mut replies: Vec<Vec<i64>> = redis::Script::new(&SOURCE)
         .key(key)
         .arg(one_rule_plan(nonce, Some(now), cost, limit, 3_600_000_000))
         .invoke_async(conn)
@@ -50,7 +61,7 @@ async fn one_call_runs_several_checks_in_order_each_on_its_own() {
     let now = 1_800_000_000_000_000;
     // Four checks of cost 2 on a limit of 5, then one of cost 1, in one call: the first two
     // fit, the third and fourth do not (and record nothing), the fifth takes the last unit.
-    let source = redis::Script::new(SOURCE);
+    let source = redis::Script::new(&SOURCE);
     let mut script = source.prepare_invoke();
     for (i, cost) in [2, 2, 2, 2, 1].into_iter().enumerate() {
         let nonce = format!("nonce00{i}");
@@ -90,7 +101,7 @@ async fn a_nonce_collision_never_undercounts() {
 async fn a_key_count_that_does_not_match_the_plan_is_refused() {
     let server = RedisServer::start();
     let mut conn = raw(&server).await;
-    let err = redis::Script::new(SOURCE)
+    let err = redis::Script::new(&SOURCE)
         .key("a")
         .key("b")
         .arg(one_rule_plan(b"nonce123", None, 1, 5, 1_000_000))

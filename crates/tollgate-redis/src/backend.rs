@@ -1,0 +1,76 @@
+//! [`Backend`]: what every call to Redis needs, whoever makes it: the connection, the loaded
+//! scripts, the bound on a call, and the test clock. The store, the Cluster check, batching and
+//! the blocklist all send through it, and none of them needs the others to do so.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use redis::{RedisError, RedisResult};
+use tollgate::{Clock, StoreError};
+
+use crate::{
+    conn::Conn,
+    error,
+    script::{Scripts, now_arg},
+};
+
+/// The connection, the scripts, the timeout and the clock of one store (shared by its clones).
+pub(crate) struct Backend {
+    pub(crate) conn: Conn,
+    pub(crate) scripts: Scripts,
+    pub(crate) timeout: Duration,
+    /// The test clock, if any (production: `None`, the scripts read `TIME`).
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    /// The URL without its password, for messages.
+    pub(crate) target: String,
+}
+
+impl Backend {
+    /// A handle on the connection (cheap: the connection is shared).
+    pub(crate) fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+
+    /// Whether this is a Redis Cluster (a call's keys must share one hash slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// The test clock's time, if any.
+    pub(crate) fn test_now(&self) -> Option<u64> {
+        self.clock.as_ref().map(|c| c.now_us())
+    }
+
+    /// The test clock's time as the guard scripts take it (empty: the server's `TIME`).
+    pub(crate) fn now_arg(&self) -> String {
+        now_arg(self.test_now())
+    }
+
+    /// `err`, raised while doing `what`, as a store error naming the target.
+    pub(crate) fn redis_error(&self, what: &str, err: RedisError) -> StoreError {
+        error::from_redis(what, &self.target, err)
+    }
+
+    /// Runs `fut` within the store's timeout, naming `what` in any error.
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        self.bounded_store(what, async {
+            fut.await.map_err(|e| self.redis_error(what, e))
+        })
+        .await
+    }
+
+    /// Runs `fut` within the store's timeout; a timeout names `what`.
+    pub(crate) async fn bounded_store<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(error::timed_out(what, &self.target, self.timeout)),
+        }
+    }
+}
