@@ -121,6 +121,7 @@ fn ascii(bytes: &[u8]) -> &str {
     std::str::from_utf8(bytes).unwrap_or_default()
 }
 
+#[inline]
 fn needs_escape(b: u8) -> bool {
     !(0x21..0x7f).contains(&b) || matches!(b, b'%' | b':' | b'|' | b'{' | b'}' | b'#')
 }

@@ -258,16 +258,21 @@ impl Shard {
 
 /// The shards of a store and the hasher that places keys in them.
 pub(super) struct Shards {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded]>,
     hasher: Hasher,
 }
+
+/// A shard on cache lines of its own: threads working in neighbouring shards do not take each
+/// other's line (two 64-byte lines, as adjacent-line prefetchers pair them).
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
 
 impl Shards {
     pub(super) fn new(count: usize) -> Shards {
         let hasher = Hasher::default();
         Shards {
             shards: (0..count.max(1))
-                .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                .map(|_| Padded(Mutex::new(Shard::new(hasher.clone()))))
                 .collect(),
             hasher,
         }
@@ -290,11 +295,11 @@ impl Shards {
     }
 
     pub(super) fn lock_one(&self, hash: u64) -> MutexGuard<'_, Shard> {
-        self.shards[self.shard_of(hash)].lock()
+        self.shards[self.shard_of(hash)].0.lock()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Mutex<Shard>> {
-        self.shards.iter()
+        self.shards.iter().map(|s| &s.0)
     }
 
     /// Locks the shards of `hashes`, in ascending order so that no two checks wait on each
@@ -302,12 +307,12 @@ impl Shards {
     pub(super) fn lock(&self, hashes: &[u64]) -> Locked<'_> {
         let first = hashes.first().map_or(0, |&h| self.shard_of(h));
         if hashes.iter().all(|&h| self.shard_of(h) == first) {
-            return Locked::One(self.shards[first].lock());
+            return Locked::One(self.shards[first].0.lock());
         }
         let mut order: SmallVec<[usize; 8]> = hashes.iter().map(|&h| self.shard_of(h)).collect();
         order.sort_unstable();
         order.dedup();
-        let guards = order.iter().map(|&i| self.shards[i].lock()).collect();
+        let guards = order.iter().map(|&i| self.shards[i].0.lock()).collect();
         Locked::Many {
             shards: self,
             order,
