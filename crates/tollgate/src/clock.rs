@@ -26,18 +26,21 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 
-/// The wall time (µs since the epoch) at the anchor, and the monotonic instant of the anchor.
-static ANCHOR: OnceLock<(u64, quanta::Instant)> = OnceLock::new();
+/// The wall time (µs since the epoch) at the anchor, the monotonic clock (held here, so a read
+/// skips quanta's per-thread look-up of a mocked clock), and the monotonic instant of the anchor.
+static ANCHOR: OnceLock<(u64, quanta::Clock, quanta::Instant)> = OnceLock::new();
 
 impl Clock for SystemClock {
     fn now_us(&self) -> u64 {
-        let (wall, at) = ANCHOR.get_or_init(|| {
+        let (wall, clock, at) = ANCHOR.get_or_init(|| {
             let wall = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64);
-            (wall, quanta::Instant::now())
+            let clock = quanta::Clock::new();
+            let at = clock.now();
+            (wall, clock, at)
         });
-        let since = quanta::Instant::now().saturating_duration_since(*at);
+        let since = clock.now().saturating_duration_since(*at);
         wall + since.as_micros() as u64
     }
 }
