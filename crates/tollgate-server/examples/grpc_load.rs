@@ -1,6 +1,6 @@
 //! A small gRPC load generator for `scripts/bench-server`: unary calls with rotating keys over
 //! a few HTTP/2 connections, many calls in flight on each, for a fixed time; prints
-//! `<calls per second> <p99 latency µs> <errors>`.
+//! `<calls per second> <p99 latency µs> <errors> <calls>`.
 //!
 //! Targets (the request bodies are protobuf written by hand, so no generated client is
 //! needed):
@@ -201,9 +201,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .copied()
             .unwrap_or(0);
         println!(
-            "{:.0} {p99} {}",
+            "{:.0} {p99} {} {}",
             latencies.len() as f64 / took,
-            errors.load(Ordering::Relaxed)
+            errors.load(Ordering::Relaxed),
+            latencies.len()
         );
         Ok::<(), Box<dyn std::error::Error>>(())
     })

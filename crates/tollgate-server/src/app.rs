@@ -50,6 +50,12 @@ impl App {
         self.config.load()
     }
 
+    /// The configuration in force now, held for as long as the caller needs it (one
+    /// reference count for, say, a whole batch of checks).
+    pub(crate) fn config_full(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
     /// Reads the file again and, if it is valid, puts it in force at once.
     ///
     /// The store and the engine are kept, so counters of every policy whose scope and

@@ -84,6 +84,31 @@ pub(crate) struct PolicyEntry {
     bypass: Option<String>,
     /// This policy's decision counters.
     pub(crate) metrics: Arc<DecisionHandles>,
+    /// Every rule of the policy as written (`10/1m`), in limiter order, with its limiter's
+    /// name: written once here rather than formatted in every answer.
+    pub(crate) rule_texts: Arc<[RuleText]>,
+}
+
+/// A rule of a policy and its text, for answers (see `PolicyEntry::rule_texts`).
+#[derive(Debug)]
+pub(crate) struct RuleText {
+    pub(crate) limiter: Box<str>,
+    pub(crate) rule: Rule,
+    pub(crate) text: Box<str>,
+}
+
+fn rule_texts(policy: &Policy) -> Arc<[RuleText]> {
+    policy
+        .limiters()
+        .iter()
+        .flat_map(|limiter| {
+            limiter.rules().iter().map(|rule| RuleText {
+                limiter: limiter.name().into(),
+                rule: *rule,
+                text: rule.to_string().into(),
+            })
+        })
+        .collect()
 }
 
 impl Config {
@@ -870,6 +895,7 @@ impl RawPolicy {
             Arc::new(guard)
         });
         Ok(PolicyEntry {
+            rule_texts: rule_texts(&policy),
             policy: Arc::new(policy),
             duplicate,
             bypass: bypass_summary,

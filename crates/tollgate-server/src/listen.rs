@@ -5,7 +5,8 @@
 //!   deliver its body (else 408). At most `max_connections` are served at once; further
 //!   connections wait in the kernel's accept queue until one closes.
 //! - gRPC: the same cap on connections, and a connection that has not sent the HTTP/2 preface
-//!   within `header_read_timeout` is closed.
+//!   within `header_read_timeout` is closed. `serve_grpc` serves the gRPC service on hyper's
+//!   HTTP/2 server directly.
 
 use std::{
     future::Future,
@@ -26,8 +27,9 @@ use futures_util::{Stream, StreamExt as _};
 use http_body::{Frame, SizeHint};
 use hyper::{Request, body::Incoming};
 use hyper_util::{
-    rt::{TokioIo, TokioTimer},
+    rt::{TokioExecutor, TokioIo, TokioTimer},
     server::graceful::GracefulShutdown,
+    service::TowerToHyperService,
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -199,6 +201,86 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// Serves `service` (the gRPC service) over HTTP/2 on `incoming` until `stop` completes, then
+/// stops accepting, tells each connection to finish (GOAWAY) and waits for their calls.
+///
+/// hyper's HTTP/2 server with its defaults (tonic's transport server uses the same) and at most
+/// `max_concurrent_streams` calls in flight per connection; the service is the generated gRPC
+/// service itself, without a router in front (it answers UNIMPLEMENTED to any other method).
+pub(crate) async fn serve_grpc<I, T, S, B>(
+    incoming: I,
+    service: S,
+    max_concurrent_streams: u32,
+    stop: impl Future<Output = ()>,
+) where
+    I: Stream<Item = io::Result<T>>,
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: tower::Service<Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(max_concurrent_streams);
+    let graceful = GracefulShutdown::new();
+    let mut incoming = std::pin::pin!(incoming);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let io = tokio::select! {
+            next = incoming.next() => match next {
+                Some(Ok(io)) => io,
+                Some(Err(e)) => {
+                    accept_failed(&e).await;
+                    continue;
+                }
+                None => break,
+            },
+            () = &mut stop => break,
+        };
+        let connection = graceful.watch(
+            builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service.clone())),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = woken_last(connection).await {
+                tracing::debug!(error = %e, "gRPC connection ended");
+            }
+        });
+    }
+    graceful.shutdown().await;
+}
+
+/// Runs an HTTP/2 connection so that, each time a call wakes it, it waits until the other
+/// tasks ready to run on this worker have run (`yield_now`) before it writes.
+///
+/// Each call runs in a task of its own; a call answered at once (the memory store) wakes the
+/// connection to send its answer. Run at once, the connection would write that one answer
+/// in a system call of its own, then the next call's, one write per call; run last, it writes
+/// the answers of every call that finished meanwhile in one (the calls of one read are
+/// answered in one write).
+async fn woken_last<F: Future>(connection: F) -> F::Output {
+    let mut connection = std::pin::pin!(connection);
+    loop {
+        let mut polled = false;
+        let done = std::future::poll_fn(|cx| {
+            if polled {
+                // Woken: give way first.
+                return Poll::Ready(None);
+            }
+            polled = true;
+            connection.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if let Some(output) = done {
+            return output;
+        }
+        tokio::task::yield_now().await;
     }
 }
 

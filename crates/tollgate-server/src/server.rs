@@ -118,14 +118,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         limits.max_connections,
         limits.header_read_timeout,
     );
-    let grpc = tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.grpc_max_concurrent_streams)
-        .add_service(
-            envoy::service(app)
-                .max_decoding_message_size(limits.grpc_max_message_bytes)
-                .max_encoding_message_size(limits.grpc_max_message_bytes),
-        )
-        .serve_with_incoming_shutdown(grpc_incoming, stopped(stop_rx.clone()));
+    let grpc = listen::serve_grpc(
+        grpc_incoming,
+        envoy::service(app)
+            .max_decoding_message_size(limits.grpc_max_message_bytes)
+            .max_encoding_message_size(limits.grpc_max_message_bytes),
+        limits.grpc_max_concurrent_streams,
+        stopped(stop_rx.clone()),
+    );
     tracing::info!(addr = %http_addr, "HTTP API listening");
     tracing::info!(addr = %grpc_addr, "Envoy gRPC listening");
     let servers = async { tokio::join!(http, grpc) };
@@ -134,8 +134,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         tokio::time::sleep(args.drain_timeout).await;
     };
     tokio::select! {
-        ((), grpc) = servers => {
-            grpc.map_err(|e| format!("grpc server failed: {e}"))?;
+        ((), ()) = servers => {
             tracing::info!("stopped");
         }
         () = drain_limit => {

@@ -7,6 +7,8 @@
 //! once (the memory store), as the engine does.
 
 use std::{
+    fmt::Write as _,
+    ops::Range,
     sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
@@ -90,11 +92,10 @@ fn ok_status() -> DescriptorStatus {
     }
 }
 
-/// One distinct counter of a request: the node that limits it and its key.
+/// One distinct counter of a request: the node that limits it, and where its key lies in the
+/// request's key buffer.
 struct Counter {
-    /// The counter's name (see `counter_name`), to merge descriptors that share it.
-    name: String,
-    key: String,
+    key: Range<usize>,
     node: Arc<Node>,
 }
 
@@ -102,10 +103,13 @@ struct Counter {
 /// unless descriptors override it with their own `hits_addend`).
 struct Group {
     cost: u64,
-    counters: Vec<Counter>,
+    counters: SmallVec<[Counter; 2]>,
     /// (descriptor index, counter index) per matched descriptor.
-    members: Vec<(usize, usize)>,
+    members: SmallVec<[(usize, usize); 2]>,
 }
+
+/// One status per counter of a group.
+type Statuses = SmallVec<[DescriptorStatus; 2]>;
 
 fn descriptor_cost(descriptor: &RateLimitDescriptor, request_addend: u64) -> u64 {
     descriptor
@@ -153,7 +157,7 @@ struct Checked {
     answer: Answer,
     cost: u64,
     /// Per checked counter, where its outcomes start in the verdict; `None` if not checked.
-    starts: Vec<Option<usize>>,
+    starts: SmallVec<[Option<usize>; 4]>,
 }
 
 impl Checked {
@@ -233,20 +237,28 @@ impl RateLimiter {
     async fn decide(&self, domain: &Domain, request: &RateLimitRequest) -> RateLimitResponse {
         let prefix = self.app.gate.prefix();
         let request_addend = u64::from(request.hits_addend.max(1));
-        let mut statuses = vec![ok_status(); request.descriptors.len()];
-        let mut groups: Vec<Group> = Vec::new();
+        let mut groups: SmallVec<[Group; 1]> = SmallVec::new();
+        // Every counter's key, one after the other; `name` is the counter's name (see
+        // `counter_name`), written again for each descriptor.
+        let mut keys = String::new();
+        let mut name = String::new();
         for (i, descriptor) in request.descriptors.iter().enumerate() {
-            let mut name = String::new();
+            name.clear();
+            // Room for the entries escaped (an escape takes 3 bytes), so the name and the key
+            // are written without growing their buffers.
+            let raw: usize = descriptor
+                .entries
+                .iter()
+                .map(|e| e.key.len() + e.value.len() + 2)
+                .sum();
+            name.reserve(raw * 3 + 32);
             counter_name(&mut name, &descriptor.entries);
             let node = match override_node(descriptor) {
                 Some(node) => {
                     // `#` is escaped in entries and starts only hashed parts (32 hex digits),
                     // so this suffix names no configured counter.
                     let rule = &node.rules[0];
-                    name.push_str("|#override:");
-                    name.push_str(&rule.limit().to_string());
-                    name.push('/');
-                    name.push_str(&rule.window_ms().to_string());
+                    let _ = write!(name, "|#override:{}/{}", rule.limit(), rule.window_ms());
                     node
                 }
                 None => match domain.find(&descriptor.entries) {
@@ -260,31 +272,57 @@ impl RateLimiter {
                 None => {
                     groups.push(Group {
                         cost,
-                        counters: Vec::new(),
-                        members: Vec::new(),
+                        counters: SmallVec::new(),
+                        members: SmallVec::new(),
                     });
                     groups.len() - 1
                 }
             };
+            // The key is the name's, so descriptors with one name share one counter.
+            let start = keys.len();
+            keys.reserve(prefix.len() + domain.scope.len() * 3 + name.len() * 3 + 8);
+            domain.push_key(&mut keys, prefix, &name);
             let group = &mut groups[g];
-            let c = match group.counters.iter().position(|c| c.name == name) {
-                Some(c) => c,
+            let c = match group
+                .counters
+                .iter()
+                .position(|c| keys[c.key.clone()] == keys[start..])
+            {
+                Some(c) => {
+                    keys.truncate(start);
+                    c
+                }
                 None => {
-                    let mut key = String::with_capacity(prefix.len() + name.len() + 16);
-                    domain.push_key(&mut key, prefix, &name);
-                    group.counters.push(Counter { name, key, node });
+                    group.counters.push(Counter {
+                        key: start..keys.len(),
+                        node,
+                    });
                     group.counters.len() - 1
                 }
             };
             group.members.push((i, c));
         }
+        let mut statuses = vec![ok_status(); request.descriptors.len()];
         let mut over = false;
-        for group in groups {
-            let outcome = self.check_group(domain, &group.counters, group.cost).await;
-            for (i, c) in group.members {
-                let status = &outcome[c];
+        for group in &groups {
+            let mut outcome = self
+                .check_group(domain, &keys, &group.counters, group.cost)
+                .await;
+            // How many descriptors still take each counter's status: the last one takes it,
+            // the others a copy.
+            let mut uses: SmallVec<[usize; 4]> = SmallVec::from_elem(0, outcome.len());
+            for &(_, c) in &group.members {
+                uses[c] += 1;
+            }
+            for &(i, c) in &group.members {
+                uses[c] -= 1;
+                let status = if uses[c] == 0 {
+                    std::mem::take(&mut outcome[c])
+                } else {
+                    outcome[c].clone()
+                };
                 over |= status.code == Code::OverLimit as i32;
-                statuses[i] = status.clone();
+                statuses[i] = status;
             }
         }
         RateLimitResponse {
@@ -303,11 +341,12 @@ impl RateLimiter {
     async fn check_group(
         &self,
         domain: &Domain,
+        keys: &str,
         counters: &[Counter],
         cost: u64,
-    ) -> Vec<DescriptorStatus> {
-        let all = vec![true; counters.len()];
-        let first = self.check(domain, counters, &all, cost).await;
+    ) -> Statuses {
+        let all: SmallVec<[bool; 4]> = SmallVec::from_elem(true, counters.len());
+        let first = self.check(domain, keys, counters, &all, cost).await;
         let denied_by = |checked: &Checked, c: usize| checked.denied_by(c, &counters[c].node);
         let has_denied = (0..counters.len()).any(|c| denied_by(&first, c));
         let only_shadow_denied = !first.answer.allowed()
@@ -316,13 +355,14 @@ impl RateLimiter {
         if !only_shadow_denied {
             return self.statuses(counters, &first, None);
         }
-        let rest: Vec<bool> = (0..counters.len()).map(|c| !denied_by(&first, c)).collect();
+        let rest: SmallVec<[bool; 4]> =
+            (0..counters.len()).map(|c| !denied_by(&first, c)).collect();
         if !rest.contains(&true) {
             return (0..counters.len())
                 .map(|c| first.status(c, &counters[c].node, false))
                 .collect();
         }
-        let second = self.check(domain, counters, &rest, cost).await;
+        let second = self.check(domain, keys, counters, &rest, cost).await;
         self.statuses(counters, &second, Some(&first))
     }
 
@@ -333,7 +373,7 @@ impl RateLimiter {
         counters: &[Counter],
         checked: &Checked,
         dropped_from: Option<&Checked>,
-    ) -> Vec<DescriptorStatus> {
+    ) -> Statuses {
         let allowed = checked.answer.allowed();
         let has_denied = (0..counters.len()).any(|c| checked.denied_by(c, &counters[c].node));
         counters
@@ -355,11 +395,12 @@ impl RateLimiter {
     async fn check(
         &self,
         domain: &Domain,
+        keys: &str,
         counters: &[Counter],
         active: &[bool],
         cost: u64,
     ) -> Checked {
-        let mut starts = vec![None; counters.len()];
+        let mut starts = SmallVec::from_elem(None, counters.len());
         let mut limiters: SmallVec<[LimiterRequest<'_>; 4]> = SmallVec::new();
         let mut max_cost = u64::MAX;
         let mut next = 0;
@@ -369,7 +410,7 @@ impl RateLimiter {
                 next += counter.node.rules.len();
                 max_cost = max_cost.min(counter.node.max_cost);
                 limiters.push(LimiterRequest {
-                    key: &counter.key,
+                    key: &keys[counter.key.clone()],
                     rules: &counter.node.rules,
                     ban: None,
                 });

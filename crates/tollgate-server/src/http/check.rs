@@ -5,23 +5,26 @@
 //! decision counters are the policy's own handles, and the answer is written straight from
 //! the decision into one buffer of the right size.
 
-use std::{sync::Arc, time::Instant};
+use std::{borrow::Cow, pin::Pin, sync::Arc, task::Poll, time::Instant};
 
 use axum::{
     extract::State,
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use futures_util::future::join_all;
-use serde::Serialize;
-use serde_json::Value;
-use tollgate::Decision;
+use serde_json::value::RawValue;
+use tollgate::{CheckError, Decision, Identity};
 
 use super::{
-    error::{ApiError, ApiJson, check_error},
-    json::{BatchJson, BatchRequest, CheckRequest, DecisionJson, ItemJson},
+    error::{ApiError, JsonBody, check_error, parse_json},
+    json::{
+        BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, decision_size_hint, write_decision,
+    },
 };
-use crate::{app::App, config::PolicyEntry};
+use crate::{
+    app::App,
+    config::{Config, PolicyEntry, RuleText},
+};
 
 /// The policy `name` of the configuration in force.
 pub(crate) fn policy(app: &App, name: &str) -> Result<PolicyEntry, ApiError> {
@@ -36,55 +39,46 @@ fn unknown_policy(name: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("unknown policy {name:?}"))
 }
 
-pub(crate) async fn check(
-    State(app): State<Arc<App>>,
-    ApiJson(req): ApiJson<CheckRequest>,
-) -> Response {
-    match decide(&app, req, true).await {
-        Ok(decision) => decision_response(&decision),
+pub(crate) async fn check(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+    match parse_json(&body) {
+        Ok(req) => answer(decide(&app, req, true).await),
         Err(e) => e.into_response(),
     }
 }
 
-pub(crate) async fn peek(
-    State(app): State<Arc<App>>,
-    ApiJson(req): ApiJson<CheckRequest>,
-) -> Response {
-    match decide(&app, req, false).await {
-        Ok(decision) => decision_response(&decision),
+pub(crate) async fn peek(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+    match parse_json(&body) {
+        Ok(req) => answer(decide(&app, req, false).await),
         Err(e) => e.into_response(),
     }
 }
 
-fn decision_response(decision: &Decision) -> Response {
-    let json = DecisionJson(decision);
-    json_response(&json, json.size_hint())
+fn answer(body: Result<Vec<u8>, ApiError>) -> Response {
+    match body {
+        Ok(body) => json_bytes(body),
+        Err(e) => e.into_response(),
+    }
 }
 
-/// `value` as a `200` JSON answer, written into one buffer of `capacity` bytes.
-fn json_response(value: &impl Serialize, capacity: usize) -> Response {
-    let mut body = Vec::with_capacity(capacity);
-    match serde_json::to_writer(&mut body, value) {
-        Ok(()) => (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            body,
-        )
-            .into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+/// A `200` answer of JSON `body`.
+fn json_bytes(body: Vec<u8>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
 /// The body of `/v1/check` (`consume`) and `/v1/peek`: one decision, recorded in the metrics
-/// (a peek counts its store call, not a decision; an answer given without the store, bypassed
-/// or over the largest cost, counts no store call).
-async fn decide(app: &App, req: CheckRequest, consume: bool) -> Result<Decision, ApiError> {
+/// (see [`record`]), written as JSON into one buffer of the right size.
+async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Vec<u8>, ApiError> {
     let config = app.config();
     let entry = config
         .policies
-        .get(&req.policy)
+        .get(&*req.policy)
         .ok_or_else(|| unknown_policy(&req.policy))?;
     let identity = req.identity.into_identity();
     let cost = req.cost.unwrap_or(1);
@@ -93,12 +87,29 @@ async fn decide(app: &App, req: CheckRequest, consume: bool) -> Result<Decision,
         app.gate.check(&entry.policy, &identity, cost).await
     } else {
         app.gate.peek(&entry.policy, &identity, cost).await
-    }
-    .map_err(check_error)?;
+    };
+    let decision = record(app, entry, &req.policy, consume, decision, started)?;
+    let mut body = Vec::with_capacity(decision_size_hint(&decision));
+    write_decision(&mut body, &decision, &entry.rule_texts);
+    Ok(body)
+}
+
+/// Records a check's answer in the metrics: a check counts its decision and its store call, a
+/// peek its store call only; an answer given without the store (bypassed, or over the largest
+/// cost) counts no store call.
+fn record(
+    app: &App,
+    entry: &PolicyEntry,
+    policy: &str,
+    consume: bool,
+    decision: Result<Decision, CheckError>,
+    started: Instant,
+) -> Result<Decision, ApiError> {
+    let decision = decision.map_err(check_error)?;
     if consume {
         app.record(
             "check",
-            (&entry.metrics, &req.policy),
+            (&entry.metrics, policy),
             decision.reason(),
             decision.allowed(),
             started,
@@ -109,57 +120,192 @@ async fn decide(app: &App, req: CheckRequest, consume: bool) -> Result<Decision,
     Ok(decision)
 }
 
-/// `/v1/checks`: every check of the batch, each all-or-nothing on its own, run at once (on
-/// Redis their scripts go out together on the one connection); the answers in order, a
+/// `/v1/checks`: every check of the batch, each all-or-nothing on its own, answered in order, a
 /// decision or `{"error": ...}` per check.
-pub(crate) async fn checks(
-    State(app): State<Arc<App>>,
-    ApiJson(req): ApiJson<BatchRequest>,
-) -> Response {
-    let max = app.config().server.max_batch;
-    if req.checks.len() > max {
+///
+/// The body is parsed once, each check's text borrowed from it and parsed on its own (so a
+/// malformed check fails alone); the configuration is read once for the batch. The checks are
+/// started in order and polled together: on the memory store each is decided in its first
+/// poll, one after the other; on Redis their scripts go out together (the store batches the
+/// checks in flight). The answer is written into one buffer.
+pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+    // Most batches hold only well-formed checks: parsed in one pass. Otherwise each check's
+    // text is kept and parsed on its own, so that a malformed one fails alone.
+    let parsed: Result<Vec<Result<CheckRequest<'_>, ApiError>>, ApiError> =
+        match serde_json::from_slice::<BatchChecks<'_>>(&body) {
+            Ok(batch) => Ok(batch.checks.into_iter().map(Ok).collect()),
+            Err(_) => parse_json::<BatchRequest<'_>>(&body).map(|batch| {
+                batch
+                    .checks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, raw)| parse_item(i, raw))
+                    .collect()
+            }),
+        };
+    let requests = match parsed {
+        Ok(requests) => requests,
+        Err(e) => return e.into_response(),
+    };
+    let config = app.config_full();
+    let max = config.server.max_batch;
+    if requests.len() > max {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "a batch holds at most {max} checks (server.max_batch); this one has {}",
-                req.checks.len()
+                requests.len()
             ),
         )
         .into_response();
     }
+    // What each check needs, or the error that answers it.
+    let items: Vec<Result<Item<'_, '_>, ApiError>> = requests
+        .into_iter()
+        .map(|request| request.and_then(|request| item(&config, request)))
+        .collect();
+    let mut slots: Vec<_> = items
+        .iter()
+        .map(|item| match item {
+            Ok(item) => Slot::Checking {
+                check: app
+                    .gate
+                    .check(&item.entry.policy, &item.identity, item.cost),
+                started: None,
+            },
+            Err(_) => Slot::Refused,
+        })
+        .collect();
     let app = &*app;
-    let results = join_all(
-        req.checks
-            .into_iter()
-            .enumerate()
-            .map(|(i, item)| async move {
-                let answer = match parse_item(i, item) {
-                    Ok(check) => decide(app, check, true).await,
-                    Err(e) => Err(e),
-                };
-                match answer {
-                    Ok(decision) => ItemJson::Decision(decision),
-                    Err(e) => ItemJson::Error(e),
+    // The answers are written in order as they come: on the memory store each right after its
+    // check; one that comes before those ahead of it waits in its slot.
+    let mut body = Vec::with_capacity(16 + items.len() * 256);
+    body.extend_from_slice(b"{\"results\":[");
+    let mut written = 0;
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (i, (slot, item)) in slots.iter_mut().zip(&items).enumerate() {
+            if let (Slot::Checking { check, started }, Ok(item)) = (&mut *slot, item) {
+                let started = *started.get_or_insert_with(Instant::now);
+                match Pin::new(check).poll(cx) {
+                    Poll::Ready(decision) => {
+                        let answer = record(app, item.entry, &item.policy, true, decision, started);
+                        if i == written {
+                            write_answer(&mut body, i, answer.as_ref(), &item.entry.rule_texts);
+                            *slot = Slot::Written;
+                            written += 1;
+                        } else {
+                            *slot = Slot::Answered(answer);
+                        }
+                    }
+                    Poll::Pending => waiting = true,
                 }
-            }),
-    )
+            }
+            if i == written {
+                match (&*slot, item) {
+                    (Slot::Answered(answer), Ok(item)) => {
+                        write_answer(&mut body, i, answer.as_ref(), &item.entry.rule_texts);
+                    }
+                    (Slot::Refused, Err(e)) => write_answer(&mut body, i, Err(e), &[]),
+                    _ => continue,
+                }
+                *slot = Slot::Written;
+                written += 1;
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
     .await;
-    let capacity = 16 + results.len() * 320;
-    json_response(&BatchJson { results }, capacity)
+    body.extend_from_slice(b"]}");
+    json_bytes(body)
 }
 
-/// One item of a batch as a check, or the error naming what is wrong with it.
-fn parse_item(i: usize, item: Value) -> Result<CheckRequest, ApiError> {
-    serde_path_to_error::deserialize(item).map_err(|e| {
-        let path = e.path().to_string();
-        let at = if path == "." {
-            format!("checks[{i}]")
-        } else {
-            format!("checks[{i}].{path}")
-        };
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("invalid request: {at}: {}", e.inner()),
-        )
+/// Writes the `i`th answer of a batch: its decision, or its error and status.
+fn write_answer(
+    body: &mut Vec<u8>,
+    i: usize,
+    answer: Result<&Decision, &ApiError>,
+    texts: &[RuleText],
+) {
+    if i > 0 {
+        body.push(b',');
+    }
+    match answer {
+        Ok(decision) => write_decision(body, decision, texts),
+        // Writing an error's text into a Vec cannot fail.
+        Err(e) => {
+            let _ = serde_json::to_writer(&mut *body, &ItemErrorJson(e));
+        }
+    }
+}
+
+/// One check of a batch, before the store: its policy, identity and cost.
+struct Item<'c, 'b> {
+    entry: &'c PolicyEntry,
+    policy: Cow<'b, str>,
+    identity: Identity,
+    cost: u64,
+}
+
+/// A check of a batch: asking the store (timed from its first poll), answered (waiting for
+/// the answers ahead of it to be written), refused before the store (its item holds the
+/// error), or written.
+// One per check of a batch, in one vector; boxing the answer would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Slot<F> {
+    Checking { check: F, started: Option<Instant> },
+    Answered(Result<Decision, ApiError>),
+    Refused,
+    Written,
+}
+
+/// A check of a batch, or the error that answers it (an unknown policy).
+fn item<'c, 'b>(config: &'c Config, req: CheckRequest<'b>) -> Result<Item<'c, 'b>, ApiError> {
+    let entry = config
+        .policies
+        .get(&*req.policy)
+        .ok_or_else(|| unknown_policy(&req.policy))?;
+    Ok(Item {
+        entry,
+        policy: req.policy,
+        identity: req.identity.into_identity(),
+        cost: req.cost.unwrap_or(1),
     })
+}
+
+/// The `i`th check of a batch, parsed from its text, or the error naming what is wrong with it.
+fn parse_item(i: usize, raw: &RawValue) -> Result<CheckRequest<'_>, ApiError> {
+    serde_json::from_str(raw.get()).map_err(|_| {
+        let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+        let message =
+            match serde_path_to_error::deserialize::<_, CheckRequest<'_>>(&mut deserializer) {
+                Err(e) => {
+                    let path = e.path().to_string();
+                    let at = if path == "." {
+                        format!("checks[{i}]")
+                    } else {
+                        format!("checks[{i}].{path}")
+                    };
+                    format!("invalid request: {at}: {}", without_position(e.inner()))
+                }
+                // The text is one JSON value: nothing else can fail.
+                Ok(_) => format!("invalid request: checks[{i}]"),
+            };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message)
+    })
+}
+
+/// A parse error's text without its line and column: those of a check's own text would not be
+/// the body's (the check's place is given as `checks[i]`).
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let position = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&position) {
+        Some(message) => message.to_owned(),
+        None => text,
+    }
 }

@@ -4,11 +4,13 @@ use std::time::Duration;
 
 use axum::{
     Json,
-    extract::{FromRequest, Request, rejection::JsonRejection},
-    http::{HeaderValue, StatusCode, header},
+    body::Bytes,
+    extract::{FromRequest, Request, rejection::BytesRejection},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use serde::de::DeserializeOwned;
+use serde::{Deserialize, de::DeserializeOwned};
+use serde_json::error::Category;
 use tollgate::{CheckError, StoreError};
 
 use crate::listen::BodyTimedOut;
@@ -72,8 +74,8 @@ pub(crate) fn check_error(e: CheckError) -> ApiError {
     }
 }
 
-/// `axum::Json` whose rejections are `{"error": ...}` bodies: 400 for malformed JSON, 415
-/// without a JSON content type, 422 for JSON of the wrong shape (naming the field).
+/// A JSON body parsed into `T`, whose rejections are `{"error": ...}` bodies: 400 for malformed
+/// JSON, 415 without a JSON content type, 422 for JSON of the wrong shape (naming the field).
 pub(crate) struct ApiJson<T>(pub(crate) T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
@@ -84,14 +86,78 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(ApiJson(value)),
-            Err(rejection) => Err(json_rejection(&rejection)),
+        let JsonBody(bytes) = JsonBody::from_request(req, state).await?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// The bytes of a JSON body, read whole, for handlers that parse it with [`parse_json`] into
+/// types that borrow from it. Rejected as [`ApiJson`] is: 415 without a JSON content type
+/// (`application/json` or `application/*+json`), the body's own errors (too large, too slow).
+pub(crate) struct JsonBody(pub(crate) Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if !json_content_type(req.headers()) {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "expected a JSON body with Content-Type: application/json",
+            ));
+        }
+        match Bytes::from_request(req, state).await {
+            Ok(bytes) => Ok(JsonBody(bytes)),
+            Err(rejection) => Err(body_rejection(&rejection)),
         }
     }
 }
 
-fn json_rejection(rejection: &JsonRejection) -> ApiError {
+/// Parses a whole JSON body: 400 `malformed JSON: ...` for bad syntax or trailing bytes, 422
+/// `invalid request: <field>: ...` for JSON of the wrong shape.
+pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    // Tracking the path costs an allocation per field: it is done only to name a bad field.
+    serde_json::from_slice(bytes).map_err(|e| json_error::<T>(bytes, &e))
+}
+
+/// The error of a body that did not parse (`first`), naming where it went wrong.
+#[cold]
+fn json_error<'a, T: Deserialize<'a>>(bytes: &'a [u8], first: &serde_json::Error) -> ApiError {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, T>(&mut deserializer) {
+        Err(e) if e.inner().classify() == Category::Data => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("invalid request: {e}"),
+        ),
+        Err(e) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
+        // Only trailing bytes are left to fail.
+        Ok(_) => match deserializer.end() {
+            Err(e) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
+            Ok(()) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {first}")),
+        },
+    }
+}
+
+/// Whether the request says its body is JSON: `application/json`, or any `application/*+json`.
+fn json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    // What nearly every client sends, without parsing it.
+    if value.as_bytes() == b"application/json" {
+        return true;
+    }
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.parse::<mime::Mime>().ok())
+        .is_some_and(|mime| {
+            mime.type_() == "application"
+                && (mime.subtype() == "json" || mime.suffix().is_some_and(|s| s == "json"))
+        })
+}
+
+fn body_rejection(rejection: &BytesRejection) -> ApiError {
     // A body that did not arrive in time is the client's slowness, not a malformed body.
     let mut source = std::error::Error::source(rejection);
     while let Some(e) = source {
@@ -100,20 +166,7 @@ fn json_rejection(rejection: &JsonRejection) -> ApiError {
         }
         source = e.source();
     }
-    let text = rejection.body_text();
-    let message = match rejection {
-        JsonRejection::JsonDataError(_) => text
-            .strip_prefix("Failed to deserialize the JSON body into the target type: ")
-            .map_or_else(|| text.clone(), |m| format!("invalid request: {m}")),
-        JsonRejection::JsonSyntaxError(_) => text
-            .strip_prefix("Failed to parse the request body as JSON: ")
-            .map_or_else(|| text.clone(), |m| format!("malformed JSON: {m}")),
-        JsonRejection::MissingJsonContentType(_) => {
-            "expected a JSON body with Content-Type: application/json".to_owned()
-        }
-        _ => text,
-    };
-    ApiError::new(rejection.status(), message)
+    ApiError::new(rejection.status(), rejection.body_text())
 }
 
 /// Whole seconds, rounded up (`Retry-After`).

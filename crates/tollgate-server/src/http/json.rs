@@ -1,10 +1,12 @@
 //! The API's wire types: what requests carry and what answers say.
 
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+use std::{borrow::Cow, collections::BTreeMap, net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
-use serde_json::Value;
-use tollgate::{Decision, DuplicateState, Identity, RuleDecision};
+use serde_json::{Value, value::RawValue};
+use tollgate::{Decision, DuplicateState, Identity};
+
+use crate::config::RuleText;
 
 /// The request's identity as JSON.
 #[derive(Debug, Default, Deserialize)]
@@ -31,20 +33,27 @@ impl IdentityJson {
         if let Some(name) = self.user_name {
             identity = identity.with_user_name(name);
         }
-        for (name, value) in self.headers {
-            identity = identity.with_header(name, value);
+        if !self.headers.is_empty() {
+            for (name, value) in self.headers {
+                identity = identity.with_header(name, value);
+            }
         }
-        for (name, value) in self.args {
-            identity = identity.with_arg(name, value);
+        if !self.args.is_empty() {
+            for (name, value) in self.args {
+                identity = identity.with_arg(name, value);
+            }
         }
         identity
     }
 }
 
+/// `/v1/check`, `/v1/peek` and each check of `/v1/checks`; the policy name is borrowed from the
+/// body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct CheckRequest {
-    pub(crate) policy: String,
+pub(crate) struct CheckRequest<'a> {
+    #[serde(borrow)]
+    pub(crate) policy: Cow<'a, str>,
     #[serde(default)]
     pub(crate) identity: IdentityJson,
     pub(crate) cost: Option<u64>,
@@ -58,62 +67,73 @@ pub(crate) struct ResetRequest {
     pub(crate) identity: IdentityJson,
 }
 
-/// A decision as JSON, written straight from the decision: no intermediate strings.
+/// Writes a decision as JSON into `out`, straight from the decision: `{"allowed", "reason",
+/// "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit", "remaining",
+/// "reset_after_ms"}]}`.
 ///
-/// `{"allowed", "reason", "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit",
-/// "remaining", "reset_after_ms"}]}`.
-pub(crate) struct DecisionJson<'a>(pub(crate) &'a Decision);
-
-impl Serialize for DecisionJson<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let d = self.0;
-        let mut out = serializer.serialize_struct("Decision", 5)?;
-        out.serialize_field("allowed", &d.allowed())?;
-        out.serialize_field("reason", &d.reason())?;
-        out.serialize_field("retry_after_ms", &d.retry_after().map(ceil_ms))?;
-        out.serialize_field("message", &d.message())?;
-        out.serialize_field("rules", &RulesJson(d.rules()))?;
-        out.end()
+/// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
+/// rules are some of them, in the same order, so each is found by walking them once. A rule
+/// that is not there (none is) is formatted instead.
+pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]) {
+    out.extend_from_slice(if d.allowed() {
+        b"{\"allowed\":true,\"reason\":\""
+    } else {
+        b"{\"allowed\":false,\"reason\":\""
+    });
+    out.extend_from_slice(d.reason().as_str().as_bytes());
+    out.extend_from_slice(b"\",\"retry_after_ms\":");
+    match d.retry_after() {
+        Some(wait) => write_u64(out, ceil_ms(wait)),
+        None => out.extend_from_slice(b"null"),
     }
+    out.extend_from_slice(b",\"message\":");
+    match d.message() {
+        Some(message) => write_str(out, message),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"rules\":[");
+    let mut next = 0;
+    for (i, r) in d.rules().iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"limiter\":");
+        write_str(out, &r.limiter);
+        out.extend_from_slice(b",\"rule\":\"");
+        let known = texts[next.min(texts.len())..]
+            .iter()
+            .position(|t| t.rule == r.rule && *t.limiter == *r.limiter);
+        match known {
+            Some(at) => {
+                out.extend_from_slice(texts[next + at].text.as_bytes());
+                next += at + 1;
+            }
+            None => out.extend_from_slice(r.rule.to_string().as_bytes()),
+        }
+        out.extend_from_slice(b"\",\"limit\":");
+        write_u64(out, r.rule.limit());
+        out.extend_from_slice(b",\"remaining\":");
+        write_u64(out, r.remaining);
+        out.extend_from_slice(b",\"reset_after_ms\":");
+        write_u64(out, ceil_ms(r.reset_after));
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
 }
 
-impl DecisionJson<'_> {
-    /// Room for the whole answer, so that writing it takes one allocation.
-    pub(crate) fn size_hint(&self) -> usize {
-        128 + 128 * self.0.rules().len() + self.0.message().map_or(0, str::len)
-    }
+/// Room for a decision's JSON, so that writing it takes one allocation.
+pub(crate) fn decision_size_hint(d: &Decision) -> usize {
+    128 + 128 * d.rules().len() + d.message().map_or(0, str::len)
 }
 
-struct RulesJson<'a>(&'a [RuleDecision]);
-
-impl Serialize for RulesJson<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.iter().map(RuleJson))
-    }
+fn write_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
-struct RuleJson<'a>(&'a RuleDecision);
-
-impl Serialize for RuleJson<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let r = self.0;
-        let mut out = serializer.serialize_struct("Rule", 5)?;
-        out.serialize_field("limiter", &*r.limiter)?;
-        out.serialize_field("rule", &Text(&r.rule))?;
-        out.serialize_field("limit", &r.rule.limit())?;
-        out.serialize_field("remaining", &r.remaining)?;
-        out.serialize_field("reset_after_ms", &ceil_ms(r.reset_after))?;
-        out.end()
-    }
-}
-
-/// A value serialized as its `Display` text, written into the output without a `String`.
-struct Text<'a, T>(&'a T);
-
-impl<T: std::fmt::Display> Serialize for Text<'_, T> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self.0)
-    }
+/// A JSON string, escaped.
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// Whole milliseconds, rounded up: waiting the answer is always long enough.
@@ -122,39 +142,33 @@ pub(crate) fn ceil_ms(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
-/// `/v1/checks`: the checks, each parsed on its own so that one malformed check fails alone.
+/// `/v1/checks`: the checks, each kept as its text (borrowed from the body) and parsed on its
+/// own into a [`CheckRequest`], so that one malformed check fails alone.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct BatchRequest {
-    pub(crate) checks: Vec<Value>,
+pub(crate) struct BatchRequest<'a> {
+    #[serde(borrow)]
+    pub(crate) checks: Vec<&'a RawValue>,
 }
 
-/// `/v1/checks`' answer: one result per check, in order.
-#[derive(Serialize)]
-pub(crate) struct BatchJson {
-    pub(crate) results: Vec<ItemJson>,
+/// `/v1/checks` when every check is well formed: parsed in one pass.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchChecks<'a> {
+    #[serde(borrow)]
+    pub(crate) checks: Vec<CheckRequest<'a>>,
 }
 
-/// One check's result in a batch: its decision, or the error `/v1/check` would have answered
-/// (`{"error", "status"}`, with that answer's HTTP status).
-// A batch holds one per check; boxing the decision would cost an allocation per check.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum ItemJson {
-    Decision(Decision),
-    Error(super::ApiError),
-}
+/// One check's result in a batch, written as `/v1/check`'s answer or, for a check it would
+/// refuse, `{"error", "status"}` with that refusal's text and HTTP status.
+pub(crate) struct ItemErrorJson<'a>(pub(crate) &'a super::ApiError);
 
-impl Serialize for ItemJson {
+impl Serialize for ItemErrorJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self {
-            ItemJson::Decision(d) => DecisionJson(d).serialize(serializer),
-            ItemJson::Error(e) => {
-                let mut out = serializer.serialize_struct("Error", 2)?;
-                out.serialize_field("error", &e.message)?;
-                out.serialize_field("status", &e.status.as_u16())?;
-                out.end()
-            }
-        }
+        let mut out = serializer.serialize_struct("Error", 2)?;
+        out.serialize_field("error", &self.0.message)?;
+        out.serialize_field("status", &self.0.status.as_u16())?;
+        out.end()
     }
 }
 
@@ -261,6 +275,68 @@ pub(crate) fn canonical_json(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+
+    /// The decisions of a few checks of `policy`, written as answers.
+    fn answers(config: &str, policy: &str, costs: &[u64]) -> Vec<String> {
+        let config = Config::parse("t.toml", config).unwrap();
+        let entry = &config.policies[policy];
+        let gate = tollgate::Tollgate::new(tollgate::MemoryStore::new());
+        let who = Identity::new()
+            .with_ip("192.0.2.1".parse().unwrap())
+            .with_user_id("u");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        costs
+            .iter()
+            .map(|&cost| {
+                let d = rt.block_on(gate.check(&entry.policy, &who, cost)).unwrap();
+                let mut out = Vec::new();
+                write_decision(&mut out, &d, &entry.rule_texts);
+                assert!(out.len() <= decision_size_hint(&d), "{}", out.len());
+                String::from_utf8(out).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decisions_are_written_field_by_field() {
+        let config = r#"
+[policies.p]
+limiters = [
+  { by = "ip", name = "per \"ip\"", rules = ["2/1m", "10/1h"], message = "slow down" },
+  { by = "user_id", rules = ["100/1d"], algorithm = "gcra" },
+]
+"#;
+        let [first, _, denied, too_big] = answers(config, "p", &[1, 1, 1, 5]).try_into().unwrap();
+        assert!(
+            first.starts_with(
+                r#"{"allowed":true,"reason":"ok","retry_after_ms":null,"message":null,"rules":[{"limiter":"per \"ip\"","rule":"2/1m","limit":2,"remaining":1,"reset_after_ms":"#
+            ),
+            "{first}"
+        );
+        let v: Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(v["rules"][2]["rule"], "100/1d");
+        assert_eq!(v["rules"][2]["limiter"], "user_id");
+        assert_eq!(v["rules"][2]["remaining"], 99);
+        let v: Value = serde_json::from_str(&denied).unwrap();
+        assert_eq!(v["allowed"], false);
+        assert_eq!(v["reason"], "rate_limited");
+        assert_eq!(v["message"], "slow down");
+        let wait = v["retry_after_ms"].as_u64().unwrap();
+        assert!(wait > 0 && wait <= 60_000, "{denied}");
+        // A cost above some limits reports only those rules: found among the policy's.
+        let v: Value = serde_json::from_str(&too_big).unwrap();
+        assert_eq!(v["reason"], "cost_exceeds_limit");
+        let rules: Vec<&str> = v["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["rule"].as_str().unwrap())
+            .collect();
+        assert_eq!(rules, ["2/1m"]);
+    }
 
     #[test]
     fn canonical_json_sorts_keys_at_every_depth() {

@@ -4,8 +4,9 @@
 //! Every 4xx (and 5xx) body is `{"error": "..."}` saying what is wrong.
 //!
 //! # Layout
-//! - `error`: [`ApiError`] (the error body and its status) and `ApiJson`, the JSON body
-//!   extractor whose rejections are error bodies.
+//! - `error`: [`ApiError`] (the error body and its status), `ApiJson`, the JSON body
+//!   extractor whose rejections are error bodies, and `JsonBody` with `parse_json` for bodies
+//!   parsed into types that borrow from them.
 //! - `json`: the wire types: requests, decisions, leases, bans.
 //! - `check`: `/v1/check`, `/v1/peek` (one handler body) and `/v1/checks`.
 //! - `duplicate`: the duplicate guard's acquire, complete and release.
