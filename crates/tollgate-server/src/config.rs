@@ -58,6 +58,15 @@ pub(crate) struct ServerSettings {
     pub(crate) admin_failure_limit: Rule,
     /// The most checks one `/v1/checks` request holds.
     pub(crate) max_batch: usize,
+    /// `server.dashboard`; unset: on when the HTTP listener is on a loopback address.
+    pub(crate) dashboard: Option<bool>,
+}
+
+impl ServerSettings {
+    /// The dashboard (`/`, `/v1/stats`) is served.
+    pub(crate) fn dashboard_enabled(&self) -> bool {
+        self.dashboard.unwrap_or(self.http.ip().is_loopback())
+    }
 }
 
 /// Default `server.header_read_timeout`.
@@ -123,7 +132,17 @@ impl Config {
             tollgate::format_duration(self.store.timeout),
             self.store.prefix
         );
-        let _ = writeln!(out, "http {}, grpc {}", self.server.http, self.server.grpc);
+        let _ = writeln!(
+            out,
+            "http {}, grpc {}, dashboard {}",
+            self.server.http,
+            self.server.grpc,
+            if self.server.dashboard_enabled() {
+                "on"
+            } else {
+                "off"
+            }
+        );
         for (name, entry) in &self.policies {
             let _ = writeln!(out, "policy {name}");
             for limiter in entry.policy.limiters() {
@@ -374,6 +393,7 @@ struct RawServer {
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
     max_batch: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
+    dashboard: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -681,6 +701,7 @@ impl RawServer {
             grpc_max_concurrent_streams,
             admin_failure_limit,
             max_batch,
+            dashboard: self.dashboard,
         })
     }
 }

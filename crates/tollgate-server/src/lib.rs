@@ -35,6 +35,7 @@
 //! - `envoy`: the descriptor trees (built once per configuration load) and the
 //!   `ShouldRateLimit` gRPC service (tonic).
 //! - `metrics`: Prometheus metrics.
+//! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.
 
@@ -42,6 +43,7 @@ mod admin;
 mod app;
 mod cli;
 mod config;
+mod dashboard;
 mod envoy;
 mod http;
 mod in_process;

@@ -43,9 +43,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         config.store.url.clone_from(url);
     }
     let metrics = Metrics::new();
-    let (store, memory) = store::open(&config.store).await?;
-    if let Some(memory) = memory {
-        metrics.watch_memory_store(memory);
+    let (store, opened) = store::open(&config.store).await?;
+    if let store::Opened::Memory(memory) = &opened {
+        metrics.watch_memory_store(memory.clone());
     }
     let gate = Tollgate::new(store)
         .with_prefix(&config.store.prefix)
@@ -86,6 +86,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         admin_token,
         args.config.clone(),
     ));
+    app.dashboard.watch_store(&opened);
+    crate::dashboard::spawn_sampler(&app);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

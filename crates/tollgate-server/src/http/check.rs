@@ -103,6 +103,8 @@ async fn decide(app: &App, req: CheckRequest, consume: bool) -> Result<Decision,
             decision.allowed(),
             started,
         );
+        app.dashboard
+            .decided(&req.policy, &entry.policy, &identity, &decision);
     } else {
         app.record_store_call("peek", decision.reason(), started);
     }
