@@ -83,8 +83,11 @@ pub(crate) fn read(text: &str) -> Reading {
     reading
 }
 
-/// `name{k="v",...} value` into its parts, label values unescaped.
-fn split(line: &str) -> Option<(&str, Vec<(String, String)>, &str)> {
+/// A sample's labels, values unescaped.
+type Labels = Vec<(String, String)>;
+
+/// `name{k="v",...} value` into its parts.
+fn split(line: &str) -> Option<(&str, Labels, &str)> {
     let Some(open) = line.find('{') else {
         let (name, value) = line.split_once(' ')?;
         return Some((name, Vec::new(), value.split(' ').next()?));

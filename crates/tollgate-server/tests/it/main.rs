@@ -8,6 +8,7 @@ mod admin_auth;
 mod batch;
 mod blocklist;
 mod cli;
+mod dashboard;
 mod fuzz;
 mod grpc;
 mod http_api;
