@@ -181,6 +181,26 @@ async fn wait_until(browser: &Client, what: &str, condition: &str) {
     }
 }
 
+/// Clicks the element `css` selects. The page redraws rows when the data behind them change:
+/// an element found just before a redraw is stale, and is looked up again until the deadline.
+async fn click(browser: &Client, css: &str) {
+    let deadline = Instant::now() + HANG;
+    loop {
+        let clicked = match browser.find(Locator::Css(css)).await {
+            Ok(element) => element.click().await,
+            Err(e) => Err(e),
+        };
+        match clicked {
+            Ok(()) => return,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("click {css}: {e}"),
+        }
+    }
+}
+
 /// The text of the table with id `table`, as a JavaScript expression.
 fn table_text(table: &str) -> String {
     format!("document.querySelector('#{table} tbody').innerText")
@@ -272,13 +292,7 @@ async fn the_dashboard_works_in_a_real_browser() {
     let duration = browser.find(Locator::Id("ban-duration")).await.unwrap();
     duration.clear().await.unwrap();
     duration.send_keys("10m").await.unwrap();
-    browser
-        .find(Locator::Css("#ban-form button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, "#ban-form button[type=submit]").await;
     wait_until(
         &browser,
         "the ban in the bans table",
@@ -295,13 +309,7 @@ async fn the_dashboard_works_in_a_real_browser() {
     std::fs::write(docs_dir().join("dashboard.png"), &png).unwrap();
 
     // Unban: the address is admitted again.
-    browser
-        .find(Locator::Css("button[aria-label='Unban ip 198.51.100.7']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&browser, "button[aria-label='Unban ip 198.51.100.7']").await;
     wait_until(
         &browser,
         "the ban gone from the bans table",

@@ -178,10 +178,18 @@ function fillBanForm(kind, value) {
   $('ban-duration').focus();
 }
 
+let topDrawn = null;
+
 async function pollTop() {
   const result = await api('/v1/stats/top?limit=10');
   if (!result.ok) return adminRefused(result);
+  $('top-hint').textContent = result.body.top.length
+    ? 'By denials over the last ' + result.body.window_seconds[0] / 60 + ' to ' + result.body.window_seconds[1] / 60 + ' minutes.'
+    : 'Nobody was rate limited in the last minutes.';
   const body = $('top').tBodies[0];
+  const signature = JSON.stringify(result.body.top);
+  if (signature === topDrawn) return;
+  topDrawn = signature;
   body.replaceChildren();
   for (const t of result.body.top) {
     const tr = el('tr');
@@ -197,9 +205,6 @@ async function pollTop() {
       el('td', t.denials, { class: 'n', title: 'at least ' + t.at_least }), action);
     body.appendChild(tr);
   }
-  $('top-hint').textContent = result.body.top.length
-    ? 'By denials over the last ' + result.body.window_seconds[0] / 60 + ' to ' + result.body.window_seconds[1] / 60 + ' minutes.'
-    : 'Nobody was rate limited in the last minutes.';
 }
 
 async function pollBans() {
@@ -211,9 +216,18 @@ async function pollBans() {
   $('bans-hint').textContent = bans.length ? '' : 'No live bans.';
 }
 
+// Rows are rebuilt only when the bans change; the countdown ticks update the times in place,
+// so a button keeps its focus (and its identity) between polls.
+let bansDrawn = null;
+
 function drawBans() {
   const body = $('bans').tBodies[0];
-  // Keep the focused Unban button focused across redraws.
+  const signature = JSON.stringify(bans.map((b) => [b.kind, b.value, b.strikes]));
+  if (signature === bansDrawn) {
+    bans.forEach((b, i) => { body.rows[i].cells[1].textContent = formatDuration(b.until - Date.now()); });
+    return;
+  }
+  bansDrawn = signature;
   const focused = document.activeElement && document.activeElement.dataset.ban;
   body.replaceChildren();
   for (const b of bans) {
