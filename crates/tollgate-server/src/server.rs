@@ -10,7 +10,7 @@ use crate::{
     app::App,
     cli::{CheckConfigArgs, ServeArgs},
     config::Config,
-    envoy, http, listen,
+    envoy, health, http, listen,
     metrics::Metrics,
     store,
 };
@@ -120,8 +120,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         limits.max_connections,
         limits.header_read_timeout,
     );
+    let health = health::service(app.clone(), stop_rx.clone()).await;
     let grpc = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.grpc_max_concurrent_streams)
+        .add_service(health)
         .add_service(
             envoy::service(app)
                 .max_decoding_message_size(limits.grpc_max_message_bytes)

@@ -11,6 +11,7 @@ mod cli;
 mod dashboard;
 mod fuzz;
 mod grpc;
+mod grpc_health;
 mod http_api;
 mod redis;
 mod reload;
