@@ -17,6 +17,8 @@ use tollgate::{
 };
 use toml::Spanned;
 
+mod env;
+
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain},
     metrics::DecisionHandles,
@@ -35,6 +37,8 @@ pub struct Config {
     pub(crate) store: StoreSettings,
     pub(crate) policies: BTreeMap<String, PolicyEntry>,
     pub(crate) envoy: Domains,
+    /// The `TOLLGATE_...` variables that replaced values of the file.
+    env: Vec<String>,
 }
 
 /// `[server]`, with defaults filled in.
@@ -96,7 +100,9 @@ pub(crate) struct PolicyEntry {
 }
 
 impl Config {
-    /// Reads and validates `path`.
+    /// Reads and validates `path`, with the `TOLLGATE_SERVER_<FIELD>` and
+    /// `TOLLGATE_STORE_<FIELD>` variables of the environment replacing its `[server]` and
+    /// `[store]` values.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -105,14 +111,26 @@ impl Config {
             field: String::new(),
             message: format!("cannot read the file: {e}"),
         })?;
-        Config::parse(&file, &text)
+        Config::parse_with_env(&file, &text, &|var| std::env::var(var).ok())
     }
 
-    /// Parses and validates `text`; `file` names it in errors.
+    /// Parses and validates `text`; `file` names it in errors. The environment is not read.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let raw = parse_raw(file, text)?;
+        Config::parse_with_env(file, text, &|_| None)
+    }
+
+    /// Parses and validates `text`, with the variables `lookup` finds replacing values.
+    pub(crate) fn parse_with_env(
+        file: &str,
+        text: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut raw = parse_raw(file, text)?;
+        let used = env::apply(&mut raw, lookup)?;
         let errors = Errors { file, text };
-        raw.validate(&errors)
+        let mut config = raw.validate(&errors)?;
+        config.env = used;
+        Ok(config)
     }
 
     /// The policy names, sorted.
@@ -143,6 +161,9 @@ impl Config {
                 "off"
             }
         );
+        if !self.env.is_empty() {
+            let _ = writeln!(out, "from the environment: {}", self.env.join(", "));
+        }
         for (name, entry) in &self.policies {
             let _ = writeln!(out, "policy {name}");
             for limiter in entry.policy.limiters() {
@@ -266,10 +287,19 @@ impl Errors<'_> {
         field: impl Into<String>,
         message: impl Into<String>,
     ) -> ConfigError {
+        let field = field.into();
+        if span.as_ref() == Some(&env::FROM_ENV) {
+            return ConfigError {
+                file: env::var_of(&field),
+                line: None,
+                field,
+                message: message.into(),
+            };
+        }
         ConfigError {
             file: self.file.to_owned(),
             line: span.map(|s| line_of(self.text, s.start)),
-            field: field.into(),
+            field,
             message: message.into(),
         }
     }
@@ -619,6 +649,7 @@ impl RawConfig {
             store,
             policies,
             envoy: domains.build(),
+            env: Vec::new(),
         })
     }
 }

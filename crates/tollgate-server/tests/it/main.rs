@@ -9,6 +9,7 @@ mod batch;
 mod blocklist;
 mod cli;
 mod dashboard;
+mod env_overrides;
 mod fuzz;
 mod grpc;
 mod grpc_health;
