@@ -38,6 +38,7 @@
 //! - `metrics`: Prometheus metrics.
 //! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
+//! - `trace`: request spans (tower-http's `TraceLayer`) when the log filter asks for them.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.
 
 mod admin;
@@ -53,6 +54,7 @@ mod listen;
 mod metrics;
 mod server;
 mod store;
+mod trace;
 
 pub use cli::{CheckConfigArgs, Cli, Command, LogFormat, ServeArgs};
 pub use config::{Config, ConfigError};

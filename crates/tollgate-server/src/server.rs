@@ -12,7 +12,7 @@ use crate::{
     config::Config,
     envoy, health, http, listen,
     metrics::Metrics,
-    store,
+    store, trace,
 };
 
 /// Runs `tollgate check-config`: prints the policies, or the error.
@@ -104,7 +104,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     ));
 
     let limits = app.config().server.clone();
-    let router = http::router(app.clone());
+    let router = trace::http(http::router(app.clone()));
     let http = listen::serve_http(
         http_listener,
         router,
@@ -123,6 +123,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let health = health::service(app.clone(), stop_rx.clone()).await;
     let grpc = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.grpc_max_concurrent_streams)
+        .layer(trace::grpc())
         .add_service(health)
         .add_service(
             envoy::service(app)

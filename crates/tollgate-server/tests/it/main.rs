@@ -16,5 +16,6 @@ mod grpc_health;
 mod http_api;
 mod redis;
 mod reload;
+mod request_spans;
 mod slow_clients;
 mod support;
