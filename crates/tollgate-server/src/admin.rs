@@ -66,6 +66,11 @@ impl AdminAuth {
         }
     }
 
+    /// A token is configured: admin endpoints are on.
+    pub(crate) fn enabled(&self) -> bool {
+        self.digest.is_some()
+    }
+
     /// Admits `offered` from `client` for `path`, or says why not. Failures are logged (the
     /// address and path, never the offered token) and counted against the address.
     pub(crate) async fn authenticate(

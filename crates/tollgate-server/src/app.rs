@@ -8,6 +8,7 @@ use tollgate::{AnyStore, Reason, Tollgate};
 use crate::{
     admin::AdminAuth,
     config::{Config, ConfigError},
+    dashboard::Dashboard,
     metrics::{DecisionHandles, Metrics},
 };
 
@@ -18,6 +19,7 @@ pub(crate) struct App {
     config: ArcSwap<Config>,
     pub(crate) metrics: Metrics,
     pub(crate) admin: AdminAuth,
+    pub(crate) dashboard: Dashboard,
     path: PathBuf,
 }
 
@@ -30,11 +32,13 @@ impl App {
         path: PathBuf,
     ) -> App {
         let admin = AdminAuth::new(admin_token.as_deref(), config.server.admin_failure_limit);
+        let dashboard = Dashboard::new(config.server.dashboard_enabled());
         App {
             gate,
             config: ArcSwap::from_pointee(config),
             metrics,
             admin,
+            dashboard,
             path,
         }
     }
@@ -85,11 +89,13 @@ impl App {
                 // configuration being in force.
                 self.config.store(Arc::new(new));
                 self.metrics.reload(true);
+                self.dashboard.reloaded(Ok(()));
                 tracing::info!(path = %self.path.display(), policies, "configuration reloaded");
                 Ok(())
             }
             Err(e) => {
                 self.metrics.reload(false);
+                self.dashboard.reloaded(Err(e.to_string()));
                 tracing::error!(error = %e, "configuration rejected; the previous one stays in force");
                 Err(e)
             }

@@ -17,6 +17,8 @@ use tollgate::{
 };
 use toml::Spanned;
 
+mod env;
+
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain},
     metrics::DecisionHandles,
@@ -35,6 +37,8 @@ pub struct Config {
     pub(crate) store: StoreSettings,
     pub(crate) policies: BTreeMap<String, PolicyEntry>,
     pub(crate) envoy: Domains,
+    /// The `TOLLGATE_...` variables that replaced values of the file.
+    env: Vec<String>,
 }
 
 /// `[server]`, with defaults filled in.
@@ -58,6 +62,15 @@ pub(crate) struct ServerSettings {
     pub(crate) admin_failure_limit: Rule,
     /// The most checks one `/v1/checks` request holds.
     pub(crate) max_batch: usize,
+    /// `server.dashboard`; unset: on when the HTTP listener is on a loopback address.
+    pub(crate) dashboard: Option<bool>,
+}
+
+impl ServerSettings {
+    /// The dashboard (`/`, `/v1/stats`) is served.
+    pub(crate) fn dashboard_enabled(&self) -> bool {
+        self.dashboard.unwrap_or(self.http.ip().is_loopback())
+    }
 }
 
 /// Default `server.header_read_timeout`.
@@ -112,7 +125,9 @@ fn rule_texts(policy: &Policy) -> Arc<[RuleText]> {
 }
 
 impl Config {
-    /// Reads and validates `path`.
+    /// Reads and validates `path`, with the `TOLLGATE_SERVER_<FIELD>` and
+    /// `TOLLGATE_STORE_<FIELD>` variables of the environment replacing its `[server]` and
+    /// `[store]` values.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
@@ -121,14 +136,26 @@ impl Config {
             field: String::new(),
             message: format!("cannot read the file: {e}"),
         })?;
-        Config::parse(&file, &text)
+        Config::parse_with_env(&file, &text, &|var| std::env::var(var).ok())
     }
 
-    /// Parses and validates `text`; `file` names it in errors.
+    /// Parses and validates `text`; `file` names it in errors. The environment is not read.
     pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-        let raw = parse_raw(file, text)?;
+        Config::parse_with_env(file, text, &|_| None)
+    }
+
+    /// Parses and validates `text`, with the variables `lookup` finds replacing values.
+    pub(crate) fn parse_with_env(
+        file: &str,
+        text: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut raw = parse_raw(file, text)?;
+        let used = env::apply(&mut raw, lookup)?;
         let errors = Errors { file, text };
-        raw.validate(&errors)
+        let mut config = raw.validate(&errors)?;
+        config.env = used;
+        Ok(config)
     }
 
     /// The policy names, sorted.
@@ -148,7 +175,20 @@ impl Config {
             tollgate::format_duration(self.store.timeout),
             self.store.prefix
         );
-        let _ = writeln!(out, "http {}, grpc {}", self.server.http, self.server.grpc);
+        let _ = writeln!(
+            out,
+            "http {}, grpc {}, dashboard {}",
+            self.server.http,
+            self.server.grpc,
+            if self.server.dashboard_enabled() {
+                "on"
+            } else {
+                "off"
+            }
+        );
+        if !self.env.is_empty() {
+            let _ = writeln!(out, "from the environment: {}", self.env.join(", "));
+        }
         for (name, entry) in &self.policies {
             let _ = writeln!(out, "policy {name}");
             for limiter in entry.policy.limiters() {
@@ -272,10 +312,19 @@ impl Errors<'_> {
         field: impl Into<String>,
         message: impl Into<String>,
     ) -> ConfigError {
+        let field = field.into();
+        if span.as_ref() == Some(&env::FROM_ENV) {
+            return ConfigError {
+                file: env::var_of(&field),
+                line: None,
+                field,
+                message: message.into(),
+            };
+        }
         ConfigError {
             file: self.file.to_owned(),
             line: span.map(|s| line_of(self.text, s.start)),
-            field: field.into(),
+            field,
             message: message.into(),
         }
     }
@@ -399,6 +448,7 @@ struct RawServer {
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
     max_batch: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
+    dashboard: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -624,6 +674,7 @@ impl RawConfig {
             store,
             policies,
             envoy: domains.build(),
+            env: Vec::new(),
         })
     }
 }
@@ -706,6 +757,7 @@ impl RawServer {
             grpc_max_concurrent_streams,
             admin_failure_limit,
             max_batch,
+            dashboard: self.dashboard,
         })
     }
 }

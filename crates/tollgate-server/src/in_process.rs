@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use tollgate::Tollgate;
 
-use crate::{app::App, config::Config, envoy, http, metrics::Metrics, store};
+use crate::{app::App, config::Config, dashboard, envoy, http, metrics::Metrics, store};
 
 /// A server's handlers over one store and configuration, as `serve` builds them.
 ///
@@ -27,16 +27,18 @@ pub struct InProcess {
 impl InProcess {
     /// Opens the store of `config`; admin endpoints accept `admin_token` (none: they answer 401).
     pub async fn new(config: Config, admin_token: Option<String>) -> Result<InProcess, String> {
-        let (store, memory) = store::open(&config.store).await?;
+        let (store, opened) = store::open(&config.store).await?;
         let gate = Tollgate::new(store)
             .with_prefix(&config.store.prefix)
             .with_on_error(config.store.on_error);
         let metrics = Metrics::new();
-        if let Some(memory) = memory {
-            metrics.watch_memory_store(memory);
+        if let store::Opened::Memory(memory) = &opened {
+            metrics.watch_memory_store(memory.clone());
         }
-        let app = App::new(gate, config, metrics, admin_token, PathBuf::new());
-        Ok(InProcess { app: Arc::new(app) })
+        let app = Arc::new(App::new(gate, config, metrics, admin_token, PathBuf::new()));
+        app.dashboard.watch_store(&opened);
+        dashboard::spawn_sampler(&app);
+        Ok(InProcess { app })
     }
 
     /// The HTTP/JSON API's router.

@@ -3,8 +3,8 @@
 //! One binary, `tollgate`, reads a TOML file of policies and serves them over an HTTP/JSON
 //! API (`/v1/check`, `/v1/peek`, `/v1/checks`, `/v1/reset`, duplicate guard and blocklist
 //! endpoints, `/metrics`, `/healthz`, `/readyz`) and Envoy's rate-limit gRPC API
-//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`), on the embedded memory
-//! store or on Redis. See `docs/configuration.md` and `docs/api.md`.
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) with gRPC health checking,
+//! on the embedded memory store or on Redis; a live dashboard at `/`. See `docs/configuration.md` and `docs/api.md`.
 //!
 //! ```
 //! let config = tollgate_server::Config::parse(
@@ -34,21 +34,27 @@
 //!   timeouts, connection caps).
 //! - `envoy`: the descriptor trees (built once per configuration load) and the
 //!   `ShouldRateLimit` gRPC service (tonic).
+//! - `health`: gRPC health checking (`grpc.health.v1`): the server, and the store apart.
 //! - `metrics`: Prometheus metrics.
+//! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
+//! - `trace`: request spans (tower-http's `TraceLayer`) when the log filter asks for them.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.
 
 mod admin;
 mod app;
 mod cli;
 mod config;
+mod dashboard;
 mod envoy;
+mod health;
 mod http;
 mod in_process;
 mod listen;
 mod metrics;
 mod server;
 mod store;
+mod trace;
 
 pub use cli::{CheckConfigArgs, Cli, Command, LogFormat, ServeArgs};
 pub use config::{Config, ConfigError};

@@ -37,6 +37,11 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
 /// How long a blocklist count serves scrapes. Scrapes are unauthenticated and may come from
 /// anyone, and a count may have to walk an in-process store: at most one per second does.
 const BAN_COUNT_FRESH: Duration = Duration::from_secs(1);
@@ -104,6 +109,17 @@ impl Metrics {
             "config_reloads",
             "Configuration reloads by result (ok or error)",
             reloads.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "The running tollgate: always 1, with its version as a label",
+            build_info,
         );
         let evictions = Counter::default();
         registry.register(
@@ -301,6 +317,16 @@ mod tests {
                 .render()
                 .contains("tollgate_memory_store_evictions_total 3")
         );
+    }
+
+    #[test]
+    fn the_build_is_named() {
+        let text = Metrics::new().render();
+        let line = format!(
+            "tollgate_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "{text}");
     }
 
     #[tokio::test]

@@ -10,9 +10,9 @@ use crate::{
     app::App,
     cli::{CheckConfigArgs, ServeArgs},
     config::Config,
-    envoy, http, listen,
+    envoy, health, http, listen,
     metrics::Metrics,
-    store,
+    store, trace,
 };
 
 /// Runs `tollgate check-config`: prints the policies, or the error.
@@ -43,9 +43,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         config.store.url.clone_from(url);
     }
     let metrics = Metrics::new();
-    let (store, memory) = store::open(&config.store).await?;
-    if let Some(memory) = memory {
-        metrics.watch_memory_store(memory);
+    let (store, opened) = store::open(&config.store).await?;
+    if let store::Opened::Memory(memory) = &opened {
+        metrics.watch_memory_store(memory.clone());
     }
     let gate = Tollgate::new(store)
         .with_prefix(&config.store.prefix)
@@ -86,6 +86,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         admin_token,
         args.config.clone(),
     ));
+    app.dashboard.watch_store(&opened);
+    crate::dashboard::spawn_sampler(&app);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -102,7 +104,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     ));
 
     let limits = app.config().server.clone();
-    let router = http::router(app.clone());
+    let router = trace::http(http::router(app.clone()));
     let http = listen::serve_http(
         http_listener,
         router,
@@ -118,11 +120,19 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         limits.max_connections,
         limits.header_read_timeout,
     );
-    let grpc = listen::serve_grpc(
-        grpc_incoming,
+    let health = health::service(app.clone(), stop_rx.clone()).await;
+    // The Envoy service and the health service behind one small router, with request spans
+    // when asked for; served on hyper's HTTP/2 server directly.
+    let services = tonic::service::Routes::new(health).add_service(
         envoy::service(app)
             .max_decoding_message_size(limits.grpc_max_message_bytes)
             .max_encoding_message_size(limits.grpc_max_message_bytes),
+    );
+    let grpc = listen::serve_grpc(
+        grpc_incoming,
+        tower::ServiceBuilder::new()
+            .layer(trace::grpc())
+            .service(services),
         limits.grpc_max_concurrent_streams,
         stopped(stop_rx.clone()),
     );

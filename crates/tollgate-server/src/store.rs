@@ -43,15 +43,19 @@ fn scheme(url: &str) -> Option<&str> {
     url.split_once("://").map(|(s, _)| s)
 }
 
+/// The store as opened, kept beside the type-erased one for the figures only it reports.
+pub(crate) enum Opened {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
 /// Opens the store of `settings`: the embedded memory store, or Redis (which must answer now).
-/// The memory store is also returned on its own, for its statistics.
-pub(crate) async fn open(
-    settings: &StoreSettings,
-) -> Result<(AnyStore, Option<MemoryStore>), String> {
+/// The store is also returned as itself, for its statistics.
+pub(crate) async fn open(settings: &StoreSettings) -> Result<(AnyStore, Opened), String> {
     check_url(&settings.url)?;
     if scheme(&settings.url) == Some("memory") {
         let memory = MemoryStore::new();
-        return Ok((AnyStore::new(memory.clone()), Some(memory)));
+        return Ok((AnyStore::new(memory.clone()), Opened::Memory(memory)));
     }
     let mut builder = RedisStore::builder(&settings.url).timeout(settings.timeout);
     if let Some(ca) = &settings.tls_ca_file {
@@ -64,7 +68,7 @@ pub(crate) async fn open(
         .build()
         .await
         .map_err(|e| format!("cannot open the store: {e}"))?;
-    Ok((AnyStore::new(store), None))
+    Ok((AnyStore::new(store.clone()), Opened::Redis(store)))
 }
 
 /// The URL without its passwords (user info and `sentinel_password=`), for logs and

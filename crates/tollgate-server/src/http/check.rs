@@ -88,7 +88,15 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Vec<u
     } else {
         app.gate.peek(&entry.policy, &identity, cost).await
     };
-    let decision = record(app, entry, &req.policy, consume, decision, started)?;
+    let decision = record(
+        app,
+        entry,
+        &req.policy,
+        &identity,
+        consume,
+        decision,
+        started,
+    )?;
     let mut body = Vec::with_capacity(decision_size_hint(&decision));
     write_decision(&mut body, &decision, &entry.rule_texts);
     Ok(body)
@@ -101,6 +109,7 @@ fn record(
     app: &App,
     entry: &PolicyEntry,
     policy: &str,
+    identity: &Identity,
     consume: bool,
     decision: Result<Decision, CheckError>,
     started: Instant,
@@ -114,6 +123,8 @@ fn record(
             decision.allowed(),
             started,
         );
+        app.dashboard
+            .decided(policy, &entry.policy, identity, &decision);
     } else {
         app.record_store_call("peek", decision.reason(), started);
     }
@@ -189,7 +200,15 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
                 let started = *started.get_or_insert_with(Instant::now);
                 match Pin::new(check).poll(cx) {
                     Poll::Ready(decision) => {
-                        let answer = record(app, item.entry, &item.policy, true, decision, started);
+                        let answer = record(
+                            app,
+                            item.entry,
+                            &item.policy,
+                            &item.identity,
+                            true,
+                            decision,
+                            started,
+                        );
                         if i == written {
                             write_answer(&mut body, i, answer.as_ref(), &item.entry.rule_texts);
                             *slot = Slot::Written;

@@ -31,6 +31,7 @@ use axum::{
     routing::{delete, get, post},
 };
 
+pub(crate) use admin::Admin;
 pub(crate) use error::ApiError;
 
 use crate::app::App;
@@ -50,6 +51,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
+        .merge(crate::dashboard::routes(&app))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app)

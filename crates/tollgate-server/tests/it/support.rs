@@ -89,6 +89,15 @@ impl Server {
 
     /// Starts the server on `config` with extra `serve` arguments.
     pub(crate) fn start_with(config: &str, args: &[&str]) -> Server {
+        Server::start_full(config, args, &[])
+    }
+
+    /// Starts the server on `config` with extra environment variables.
+    pub(crate) fn start_with_env(config: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_full(config, &["--watch-interval", "100ms"], env)
+    }
+
+    fn start_full(config: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let dir = TempDir::new();
         let path = dir.write("tollgate.toml", config);
         let mut child = Command::new(binary())
@@ -99,6 +108,7 @@ impl Server {
             .args(args)
             .env("TG_TEST_ADMIN", ADMIN_TOKEN)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

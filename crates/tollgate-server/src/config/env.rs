@@ -1,0 +1,260 @@
+//! `[server]` and `[store]` from the environment: `TOLLGATE_SERVER_<FIELD>` and
+//! `TOLLGATE_STORE_<FIELD>` (the field's name in capitals: `TOLLGATE_STORE_URL`,
+//! `TOLLGATE_SERVER_MAX_BATCH`) replace the file's value, so that secrets (a Redis URL with its
+//! password) and per-deployment settings need not be written into the file.
+//!
+//! A value from the environment is validated like one from the file; an error names the
+//! variable instead of a line. `check-config` lists the variables in force.
+
+use std::{net::SocketAddr, ops::Range, str::FromStr};
+
+use serde::de::IntoDeserializer as _;
+use toml::Spanned;
+
+use super::{ConfigError, DurationText, Parsed, RawConfig, bounded_duration};
+
+/// The span given to a value that came from the environment: errors about it name the
+/// variable (see [`var_of`]) instead of a line of the file.
+pub(super) const FROM_ENV: Range<usize> = usize::MAX..usize::MAX;
+
+/// The variable that overrides `field` (`server.max_batch` -> `TOLLGATE_SERVER_MAX_BATCH`).
+pub(super) fn var_of(field: &str) -> String {
+    format!("TOLLGATE_{}", field.replace('.', "_").to_ascii_uppercase())
+}
+
+/// Replaces the fields of `raw` whose variable `lookup` finds; returns the variables used, in
+/// the order of the fields.
+pub(super) fn apply(
+    raw: &mut RawConfig,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, ConfigError> {
+    let mut used = Vec::new();
+    let mut get = |field: &str| {
+        let var = var_of(field);
+        let value = lookup(&var)?;
+        used.push(var.clone());
+        Some((var, value))
+    };
+    let error = |var: &str, field: &str, message: String| ConfigError {
+        file: var.to_owned(),
+        line: None,
+        field: field.to_owned(),
+        message,
+    };
+    let parsed = |field: &str, var: String, text: String| -> Result<_, ConfigError> {
+        text.parse::<SocketAddr>()
+            .map(Parsed)
+            .map_err(|e| error(&var, field, format!("{text:?}: {e}")))
+    };
+    let number = |field: &str, var: String, text: String| -> Result<_, ConfigError> {
+        text.trim()
+            .parse::<u32>()
+            .map(|n| Spanned::new(FROM_ENV, n))
+            .map_err(|_| {
+                error(
+                    &var,
+                    field,
+                    format!("{text:?}: expected a whole number from 0 to {}", u32::MAX),
+                )
+            })
+    };
+    let duration = |field: &str, var: String, text: String| -> Result<_, ConfigError> {
+        bounded_duration(text.trim())
+            .map(|d| Spanned::new(FROM_ENV, DurationText(d)))
+            .map_err(|e| error(&var, field, e))
+    };
+    let string = |text: String| Spanned::new(FROM_ENV, text);
+    fn from_str<T: FromStr>(
+        field: &str,
+        var: &str,
+        text: &str,
+        expected: &str,
+    ) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        text.trim().parse().map_err(|e| ConfigError {
+            file: var.to_owned(),
+            line: None,
+            field: field.to_owned(),
+            message: format!("{text:?}: {e}{expected}"),
+        })
+    }
+
+    let s = &mut raw.server;
+    if let Some((var, v)) = get("server.http") {
+        s.http = Some(parsed("server.http", var, v)?);
+    }
+    if let Some((var, v)) = get("server.grpc") {
+        s.grpc = Some(parsed("server.grpc", var, v)?);
+    }
+    if let Some((_, v)) = get("server.admin_token_env") {
+        s.admin_token_env = Some(string(v));
+    }
+    if let Some((var, v)) = get("server.header_read_timeout") {
+        s.header_read_timeout = Some(duration("server.header_read_timeout", var, v)?);
+    }
+    if let Some((var, v)) = get("server.body_read_timeout") {
+        s.body_read_timeout = Some(duration("server.body_read_timeout", var, v)?);
+    }
+    if let Some((var, v)) = get("server.max_connections") {
+        s.max_connections = Some(number("server.max_connections", var, v)?);
+    }
+    if let Some((var, v)) = get("server.grpc_max_message_bytes") {
+        s.grpc_max_message_bytes = Some(number("server.grpc_max_message_bytes", var, v)?);
+    }
+    if let Some((var, v)) = get("server.grpc_max_concurrent_streams") {
+        s.grpc_max_concurrent_streams = Some(number("server.grpc_max_concurrent_streams", var, v)?);
+    }
+    if let Some((var, v)) = get("server.max_batch") {
+        s.max_batch = Some(number("server.max_batch", var, v)?);
+    }
+    if let Some((var, v)) = get("server.admin_failure_limit") {
+        s.admin_failure_limit = Some(from_str("server.admin_failure_limit", &var, &v, "")?);
+    }
+    if let Some((var, v)) = get("server.dashboard") {
+        s.dashboard = Some(from_str(
+            "server.dashboard",
+            &var,
+            &v,
+            " (use true or false)",
+        )?);
+    }
+    let st = &mut raw.store;
+    // Checked where the file's value is, by the same code; errors name the variable.
+    if let Some((_, v)) = get("store.url") {
+        st.url = Some(string(v));
+    }
+    if let Some((var, v)) = get("store.on_error") {
+        let text: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+            v.trim().into_deserializer();
+        let on_error = serde::Deserialize::deserialize(text)
+            .map_err(|e| error(&var, "store.on_error", format!("{v:?}: {e}")))?;
+        st.on_error = Some(on_error);
+    }
+    if let Some((var, v)) = get("store.timeout") {
+        st.timeout = Some(duration("store.timeout", var, v)?);
+    }
+    if let Some((_, v)) = get("store.prefix") {
+        st.prefix = Some(string(v));
+    }
+    if let Some((_, v)) = get("store.tls_ca_file") {
+        st.tls_ca_file = Some(string(v));
+    }
+    if let Some((_, v)) = get("store.tls_cert_file") {
+        st.tls_cert_file = Some(string(v));
+    }
+    if let Some((_, v)) = get("store.tls_key_file") {
+        st.tls_key_file = Some(string(v));
+    }
+    Ok(used)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::super::Config;
+
+    fn parse(text: &str, env: &[(&str, &str)]) -> Result<Config, String> {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Config::parse_with_env("t.toml", text, &|var| env.get(var).cloned())
+            .map_err(|e| e.to_string())
+    }
+
+    const FILE: &str = r#"
+[server]
+http = "127.0.0.1:8080"
+max_batch = 10
+
+[store]
+prefix = "file"
+"#;
+
+    #[test]
+    fn variables_replace_the_files_values() {
+        let config = parse(
+            FILE,
+            &[
+                ("TOLLGATE_SERVER_HTTP", "0.0.0.0:9000"),
+                ("TOLLGATE_SERVER_MAX_BATCH", "50"),
+                ("TOLLGATE_SERVER_DASHBOARD", "true"),
+                ("TOLLGATE_SERVER_HEADER_READ_TIMEOUT", "2s"),
+                ("TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT", "3/1m"),
+                ("TOLLGATE_STORE_PREFIX", "env"),
+                ("TOLLGATE_STORE_ON_ERROR", "deny"),
+                ("TOLLGATE_STORE_URL", "redis://:s3cret@10.0.0.5:6379/0"),
+                ("TOLLGATE_SERVERHTTP", "ignored"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.server.http.to_string(), "0.0.0.0:9000");
+        assert_eq!(config.server.max_batch, 50);
+        assert!(config.server.dashboard_enabled());
+        assert_eq!(
+            config.server.header_read_timeout,
+            std::time::Duration::from_secs(2)
+        );
+        assert_eq!(config.server.admin_failure_limit.to_string(), "3/1m");
+        assert_eq!(config.store.prefix, "env");
+        assert_eq!(config.store.on_error, tollgate::OnError::Deny);
+        let summary = config.summary();
+        assert!(
+            summary.contains("from the environment: TOLLGATE_SERVER_HTTP, TOLLGATE_SERVER_HEADER_READ_TIMEOUT, TOLLGATE_SERVER_MAX_BATCH, TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT, TOLLGATE_SERVER_DASHBOARD, TOLLGATE_STORE_URL, TOLLGATE_STORE_ON_ERROR, TOLLGATE_STORE_PREFIX"),
+            "{summary}"
+        );
+        assert!(!summary.contains("s3cret"), "{summary}");
+
+        // Without variables, the file's values.
+        let config = parse(FILE, &[]).unwrap();
+        assert_eq!(config.server.max_batch, 10);
+        assert_eq!(config.store.prefix, "file");
+        assert!(!config.summary().contains("environment"));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        for (var, value, message) in [
+            (
+                "TOLLGATE_SERVER_MAX_BATCH",
+                "lots",
+                r#"TOLLGATE_SERVER_MAX_BATCH: server.max_batch: "lots": expected a whole number from 0 to 4294967295"#,
+            ),
+            (
+                "TOLLGATE_SERVER_MAX_BATCH",
+                "0",
+                "TOLLGATE_SERVER_MAX_BATCH: server.max_batch: the batch size limit must be at least 1",
+            ),
+            (
+                "TOLLGATE_STORE_TIMEOUT",
+                "5x",
+                r#"TOLLGATE_STORE_TIMEOUT: store.timeout: "5x": unknown unit "x" (use ms, s, m, h, d)"#,
+            ),
+            (
+                "TOLLGATE_STORE_URL",
+                "mysql://h",
+                r#"TOLLGATE_STORE_URL: store.url: "mysql://h": unknown store scheme "mysql" (use memory://, redis://host:6379, rediss://, redis+cluster://, redis+sentinel://)"#,
+            ),
+            (
+                "TOLLGATE_STORE_PREFIX",
+                "",
+                "TOLLGATE_STORE_PREFIX: store.prefix: the key prefix cannot be empty",
+            ),
+            (
+                "TOLLGATE_SERVER_DASHBOARD",
+                "yes",
+                r#"TOLLGATE_SERVER_DASHBOARD: server.dashboard: "yes": provided string was not `true` or `false` (use true or false)"#,
+            ),
+        ] {
+            assert_eq!(parse(FILE, &[(var, value)]).unwrap_err(), message);
+        }
+        let e = parse(FILE, &[("TOLLGATE_STORE_ON_ERROR", "maybe")]).unwrap_err();
+        assert!(
+            e.starts_with(r#"TOLLGATE_STORE_ON_ERROR: store.on_error: "maybe": unknown variant"#),
+            "{e}"
+        );
+    }
+}

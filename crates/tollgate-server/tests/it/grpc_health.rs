@@ -1,0 +1,97 @@
+//! `grpc.health.v1.Health` on the gRPC port: the server serves while it can answer (whatever
+//! the store does, `on_error` answers), and the store's own health is reported apart.
+
+use std::time::{Duration, Instant};
+
+use tollgate_testkit::RedisServer;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+use crate::support::{HANG, Server};
+
+async fn client(server: &Server) -> HealthClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
+        .expect("the gRPC address")
+        .connect()
+        .await
+        .expect("connect to the gRPC port");
+    HealthClient::new(channel)
+}
+
+async fn status(
+    client: &mut HealthClient<tonic::transport::Channel>,
+    service: &str,
+) -> Result<ServingStatus, tonic::Code> {
+    client
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map(|r| r.into_inner().status())
+        .map_err(|s| s.code())
+}
+
+/// Polls `service` until it reports `want`; fails after the hang limit.
+async fn wait_for(
+    client: &mut HealthClient<tonic::transport::Channel>,
+    service: &str,
+    want: ServingStatus,
+) {
+    let deadline = Instant::now() + HANG;
+    loop {
+        let now = status(client, service).await;
+        if now == Ok(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{service:?}: {now:?}, not {want:?}, after {HANG:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_server_and_the_store_report_their_health() {
+    let server = Server::start("");
+    let mut health = client(&server).await;
+    assert_eq!(status(&mut health, "").await, Ok(ServingStatus::Serving));
+    assert_eq!(
+        status(&mut health, "envoy.service.ratelimit.v3.RateLimitService").await,
+        Ok(ServingStatus::Serving)
+    );
+    wait_for(&mut health, "tollgate.store", ServingStatus::Serving).await;
+    assert_eq!(
+        status(&mut health, "no.such.Service").await,
+        Err(tonic::Code::NotFound)
+    );
+}
+
+/// A Redis outage takes the store out, never the server: `on_error` still answers.
+#[tokio::test]
+async fn a_store_outage_is_reported_apart_and_the_server_keeps_serving() {
+    let mut redis = RedisServer::start();
+    let server = Server::start(&format!(
+        r#"
+[store]
+url = "{}"
+on_error = "deny"
+timeout = "200ms"
+"#,
+        redis.url()
+    ));
+    let mut health = client(&server).await;
+    wait_for(&mut health, "tollgate.store", ServingStatus::Serving).await;
+
+    redis.kill();
+    wait_for(&mut health, "tollgate.store", ServingStatus::NotServing).await;
+    assert_eq!(status(&mut health, "").await, Ok(ServingStatus::Serving));
+    assert_eq!(
+        status(&mut health, "envoy.service.ratelimit.v3.RateLimitService").await,
+        Ok(ServingStatus::Serving)
+    );
+
+    redis.restart();
+    wait_for(&mut health, "tollgate.store", ServingStatus::Serving).await;
+}
