@@ -560,6 +560,12 @@ async fn send(op: &Op, lease: &Option<String>) -> (u16, Value) {
     let status = response.status().as_u16();
     let head = method == Method::HEAD;
     let is_metrics = path.split('?').next() == Some("/metrics") && *method == Method::GET;
+    // The dashboard's page and assets are HTML, CSS and JavaScript; every error is JSON.
+    let is_page = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/") || t.contains("javascript"));
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .unwrap();
@@ -568,7 +574,7 @@ async fn send(op: &Op, lease: &Option<String>) -> (u16, Value) {
         "{op:?} -> {status}: {}",
         String::from_utf8_lossy(&bytes)
     );
-    if head || (is_metrics && status == 200) {
+    if head || ((is_metrics || is_page) && status == 200) {
         return (status, Value::Null);
     }
     let body: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
