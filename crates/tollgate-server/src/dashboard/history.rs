@@ -28,8 +28,6 @@ pub(crate) struct History {
     seconds: VecDeque<Second>,
     /// (second, store totals), the last [`STORE_WINDOW`] seconds and one more.
     store: VecDeque<(u64, StoreTotals)>,
-    /// The first reading has been taken: counts from then on are deltas.
-    started: bool,
     pub(crate) evictions: Option<u64>,
 }
 
@@ -60,11 +58,12 @@ impl History {
             };
             let delta = total.saturating_sub(self.last[id]);
             self.last[id] = total;
-            if self.started && delta > 0 {
+            // The counters start at zero with the server: the first reading's totals are
+            // the decisions since the start, counted in its second like any later delta.
+            if delta > 0 {
                 counts.push((id, delta));
             }
         }
-        self.started = true;
         match self.seconds.back_mut() {
             // Two readings in one second (a late tick, then an on-time one): one bucket.
             Some(last) if last.t >= t => {
@@ -163,6 +162,8 @@ mod tests {
     #[test]
     fn counts_per_second_come_from_the_deltas_of_the_totals() {
         let mut h = History::default();
+        // The first reading counts everything since the server started (its counters start at
+        // zero): a check answered before the first tick is not lost.
         h.record(100, reading(&[("p", "ok", true, 5)]));
         h.record(101, reading(&[("p", "ok", true, 8)]));
         // A series that appears counted all its decisions since the last reading.
@@ -184,14 +185,14 @@ mod tests {
         assert_eq!(
             got,
             [
-                ("ok", vec![0, 3, 0, 1], 4),
+                ("ok", vec![5, 3, 0, 1], 9),
                 ("rate_limited", vec![0, 0, 0, 2], 2)
             ]
         );
         // Since the last second seen: nothing new, totals still over the window.
         let (times, series) = h.series(Some(103));
         assert!(times.is_empty());
-        assert_eq!(series[0].total, 4);
+        assert_eq!(series[0].total, 9);
     }
 
     #[test]
