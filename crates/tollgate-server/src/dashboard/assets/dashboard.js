@@ -82,7 +82,7 @@ function drawChart(decisions) {
     for (const [k, v] of [['x1', L], ['x2', W - 4], ['y1', gy], ['y2', gy], ['stroke', '#c9ccd1']]) line.setAttribute(k, v);
     const t = document.createElementNS(SVG, 'text');
     t.setAttribute('x', L - 6); t.setAttribute('y', gy + 4); t.setAttribute('text-anchor', 'end');
-    t.textContent = String(top * f);
+    t.textContent = f === 1 ? top + '/s' : String(top * f);
     svg.appendChild(t);
   }
   [['−15 min', 0, 'start'], ['−10', n / 3, 'middle'], ['−5', 2 * n / 3, 'middle'], ['now', n - 1, 'end']].forEach(([label, i, anchor]) => {
