@@ -192,7 +192,7 @@ impl RedisStoreBuilder {
         let (url, certs) = self.tls(&url).map_err(bad_url)?;
         let parsed = url::parse(&url).map_err(bad_url)?;
         if url.starts_with("rediss") {
-            install_crypto_provider();
+            crypto_provider().map_err(bad_url)?;
         }
         let connect_timeout = self.timeout.max(MIN_CONNECT_TIMEOUT);
         let limit = connect_timeout * 2;
@@ -372,10 +372,22 @@ fn probe_config(timeout: Duration) -> AsyncConnectionConfig {
         .set_response_timeout(Some(timeout))
 }
 
-/// rustls needs a process-wide crypto provider; install ring unless the application chose one.
-fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
+/// rustls needs a process-wide crypto provider: the application's if it installed one, else
+/// ring's with the `ring` feature (installed here, so an application that wants another must
+/// install it before building a TLS store).
+fn crypto_provider() -> Result<(), String> {
+    if rustls::crypto::CryptoProvider::get_default().is_some() {
+        return Ok(());
+    }
+    #[cfg(feature = "ring")]
+    {
         // Err means another thread installed one first, which is just as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        Ok(())
     }
+    #[cfg(not(feature = "ring"))]
+    Err("TLS needs a rustls crypto provider: install one (e.g. \
+         `rustls::crypto::aws_lc_rs::default_provider().install_default()`) before building the \
+         store, or enable tollgate-redis's `ring` feature"
+        .to_owned())
 }

@@ -32,6 +32,19 @@
 //! bounded by [`RedisStoreBuilder::timeout`] (100 ms by default); a failure is a
 //! [`tollgate::StoreError`] that the engine answers with the policy's `on_error`.
 //!
+//! # Versions and features
+//! Redis 5.0 or newer: the scripts use commands Redis 4.0 has and replicate their effects (the
+//! default since 5.0; they ask for it on older servers). The test suite runs against Redis 7.0.
+//! Valkey speaks the same commands and scripts; it is not part of the test suite. Every key a
+//! script touches is passed in `KEYS`, as Redis Cluster (and stores that enforce declared keys)
+//! require.
+//!
+//! Cargo features:
+//! - `ring` (default): for `rediss` URLs, installs rustls's ring crypto provider as the process
+//!   default when the application has installed none. Turn it off to use another provider
+//!   (e.g. aws-lc-rs): install it with `CryptoProvider::install_default` before building a TLS
+//!   store; building one with no provider installed fails with an error that says so.
+//!
 //! # Cluster
 //! Every key of one limiter shares the limiter's hash tag, so a limiter is one slot. A plan
 //! whose keys all share one slot is one `EVALSHA`, as on one server. Otherwise the limiters of
