@@ -2,15 +2,18 @@
 
 use std::{borrow::Borrow, fmt, ops::Deref, sync::Arc, time::Duration};
 
-use serde::Serialize;
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 
 use crate::{rule::Rule, store::INLINE_RULES};
 
 /// Why a request was allowed or denied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum Reason {
     /// Every rule admitted the request.
@@ -122,7 +125,8 @@ impl fmt::Debug for LimiterName {
     }
 }
 
-impl Serialize for LimiterName {
+#[cfg(feature = "serde")]
+impl serde::Serialize for LimiterName {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&self.0)
     }

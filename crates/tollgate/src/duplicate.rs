@@ -241,8 +241,12 @@ impl FromStr for Lease {
 }
 
 /// Whether a refused duplicate's first submission is still running or done.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum DuplicateState {
     /// The first submission has not completed ("operation in progress").
     InProgress,

@@ -8,8 +8,6 @@ use std::{
     sync::Arc,
 };
 
-use serde::{Deserialize, Deserializer};
-
 use crate::{bypass::IpNet, key};
 
 /// The facts about one request that [`Dimension`]s read: client IP, user id, user name,
@@ -419,9 +417,10 @@ impl FromStr for Dimension {
     }
 }
 
-impl<'de> Deserialize<'de> for Dimension {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Dimension, D::Error> {
-        let text = String::deserialize(deserializer)?;
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Dimension {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Dimension, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
     }
 }

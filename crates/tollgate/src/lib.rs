@@ -42,6 +42,14 @@
 //! - `clock`: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - `engine`: [`Tollgate`], which checks policies against a store.
 //! - `error`: [`StoreError`], [`CheckError`], [`PolicyError`].
+//!
+//! # Features
+//! - `serde` (off by default): `Serialize`/`Deserialize` for [`Rule`] (its text form,
+//!   `"10/1m"`), [`Dimension`], [`Algorithm`], [`OnError`], and `Serialize` for [`Reason`],
+//!   [`LimiterName`] and [`DuplicateState`] (snake case: `"rate_limited"`).
+//!
+//! The crate needs no async runtime: a check is a future any executor can poll, and on the
+//! memory store its first poll decides.
 
 pub mod algorithm;
 mod blocklist;

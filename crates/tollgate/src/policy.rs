@@ -18,10 +18,12 @@ use crate::{
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 
 /// What to do when the store cannot answer.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
 )]
-#[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Fail open: admit the request.
     #[default]

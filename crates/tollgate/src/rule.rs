@@ -2,14 +2,16 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
 /// The longest window a rule may have: 366 days.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
 /// How a rule counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
 #[non_exhaustive]
 pub enum Algorithm {
     /// Exact: one entry per admitted unit, counted over the last `window`.
@@ -166,15 +168,17 @@ impl FromStr for Rule {
     }
 }
 
-impl Serialize for Rule {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+#[cfg(feature = "serde")]
+impl serde::Serialize for Rule {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }
 }
 
-impl<'de> Deserialize<'de> for Rule {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Rule, D::Error> {
-        let text = String::deserialize(deserializer)?;
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Rule {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Rule, D::Error> {
+        let text = <String as serde::Deserialize>::deserialize(deserializer)?;
         text.parse().map_err(serde::de::Error::custom)
     }
 }
@@ -370,6 +374,7 @@ mod tests {
         assert!(Rule::new(1, MAX_WINDOW + Duration::from_millis(1)).is_err());
     }
 
+    #[cfg(feature = "serde")]
     #[test]
     fn serde_uses_the_text_form() {
         let r: Rule = serde_json::from_str(r#""10/1m""#).unwrap();
