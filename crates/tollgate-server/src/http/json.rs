@@ -240,36 +240,11 @@ pub(crate) struct BanRequest {
     pub(crate) duration: String,
 }
 
-/// JSON with object keys sorted at every depth, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are
-/// one submission whatever map type serde_json was built with.
+/// The canonical form of a JSON value (RFC 8785, JCS): object keys sorted at every depth and
+/// numbers written one way, so `{"a":1,"b":2}` and `{"b":2,"a":1.0}` are one submission.
 pub(crate) fn canonical_json(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                canonical_json(v, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(v, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
+    // A `Value` always serializes: its keys are strings and its numbers finite.
+    out.push_str(&serde_jcs::to_string(value).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -347,6 +322,21 @@ limiters = [
         canonical_json(&b, &mut cb);
         assert_eq!(ca, cb);
         assert_eq!(ca, r#"{"a":"s","b":[{"x":2,"y":1}]}"#);
+    }
+
+    #[test]
+    fn canonical_json_writes_each_number_one_way() {
+        let canonical = |text: &str| {
+            let mut out = String::new();
+            canonical_json(&serde_json::from_str(text).unwrap(), &mut out);
+            out
+        };
+        assert_eq!(
+            canonical(r#"{"n":1.0,"m":[2.50,1e2]}"#),
+            r#"{"m":[2.5,100],"n":1}"#
+        );
+        assert_eq!(canonical(r#"{"n":1}"#), canonical(r#"{"n":1.0}"#));
+        assert_ne!(canonical(r#"{"n":1}"#), canonical(r#"{"n":"1"}"#));
     }
 
     #[test]
