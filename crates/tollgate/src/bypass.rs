@@ -22,10 +22,10 @@ pub struct IpNet {
 
 impl IpNet {
     /// The network `addr/prefix`; host bits are cleared.
-    pub fn new(addr: IpAddr, prefix: u8) -> Result<IpNet, String> {
+    pub fn new(addr: IpAddr, prefix: u8) -> Result<IpNet, IpNetError> {
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if prefix > max {
-            return Err(format!("prefix /{prefix} is longer than {max} bits"));
+            return Err(IpNetError::PrefixTooLong { prefix, max });
         }
         Ok(IpNet {
             addr: mask(addr, prefix),
@@ -76,16 +76,50 @@ fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
     }
 }
 
-impl FromStr for IpNet {
-    type Err = String;
+/// Why text is not an [`IpNet`], or a prefix does not fit its address.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpNetError {
+    /// The text is neither an address nor `address/prefix`.
+    #[error("{0:?} is not an IP network (e.g. 10.0.0.0/8 or 192.0.2.7)")]
+    Syntax(String),
+    /// The prefix is longer than the address (`/33` on IPv4, `/129` on IPv6).
+    #[error("prefix /{prefix} is longer than {max} bits")]
+    PrefixTooLong {
+        /// The prefix given.
+        prefix: u8,
+        /// The address family's bits: 32 or 128.
+        max: u8,
+    },
+    /// The same, in a network given as text.
+    #[error("{text:?}: prefix /{prefix} is longer than {max} bits")]
+    PrefixTooLongIn {
+        /// The text given.
+        text: String,
+        /// The prefix given.
+        prefix: u8,
+        /// The address family's bits: 32 or 128.
+        max: u8,
+    },
+}
 
-    fn from_str(s: &str) -> Result<IpNet, String> {
-        let bad = || format!("{s:?} is not an IP network (e.g. 10.0.0.0/8 or 192.0.2.7)");
+impl FromStr for IpNet {
+    type Err = IpNetError;
+
+    fn from_str(s: &str) -> Result<IpNet, IpNetError> {
+        let bad = || IpNetError::Syntax(s.to_owned());
         match s.split_once('/') {
             Some((addr, prefix)) => {
                 let addr: IpAddr = addr.trim().parse().map_err(|_| bad())?;
                 let prefix: u8 = prefix.trim().parse().map_err(|_| bad())?;
-                IpNet::new(addr, prefix).map_err(|e| format!("{s:?}: {e}"))
+                IpNet::new(addr, prefix).map_err(|e| match e {
+                    IpNetError::PrefixTooLong { prefix, max } => IpNetError::PrefixTooLongIn {
+                        text: s.to_owned(),
+                        prefix,
+                        max,
+                    },
+                    other => other,
+                })
             }
             None => {
                 let addr: IpAddr = s.trim().parse().map_err(|_| bad())?;
@@ -117,7 +151,7 @@ impl fmt::Display for IpNet {
 /// assert!(bypass.matches(&Identity::new().with_user_id("admin")));
 /// assert!(bypass.matches(&Identity::new().with_header("X-Role", "ops")));
 /// assert!(!bypass.matches(&Identity::new().with_user_id("bob")));
-/// # Ok::<(), String>(())
+/// # Ok::<(), tollgate::IpNetError>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct Bypass {
@@ -193,7 +227,13 @@ mod tests {
         assert!(net("10.0.0.0/8").contains(ip("::ffff:10.2.3.4")));
         assert!(net("203.0.113.9").contains(ip("203.0.113.9")));
         assert!(!net("203.0.113.9").contains(ip("203.0.113.8")));
-        assert!("10.0.0.0/33".parse::<IpNet>().is_err());
-        assert!("ten/8".parse::<IpNet>().is_err());
+        assert_eq!(
+            "10.0.0.0/33".parse::<IpNet>().unwrap_err().to_string(),
+            "\"10.0.0.0/33\": prefix /33 is longer than 32 bits"
+        );
+        assert_eq!(
+            "ten/8".parse::<IpNet>().unwrap_err(),
+            IpNetError::Syntax("ten/8".into())
+        );
     }
 }

@@ -35,7 +35,8 @@
 //! - `store`: the [`Store`] contract ([`CheckRequest`] in, [`Verdict`] out) and [`AnyStore`].
 //! - `blocklist`: [`BanRule`] (ban offenders after a violation, with escalation), [`BanTarget`],
 //!   [`BanEntry`].
-//! - `bypass`: [`Bypass`] (allowlisted networks, users, predicates) and [`IpNet`].
+//! - `bypass`: [`Bypass`] (allowlisted networks, users, predicates) and [`IpNet`]
+//!   ([`IpNetError`]).
 //! - `duplicate`: [`DuplicateGuard`] (refuse the second click), [`Fingerprint`], [`Lease`],
 //!   [`Acquire`].
 //! - `memory`: [`MemoryStore`], the embedded store.
@@ -67,7 +68,7 @@ mod rule;
 mod store;
 
 pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget};
-pub use bypass::{Bypass, IpNet};
+pub use bypass::{Bypass, IpNet, IpNetError};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimiterName, Reason, RuleDecision};
 pub use duplicate::{

@@ -30,7 +30,7 @@ struct Args {
     instance: Option<String>,
 }
 
-fn parse_net(text: &str) -> Result<IpNet, String> {
+fn parse_net(text: &str) -> Result<IpNet, tollgate::IpNetError> {
     text.parse()
 }
 

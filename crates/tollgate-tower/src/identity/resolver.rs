@@ -63,7 +63,7 @@ type Enrich = Arc<dyn Fn(Identity, &HeaderMap, &Extensions) -> Identity + Send +
 ///     .forwarded_header(ForwardedHeader::XForwardedFor)
 ///     .header("x-api-key");
 /// # let _ = resolver;
-/// # Ok::<(), String>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct IdentityResolver {
