@@ -34,6 +34,7 @@
 //!   timeouts, connection caps).
 //! - `envoy`: the descriptor trees (built once per configuration load) and the
 //!   `ShouldRateLimit` gRPC service (tonic).
+//! - `grpc`: the gRPC port's two services, picked by the request path's service name.
 //! - `health`: gRPC health checking (`grpc.health.v1`): the server, and the store apart.
 //! - `metrics`: Prometheus metrics.
 //! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls.
@@ -47,6 +48,7 @@ mod cli;
 mod config;
 mod dashboard;
 mod envoy;
+mod grpc;
 mod health;
 mod http;
 mod in_process;

@@ -10,7 +10,7 @@ use crate::{
     app::App,
     cli::{CheckConfigArgs, ServeArgs},
     config::Config,
-    envoy, health, http, listen,
+    envoy, grpc, health, http, listen,
     metrics::Metrics,
     store, trace,
 };
@@ -121,12 +121,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         limits.header_read_timeout,
     );
     let health = health::service(app.clone(), stop_rx.clone()).await;
-    // The Envoy service and the health service behind one small router, with request spans
-    // when asked for; served on hyper's HTTP/2 server directly.
-    let services = tonic::service::Routes::new(health).add_service(
+    // The Envoy service and the health service, picked by path, with request spans when asked
+    // for; served on hyper's HTTP/2 server directly.
+    let services = grpc::GrpcServices::new(
         envoy::service(app)
             .max_decoding_message_size(limits.grpc_max_message_bytes)
             .max_encoding_message_size(limits.grpc_max_message_bytes),
+        health,
     );
     let grpc = listen::serve_grpc(
         grpc_incoming,

@@ -34,4 +34,6 @@ mod descriptors;
 mod service;
 
 pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain};
+#[cfg(test)]
+pub(crate) use service::RateLimiter;
 pub(crate) use service::{limiter, service};

@@ -95,3 +95,37 @@ timeout = "200ms"
     redis.restart();
     wait_for(&mut health, "tollgate.store", ServingStatus::Serving).await;
 }
+
+/// A method of a service the port does not serve answers `UNIMPLEMENTED`, on a connection that
+/// goes on serving.
+#[tokio::test]
+async fn an_unknown_service_is_unimplemented() {
+    let server = Server::start("");
+    let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
+        .expect("the gRPC address")
+        .connect()
+        .await
+        .expect("connect to the gRPC port");
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    for path in [
+        "/no.such.Service/Check",
+        "/envoy.service.ratelimit.v3.RateLimitServiceX/ShouldRateLimit",
+        "/grpc.health.v1.Health/NoSuchMethod",
+    ] {
+        grpc.ready().await.expect("the channel is ready");
+        let answer: Result<tonic::Response<HealthCheckRequest>, tonic::Status> = grpc
+            .unary(
+                tonic::Request::new(HealthCheckRequest::default()),
+                hyper::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        assert_eq!(
+            answer.map(|_| ()).map_err(|s| s.code()),
+            Err(tonic::Code::Unimplemented),
+            "{path}"
+        );
+    }
+    let mut health = HealthClient::new(channel);
+    assert_eq!(status(&mut health, "").await, Ok(ServingStatus::Serving));
+}
