@@ -3,7 +3,7 @@
 //!
 //! | mode ([`DuplicateBy`](tollgate::DuplicateBy)) | same submission | a repeat while the first runs | after it completed |
 //! |---|---|---|---|
-//! | `key` | same `Idempotency-Key` (per user when known) | 409 | the first response replayed, plus `Idempotency-Replayed: true`; 422 if the key comes with another request |
+//! | `key` | same `Idempotency-Key` (per user when known) | 409 | the first response replayed, plus `Idempotent-Replayed: true` (and, for older clients, `Idempotency-Replayed: true`); 422 if the key comes with another request |
 //! | `args` | same method, path, query and body | 409 | 429 + `Retry-After` until the TTL ends |
 //! | `ip`, `user_id`, `user_name` | same client | 409 | 429 + `Retry-After` until the TTL ends |
 //!

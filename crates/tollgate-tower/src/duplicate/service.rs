@@ -233,9 +233,11 @@ fn answer_duplicate(config: &Config, duplicate: Duplicate) -> Result<Response<Bo
                 .and_then(stored::decode);
             match replay {
                 Some(mut response) => {
-                    response
-                        .headers_mut()
-                        .insert("idempotency-replayed", HeaderValue::from_static("true"));
+                    // `Idempotent-Replayed` is the name public APIs use; the older
+                    // `Idempotency-Replayed` is kept for clients that read it.
+                    let headers = response.headers_mut();
+                    headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+                    headers.insert("idempotency-replayed", HeaderValue::from_static("true"));
                     Ok(response)
                 }
                 None => Err(Rejection::Repeated {

@@ -112,6 +112,7 @@ async fn an_idempotent_repeat_replays_the_first_response_byte_for_byte() {
     let first = keyed(&server, "k1", r#"{"item":7}"#).send().await.unwrap();
     assert_eq!(first.status(), 201);
     assert_eq!(header(&first, "idempotency-replayed"), None);
+    assert_eq!(header(&first, "idempotent-replayed"), None);
     let first_headers = first.headers().clone();
     let first_body = first.bytes().await.unwrap();
 
@@ -119,6 +120,10 @@ async fn an_idempotent_repeat_replays_the_first_response_byte_for_byte() {
     assert_eq!(replay.status(), 201);
     assert_eq!(
         header(&replay, "idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        header(&replay, "idempotent-replayed").as_deref(),
         Some("true")
     );
     for name in ["content-type", "x-order"] {
