@@ -67,6 +67,37 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// The longest idempotency key accepted, in bytes (a UUID is 36; the slack is for prefixes).
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// An `Idempotency-Key` header's value as the key it names: the structured-field string form
+/// (`"abc"`) and the bare token (`abc`) are one key. The error says what is wrong, for a 400.
+///
+/// Every front end (the tower layer, the server) reads keys through this, so a client that
+/// quotes its key and one that does not are refused as the same submission everywhere.
+///
+/// ```
+/// use tollgate::idempotency_key;
+///
+/// assert_eq!(idempotency_key(" \"8e03978e\" "), Ok("8e03978e"));
+/// assert_eq!(idempotency_key("8e03978e"), Ok("8e03978e"));
+/// assert!(idempotency_key("\"\"").is_err());
+/// ```
+pub fn idempotency_key(value: &str) -> Result<&str, &'static str> {
+    let text = value.trim();
+    let key = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    if key.is_empty() {
+        return Err("the Idempotency-Key is empty");
+    }
+    if key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err("the Idempotency-Key is longer than 255 characters");
+    }
+    Ok(key)
+}
+
 /// What makes two submissions "the same".
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -73,6 +73,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimiterName, Reason, RuleDecision};
 pub use duplicate::{
     Acquire, Duplicate, DuplicateBy, DuplicateGuard, DuplicateState, Fingerprint, Lease,
+    MAX_IDEMPOTENCY_KEY_LEN, idempotency_key,
 };
 pub use engine::Tollgate;
 pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};

@@ -30,7 +30,16 @@ pub(crate) async fn acquire(
             ),
         )
     })?;
-    let identity = req.identity.into_identity();
+    let mut identity = req.identity;
+    // One reading of an idempotency key everywhere: `"abc"` and `abc` are one key.
+    for (name, value) in &mut identity.headers {
+        if name.eq_ignore_ascii_case("idempotency-key") {
+            let key = tollgate::idempotency_key(value)
+                .map_err(|why| ApiError::new(StatusCode::BAD_REQUEST, why))?;
+            *value = key.to_owned();
+        }
+    }
+    let identity = identity.into_identity();
     let mut canonical = String::new();
     canonical_json(&req.args, &mut canonical);
     let fingerprint = Fingerprint::of(canonical.as_bytes());

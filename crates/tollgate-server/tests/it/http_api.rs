@@ -686,3 +686,32 @@ async fn a_peek_answered_without_the_store_counts_no_store_call() {
         "{metrics}"
     );
 }
+
+/// An idempotency key in its structured-field form (`"k"`) and bare (`k`) is one key, as in
+/// the tower layer; an empty one is a 400 that says so.
+#[tokio::test]
+async fn a_quoted_and_a_bare_idempotency_key_are_one_key() {
+    let server = Server::start(
+        r#"
+[policies.orders]
+limiters = [{ by = "global", rules = ["100/1s"] }]
+duplicate = { by = "key", ttl = "1m" }
+"#,
+    );
+    let acquire = |key: &str| json!({ "policy": "orders", "identity": { "headers": { "Idempotency-Key": key } }, "args": {} });
+    let (status, first) = server
+        .post("/v1/duplicate/acquire", acquire("\"k-1\""))
+        .await;
+    assert_eq!((status, &first["acquired"]), (200, &json!(true)), "{first}");
+    let (_, bare) = server.post("/v1/duplicate/acquire", acquire("k-1")).await;
+    assert_eq!(bare["acquired"], false, "{bare}");
+    let (_, other) = server.post("/v1/duplicate/acquire", acquire("k-2")).await;
+    assert_eq!(other["acquired"], true, "{other}");
+
+    let (status, empty) = server.post("/v1/duplicate/acquire", acquire("\"\"")).await;
+    assert_eq!(status, 400, "{empty}");
+    assert!(
+        empty.to_string().contains("Idempotency-Key is empty"),
+        "{empty}"
+    );
+}

@@ -22,9 +22,6 @@ use crate::{engine::LeaseGuard, identity::identity_of, rejection::Rejection};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Longest accepted `Idempotency-Key` (UUIDs are 36 characters; the slack is for prefixes).
-const MAX_KEY_LEN: usize = 255;
-
 /// The service of a [`DuplicateLayer`](crate::DuplicateLayer).
 ///
 /// The inner service receives an [`axum::body::Body`] (the request body may have been
@@ -165,19 +162,8 @@ fn idempotency_key<B>(request: &Request<B>) -> Result<Option<String>, &'static s
     }
     let text = value
         .to_str()
-        .map_err(|_| "the Idempotency-Key must be visible ASCII")?
-        .trim();
-    let key = text
-        .strip_prefix('"')
-        .and_then(|t| t.strip_suffix('"'))
-        .unwrap_or(text);
-    if key.is_empty() {
-        return Err("the Idempotency-Key is empty");
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err("the Idempotency-Key is longer than 255 characters");
-    }
-    Ok(Some(key.to_owned()))
+        .map_err(|_| "the Idempotency-Key must be visible ASCII")?;
+    Ok(Some(tollgate::idempotency_key(text)?.to_owned()))
 }
 
 /// Reads the body (up to `cap` bytes) and fingerprints method, path, query and body; gives
