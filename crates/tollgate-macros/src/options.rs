@@ -76,6 +76,26 @@ fn string_list(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<LitStr>> {
     Ok(list.into_iter().collect())
 }
 
+/// `rules`: a list (`["1/1m", "10 per hour"]`) or one string of rules separated by `;`
+/// (`"1/1m; 10 per hour"`), as one literal per rule.
+fn rule_list(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<LitStr>> {
+    let value = meta.value()?;
+    if !value.peek(LitStr) {
+        let content;
+        bracketed!(content in value);
+        let list = Punctuated::<LitStr, syn::Token![,]>::parse_terminated(&content)?;
+        return Ok(list.into_iter().collect());
+    }
+    let lit: LitStr = value.parse()?;
+    Ok(lit
+        .value()
+        .split(';')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(|part| LitStr::new(part, lit.span()))
+        .collect())
+}
+
 /// A duration option (`"5s"`): checked now, parsed again at run time.
 fn duration(lit: &LitStr, what: &str) -> syn::Result<()> {
     match parse_duration(&lit.value()) {
@@ -117,7 +137,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
             .unwrap_or_default();
         match key.as_str() {
             "by" => set(&mut by, meta.value()?.parse::<LitStr>()?, &meta, "by"),
-            "rules" => set(&mut rules, string_list(&meta)?, &meta, "rules"),
+            "rules" => set(&mut rules, rule_list(&meta)?, &meta, "rules"),
             "name" => set(
                 &mut name,
                 non_empty(meta.value()?.parse()?, "name")?,

@@ -252,7 +252,7 @@ fn on_error_name(on_error: OnError) -> &'static str {
 /// A configuration error: the file, the line (when known), the field and what was expected.
 ///
 /// Displays as `tollgate.toml:14: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit
-/// "x" (use ms, s, m, h, d)`.
+/// "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     file: String,
@@ -405,6 +405,39 @@ impl<'de> Deserialize<'de> for DurationText {
     }
 }
 
+/// `rules`: a list of rules (`["10/1m", "100 per hour"]`), or one string of rules separated by
+/// `;` (`"10/1m; 100 per hour"`).
+#[derive(Debug, Default)]
+pub(crate) struct RuleList(pub(crate) Vec<Rule>);
+
+impl<'de> Deserialize<'de> for RuleList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Rules;
+        impl<'de> de::Visitor<'de> for Rules {
+            type Value = RuleList;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a list of rules such as [\"10/1m\", \"100/1h\"], or one string such as \"10/1m; 100/1h\"",
+                )
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<RuleList, E> {
+                tollgate::parse_rules(text).map(RuleList).map_err(E::custom)
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RuleList, A::Error> {
+                let mut rules = Vec::new();
+                while let Some(rule) = seq.next_element::<Rule>()? {
+                    rules.push(rule);
+                }
+                Ok(RuleList(rules))
+            }
+        }
+        deserializer.deserialize_any(Rules)
+    }
+}
+
 /// A value parsed with `FromStr`, the error message kept as the parser wrote it.
 #[derive(Debug, Clone)]
 struct Parsed<T>(T);
@@ -476,7 +509,7 @@ struct RawPolicy {
 #[serde(deny_unknown_fields)]
 struct RawLimiter {
     by: Dimension,
-    rules: Vec<Rule>,
+    rules: RuleList,
     algorithm: Option<Algorithm>,
     name: Option<Spanned<String>>,
     message: Option<String>,
@@ -871,7 +904,7 @@ impl RawPolicy {
             let span = raw.span();
             let here = format!("{field}.limiters[{i}]");
             let raw = raw.into_inner();
-            if raw.rules.is_empty() {
+            if raw.rules.0.is_empty() {
                 return Err(errors.at(
                     Some(span),
                     format!("{here}.rules"),
@@ -899,8 +932,8 @@ impl RawPolicy {
                 ));
             }
             names.push(limiter_name.clone());
-            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
-            for (j, rule) in raw.rules.iter().enumerate() {
+            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.0.len());
+            for (j, rule) in raw.rules.0.iter().enumerate() {
                 let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
                 if rules.contains(&rule) {
                     return Err(errors.at(
@@ -965,12 +998,26 @@ mod tests {
     }
 
     #[test]
+    fn rules_may_be_one_string() {
+        let config = Config::parse(
+            "t.toml",
+            "[policies.a]\nlimiters = [{ by = \"ip\", rules = \"1/s; 100 per hour\" }]\n",
+        )
+        .unwrap();
+        let rules = config.policies["a"].policy.limiters()[0].rules().to_vec();
+        assert_eq!(
+            rules,
+            vec!["1/1s".parse().unwrap(), "100/1h".parse().unwrap()]
+        );
+    }
+
+    #[test]
     fn errors_name_file_line_field_and_expectation() {
         let text =
             "[policies.sms]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\", \"10/1x\"] },\n]\n";
         assert_eq!(
             err(text),
-            r#"t.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d)"#
+            r#"t.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
         );
     }
 
@@ -997,6 +1044,13 @@ mod tests {
             e.starts_with("t.toml:4: policies.a.limiters[1]: two limiters are named \"ip\""),
             "{e}"
         );
+        let e = err("[policies.a]\nlimiters = [\n { by = \"ip\", rules = \"1/1m; 5/x\" },\n]\n");
+        assert!(
+            e.starts_with(r#"t.toml:3: policies.a.limiters[0].rules: "5/x": unknown unit "x""#),
+            "{e}"
+        );
+        let e = err("[policies.a]\nlimiters = [\n { by = \"ip\", rules = 5 },\n]\n");
+        assert!(e.contains("expected a list of rules such as"), "{e}");
         let e = err("[policies.a]\nlimiters = [\n { by = \"ip\", rules = [] },\n]\n");
         assert!(
             e.starts_with("t.toml:3: policies.a.limiters[0].rules: a limiter needs"),
@@ -1086,7 +1140,7 @@ mod tests {
         );
         assert_eq!(
             err("[server]\nbody_read_timeout = \"10x\"\n"),
-            r#"t.toml:2: server.body_read_timeout: "10x": unknown unit "x" (use ms, s, m, h, d)"#
+            r#"t.toml:2: server.body_read_timeout: "10x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
         );
         assert_eq!(
             err("[server]\n\nmax_connections = 0\n"),

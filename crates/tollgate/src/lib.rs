@@ -83,7 +83,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use policy::{Limiter, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder};
 pub use rule::{
     Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,
-    parse_duration,
+    parse_duration, parse_rules,
 };
 pub use store::{
     AnyStore, BanKey, CheckRequest, HeldLock, INLINE_RULES, LimiterRequest, LockReply, Outcomes,

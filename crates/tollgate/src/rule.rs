@@ -70,9 +70,12 @@ impl FromStr for Algorithm {
 /// assert_eq!(rule.window(), Duration::from_secs(60));
 /// assert_eq!(rule.algorithm(), Algorithm::SlidingLog);
 /// assert_eq!(rule.to_string(), "10/1m");
+/// assert_eq!("10 per minute".parse::<Rule>()?, rule);
+/// assert_eq!("10/minute".parse::<Rule>()?, rule);
 ///
 /// let err = "10/1x".parse::<Rule>().unwrap_err();
-/// assert_eq!(err.to_string(), r#""10/1x": unknown unit "x" (use ms, s, m, h, d)"#);
+/// assert_eq!(err.text(), "10/1x");
+/// assert!(err.to_string().contains(r#"unknown unit "x" (use ms, s, m, h, d, w"#));
 /// # Ok::<(), tollgate::RuleError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -151,6 +154,7 @@ impl FromStr for Rule {
         let fail = |kind| RuleError::new(text.to_owned(), kind);
         let (limit, window) = text
             .split_once('/')
+            .or_else(|| split_per(text))
             .ok_or_else(|| fail(RuleErrorKind::MissingSlash))?;
         let limit = limit.trim();
         let limit: u64 = limit
@@ -183,6 +187,38 @@ impl<'de> serde::Deserialize<'de> for Rule {
     }
 }
 
+/// `10 per minute` as (`10`, `minute`): `per` between spaces, any case.
+fn split_per(text: &str) -> Option<(&str, &str)> {
+    let lower = text.to_ascii_lowercase();
+    let at = lower.find(" per ")?;
+    Some((&text[..at], &text[at + " per ".len()..]))
+}
+
+/// Several rules in one text, separated by `;` (`"1/s; 5/m; 100 per day"`), each in any form
+/// [`Rule`] parses. Empty parts (a trailing `;`) are skipped; no rule at all is an error.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let rules = tollgate::parse_rules("1/s; 5/m; 100 per day")?;
+/// assert_eq!(rules.len(), 3);
+/// assert_eq!(rules[2].window(), Duration::from_secs(86_400));
+/// assert!(tollgate::parse_rules("1/s; 5/x").is_err());
+/// # Ok::<(), tollgate::RuleError>(())
+/// ```
+pub fn parse_rules(text: &str) -> Result<Vec<Rule>, RuleError> {
+    let rules = text
+        .split(';')
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .map(str::parse)
+        .collect::<Result<Vec<Rule>, RuleError>>()?;
+    if rules.is_empty() {
+        return Err(RuleError::new(text.to_owned(), RuleErrorKind::MissingSlash));
+    }
+    Ok(rules)
+}
+
 /// A rule that could not be built or parsed, with the text it came from.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?}: {kind}")]
@@ -211,8 +247,8 @@ impl RuleError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RuleErrorKind {
-    /// No `/` between limit and window.
-    #[error("expected LIMIT/WINDOW, e.g. 10/1m")]
+    /// No `/` (or ` per `) between limit and window.
+    #[error("expected LIMIT/WINDOW, e.g. 10/1m or 10 per minute")]
     MissingSlash,
     /// The limit is not a whole number.
     #[error("limit {0:?} is not a whole number")]
@@ -245,23 +281,28 @@ pub enum DurationError {
     #[error("duration {0:?} does not start with a whole number")]
     BadNumber(String),
     /// The number has no unit.
-    #[error("duration {0:?} has no unit (use ms, s, m, h, d)")]
+    #[error(
+        "duration {0:?} has no unit (use ms, s, m, h, d, w or second, minute, hour, day, week)"
+    )]
     MissingUnit(String),
-    /// The unit is not one of ms, s, m, h, d.
-    #[error("unknown unit {0:?} (use ms, s, m, h, d)")]
+    /// The unit is not one of ms, s, m, h, d, w or their names.
+    #[error("unknown unit {0:?} (use ms, s, m, h, d, w or second, minute, hour, day, week)")]
     UnknownUnit(String),
     /// The number does not fit.
     #[error("duration {0:?} is too long")]
     Overflow(String),
 }
 
-/// Parses `500ms`, `10s`, `1m`, `2h`, `1d`: a whole number and a unit.
+/// Parses `500ms`, `10s`, `1m`, `2h`, `1d`, `1w`: a whole number and a unit, short or named
+/// (`millisecond`, `second`/`sec`, `minute`/`min`, `hour`, `day`, `week`, singular or plural,
+/// any case), with or without a space between.
 ///
 /// ```
 /// # use std::time::Duration;
 /// assert_eq!(tollgate::parse_duration("500ms"), Ok(Duration::from_millis(500)));
 /// assert_eq!(tollgate::parse_duration("2h"), Ok(Duration::from_secs(7200)));
-/// assert!(tollgate::parse_duration("2 weeks").is_err());
+/// assert_eq!(tollgate::parse_duration("2 weeks"), Ok(Duration::from_secs(14 * 86_400)));
+/// assert!(tollgate::parse_duration("2 fortnights").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let text = text.trim();
@@ -278,14 +319,25 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let number: u64 = number
         .parse()
         .map_err(|_| DurationError::Overflow(text.to_owned()))?;
-    let unit_ms: u64 = match unit.trim() {
+    // The one-letter units are lower case only (`M` is not a minute); names in any case.
+    let unit = unit.trim();
+    let unit_ms: u64 = match unit {
         "" => return Err(DurationError::MissingUnit(text.to_owned())),
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        other => return Err(DurationError::UnknownUnit(other.to_owned())),
+        "w" => 7 * 86_400_000,
+        name => match name.to_ascii_lowercase().as_str() {
+            "millisecond" | "milliseconds" => 1,
+            "sec" | "second" | "seconds" => 1_000,
+            "min" | "minute" | "minutes" => 60_000,
+            "hour" | "hours" => 3_600_000,
+            "day" | "days" => 86_400_000,
+            "week" | "weeks" => 7 * 86_400_000,
+            _ => return Err(DurationError::UnknownUnit(unit.to_owned())),
+        },
     };
     number
         .checked_mul(unit_ms)
@@ -330,6 +382,43 @@ mod tests {
     }
 
     #[test]
+    fn parses_unit_names_per_and_weeks() {
+        for (text, same) in [
+            ("10/minute", "10/1m"),
+            ("10 per minute", "10/1m"),
+            ("100 per hour", "100/1h"),
+            ("100 PER Hour", "100/1h"),
+            ("5/second", "5/1s"),
+            ("5 per 30 seconds", "5/30s"),
+            ("1/day", "1/1d"),
+            ("1000/w", "1000/7d"),
+            ("1000 per 2 weeks", "1000/14d"),
+            ("3/10min", "3/10m"),
+            ("7/250 milliseconds", "7/250ms"),
+        ] {
+            assert_eq!(rule(text), rule(same), "{text}");
+        }
+        // Shown in the canonical short form (a week as days: the form keys were made with).
+        assert_eq!(rule("1/week").to_string(), "1/7d");
+        assert!("1/1M".parse::<Rule>().is_err(), "M is not a minute");
+        assert!("10 per".parse::<Rule>().is_err());
+        assert!("per minute".parse::<Rule>().is_err());
+        assert_eq!(
+            "10 per fortnight".parse::<Rule>().unwrap_err().to_string(),
+            r#""10 per fortnight": unknown unit "fortnight" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+        );
+    }
+
+    #[test]
+    fn several_rules_in_one_text() {
+        let rules = parse_rules("1/s; 5/m ;100 per day;").unwrap();
+        assert_eq!(rules, vec![rule("1/1s"), rule("5/1m"), rule("100/1d")]);
+        let err = parse_rules("1/s; 5/x").unwrap_err();
+        assert_eq!(err.text(), "5/x");
+        assert!(parse_rules(" ; ").is_err());
+    }
+
+    #[test]
     fn displays_canonically_and_round_trips() {
         for (text, shown) in [
             ("10/60s", "10/1m"),
@@ -348,19 +437,22 @@ mod tests {
         let err = |t: &str| t.parse::<Rule>().unwrap_err().to_string();
         assert_eq!(
             err("10/1x"),
-            r#""10/1x": unknown unit "x" (use ms, s, m, h, d)"#
+            r#""10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
         );
         assert_eq!(
             err("ten/1m"),
             r#""ten/1m": limit "ten" is not a whole number"#
         );
         assert_eq!(err("0/1m"), r#""0/1m": limit must be at least 1"#);
-        assert_eq!(err("10"), r#""10": expected LIMIT/WINDOW, e.g. 10/1m"#);
+        assert_eq!(
+            err("10"),
+            r#""10": expected LIMIT/WINDOW, e.g. 10/1m or 10 per minute"#
+        );
         assert_eq!(err("10/0s"), r#""10/0s": window must be at least 1ms"#);
         assert_eq!(err("10/367d"), r#""10/367d": window must be at most 366d"#);
         assert_eq!(
             err("10/5"),
-            r#""10/5": duration "5" has no unit (use ms, s, m, h, d)"#
+            r#""10/5": duration "5" has no unit (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
         );
         assert_eq!(err("-1/1m"), r#""-1/1m": limit "-1" is not a whole number"#);
     }

@@ -231,7 +231,7 @@ prefix = "file"
             (
                 "TOLLGATE_STORE_TIMEOUT",
                 "5x",
-                r#"TOLLGATE_STORE_TIMEOUT: store.timeout: "5x": unknown unit "x" (use ms, s, m, h, d)"#,
+                r#"TOLLGATE_STORE_TIMEOUT: store.timeout: "5x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#,
             ),
             (
                 "TOLLGATE_STORE_URL",

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use tollgate::{Algorithm, OnError, Rule, key::push_part};
 use toml::Spanned;
 
-use crate::metrics::DecisionHandles;
+use crate::{config::RuleList, metrics::DecisionHandles};
 
 /// `[[envoy.domains]]` as written.
 #[derive(Debug, Deserialize)]
@@ -32,7 +32,7 @@ pub(crate) struct RawDescriptor {
     pub(crate) key: String,
     pub(crate) value: Option<String>,
     #[serde(default)]
-    pub(crate) rules: Vec<Rule>,
+    pub(crate) rules: RuleList,
     pub(crate) algorithm: Option<Algorithm>,
     #[serde(default)]
     pub(crate) shadow: bool,
@@ -199,14 +199,14 @@ impl DomainsBuilder {
                     "an empty value matches nothing; leave `value` out to match any value".into(),
                 );
             }
-            if raw.rules.is_empty() && raw.descriptors.is_empty() {
+            if raw.rules.0.is_empty() && raw.descriptors.is_empty() {
                 return fail(
                     ".rules",
                     "a descriptor needs rules, nested descriptors, or both".into(),
                 );
             }
-            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
-            for (j, rule) in raw.rules.iter().enumerate() {
+            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.0.len());
+            for (j, rule) in raw.rules.0.iter().enumerate() {
                 let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
                 if rules.contains(&rule) {
                     return fail(

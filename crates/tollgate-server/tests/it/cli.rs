@@ -46,7 +46,7 @@ fn check_config_names_file_line_field_and_expectation() {
     let cases = [
         (
             "[policies.sms]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\", \"10/1x\"] },\n]\n",
-            r#"error: DIR/tollgate.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d)"#,
+            r#"error: DIR/tollgate.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#,
         ),
         (
             "[store]\nurl = \"memory://\"\non_eror = \"deny\"\n",

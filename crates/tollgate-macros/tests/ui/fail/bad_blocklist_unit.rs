@@ -1,6 +1,6 @@
 use tollgate_tower::{Rejection, rate_limit};
 
-#[rate_limit(by = "ip", rules = ["1/1m"], blocklist = "10 minutes")]
+#[rate_limit(by = "ip", rules = ["1/1m"], blocklist = "10 moments")]
 async fn send_code() -> Result<(), Rejection> {
     Ok(())
 }

@@ -21,7 +21,7 @@ async fn send_code(State(_state): State<AppState>) -> Result<&'static str, Rejec
 }
 
 #[prevent_duplicate(by = "args", ttl = "5s", global = false, args = ["order"])]
-#[rate_limit(by = "global", rules = ["1000/1s"])]
+#[rate_limit(by = "global", rules = "1000/1s; 10000 per minute")]
 #[rate_limit(by = "ip", rules = ["100/1m"], ipv6_prefix = 48, ipv4_prefix = 24)]
 async fn submit(State(_state): State<AppState>, Json(order): Json<Order>) -> Result<Json<Order>, Rejection> {
     Ok(Json(order))
