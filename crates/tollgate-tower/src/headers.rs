@@ -10,6 +10,67 @@ pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelim
 /// The `RateLimit` field name.
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
+/// Which rate-limit fields a response carries ([`RateLimitLayer::header_style`](crate::RateLimitLayer::header_style)).
+///
+/// The draft fields describe every rule; the older forms have room for one, so they describe
+/// the rule closest to denying (the fewest units left; of those, the longest to reset).
+/// `Retry-After` is sent on a 429 whatever the style.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers), every rule.
+    #[default]
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
+    /// rule's quota is back), as many existing clients and gateways read them.
+    Legacy,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (the draft's sixth
+    /// revision): the same three numbers.
+    Draft6,
+    /// No rate-limit fields on allowed responses; a 429 still carries the draft fields (a
+    /// refusal always says why).
+    None,
+}
+
+const LEGACY: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit"),
+    HeaderName::from_static("x-ratelimit-remaining"),
+    HeaderName::from_static("x-ratelimit-reset"),
+];
+const DRAFT6: [HeaderName; 3] = [
+    HeaderName::from_static("ratelimit-limit"),
+    HeaderName::from_static("ratelimit-remaining"),
+    HeaderName::from_static("ratelimit-reset"),
+];
+
+/// Writes the one-rule fields of `style` (`Legacy` or `Draft6`) for the rule of `rules` closest
+/// to denying; nothing for the other styles or without rules.
+pub(crate) fn insert_single_rule(
+    style: HeaderStyle,
+    rules: &[RuleDecision],
+    headers: &mut HeaderMap,
+) {
+    let names = match style {
+        HeaderStyle::Legacy => &LEGACY,
+        HeaderStyle::Draft6 => &DRAFT6,
+        HeaderStyle::Draft | HeaderStyle::None => return,
+    };
+    let Some(rule) = rules
+        .iter()
+        .min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)))
+    else {
+        return;
+    };
+    let values = [
+        rule.rule.limit(),
+        rule.remaining,
+        ceil_secs(rule.reset_after),
+    ];
+    for (name, value) in names.iter().zip(values) {
+        headers.insert(name.clone(), HeaderValue::from(value));
+    }
+}
+
 /// Whole seconds, rounded up: a client that waits this long is never early.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)

@@ -72,7 +72,7 @@ pub mod __private;
 
 pub use context::{Context, ContextFuture, ContextLayer, ContextService};
 pub use duplicate::{DuplicateFuture, DuplicateLayer, DuplicateService};
-pub use headers::insert_rate_limit_headers;
+pub use headers::{HeaderStyle, insert_rate_limit_headers};
 pub use identity::{AuthUser, ForwardedHeader, IdentityResolver, PeerAddr};
 pub use rate_limit::{RateLimitFuture, RateLimitLayer, RateLimitService};
 pub use rejection::Rejection;

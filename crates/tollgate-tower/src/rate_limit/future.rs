@@ -13,7 +13,11 @@ use tollgate::{CheckError, Decision};
 use tower_service::Service;
 
 use super::layer::Config;
-use crate::{engine::BoxFuture, rejection::Rejection};
+use crate::{
+    engine::BoxFuture,
+    headers::{HeaderStyle, RATELIMIT, RATELIMIT_POLICY, insert_single_rule},
+    rejection::Rejection,
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -89,14 +93,18 @@ where
                         unreachable!("the inner call is taken once");
                     };
                     let future = inner.call(request);
-                    let decision = this.config.headers.then_some(decision);
+                    let decision = (this.config.style != HeaderStyle::None).then_some(decision);
                     this.state.set(State::Calling { future, decision });
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = response.map(Body::new);
                     if let Some(decision) = decision.take() {
-                        this.config.fields.insert(&decision, response.headers_mut());
+                        let headers = response.headers_mut();
+                        match this.config.style {
+                            HeaderStyle::Draft => this.config.fields.insert(&decision, headers),
+                            style => insert_single_rule(style, decision.rules(), headers),
+                        }
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -106,8 +114,21 @@ where
 }
 
 fn reject(config: &Config, rejection: Rejection) -> Response<Body> {
-    match &config.on_rejection {
-        Some(f) => f(rejection),
-        None => rejection.into_response(),
+    if let Some(f) = &config.on_rejection {
+        return f(rejection);
     }
+    if matches!(config.style, HeaderStyle::Draft | HeaderStyle::None) {
+        return rejection.into_response();
+    }
+    // Another style: the rejection's draft fields replaced by the layer's.
+    let rules = match &rejection {
+        Rejection::RateLimited(decision) => decision.rules().to_vec(),
+        _ => Vec::new(),
+    };
+    let mut response = rejection.into_response();
+    let headers = response.headers_mut();
+    headers.remove(RATELIMIT);
+    headers.remove(RATELIMIT_POLICY);
+    insert_single_rule(config.style, &rules, headers);
+    response
 }

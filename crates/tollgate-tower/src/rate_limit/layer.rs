@@ -8,7 +8,7 @@ use tower_layer::Layer;
 use super::RateLimitService;
 use crate::{
     engine::{SharedGate, erase},
-    headers::PolicyFields,
+    headers::{HeaderStyle, PolicyFields},
     identity::IdentityResolver,
     rejection::Rejection,
 };
@@ -54,7 +54,7 @@ pub(crate) struct Config {
     pub(crate) resolver: IdentityResolver,
     /// The headers the policy's `header:<name>` dimensions read.
     pub(crate) wanted: Vec<HeaderName>,
-    pub(crate) headers: bool,
+    pub(crate) style: HeaderStyle,
     /// The policy's header fields that never change.
     pub(crate) fields: Arc<PolicyFields>,
     pub(crate) cost: u64,
@@ -79,7 +79,7 @@ impl RateLimitLayer {
                 policy,
                 resolver: IdentityResolver::new(),
                 wanted,
-                headers: true,
+                style: HeaderStyle::Draft,
                 cost: 1,
                 on_rejection: None,
             }),
@@ -119,10 +119,35 @@ impl RateLimitLayer {
         self
     }
 
-    /// Whether allowed responses carry `RateLimit-Policy` and `RateLimit` (default: yes).
+    /// Whether responses carry rate-limit fields (default: yes, in [`HeaderStyle::Draft`]);
+    /// `false` is [`HeaderStyle::None`].
     #[must_use]
-    pub fn headers(mut self, enabled: bool) -> RateLimitLayer {
-        Arc::make_mut(&mut self.config).headers = enabled;
+    pub fn headers(self, enabled: bool) -> RateLimitLayer {
+        self.header_style(if enabled {
+            HeaderStyle::Draft
+        } else {
+            HeaderStyle::None
+        })
+    }
+
+    /// Which rate-limit fields allowed responses and 429s carry (default
+    /// [`HeaderStyle::Draft`]): the draft's `RateLimit-Policy`/`RateLimit`, the legacy
+    /// `X-RateLimit-*`, the sixth draft's `RateLimit-Limit/Remaining/Reset`, or none on
+    /// allowed responses.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};
+    /// use tollgate_tower::{HeaderStyle, RateLimitLayer};
+    /// # let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    /// # let policy = Policy::builder("api").limiter(Limiter::new(Dimension::Ip, ["100/1m".parse()?])).build()?;
+    ///
+    /// let layer = RateLimitLayer::new(gate, policy).header_style(HeaderStyle::Legacy);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn header_style(mut self, style: HeaderStyle) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).style = style;
         self
     }
 

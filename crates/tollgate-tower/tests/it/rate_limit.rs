@@ -12,7 +12,7 @@ use tollgate::{
     BanRule, Bypass, CheckRequest, Dimension, Limiter, OnError, Policy, Store, StoreError,
     StoreErrorKind, Tollgate, Verdict,
 };
-use tollgate_tower::{IdentityResolver, RateLimitLayer};
+use tollgate_tower::{HeaderStyle, IdentityResolver, RateLimitLayer};
 
 use crate::support::{Server, client, gate, header, problem};
 
@@ -483,4 +483,53 @@ async fn ipv6_clients_count_by_their_64_and_the_layer_can_widen_it() {
         [200]
     );
     assert_eq!(wide_calls.load(Ordering::SeqCst), 5);
+}
+
+/// The legacy `X-RateLimit-*` and the sixth draft's `RateLimit-Limit/Remaining/Reset` fields
+/// describe the rule closest to denying, on allowed responses and on the 429, in place of the
+/// draft's fields.
+#[tokio::test]
+async fn legacy_and_draft6_header_styles() {
+    for (style, prefix) in [
+        (HeaderStyle::Legacy, "x-ratelimit-"),
+        (HeaderStyle::Draft6, "ratelimit-"),
+    ] {
+        let (gate, _) = gate();
+        let policy = Policy::builder("api")
+            .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m", "10/1h"])))
+            .build()
+            .unwrap();
+        let (app, _) = counted(RateLimitLayer::new(gate, policy).header_style(style));
+        let server = Server::start(app).await;
+        let http = client();
+        let field =
+            |response: &reqwest::Response, name: &str| header(response, &format!("{prefix}{name}"));
+
+        let first = http.get(server.at("/")).send().await.unwrap();
+        assert_eq!(first.status(), 200);
+        // 2/1m has 1 left, 10/1h has 9: the minute rule is the closer one.
+        assert_eq!(field(&first, "limit").as_deref(), Some("2"), "{style:?}");
+        assert_eq!(
+            field(&first, "remaining").as_deref(),
+            Some("1"),
+            "{style:?}"
+        );
+        assert_eq!(field(&first, "reset").as_deref(), Some("60"), "{style:?}");
+        assert_eq!(header(&first, "ratelimit"), None, "{style:?}");
+        assert_eq!(header(&first, "ratelimit-policy"), None, "{style:?}");
+
+        http.get(server.at("/")).send().await.unwrap();
+        let denied = http.get(server.at("/")).send().await.unwrap();
+        assert_eq!(denied.status(), 429);
+        assert_eq!(field(&denied, "limit").as_deref(), Some("2"), "{style:?}");
+        assert_eq!(
+            field(&denied, "remaining").as_deref(),
+            Some("0"),
+            "{style:?}"
+        );
+        let reset: u64 = field(&denied, "reset").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&reset), "{style:?}: {reset}");
+        assert!(header(&denied, "retry-after").is_some(), "{style:?}");
+        assert_eq!(header(&denied, "ratelimit"), None, "{style:?}");
+    }
 }
