@@ -353,17 +353,29 @@ impl RateLimiter {
             && has_denied
             && (0..counters.len()).all(|c| !denied_by(&first, c) || counters[c].node.shadow);
         if !only_shadow_denied {
+            self.record_decision(domain, first.answer.reason(), first.answer.allowed());
             return self.statuses(counters, &first, None);
         }
         let rest: SmallVec<[bool; 4]> =
             (0..counters.len()).map(|c| !denied_by(&first, c)).collect();
         if !rest.contains(&true) {
+            // Only shadow counters, all denying: the request is admitted.
+            self.record_decision(domain, Reason::Ok, true);
             return (0..counters.len())
                 .map(|c| first.status(c, &counters[c].node, false))
                 .collect();
         }
         let second = self.check(domain, keys, counters, &rest, cost).await;
+        self.record_decision(domain, second.answer.reason(), second.answer.allowed());
         self.statuses(counters, &second, Some(&first))
+    }
+
+    /// Counts the request's one decision (a request whose shadow counters denied is checked
+    /// twice but decided once).
+    fn record_decision(&self, domain: &Domain, reason: Reason, allowed: bool) {
+        self.app
+            .metrics
+            .decision(&domain.metrics, &domain.scope, reason, allowed);
     }
 
     /// The statuses from `checked`; counters it left out are reported from `dropped_from`
@@ -391,7 +403,8 @@ impl RateLimiter {
             .collect()
     }
 
-    /// One atomic check of the counters marked in `active`, recorded in the metrics.
+    /// One atomic check of the counters marked in `active` (its store call timed in the
+    /// metrics).
     async fn check(
         &self,
         domain: &Domain,
@@ -445,13 +458,9 @@ impl RateLimiter {
                 }
             }
         };
-        self.app.record(
-            "check",
-            (&domain.metrics, &domain.scope),
-            answer.reason(),
-            answer.allowed(),
-            started,
-        );
+        // Every store call is timed; the request's decision is counted once, by the caller.
+        self.app
+            .record_store_call("check", answer.reason(), started);
         Checked {
             answer,
             cost,

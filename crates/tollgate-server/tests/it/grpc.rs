@@ -263,3 +263,31 @@ async fn a_descriptor_limit_override_replaces_the_configured_rules() {
         assert_eq!(limit(&r.statuses[0]).0, 1, "the configured 1/1m applies");
     }
 }
+
+/// A request whose shadow descriptor denies is checked twice (the others again, without it)
+/// but counted as one admitted decision, never also as a denied one.
+#[tokio::test]
+async fn a_shadow_denial_is_one_admitted_decision() {
+    let server = Server::start(CONFIG);
+    let mut rls = server.grpc_client().await;
+    let shadow = descriptor(&[("shadowed", "y")]);
+    let ra = descriptor(&[("remote_address", "198.51.100.9")]);
+    for descriptors in [vec![shadow.clone()], vec![shadow.clone()], vec![shadow, ra]] {
+        let r = should_rate_limit(&mut rls, "edge", descriptors, 0).await;
+        assert_eq!(overall(&r), Code::Ok);
+    }
+    let (_, metrics) = server.get_text("/metrics").await;
+    let count = |labels: &str| -> u64 {
+        let prefix = format!("tollgate_decisions_total{{policy=\"envoy:edge\",{labels}}} ");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    assert_eq!(count(r#"reason="ok",allowed="true""#), 3, "{metrics}");
+    assert_eq!(
+        count(r#"reason="rate_limited",allowed="false""#),
+        0,
+        "{metrics}"
+    );
+}
