@@ -29,7 +29,7 @@
 //!   limited per client address).
 //! - `app`: the state handlers share (engine, current configuration, metrics) and reload.
 //! - `http`: the HTTP/JSON API (axum): wire types, errors, and the handlers by concern
-//!   (checks, duplicate guard, admin, operations); every 4xx body is `{"error": "..."}`.
+//!   (checks, duplicate guard, admin, operations); every 4xx body is an RFC 9457 problem document with a `code`.
 //! - `listen`: the listeners' defences against slow and greedy clients (header and body
 //!   timeouts, connection caps).
 //! - `envoy`: the descriptor trees (built once per configuration load) and the

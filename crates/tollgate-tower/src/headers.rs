@@ -71,6 +71,24 @@ pub(crate) fn insert_single_rule(
     }
 }
 
+/// Writes the fields of `style` for `rules` (of one or several decisions).
+pub(crate) fn insert_fields(style: HeaderStyle, rules: &[RuleDecision], headers: &mut HeaderMap) {
+    match style {
+        HeaderStyle::Draft => insert_rule_headers(rules, headers),
+        HeaderStyle::None => {}
+        style => insert_single_rule(style, rules, headers),
+    }
+}
+
+/// Whether `headers` already carry the fields of `style` (written by a layer below).
+pub(crate) fn has_fields(style: HeaderStyle, headers: &HeaderMap) -> bool {
+    match style {
+        HeaderStyle::Draft | HeaderStyle::None => headers.contains_key(RATELIMIT),
+        HeaderStyle::Legacy => headers.contains_key(&LEGACY[0]),
+        HeaderStyle::Draft6 => headers.contains_key(&DRAFT6[0]),
+    }
+}
+
 /// Whole seconds, rounded up: a client that waits this long is never early.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)

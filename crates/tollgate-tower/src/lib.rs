@@ -39,6 +39,25 @@
 //!
 //! A complete service is in `examples/sms-verification`.
 //!
+//! # Any tower stack
+//! The layers take requests of any body and answer `Response<GateBody<ResBody>>` around the
+//! inner service's own body ([`GateBody`]), as tower-http's layers do: they fit axum routers,
+//! hyper services (insert a [`PeerAddr`] per connection) and tonic servers
+//! (`Server::builder().layer(...)`). A gRPC request (`Content-Type: application/grpc...`) is
+//! refused with a gRPC status, `RESOURCE_EXHAUSTED` and the delay in `grpc-retry-pushback-ms`
+//! ([`Rejection::into_grpc_response`]).
+//!
+//! # Features
+//! - `axum` (default): [`Rejection`] implements axum's `IntoResponse` (handlers guarded by
+//!   the macros return it), and the client address is read from axum's
+//!   `ConnectInfo<SocketAddr>`.
+//! - `macros` (default): [`rate_limit`] and [`prevent_duplicate`].
+//! - `tonic`: `From<Rejection> for tonic::Status` (for macro-guarded gRPC methods), and the
+//!   client address from tonic's `TcpConnectInfo`.
+//!
+//! Without `axum`, nothing of axum is compiled: `default-features = false` for a hyper-only
+//! or tonic-only service.
+//!
 //! # Layout
 //! - `rate_limit/`: [`RateLimitLayer`], [`RateLimitService`], [`RateLimitFuture`]: one
 //!   policy per route or service.
@@ -48,7 +67,9 @@
 //!   task-local engine and identity that macro-guarded code reads.
 //! - `identity/`: [`IdentityResolver`] (peer address, trusted proxies and
 //!   [`ForwardedHeader`], [`AuthUser`], headers) and [`PeerAddr`].
-//! - `rejection`: [`Rejection`], every refusal and its HTTP response (RFC 9457 problem body).
+//! - `rejection`: [`Rejection`], every refusal and its HTTP response (RFC 9457 problem body)
+//!   or gRPC status.
+//! - `body`: [`GateBody`], the inner service's body or one a layer wrote.
 //! - `headers`: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers) and
 //!   `Retry-After`; [`insert_rate_limit_headers`].
 //! - `engine`: the type-erased engine the layers share, and the lease guard that frees a lock
@@ -58,6 +79,7 @@
 //!
 //! [tollgate]: https://docs.rs/tollgate
 
+mod body;
 mod context;
 mod duplicate;
 mod engine;
@@ -70,12 +92,13 @@ mod rejection;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use body::{BoxError, GateBody};
 pub use context::{Context, ContextFuture, ContextLayer, ContextService};
 pub use duplicate::{DuplicateFuture, DuplicateLayer, DuplicateService};
 pub use headers::{HeaderStyle, insert_rate_limit_headers};
 pub use identity::{AuthUser, ForwardedHeader, IdentityResolver, PeerAddr};
 pub use rate_limit::{RateLimitFuture, RateLimitLayer, RateLimitService};
-pub use rejection::Rejection;
+pub use rejection::{QUOTA_EXCEEDED, Rejection};
 
 #[cfg(feature = "macros")]
 pub use tollgate_macros::{prevent_duplicate, rate_limit};

@@ -1,18 +1,46 @@
 //! Why a request was turned away, and the HTTP response that says so.
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
-use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, StatusCode, header};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
 use tollgate::{CheckError, Decision, Reason, StoreError};
 
-use crate::headers::{ceil_secs, insert_rate_limit_headers, insert_retry_after, policy_names};
+use crate::{
+    body::{BoxError, GateBody},
+    headers::{
+        HeaderStyle, ceil_secs, insert_retry_after, insert_rule_headers, insert_single_rule,
+        policy_names,
+    },
+};
+
+/// Builds the response for a rejection, in place of the default (`on_rejection` of the
+/// layers), its body boxed.
+pub(crate) type OnRejection =
+    Arc<dyn Fn(Rejection) -> Response<UnsyncBoxBody<Bytes, BoxError>> + Send + Sync>;
+
+/// Boxes `f`'s bodies.
+pub(crate) fn on_rejection<F, B>(f: F) -> OnRejection
+where
+    F: Fn(Rejection) -> Response<B> + Send + Sync + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    Arc::new(move |rejection| f(rejection).map(|body| body.map_err(Into::into).boxed_unsync()))
+}
+
+/// The problem type of a request refused for exceeding a quota
+/// (draft-ietf-httpapi-ratelimit-headers).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// A request turned away by a rate limit or a duplicate guard, or one that could not be
-/// checked. It converts into the HTTP response ([`IntoResponse`]): a status, `Retry-After`
-/// where waiting helps, `RateLimit-Policy` / `RateLimit` fields for rate limits, and an
-/// RFC 9457 `application/problem+json` body.
+/// checked. It converts into the HTTP response ([`into_http_response`](Self::into_http_response),
+/// or axum's `IntoResponse`): a status, `Retry-After` where waiting helps, `RateLimit-Policy` /
+/// `RateLimit` fields for rate limits, and an RFC 9457 `application/problem+json` body; or,
+/// for a gRPC request, into a gRPC status ([`into_grpc_response`](Self::into_grpc_response),
+/// or `tonic::Status` with the `tonic` feature).
 ///
 /// | variant | status |
 /// |---|---|
@@ -179,11 +207,39 @@ impl Rejection {
         }
     }
 
-    /// The RFC 9457 problem document.
-    fn problem(&self) -> Value {
+    /// The RFC 9457 problem document: `type` (the draft's [`QUOTA_EXCEEDED`] for a rate
+    /// limit, `about:blank` otherwise), `title`, `status`, `detail`, `reason`; `retry_after`
+    /// (seconds) where waiting helps; for a rate limit, `violated-policies` (the names of the
+    /// `RateLimit-Policy` items that denied) and `violated` (each with its limiter, rule,
+    /// remaining units and seconds to reset).
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    /// use tollgate_tower::Rejection;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let policy = Policy::builder("sms")
+    ///     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?]))
+    ///     .build()?;
+    /// let who = Identity::new().with_ip("192.0.2.1".parse()?);
+    /// gate.check(&policy, &who, 1).await?;
+    /// let rejection = Rejection::from_decision(gate.check(&policy, &who, 1).await?).unwrap();
+    ///
+    /// let problem = rejection.problem();
+    /// assert_eq!(problem["type"], tollgate_tower::QUOTA_EXCEEDED);
+    /// assert_eq!(problem["violated-policies"], serde_json::json!(["ip-1m"]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn problem(&self) -> Value {
         let status = self.status();
+        let kind = match self {
+            Rejection::RateLimited(_) => QUOTA_EXCEEDED,
+            _ => "about:blank",
+        };
         let mut problem = json!({
-            "type": "about:blank",
+            "type": kind,
             "title": status.canonical_reason().unwrap_or("Error"),
             "status": status.as_u16(),
             "detail": self.to_string(),
@@ -194,11 +250,15 @@ impl Rejection {
         }
         if let Some(decision) = self.decision().filter(|d| !d.rules().is_empty()) {
             let names = policy_names(decision.rules());
-            problem["violated"] = decision
+            let violated: Vec<_> = decision
                 .rules()
                 .iter()
                 .zip(names)
                 .filter(|(r, _)| !r.allowed)
+                .collect();
+            problem["violated-policies"] = violated.iter().map(|(_, name)| json!(name)).collect();
+            problem["violated"] = violated
+                .iter()
                 .map(|(r, name)| {
                     json!({
                         "policy": name,
@@ -212,6 +272,125 @@ impl Rejection {
         }
         problem
     }
+
+    /// The gRPC status code this rejection answers a gRPC request with: `RESOURCE_EXHAUSTED`
+    /// (8) for a rate limit, a repeat or a body too large, `PERMISSION_DENIED` (7) when
+    /// blocked, `UNAVAILABLE` (14) when the store failed, `UNAUTHENTICATED` (16) without a
+    /// user, `ABORTED` (10) while the same submission is in progress, `INVALID_ARGUMENT` (3)
+    /// for a bad request, `INTERNAL` (13) for a server that was set up wrong.
+    pub fn grpc_code(&self) -> i32 {
+        match self.status() {
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::PAYLOAD_TOO_LARGE => 8,
+            StatusCode::FORBIDDEN => 7,
+            StatusCode::SERVICE_UNAVAILABLE => 14,
+            StatusCode::UNAUTHORIZED => 16,
+            StatusCode::CONFLICT => 10,
+            StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => 3,
+            _ => 13,
+        }
+    }
+
+    /// The HTTP response: the [`status`](Self::status), `Retry-After` where waiting helps, the
+    /// draft `RateLimit-Policy` / `RateLimit` fields of a rate limit, and the
+    /// [`problem`](Self::problem) as an `application/problem+json` body. Inside a
+    /// [`ContextLayer`](crate::ContextLayer) with another
+    /// [header style](crate::ContextLayer::header_style), that style's fields instead. (With
+    /// the `axum` feature, `IntoResponse` answers the same.)
+    pub fn into_http_response(self) -> Response<Full<Bytes>> {
+        let style = crate::Context::try_with(|c| c.style).unwrap_or_default();
+        self.respond(style, false).map(Full::new)
+    }
+
+    /// The answer to a gRPC request, trailers-only: HTTP 200 with `grpc-status` (the
+    /// [`grpc_code`](Self::grpc_code)) and `grpc-message`, and as metadata `retry-after`
+    /// (seconds), `grpc-retry-pushback-ms` (the delay gRPC clients' retry policies obey) and the
+    /// draft's rate-limit fields.
+    ///
+    /// ```
+    /// use tollgate_tower::Rejection;
+    ///
+    /// let response = Rejection::KeyReused.into_grpc_response();
+    /// assert_eq!(response.status(), 200);
+    /// assert_eq!(response.headers()["grpc-status"], "3");
+    /// ```
+    pub fn into_grpc_response(self) -> Response<Full<Bytes>> {
+        self.respond(HeaderStyle::Draft, true).map(Full::new)
+    }
+
+    /// The response in `style`, for a gRPC request when `grpc`.
+    pub(crate) fn respond(self, style: HeaderStyle, grpc: bool) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        if let Some(retry_after) = self.retry_after() {
+            insert_retry_after(retry_after, headers);
+            if grpc {
+                let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+                headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+            }
+        }
+        if let Rejection::RateLimited(decision) = &self {
+            match style {
+                HeaderStyle::Draft | HeaderStyle::None => {
+                    insert_rule_headers(decision.rules(), headers);
+                }
+                style => insert_single_rule(style, decision.rules(), headers),
+            }
+        }
+        if grpc {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+            headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));
+            let message = grpc_message(&self.to_string());
+            if let Ok(value) = HeaderValue::from_str(&message) {
+                headers.insert("grpc-message", value);
+            }
+            return response;
+        }
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        *response.status_mut() = self.status();
+        *response.body_mut() = Bytes::from(self.problem().to_string());
+        response
+    }
+
+    /// The layers' answer: `custom`'s if set, else [`respond`](Self::respond)'s.
+    pub(crate) fn answer<B>(
+        self,
+        custom: Option<&OnRejection>,
+        style: HeaderStyle,
+        grpc: bool,
+    ) -> Response<GateBody<B>> {
+        match custom {
+            Some(f) => f(self).map(GateBody::from_box),
+            None => self.respond(style, grpc).map(GateBody::full),
+        }
+    }
+}
+
+/// Whether `headers` are a gRPC request's.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A `grpc-message` value: UTF-8, percent-encoded outside printable ASCII and for `%`.
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b' '..=b'~' if byte != b'%' => out.push(char::from(byte)),
+            _ => {
+                use fmt::Write;
+                let _ = write!(out, "%{byte:02X}");
+            }
+        }
+    }
+    out
 }
 
 impl fmt::Display for Rejection {
@@ -281,22 +460,58 @@ impl std::error::Error for Rejection {
     }
 }
 
-impl IntoResponse for Rejection {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        let body = self.problem().to_string();
-        let mut response = (status, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Some(retry_after) = self.retry_after() {
-            insert_retry_after(retry_after, headers);
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for Rejection {
+    /// The response of [`into_http_response`](Rejection::into_http_response).
+    fn into_response(self) -> axum::response::Response {
+        self.into_http_response().map(axum::body::Body::new)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl From<Rejection> for tonic::Status {
+    /// The status of [`into_grpc_response`](Rejection::into_grpc_response): its code, its
+    /// message, and its metadata (`retry-after`, `grpc-retry-pushback-ms`, rate-limit fields).
+    fn from(rejection: Rejection) -> tonic::Status {
+        let code = tonic::Code::from(rejection.grpc_code());
+        let message = rejection.to_string();
+        let mut headers = rejection
+            .respond(HeaderStyle::Draft, true)
+            .into_parts()
+            .0
+            .headers;
+        for name in ["grpc-status", "grpc-message", "content-type"] {
+            headers.remove(name);
         }
-        if let Rejection::RateLimited(decision) = &self {
-            insert_rate_limit_headers(decision, headers);
+        let metadata = tonic::metadata::MetadataMap::from_headers(headers);
+        tonic::Status::with_metadata(code, message, metadata)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(grpc_message("a b"), "a b");
+        assert_eq!(grpc_message("100% é"), "100%25 %C3%A9");
+    }
+
+    #[test]
+    fn grpc_answers_are_trailers_only() {
+        let response = Rejection::InProgress {
+            retry_after: std::time::Duration::from_millis(1500),
+            message: "operation in progress",
         }
-        response
+        .respond(HeaderStyle::Draft, true);
+        assert_eq!(response.status(), 200);
+        assert!(response.body().is_empty());
+        let headers = response.headers();
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(headers["grpc-status"], "10");
+        assert_eq!(headers["grpc-message"], "operation in progress");
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1500");
+        assert_eq!(headers["retry-after"], "2");
     }
 }

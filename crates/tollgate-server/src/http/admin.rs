@@ -192,6 +192,7 @@ pub(crate) async fn unban(
         Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("{kind} {value:?} is not on the blocklist"),
-        ))
+        )
+        .with_code("not_banned"))
     }
 }

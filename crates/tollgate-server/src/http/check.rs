@@ -37,6 +37,7 @@ pub(crate) fn policy(app: &App, name: &str) -> Result<PolicyEntry, ApiError> {
 
 fn unknown_policy(name: &str) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, format!("unknown policy {name:?}"))
+        .with_code("unknown_policy")
 }
 
 pub(crate) async fn check(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
@@ -168,6 +169,7 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
                 requests.len()
             ),
         )
+        .with_code("batch_too_large")
         .into_response();
     }
     // What each check needs, or the error that answers it.

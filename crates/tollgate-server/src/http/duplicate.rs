@@ -29,6 +29,7 @@ pub(crate) async fn acquire(
                 req.policy
             ),
         )
+        .with_code("no_duplicate_guard")
     })?;
     let mut identity = req.identity;
     // One reading of an idempotency key everywhere: `"abc"` and `abc` are one key.
@@ -80,10 +81,10 @@ pub(crate) async fn complete(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let lease: Lease = req
-        .lease
-        .parse()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}")))?;
+    let lease: Lease = req.lease.parse().map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}"))
+            .with_code("malformed_lease")
+    })?;
     let keep_for = match &req.keep_for {
         Some(text) => bounded_duration(text)
             .ok()
@@ -115,10 +116,10 @@ pub(crate) async fn release(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let lease: Lease = req
-        .lease
-        .parse()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}")))?;
+    let lease: Lease = req.lease.parse().map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}"))
+            .with_code("malformed_lease")
+    })?;
     let started = Instant::now();
     let result = app.gate.release(&lease).await;
     app.metrics

@@ -1,4 +1,5 @@
-//! Errors as JSON bodies, and the JSON body extractor whose rejections are such bodies.
+//! Errors as RFC 9457 problem documents, and the JSON body extractor whose rejections are
+//! such documents.
 
 use std::time::Duration;
 
@@ -15,37 +16,87 @@ use tollgate::{CheckError, StoreError};
 
 use crate::listen::BodyTimedOut;
 
-/// An error answered as `{"error": message}` with `status`.
+/// An error answered with `status` and an `application/problem+json` body:
+/// `{"type": "about:blank", "title", "status", "code", "detail": message}`.
 #[derive(Debug)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
+    /// Machine-readable, stable: what went wrong (`unknown_policy`, `malformed_json`, ...).
+    pub(crate) code: &'static str,
     pub(crate) message: String,
     /// Sent as `Retry-After` (whole seconds, rounded up).
     pub(crate) retry_after: Option<Duration>,
 }
 
 impl ApiError {
+    /// An error whose code is the status's own (see [`default_code`]).
     pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
+            code: default_code(status),
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// The same error with a more precise code.
+    pub(crate) fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = code;
+        self
     }
 
     pub(crate) fn store(op: &str, e: &StoreError) -> ApiError {
         tracing::warn!(error = %e, op, "store failed");
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
     }
+
+    /// The problem document's members.
+    pub(crate) fn problem(&self) -> Problem<'_> {
+        Problem {
+            kind: "about:blank",
+            title: self.status.canonical_reason().unwrap_or("Error"),
+            status: self.status.as_u16(),
+            code: self.code,
+            detail: &self.message,
+        }
+    }
+}
+
+/// An RFC 9457 problem document with a machine-readable `code`.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    code: &'static str,
+    detail: &'a str,
+}
+
+/// The code of an error that names none: the status, in words.
+fn default_code(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "bad_request",
+        401 => "unauthorized",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "request_timeout",
+        413 => "payload_too_large",
+        415 => "unsupported_media_type",
+        422 => "invalid_request",
+        429 => "too_many_requests",
+        503 => "store_unavailable",
+        _ => "internal_error",
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (
-            self.status,
-            Json(serde_json::json!({ "error": self.message })),
-        )
-            .into_response();
+        let mut response = (self.status, Json(self.problem())).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
@@ -65,6 +116,7 @@ pub(crate) fn check_error(e: CheckError) -> ApiError {
     match e {
         e @ CheckError::MissingDimension { .. } => {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+                .with_code("missing_dimension")
         }
         CheckError::Store(e) => ApiError::store("check", &e),
         e @ CheckError::ResponseTooLarge { .. } => {
@@ -74,7 +126,7 @@ pub(crate) fn check_error(e: CheckError) -> ApiError {
     }
 }
 
-/// A JSON body parsed into `T`, whose rejections are `{"error": ...}` bodies: 400 for malformed
+/// A JSON body parsed into `T`, whose rejections are problem documents: 400 for malformed
 /// JSON, 415 without a JSON content type, 422 for JSON of the wrong shape (naming the field).
 pub(crate) struct ApiJson<T>(pub(crate) T);
 
@@ -129,12 +181,15 @@ fn json_error<'a, T: Deserialize<'a>>(bytes: &'a [u8], first: &serde_json::Error
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("invalid request: {e}"),
         ),
-        Err(e) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
+        Err(e) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}"))
+            .with_code("malformed_json"),
         // Only trailing bytes are left to fail.
-        Ok(_) => match deserializer.end() {
-            Err(e) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
-            Ok(()) => ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {first}")),
-        },
+        Ok(_) => {
+            let e = deserializer.end().err();
+            let e = e.as_ref().unwrap_or(first);
+            ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}"))
+                .with_code("malformed_json")
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::{borrow::Cow, collections::BTreeMap, net::IpAddr, time::Duration};
 
-use serde::{Deserialize, Serialize, Serializer, ser::SerializeStruct as _};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Value, value::RawValue};
 use tollgate::{Decision, DuplicateState, Identity};
 
@@ -160,15 +160,12 @@ pub(crate) struct BatchChecks<'a> {
 }
 
 /// One check's result in a batch, written as `/v1/check`'s answer or, for a check it would
-/// refuse, `{"error", "status"}` with that refusal's text and HTTP status.
+/// refuse, the problem document `/v1/check` would answer.
 pub(crate) struct ItemErrorJson<'a>(pub(crate) &'a super::ApiError);
 
 impl Serialize for ItemErrorJson<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut out = serializer.serialize_struct("Error", 2)?;
-        out.serialize_field("error", &self.0.message)?;
-        out.serialize_field("status", &self.0.status.as_u16())?;
-        out.end()
+        self.0.problem().serialize(serializer)
     }
 }
 

@@ -1,7 +1,8 @@
 //! The HTTP/JSON API: check, peek, batched checks, reset, duplicate guard, blocklist, metrics
 //! and health.
 //!
-//! Every 4xx (and 5xx) body is `{"error": "..."}` saying what is wrong.
+//! Every 4xx (and 5xx) body is an RFC 9457 problem document (`application/problem+json`) with
+//! a machine-readable `code` and a `detail` saying what is wrong.
 //!
 //! # Layout
 //! - `error`: [`ApiError`] (the error body and its status), `ApiJson`, the JSON body
@@ -59,6 +60,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint; see docs/api.md")
+        .with_code("no_such_endpoint")
 }
 
 async fn method_not_allowed() -> ApiError {

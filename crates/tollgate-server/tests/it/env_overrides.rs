@@ -70,7 +70,10 @@ async fn serve_uses_them() {
         .await;
     assert_eq!(status, 413, "{body}");
     assert!(
-        body["error"].as_str().unwrap().contains("at most 1 checks"),
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("at most 1 checks"),
         "{body}"
     );
 }

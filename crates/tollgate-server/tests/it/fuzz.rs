@@ -584,10 +584,7 @@ async fn send(op: &Op, lease: &Option<String>) -> (u16, Value) {
         )
     });
     if status >= 400 {
-        let message = body["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{op:?} -> {status}: {body}"));
-        assert!(!message.is_empty(), "{op:?} -> {status}: {body}");
+        crate::support::assert_problem(&body, status);
     }
     (status, body)
 }
@@ -1121,7 +1118,7 @@ async fn a_ban_longer_than_the_store_clock_is_refused_not_a_panic() {
         )
         .await;
         assert_eq!(status, 400, "{duration}: {body}");
-        assert!(body["error"].as_str().unwrap().contains("3650d"), "{body}");
+        assert!(body["detail"].as_str().unwrap().contains("3650d"), "{body}");
     }
     let (status, body) = post(
         &server,

@@ -41,7 +41,7 @@ limiters = [{{ by = "ip", rules = ["2/1h"] }}]
     assert_eq!(d["reason"], "store_unavailable");
     let (status, body) = server.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("store"), "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("store"), "{body}");
     let (_, metrics) = server.get_text("/metrics").await;
     assert!(
         metrics.contains(r#"tollgate_store_errors_total{op="check"} 1"#),

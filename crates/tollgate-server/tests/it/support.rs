@@ -315,15 +315,34 @@ pub(crate) fn remaining(decision: &Value, limiter: &str, rule: &str) -> u64 {
         .unwrap()
 }
 
-/// Asserts a 4xx `{"error": "..."}` body and returns its message.
+/// Asserts a 4xx problem document (RFC 9457, with a `code`) and returns its `detail`.
 pub(crate) fn error_message(status: u16, body: &Value, expected_status: u16) -> String {
     assert_eq!(status, expected_status, "{body}");
-    let message = body["error"]
+    assert_problem(body, expected_status);
+    body["detail"].as_str().unwrap().to_owned()
+}
+
+/// Asserts that `body` is the server's problem document for `status`: exactly `type`, `title`,
+/// `status`, `code` (snake case) and `detail` (not empty).
+pub(crate) fn assert_problem(body: &Value, status: u16) {
+    assert_eq!(body["type"], "about:blank", "{body}");
+    assert_eq!(body["status"], status, "{body}");
+    let title = body["title"]
         .as_str()
-        .unwrap_or_else(|| panic!("no error message in {body}"));
-    assert!(!message.is_empty());
-    assert_eq!(body.as_object().unwrap().len(), 1, "{body}");
-    message.to_owned()
+        .unwrap_or_else(|| panic!("no title in {body}"));
+    assert!(!title.is_empty(), "{body}");
+    let code = body["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no code in {body}"));
+    assert!(
+        !code.is_empty() && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+        "{body}"
+    );
+    let detail = body["detail"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no detail in {body}"));
+    assert!(!detail.is_empty(), "{body}");
+    assert_eq!(body.as_object().unwrap().len(), 5, "{body}");
 }
 
 /// A descriptor of `(key, value)` entries.

@@ -11,7 +11,7 @@ use tokio::task::futures::TaskLocalFuture;
 use tollgate::RuleDecision;
 
 use super::Context;
-use crate::headers::{RATELIMIT, insert_rule_headers};
+use crate::headers::{HeaderStyle, has_fields, insert_fields};
 
 pin_project! {
     /// The response future of [`ContextService`](crate::ContextService): the inner future,
@@ -20,6 +20,7 @@ pin_project! {
         #[pin]
         future: TaskLocalFuture<Context, F>,
         admitted: Option<Arc<Mutex<Vec<RuleDecision>>>>,
+        style: HeaderStyle,
     }
 }
 
@@ -28,10 +29,12 @@ impl<F: Future> ContextFuture<F> {
         context: Context,
         future: F,
         admitted: Option<Arc<Mutex<Vec<RuleDecision>>>>,
+        style: HeaderStyle,
     ) -> ContextFuture<F> {
         ContextFuture {
             future: context.scope_future(future),
             admitted,
+            style,
         }
     }
 }
@@ -48,8 +51,8 @@ where
         if let Some(admitted) = this.admitted.take() {
             let rules =
                 std::mem::take(&mut *admitted.lock().unwrap_or_else(PoisonError::into_inner));
-            if !response.headers().contains_key(RATELIMIT) {
-                insert_rule_headers(&rules, response.headers_mut());
+            if !has_fields(*this.style, response.headers()) {
+                insert_fields(*this.style, &rules, response.headers_mut());
             }
         }
         Poll::Ready(Ok(response))

@@ -6,6 +6,7 @@ use tower_layer::Layer;
 use super::ContextService;
 use crate::{
     engine::{SharedGate, erase},
+    headers::HeaderStyle,
     identity::IdentityResolver,
 };
 
@@ -14,7 +15,9 @@ use crate::{
 /// service inside a [`Context`](crate::Context) for macro-guarded handlers.
 ///
 /// Responses of requests that macro-guarded code admitted get the `RateLimit-Policy` and
-/// `RateLimit` fields of those checks (unless turned off, or already set by a layer below).
+/// `RateLimit` fields of those checks (or the [style](Self::header_style) chosen; unless
+/// turned off, or already set by a layer below), and the rejections of guarded code answer in
+/// the same style.
 ///
 /// Put it outside every route (`Router::layer`), inside the application's auth layer so that
 /// the user is known:
@@ -39,7 +42,7 @@ use crate::{
 pub struct ContextLayer {
     pub(crate) gate: SharedGate,
     pub(crate) resolver: Arc<IdentityResolver>,
-    pub(crate) headers: bool,
+    pub(crate) style: HeaderStyle,
 }
 
 impl ContextLayer {
@@ -48,14 +51,26 @@ impl ContextLayer {
         ContextLayer {
             gate: erase(gate),
             resolver: Arc::new(resolver),
-            headers: true,
+            style: HeaderStyle::Draft,
         }
     }
 
-    /// Whether responses carry the RateLimit fields of macro checks (default: yes).
+    /// Whether responses carry the RateLimit fields of macro checks (default: yes, in
+    /// [`HeaderStyle::Draft`]); `false` is [`HeaderStyle::None`].
     #[must_use]
-    pub fn headers(mut self, enabled: bool) -> ContextLayer {
-        self.headers = enabled;
+    pub fn headers(self, enabled: bool) -> ContextLayer {
+        self.header_style(if enabled {
+            HeaderStyle::Draft
+        } else {
+            HeaderStyle::None
+        })
+    }
+
+    /// Which rate-limit fields responses carry (default [`HeaderStyle::Draft`]); see
+    /// [`RateLimitLayer::header_style`](crate::RateLimitLayer::header_style).
+    #[must_use]
+    pub fn header_style(mut self, style: HeaderStyle) -> ContextLayer {
+        self.style = style;
         self
     }
 }
@@ -75,7 +90,7 @@ impl fmt::Debug for ContextLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ContextLayer")
             .field("resolver", &self.resolver)
-            .field("headers", &self.headers)
+            .field("style", &self.style)
             .finish_non_exhaustive()
     }
 }

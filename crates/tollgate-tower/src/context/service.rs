@@ -7,6 +7,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::{Context, ContextFuture, ContextLayer};
+use crate::headers::HeaderStyle;
 
 /// The service of a [`ContextLayer`].
 #[derive(Clone)]
@@ -30,12 +31,13 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let identity = self.layer.resolver.resolve(&request);
         request.extensions_mut().insert(identity.clone());
-        let context = Context::erased(self.layer.gate.clone(), identity);
-        let admitted = self.layer.headers.then(|| context.admitted.clone());
+        let style = self.layer.style;
+        let context = Context::erased(self.layer.gate.clone(), identity).with_header_style(style);
+        let admitted = (style != HeaderStyle::None).then(|| context.admitted.clone());
         // `call` itself may already run guarded code synchronously; the future runs later.
         let inner = &mut self.inner;
         let future = context.clone().sync_scope(|| inner.call(request));
-        ContextFuture::new(context, future, admitted)
+        ContextFuture::new(context, future, admitted, style)
     }
 }
 

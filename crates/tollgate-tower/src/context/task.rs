@@ -7,7 +7,10 @@ use std::{
 use tokio::task::futures::TaskLocalFuture;
 use tollgate::{Decision, Identity, RuleDecision, Store, Tollgate};
 
-use crate::engine::{SharedGate, erase};
+use crate::{
+    engine::{SharedGate, erase},
+    headers::HeaderStyle,
+};
 
 tokio::task_local! {
     static CONTEXT: Context;
@@ -22,6 +25,8 @@ pub struct Context {
     /// The rules of the rate-limit checks that admitted this request, for the RateLimit
     /// fields of its response.
     pub(crate) admitted: Arc<Mutex<Vec<RuleDecision>>>,
+    /// The rate-limit fields of responses, rejections included.
+    pub(crate) style: HeaderStyle,
 }
 
 impl Context {
@@ -35,7 +40,16 @@ impl Context {
             gate,
             identity,
             admitted: Arc::default(),
+            style: HeaderStyle::Draft,
         }
+    }
+
+    /// Which rate-limit fields the rejections of guarded code carry (default
+    /// [`HeaderStyle::Draft`]); a [`ContextLayer`](crate::ContextLayer) sets its own.
+    #[must_use]
+    pub fn with_header_style(mut self, style: HeaderStyle) -> Context {
+        self.style = style;
+        self
     }
 
     /// Whose requests these are.
@@ -60,6 +74,11 @@ impl Context {
     /// The context the current task runs in, if any.
     pub fn current() -> Option<Context> {
         CONTEXT.try_with(Context::clone).ok()
+    }
+
+    /// Runs `f` on the context the current task runs in, if any.
+    pub(crate) fn try_with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
+        CONTEXT.try_with(f).ok()
     }
 
     /// The rules of every rate-limit check that admitted a call in this context so far.

@@ -1,6 +1,7 @@
 use std::{fmt, sync::Arc, time::Duration};
 
-use axum::response::Response;
+use bytes::Bytes;
+use http::Response;
 use tollgate::{Dimension, DuplicateBy, DuplicateGuard, Identity, Store, Tollgate};
 use tower_layer::Layer;
 
@@ -8,8 +9,7 @@ use super::DuplicateService;
 use crate::{
     engine::{SharedGate, erase},
     identity::IdentityResolver,
-    rate_limit::OnRejection,
-    rejection::Rejection,
+    rejection::{OnRejection, Rejection, on_rejection},
 };
 
 /// The `Idempotency-Key` field name, lower case as in [`Identity`] headers.
@@ -189,14 +189,17 @@ impl DuplicateLayer {
         self.edit(|c| c.resolver = resolver)
     }
 
-    /// Builds the response for refused requests (default:
-    /// [`Rejection::into_response`](axum::response::IntoResponse::into_response)).
+    /// Builds the response for refused requests, with any body (default: the
+    /// [`Rejection::into_http_response`], or [`Rejection::into_grpc_response`] for a gRPC
+    /// request).
     #[must_use]
-    pub fn on_rejection(
-        self,
-        f: impl Fn(Rejection) -> Response + Send + Sync + 'static,
-    ) -> DuplicateLayer {
-        let f: OnRejection = Arc::new(f);
+    pub fn on_rejection<F, B>(self, f: F) -> DuplicateLayer
+    where
+        F: Fn(Rejection) -> Response<B> + Send + Sync + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<crate::BoxError>,
+    {
+        let f: OnRejection = on_rejection(f);
         self.edit(|c| c.on_rejection = Some(f))
     }
 }

@@ -5,7 +5,6 @@ use std::{
     time::Instant,
 };
 
-use axum::{body::Body, response::IntoResponse};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -18,14 +17,18 @@ use super::{
     layer::{Config, IDEMPOTENCY_KEY, Mode},
     stored,
 };
-use crate::{engine::LeaseGuard, identity::identity_of, rejection::Rejection};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::{
+    body::{BoxError, GateBody},
+    engine::LeaseGuard,
+    headers::HeaderStyle,
+    identity::identity_of,
+    rejection::{Rejection, is_grpc},
+};
 
 /// The service of a [`DuplicateLayer`](crate::DuplicateLayer).
 ///
-/// The inner service receives an [`axum::body::Body`] (the request body may have been
-/// buffered for the fingerprint), as axum routes do.
+/// The inner service receives a [`GateBody`] around the request's body (which the guard may
+/// have read to fingerprint it), and answers with a [`GateBody`] around its own.
 #[derive(Clone)]
 pub struct DuplicateService<S> {
     pub(crate) inner: S,
@@ -34,7 +37,7 @@ pub struct DuplicateService<S> {
 
 impl<S, B, ResBody> Service<Request<B>> for DuplicateService<S>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<GateBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -42,9 +45,9 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<Body>;
+    type Response = Response<GateBody<ResBody>>;
     type Error = S::Error;
-    type Future = DuplicateFuture<S::Error>;
+    type Future = DuplicateFuture<ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -64,25 +67,25 @@ async fn guarded<S, B, ResBody>(
     config: Arc<Config>,
     mut inner: S,
     request: Request<B>,
-) -> Result<Response<Body>, S::Error>
+) -> Result<Response<GateBody<ResBody>>, S::Error>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>>,
+    S: Service<Request<GateBody<B>>, Response = Response<ResBody>>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let reject = |rejection: Rejection| match &config.on_rejection {
-        Some(f) => f(rejection),
-        None => rejection.into_response(),
+    let grpc = is_grpc(request.headers());
+    let reject = |rejection: Rejection| {
+        rejection.answer(config.on_rejection.as_ref(), HeaderStyle::Draft, grpc)
     };
     let mut identity = identity_of(&request, &config.resolver, &[]);
     if config.mode == Mode::Key {
         match idempotency_key(&request) {
             Ok(Some(key)) => identity = identity.with_header(IDEMPOTENCY_KEY, key),
             Ok(None) if !config.require_key => {
-                let response = inner.call(request.map(Body::new)).await?;
-                return Ok(response.map(Body::new));
+                let response = inner.call(request.map(GateBody::new)).await?;
+                return Ok(response.map(GateBody::new));
             }
             Ok(None) => {
                 return Ok(reject(Rejection::BadKey(
@@ -97,7 +100,7 @@ where
             Ok(read) => read,
             Err(rejection) => return Ok(reject(rejection)),
         },
-        Mode::Identity => (request.map(Body::new), Fingerprint::empty()),
+        Mode::Identity => (request.map(GateBody::new), Fingerprint::empty()),
     };
     let acquired = config
         .gate
@@ -106,7 +109,10 @@ where
     let lease = match acquired {
         Ok(Acquire::Acquired(lease)) => lease,
         Ok(Acquire::Duplicate(duplicate)) => {
-            return Ok(answer_duplicate(&config, duplicate).unwrap_or_else(reject));
+            return Ok(match answer_duplicate(&config, duplicate) {
+                Ok(replay) => replay.map(GateBody::full),
+                Err(rejection) => reject(rejection),
+            });
         }
         Err(error) => return Ok(reject(Rejection::from_check_error(error))),
     };
@@ -121,13 +127,13 @@ where
     };
     if response.status().is_server_error() {
         lease.release().await;
-        return Ok(response.map(Body::new));
+        return Ok(response.map(GateBody::new));
     }
     if config.mode != Mode::Key {
         // Repeats stay refused until the TTL counted from the first request ends.
         let left = config.ttl.saturating_sub(started.elapsed());
         lease.complete(Vec::new(), left).await;
-        return Ok(response.map(Body::new));
+        return Ok(response.map(GateBody::new));
     }
     let (parts, body) = response.into_parts();
     match buffer(Box::pin(body), config.max_response).await {
@@ -135,17 +141,23 @@ where
             // An empty record marks "completed, not replayable".
             let record = stored::encode(&parts, &bytes).unwrap_or_default();
             lease.complete(record, config.replay_for).await;
-            Ok(Response::from_parts(parts, Body::from(bytes)))
+            Ok(Response::from_parts(parts, GateBody::full(bytes)))
         }
         Buffered::TooLarge(rest) => {
             lease.complete(Vec::new(), config.replay_for).await;
-            Ok(Response::from_parts(parts, Body::new(rest)))
+            Ok(Response::from_parts(parts, GateBody::boxed(rest)))
         }
         Buffered::Failed(error) => {
             // The handler's response broke off: treat it as a server failure, retryable.
             lease.release().await;
             let detail = format!("the response body failed: {error}");
-            Ok((http::StatusCode::INTERNAL_SERVER_ERROR, detail).into_response())
+            let mut response = Response::new(GateBody::full(detail));
+            *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            Ok(response)
         }
     }
 }
@@ -171,7 +183,7 @@ fn idempotency_key<B>(request: &Request<B>) -> Result<Option<String>, &'static s
 async fn fingerprint<B>(
     request: Request<B>,
     cap: usize,
-) -> Result<(Request<Body>, Fingerprint), Rejection>
+) -> Result<(Request<GateBody<B>>, Fingerprint), Rejection>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -198,11 +210,14 @@ where
         ("query", parts.uri.query().unwrap_or("").as_bytes()),
         ("body", &bytes[..]),
     ]);
-    Ok((Request::from_parts(parts, Body::from(bytes)), fingerprint))
+    Ok((
+        Request::from_parts(parts, GateBody::full(bytes)),
+        fingerprint,
+    ))
 }
 
 /// The answer to a repeat: a replay, or the rejection that explains the refusal.
-fn answer_duplicate(config: &Config, duplicate: Duplicate) -> Result<Response<Body>, Rejection> {
+fn answer_duplicate(config: &Config, duplicate: Duplicate) -> Result<Response<Bytes>, Rejection> {
     let message = duplicate.message(config.guard.by());
     if config.mode == Mode::Key && !duplicate.fingerprint_matches {
         return Err(Rejection::KeyReused);
@@ -241,5 +256,22 @@ impl<S: fmt::Debug> fmt::Debug for DuplicateService<S> {
             .field("inner", &self.inner)
             .field("scope", &self.config.scope)
             .finish_non_exhaustive()
+    }
+}
+
+impl<S> DuplicateService<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, the layer gone.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }

@@ -6,14 +6,15 @@ use std::{
     sync::Arc,
 };
 
-use axum::extract::ConnectInfo;
 use http::{Extensions, HeaderMap, HeaderName, Request};
 use tollgate::{Identity, IpNet};
 
 use super::client_ip::{ForwardedHeader, client_ip};
 
-/// The address of the connection's peer, for servers other than axum's (with axum, serve with
-/// `into_make_service_with_connect_info::<SocketAddr>()` and [`ConnectInfo`] is read instead).
+/// The address of the connection's peer, for servers that do not record it where the resolver
+/// looks: with the `axum` feature, axum's `ConnectInfo<SocketAddr>` (serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`); with the `tonic` feature, tonic's
+/// `TcpConnectInfo`. A hyper service inserts it into each request's extensions itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
@@ -45,7 +46,8 @@ type Enrich = Arc<dyn Fn(Identity, &HeaderMap, &Extensions) -> Identity + Send +
 
 /// Turns an HTTP request into the [`Identity`] that limiters count by.
 ///
-/// - The client IP is the connection's peer ([`ConnectInfo<SocketAddr>`] or [`PeerAddr`]).
+/// - The client IP is the connection's peer ([`PeerAddr`], or what axum and tonic record: see
+///   there).
 ///   Only if the peer is one of the [trusted proxies](Self::trust_proxy) is the forwarding
 ///   header believed, walked from the right past trusted hops: a client that is not a trusted
 ///   proxy cannot choose its IP with a header.
@@ -160,10 +162,23 @@ impl IdentityResolver {
 }
 
 fn peer_ip(extensions: &Extensions) -> Option<IpAddr> {
-    extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(addr)| addr.ip())
-        .or_else(|| extensions.get::<PeerAddr>().map(|PeerAddr(addr)| addr.ip()))
+    if let Some(PeerAddr(addr)) = extensions.get::<PeerAddr>() {
+        return Some(addr.ip());
+    }
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(addr.ip());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+    {
+        return Some(addr.ip());
+    }
+    None
 }
 
 impl fmt::Debug for IdentityResolver {

@@ -5,8 +5,6 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-use axum::{body::Body, response::IntoResponse};
-use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tollgate::{CheckError, Decision};
@@ -14,12 +12,11 @@ use tower_service::Service;
 
 use super::layer::Config;
 use crate::{
+    body::GateBody,
     engine::BoxFuture,
-    headers::{HeaderStyle, RATELIMIT, RATELIMIT_POLICY, insert_single_rule},
+    headers::{HeaderStyle, insert_single_rule},
     rejection::Rejection,
 };
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,
@@ -28,6 +25,8 @@ pin_project! {
         #[pin]
         state: State<S, B, F>,
         config: Arc<Config>,
+        // The request is gRPC's: a rejection answers with a gRPC status.
+        grpc: bool,
     }
 }
 
@@ -52,6 +51,7 @@ impl<S, B, F> RateLimitFuture<S, B, F> {
         inner: S,
         request: Request<B>,
         config: Arc<Config>,
+        grpc: bool,
     ) -> RateLimitFuture<S, B, F> {
         RateLimitFuture {
             state: State::Checking {
@@ -59,6 +59,7 @@ impl<S, B, F> RateLimitFuture<S, B, F> {
                 call: Some((inner, request)),
             },
             config,
+            grpc,
         }
     }
 }
@@ -66,10 +67,8 @@ impl<S, B, F> RateLimitFuture<S, B, F> {
 impl<S, B, ResBody> Future for RateLimitFuture<S, B, S::Future>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
 {
-    type Output = Result<Response<Body>, S::Error>;
+    type Output = Result<Response<GateBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -79,15 +78,13 @@ where
                     let decision = match ready!(check.as_mut().poll(cx)) {
                         Ok(decision) => decision,
                         Err(error) => {
-                            return Poll::Ready(Ok(reject(
-                                this.config,
-                                Rejection::from_check_error(error),
-                            )));
+                            let rejection = Rejection::from_check_error(error);
+                            return Poll::Ready(Ok(reject(this.config, rejection, *this.grpc)));
                         }
                     };
                     if !decision.allowed() {
                         let rejection = Rejection::denied(decision);
-                        return Poll::Ready(Ok(reject(this.config, rejection)));
+                        return Poll::Ready(Ok(reject(this.config, rejection, *this.grpc)));
                     }
                     let Some((mut inner, request)) = call.take() else {
                         unreachable!("the inner call is taken once");
@@ -98,7 +95,7 @@ where
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
-                    let mut response = response.map(Body::new);
+                    let mut response = response.map(GateBody::new);
                     if let Some(decision) = decision.take() {
                         let headers = response.headers_mut();
                         match this.config.style {
@@ -113,22 +110,6 @@ where
     }
 }
 
-fn reject(config: &Config, rejection: Rejection) -> Response<Body> {
-    if let Some(f) = &config.on_rejection {
-        return f(rejection);
-    }
-    if matches!(config.style, HeaderStyle::Draft | HeaderStyle::None) {
-        return rejection.into_response();
-    }
-    // Another style: the rejection's draft fields replaced by the layer's.
-    let rules = match &rejection {
-        Rejection::RateLimited(decision) => decision.rules().to_vec(),
-        _ => Vec::new(),
-    };
-    let mut response = rejection.into_response();
-    let headers = response.headers_mut();
-    headers.remove(RATELIMIT);
-    headers.remove(RATELIMIT_POLICY);
-    insert_single_rule(config.style, &rules, headers);
-    response
+fn reject<B>(config: &Config, rejection: Rejection, grpc: bool) -> Response<GateBody<B>> {
+    rejection.answer(config.on_rejection.as_ref(), config.style, grpc)
 }

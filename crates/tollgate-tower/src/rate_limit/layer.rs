@@ -1,7 +1,7 @@
 use std::{fmt, sync::Arc};
 
-use axum::response::Response;
-use http::HeaderName;
+use bytes::Bytes;
+use http::{HeaderName, Response};
 use tollgate::{Dimension, IpPrefix, Policy, Store, Tollgate};
 use tower_layer::Layer;
 
@@ -10,18 +10,15 @@ use crate::{
     engine::{SharedGate, erase},
     headers::{HeaderStyle, PolicyFields},
     identity::IdentityResolver,
-    rejection::Rejection,
+    rejection::{OnRejection, Rejection, on_rejection},
 };
-
-/// Builds the response for a rejection, in place of the default.
-pub(crate) type OnRejection = Arc<dyn Fn(Rejection) -> Response + Send + Sync>;
 
 /// Applies a rate-limit [`Policy`] to a service; see the [module docs](crate::RateLimitLayer)
 /// and [`RateLimitService`].
 ///
 /// ```
 /// use std::sync::Arc;
-/// use axum::{Router, response::IntoResponse, routing::post};
+/// use axum::{Router, routing::post};
 /// use http::StatusCode;
 /// use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};
 /// use tollgate_tower::{IdentityResolver, RateLimitLayer};
@@ -35,7 +32,7 @@ pub(crate) type OnRejection = Arc<dyn Fn(Rejection) -> Response + Send + Sync>;
 ///     .headers(false)
 ///     .on_rejection(|rejection| {
 ///         // Same body and headers, another status.
-///         let mut response = rejection.into_response();
+///         let mut response = rejection.into_http_response();
 ///         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
 ///         response
 ///     });
@@ -158,14 +155,17 @@ impl RateLimitLayer {
         self
     }
 
-    /// Builds the response for rejected requests (default:
-    /// [`Rejection::into_response`](axum::response::IntoResponse::into_response)).
+    /// Builds the response for rejected requests, with any body (default: the
+    /// [`Rejection::into_http_response`] in the layer's [header style](Self::header_style), or
+    /// [`Rejection::into_grpc_response`] for a gRPC request).
     #[must_use]
-    pub fn on_rejection(
-        mut self,
-        f: impl Fn(Rejection) -> Response + Send + Sync + 'static,
-    ) -> RateLimitLayer {
-        Arc::make_mut(&mut self.config).on_rejection = Some(Arc::new(f));
+    pub fn on_rejection<F, B>(mut self, f: F) -> RateLimitLayer
+    where
+        F: Fn(Rejection) -> Response<B> + Send + Sync + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<crate::BoxError>,
+    {
+        Arc::make_mut(&mut self.config).on_rejection = Some(on_rejection(f));
         self
     }
 }

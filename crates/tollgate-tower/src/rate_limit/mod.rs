@@ -5,7 +5,13 @@
 //! `RateLimit` fields (unless turned off). Denied requests never reach it: they are answered
 //! with the [`Rejection`](crate::Rejection)'s response, 429 with `Retry-After`, 403 when
 //! blocked, 401 when a user dimension has no user, 503 when the store is down and the policy
-//! fails closed.
+//! fails closed; a gRPC request (`Content-Type: application/grpc...`) gets the gRPC status
+//! instead (`RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`, see
+//! [`Rejection::into_grpc_response`](crate::Rejection::into_grpc_response)).
+//!
+//! The layer takes requests of any body and answers `Response<GateBody<ResBody>>`
+//! ([`GateBody`](crate::GateBody)), so it fits axum routers, hyper services and tonic
+//! servers alike.
 //!
 //! ```no_run
 //! use std::{net::SocketAddr, sync::Arc};
@@ -35,5 +41,3 @@ mod service;
 pub use future::RateLimitFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;
-
-pub(crate) use layer::OnRejection;

@@ -4,21 +4,16 @@ use std::{
     task::{Context, Poll},
 };
 
-use axum::body::Body;
-use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::{RateLimitFuture, layer::Config};
-use crate::identity::identity_of;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::{body::GateBody, identity::identity_of, rejection::is_grpc};
 
 /// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks the policy, then calls
 /// the inner service or answers with the rejection.
 ///
-/// Its responses have an [`axum::body::Body`], so it fits any axum router and any tower stack
-/// that accepts a boxed body.
+/// Its responses have a [`GateBody`] around the inner service's body.
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     pub(crate) inner: S,
@@ -28,10 +23,8 @@ pub struct RateLimitService<S> {
 impl<S, B, ResBody> Service<Request<B>> for RateLimitService<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<Body>;
+    type Response = Response<GateBody<ResBody>>;
     type Error = S::Error;
     type Future = RateLimitFuture<S, B, S::Future>;
 
@@ -44,6 +37,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let identity = identity_of(&request, &self.config.resolver, &self.config.wanted);
+        let grpc = is_grpc(request.headers());
         let config = self.config.clone();
         let check = Box::pin(async move {
             config
@@ -51,7 +45,7 @@ where
                 .check(&config.policy, &identity, config.cost)
                 .await
         });
-        RateLimitFuture::new(check, inner, request, self.config.clone())
+        RateLimitFuture::new(check, inner, request, self.config.clone(), grpc)
     }
 }
 
@@ -61,5 +55,22 @@ impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
             .field("inner", &self.inner)
             .field("policy", &self.config.policy.scope())
             .finish_non_exhaustive()
+    }
+}
+
+impl<S> RateLimitService<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, the layer gone.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }

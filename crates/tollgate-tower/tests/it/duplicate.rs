@@ -364,9 +364,11 @@ async fn bodies_without_a_length_are_capped_while_read() {
     let (gate, _) = gate();
     let service = DuplicateLayer::new(gate, "comments", DuplicateBy::Args)
         .max_body(4)
-        .layer(tower::service_fn(|_: Request<Body>| async {
-            Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
-        }));
+        .layer(tower::service_fn(
+            |_: Request<tollgate_tower::GateBody<Body>>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+            },
+        ));
     // No Content-Length: the cap is enforced on the bytes as they arrive.
     let request = Request::post("/c")
         .extension(tollgate::Identity::new())

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tollgate::{Identity, Reason};
 use tollgate_tower::{
-    Context, ContextLayer, IdentityResolver, Rejection, prevent_duplicate, rate_limit,
+    Context, ContextLayer, HeaderStyle, IdentityResolver, Rejection, prevent_duplicate, rate_limit,
 };
 
 use crate::support::{Server, client, gate, header, problem};
@@ -89,11 +89,47 @@ async fn stacked_limits_are_one_atomic_check_with_ratelimit_fields() {
         Some(r#""ip-1m";r=1;t=60, "user_id-1d";r=0;t=86400"#)
     );
     let body = problem(by_user).await;
+    assert_eq!(body["violated-policies"], json!(["user_id-1d"]));
     assert_eq!(body["violated"][0]["policy"], "user_id-1d");
     assert_eq!(body["violated"].as_array().unwrap().len(), 1);
 
     let anonymous = send("203.0.113.3", None).await.unwrap();
     assert_eq!(anonymous.status(), 401);
+}
+
+#[tokio::test]
+async fn the_context_layers_header_style_applies_to_admissions_and_refusals() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/sms/code", post(send_code))
+        .layer(ContextLayer::new(gate, proxied_users()).header_style(HeaderStyle::Legacy));
+    let server = Server::start(app).await;
+    let send = || {
+        client()
+            .post(server.at("/sms/code"))
+            .header("x-user-id", "bob")
+            .json(&json!({ "phone": "+15550100" }))
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(header(&first, "ratelimit"), None);
+    // The rule closest to denying: the minute's, one left.
+    assert_eq!(header(&first, "x-ratelimit-limit").as_deref(), Some("2"));
+    assert_eq!(
+        header(&first, "x-ratelimit-remaining").as_deref(),
+        Some("1")
+    );
+    assert_eq!(header(&first, "x-ratelimit-reset").as_deref(), Some("60"));
+    send().await.unwrap();
+    let refused = send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(header(&refused, "ratelimit"), None);
+    assert_eq!(
+        header(&refused, "x-ratelimit-remaining").as_deref(),
+        Some("0")
+    );
+    assert_eq!(header(&refused, "retry-after").as_deref(), Some("60"));
 }
 
 #[rate_limit(by = "ip", rules = ["2/1m"], ipv6_prefix = 48, ipv4_prefix = 24)]

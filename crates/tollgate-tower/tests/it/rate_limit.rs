@@ -85,10 +85,14 @@ async fn denied_requests_get_429_retry_after_ratelimit_fields_and_a_problem() {
     let limit = header(&denied, "ratelimit").unwrap();
     assert!(limit.starts_with(r#""ip-1m";r=0;t="#), "{limit}");
     let body = problem(denied).await;
-    assert_eq!(body["type"], "about:blank");
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
     assert_eq!(body["title"], "Too Many Requests");
     assert_eq!(body["status"], 429);
     assert_eq!(body["reason"], "rate_limited");
+    assert_eq!(body["violated-policies"], json!(["ip-1m"]));
     assert_eq!(body["detail"], "rate limit exceeded: ip 2/1m");
     assert_eq!(body["retry_after"], 21);
     assert_eq!(

@@ -1,0 +1,174 @@
+//! The body the layers answer with: the inner service's, or one they wrote.
+
+use std::{
+    fmt,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
+use pin_project_lite::pin_project;
+
+/// The error type of a [`GateBody`]: the inner body's error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pin_project! {
+    /// A response body from the inner service, or one a layer wrote: a rejection's problem
+    /// document, a replayed response, a custom rejection from `on_rejection`. The
+    /// [`DuplicateLayer`](crate::DuplicateLayer) also hands it to its inner service as the
+    /// request body, which it may have read to fingerprint it.
+    ///
+    /// It is an [`http_body::Body`] with `Bytes` data whatever `B` is, so the layers fit any
+    /// tower stack: axum routers, hyper services, tonic servers.
+    ///
+    /// ```
+    /// use http_body_util::BodyExt;
+    /// use tollgate_tower::GateBody;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let body: GateBody<String> = GateBody::full("rate limited");
+    /// assert_eq!(body.collect().await?.to_bytes(), "rate limited");
+    /// # Ok::<(), tollgate_tower::BoxError>(())
+    /// # }).unwrap();
+    /// ```
+    pub struct GateBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+        Boxed { body: UnsyncBoxBody<Bytes, BoxError> },
+    }
+}
+
+impl<B> GateBody<B> {
+    /// The inner service's body, passed through.
+    pub fn new(body: B) -> GateBody<B> {
+        GateBody {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    /// A body of these bytes.
+    pub fn full(data: impl Into<Bytes>) -> GateBody<B> {
+        let data: Bytes = data.into();
+        GateBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+
+    /// An empty body.
+    pub fn empty() -> GateBody<B> {
+        GateBody {
+            kind: Kind::Full { data: None },
+        }
+    }
+
+    /// Any other body, boxed.
+    pub fn boxed<T>(body: T) -> GateBody<B>
+    where
+        T: Body<Data = Bytes> + Send + 'static,
+        T::Error: Into<BoxError>,
+    {
+        GateBody {
+            kind: Kind::Boxed {
+                body: body.map_err(Into::into).boxed_unsync(),
+            },
+        }
+    }
+}
+
+impl<B> GateBody<B> {
+    /// A body boxed already (by [`OnRejection`](crate::rejection::OnRejection)).
+    pub(crate) fn from_box(body: UnsyncBoxBody<Bytes, BoxError>) -> GateBody<B> {
+        GateBody {
+            kind: Kind::Boxed { body },
+        }
+    }
+}
+
+impl<B> Default for GateBody<B> {
+    fn default() -> GateBody<B> {
+        GateBody::empty()
+    }
+}
+
+impl<B> Body for GateBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Boxed { body } => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+            Kind::Boxed { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Boxed { body } => body.size_hint(),
+        }
+    }
+}
+
+impl<B> fmt::Debug for GateBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner { .. } => "Inner",
+            Kind::Full { .. } => "Full",
+            Kind::Boxed { .. } => "Boxed",
+        };
+        f.debug_tuple("GateBody").field(&kind).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_kind_yields_its_bytes() {
+        let inner: GateBody<Full<Bytes>> = GateBody::new(Full::new(Bytes::from("inner")));
+        assert_eq!(inner.size_hint().exact(), Some(5));
+        assert_eq!(inner.collect().await.unwrap().to_bytes(), "inner");
+        let full: GateBody<Full<Bytes>> = GateBody::full("full");
+        assert_eq!(full.size_hint().exact(), Some(4));
+        assert_eq!(full.collect().await.unwrap().to_bytes(), "full");
+        let boxed: GateBody<Full<Bytes>> = GateBody::boxed(Full::new(Bytes::from("boxed")));
+        assert_eq!(boxed.collect().await.unwrap().to_bytes(), "boxed");
+        let empty: GateBody<Full<Bytes>> = GateBody::empty();
+        assert!(empty.is_end_stream());
+        assert!(empty.collect().await.unwrap().to_bytes().is_empty());
+    }
+}
