@@ -13,7 +13,9 @@ use std::{
 use serde::{Deserialize, Deserializer, de};
 use tollgate::{
     Algorithm, BanRule, Bypass, Dimension, DuplicateBy, DuplicateGuard, IpNet, Limiter, OnError,
-    Policy, Rule, parse_duration,
+    Policy, Rule,
+    fields::{HeaderStyle, PolicyFields},
+    parse_duration,
 };
 use toml::Spanned;
 
@@ -64,6 +66,9 @@ pub(crate) struct ServerSettings {
     pub(crate) max_batch: usize,
     /// `server.dashboard`; unset: on when the HTTP listener is on a loopback address.
     pub(crate) dashboard: Option<bool>,
+    /// The rate-limit fields of `/v1/check` and `/v1/peek` answers and of Envoy's
+    /// `response_headers_to_add`.
+    pub(crate) headers: HeaderStyle,
 }
 
 impl ServerSettings {
@@ -100,6 +105,10 @@ pub(crate) struct PolicyEntry {
     /// Every rule of the policy as written (`10/1m`), in limiter order, with its limiter's
     /// name: written once here rather than formatted in every answer.
     pub(crate) rule_texts: Arc<[RuleText]>,
+    /// The policy's rate-limit fields that never change, made once.
+    pub(crate) fields: Arc<PolicyFields>,
+    /// Its `RateLimit-Policy` value, made once.
+    pub(crate) policy_field: Option<axum::http::HeaderValue>,
 }
 
 /// A rule of a policy and its text, for answers (see `PolicyEntry::rule_texts`).
@@ -482,6 +491,7 @@ struct RawServer {
     max_batch: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
     dashboard: Option<bool>,
+    headers: Option<HeaderStyle>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -791,6 +801,7 @@ impl RawServer {
             admin_failure_limit,
             max_batch,
             dashboard: self.dashboard,
+            headers: self.headers.unwrap_or_default(),
         })
     }
 }
@@ -979,8 +990,11 @@ impl RawPolicy {
             }
             Arc::new(guard)
         });
+        let fields = PolicyFields::new(&policy);
         Ok(PolicyEntry {
             rule_texts: rule_texts(&policy),
+            policy_field: axum::http::HeaderValue::from_str(fields.policy()).ok(),
+            fields: Arc::new(fields),
             policy: Arc::new(policy),
             duplicate,
             bypass: bypass_summary,
@@ -1165,6 +1179,15 @@ mod tests {
         assert!(
             e.starts_with("t.toml:2: server.admin_failure_limit: \"5/1x\": unknown unit"),
             "{e}"
+        );
+        let e = err("[server]\nheaders = \"fancy\"\n");
+        assert!(e.starts_with("t.toml:2: server.headers: "), "{e}");
+        assert!(e.contains("`draft`, `legacy`, `draft6`, `none`"), "{e}");
+        let style = |text: &str| Config::parse("t.toml", text).unwrap().server.headers;
+        assert_eq!(style(""), HeaderStyle::Draft);
+        assert_eq!(
+            style("[server]\nheaders = \"legacy\"\n"),
+            HeaderStyle::Legacy
         );
     }
 

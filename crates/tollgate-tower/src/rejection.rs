@@ -10,10 +10,7 @@ use tollgate::{CheckError, Decision, Reason, StoreError};
 
 use crate::{
     body::{BoxError, GateBody},
-    headers::{
-        HeaderStyle, ceil_secs, insert_retry_after, insert_rule_headers, insert_single_rule,
-        policy_names,
-    },
+    headers::{HeaderStyle, ceil_secs, insert_fields, insert_retry_after, policy_names},
 };
 
 /// Builds the response for a rejection, in place of the default (`on_rejection` of the
@@ -329,12 +326,12 @@ impl Rejection {
             }
         }
         if let Rejection::RateLimited(decision) = &self {
-            match style {
-                HeaderStyle::Draft | HeaderStyle::None => {
-                    insert_rule_headers(decision.rules(), headers);
-                }
-                style => insert_single_rule(style, decision.rules(), headers),
-            }
+            // A refusal always says why: `None` keeps the draft fields.
+            let style = match style {
+                HeaderStyle::None => HeaderStyle::Draft,
+                style => style,
+            };
+            insert_fields(style, decision.rules(), headers);
         }
         if grpc {
             headers.insert(

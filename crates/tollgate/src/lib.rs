@@ -43,10 +43,12 @@
 //! - `clock`: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - `engine`: [`Tollgate`], which checks policies against a store.
 //! - `error`: [`StoreError`], [`CheckError`], [`PolicyError`].
+//! - [`fields`]: the rate-limit header fields of a decision as text (`RateLimit-Policy` /
+//!   `RateLimit`, legacy `X-RateLimit-*`, the sixth draft's), for every front end.
 //!
 //! # Features
 //! - `serde` (off by default): `Serialize`/`Deserialize` for [`Rule`] (its text form,
-//!   `"10/1m"`), [`Dimension`], [`Algorithm`], [`OnError`], and `Serialize` for [`Reason`],
+//!   `"10/1m"`), [`Dimension`], [`Algorithm`], [`OnError`], [`fields::HeaderStyle`], and `Serialize` for [`Reason`],
 //!   [`LimiterName`] and [`DuplicateState`] (snake case: `"rate_limited"`).
 //!
 //! The crate needs no async runtime: a check is a future any executor can poll, and on the
@@ -60,6 +62,7 @@ mod decision;
 mod duplicate;
 mod engine;
 mod error;
+pub mod fields;
 mod identity;
 pub mod key;
 mod memory;

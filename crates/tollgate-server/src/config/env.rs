@@ -120,6 +120,9 @@ pub(super) fn apply(
             " (use true or false)",
         )?);
     }
+    if let Some((var, v)) = get("server.headers") {
+        s.headers = Some(from_str("server.headers", &var, &v, "")?);
+    }
     let st = &mut raw.store;
     // Checked where the file's value is, by the same code; errors name the variable.
     if let Some((_, v)) = get("store.url") {
@@ -184,6 +187,7 @@ prefix = "file"
                 ("TOLLGATE_SERVER_DASHBOARD", "true"),
                 ("TOLLGATE_SERVER_HEADER_READ_TIMEOUT", "2s"),
                 ("TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT", "3/1m"),
+                ("TOLLGATE_SERVER_HEADERS", "legacy"),
                 ("TOLLGATE_STORE_PREFIX", "env"),
                 ("TOLLGATE_STORE_ON_ERROR", "deny"),
                 ("TOLLGATE_STORE_URL", "redis://:s3cret@10.0.0.5:6379/0"),
@@ -199,11 +203,12 @@ prefix = "file"
             std::time::Duration::from_secs(2)
         );
         assert_eq!(config.server.admin_failure_limit.to_string(), "3/1m");
+        assert_eq!(config.server.headers, tollgate::fields::HeaderStyle::Legacy);
         assert_eq!(config.store.prefix, "env");
         assert_eq!(config.store.on_error, tollgate::OnError::Deny);
         let summary = config.summary();
         assert!(
-            summary.contains("from the environment: TOLLGATE_SERVER_HTTP, TOLLGATE_SERVER_HEADER_READ_TIMEOUT, TOLLGATE_SERVER_MAX_BATCH, TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT, TOLLGATE_SERVER_DASHBOARD, TOLLGATE_STORE_URL, TOLLGATE_STORE_ON_ERROR, TOLLGATE_STORE_PREFIX"),
+            summary.contains("from the environment: TOLLGATE_SERVER_HTTP, TOLLGATE_SERVER_HEADER_READ_TIMEOUT, TOLLGATE_SERVER_MAX_BATCH, TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT, TOLLGATE_SERVER_DASHBOARD, TOLLGATE_SERVER_HEADERS, TOLLGATE_STORE_URL, TOLLGATE_STORE_ON_ERROR, TOLLGATE_STORE_PREFIX"),
             "{summary}"
         );
         assert!(!summary.contains("s3cret"), "{summary}");

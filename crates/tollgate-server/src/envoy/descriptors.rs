@@ -346,6 +346,14 @@ const UNITS: [(Unit, u64); 7] = [
     (Unit::Year, 365 * DAY_MS),
 ];
 
+/// The length of an Envoy `RateLimit.Unit`, in milliseconds; `None` for `UNKNOWN`.
+pub(crate) fn unit_ms(unit: i32) -> Option<u64> {
+    UNITS
+        .iter()
+        .find(|&&(u, _)| u as i32 == unit)
+        .map(|&(_, ms)| ms)
+}
+
 /// A rule in Envoy's terms: the shortest unit at least as long as the window, and the rule's
 /// rate over that unit, rounded down (`10/1m` is 10 per MINUTE, `10/30s` 20 per MINUTE,
 /// `5/500ms` 10 per SECOND). Windows longer than a year are given per YEAR.

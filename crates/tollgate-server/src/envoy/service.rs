@@ -14,6 +14,7 @@ use std::{
 };
 
 use envoy_types::pb::envoy::{
+    config::core::v3::HeaderValue,
     extensions::common::ratelimit::v3::RateLimitDescriptor,
     service::ratelimit::v3::{
         RateLimitRequest, RateLimitResponse,
@@ -23,11 +24,15 @@ use envoy_types::pb::envoy::{
 };
 use smallvec::SmallVec;
 use tollgate::{
-    CheckRequest, LimiterRequest, MemoryStore, OnError, Reason, Store as _, Verdict,
+    CheckRequest, LimiterRequest, MemoryStore, OnError, Reason, Rule, RuleDecision, Store as _,
+    Verdict,
     algorithm::RuleOutcome,
+    fields::{self, HeaderStyle},
 };
 
-use super::descriptors::{Domain, Node, counter_name, current_limit, override_node, pb_duration};
+use super::descriptors::{
+    Domain, Node, counter_name, current_limit, override_node, pb_duration, unit_ms,
+};
 use crate::app::App;
 
 /// The gRPC service over the running server's configuration.
@@ -75,6 +80,51 @@ impl RateLimitService for RateLimiter {
         };
         Ok(tonic::Response::new(response))
     }
+}
+
+/// The rate-limit fields of `style` for the descriptors' statuses, for Envoy to add to the
+/// response it sends downstream: each status's `current_limit` (as Envoy sees it, in whole
+/// units: a rule of `10/30s` shows as `20` per minute), what is left of it and when it resets.
+fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+    if style == HeaderStyle::None {
+        return Vec::new();
+    }
+    let rules: SmallVec<[RuleDecision; 4]> = statuses
+        .iter()
+        .filter_map(|status| {
+            let limit = status.current_limit.as_ref()?;
+            let rule = Rule::new(
+                u64::from(limit.requests_per_unit),
+                Duration::from_millis(unit_ms(limit.unit)?),
+            )
+            .ok()?;
+            let reset = status
+                .duration_until_reset
+                .as_ref()
+                .map_or(Duration::ZERO, |d| {
+                    Duration::new(
+                        u64::try_from(d.seconds).unwrap_or(0),
+                        u32::try_from(d.nanos).unwrap_or(0),
+                    )
+                });
+            Some(RuleDecision {
+                limiter: limit.name.as_str().into(),
+                rule,
+                allowed: status.code != Code::OverLimit as i32,
+                remaining: u64::from(status.limit_remaining),
+                reset_after: reset,
+            })
+        })
+        .collect();
+    let mut headers = Vec::new();
+    fields::write_fields(style, &rules, |key, value| {
+        headers.push(HeaderValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            ..HeaderValue::default()
+        });
+    });
+    headers
 }
 
 fn not_limited(count: usize) -> RateLimitResponse {
@@ -325,8 +375,14 @@ impl RateLimiter {
                 statuses[i] = status;
             }
         }
+        let style = match self.app.config().server.headers {
+            // A denial always says why.
+            HeaderStyle::None if over => HeaderStyle::Draft,
+            style => style,
+        };
         RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            response_headers_to_add: response_headers(style, &statuses),
             statuses,
             ..RateLimitResponse::default()
         }

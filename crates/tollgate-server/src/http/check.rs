@@ -9,11 +9,14 @@ use std::{borrow::Cow, pin::Pin, sync::Arc, task::Poll, time::Instant};
 
 use axum::{
     extract::State,
-    http::{HeaderValue, StatusCode, header},
+    http::{HeaderName, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
 use serde_json::value::RawValue;
-use tollgate::{CheckError, Decision, Identity};
+use tollgate::{
+    CheckError, Decision, Identity,
+    fields::{self, HeaderStyle},
+};
 
 use super::{
     error::{ApiError, JsonBody, check_error, parse_json},
@@ -42,21 +45,18 @@ fn unknown_policy(name: &str) -> ApiError {
 
 pub(crate) async fn check(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
     match parse_json(&body) {
-        Ok(req) => answer(decide(&app, req, true).await),
+        Ok(req) => decide(&app, req, true)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
 
 pub(crate) async fn peek(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
     match parse_json(&body) {
-        Ok(req) => answer(decide(&app, req, false).await),
-        Err(e) => e.into_response(),
-    }
-}
-
-fn answer(body: Result<Vec<u8>, ApiError>) -> Response {
-    match body {
-        Ok(body) => json_bytes(body),
+        Ok(req) => decide(&app, req, false)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
@@ -73,9 +73,10 @@ fn json_bytes(body: Vec<u8>) -> Response {
         .into_response()
 }
 
-/// The body of `/v1/check` (`consume`) and `/v1/peek`: one decision, recorded in the metrics
-/// (see [`record`]), written as JSON into one buffer of the right size.
-async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Vec<u8>, ApiError> {
+/// The answer of `/v1/check` (`consume`) and `/v1/peek`: one decision, recorded in the metrics
+/// (see [`record`]), written as JSON into one buffer of the right size, with the rate-limit
+/// fields of `server.headers` for a caller to copy onto its own response.
+async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Response, ApiError> {
     let config = app.config();
     let entry = config
         .policies
@@ -100,7 +101,23 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Vec<u
     )?;
     let mut body = Vec::with_capacity(decision_size_hint(&decision));
     write_decision(&mut body, &decision, &entry.rule_texts);
-    Ok(body)
+    let mut response = json_bytes(body);
+    let style = match config.server.headers {
+        // A denial always says why.
+        HeaderStyle::None if !decision.allowed() => HeaderStyle::Draft,
+        style => style,
+    };
+    let headers = response.headers_mut();
+    entry.fields.write(style, decision.rules(), |name, value| {
+        let made = entry
+            .policy_field
+            .as_ref()
+            .filter(|made| name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes());
+        if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    });
+    Ok(response)
 }
 
 /// Records a check's answer in the metrics: a check counts its decision and its store call, a

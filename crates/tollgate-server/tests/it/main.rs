@@ -13,6 +13,7 @@ mod env_overrides;
 mod fuzz;
 mod grpc;
 mod grpc_health;
+mod headers;
 mod http_api;
 mod redis;
 mod reload;

@@ -9,7 +9,20 @@ use tollgate::IpNet;
 ///
 /// Only one is believed: a proxy that appends to `X-Forwarded-For` usually passes a
 /// client-sent `Forwarded` header through untouched, so believing both would let the client
-/// choose its address.
+/// choose its address. The one-address headers are believed only from a trusted peer, and
+/// only as a whole (a value that is not an address leaves the peer as the client).
+///
+/// ```
+/// use tollgate_tower::{ForwardedHeader, IdentityResolver};
+///
+/// // Behind Cloudflare, whose edge connects from the networks it publishes.
+/// let resolver = IdentityResolver::new()
+///     .trust_proxies(["173.245.48.0/20".parse()?, "2400:cb00::/32".parse()?])
+///     .forwarded_header(ForwardedHeader::CfConnectingIp);
+/// // Behind one load balancer whose addresses are not known in advance.
+/// let resolver = IdentityResolver::new().trust_hops(1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ForwardedHeader {
@@ -18,6 +31,28 @@ pub enum ForwardedHeader {
     XForwardedFor,
     /// RFC 7239 `Forwarded: for=client, for=proxy1`.
     Forwarded,
+    /// `X-Real-IP: client` (nginx's `real_ip` module, many ingress controllers).
+    XRealIp,
+    /// `CF-Connecting-IP: client` (Cloudflare).
+    CfConnectingIp,
+    /// `True-Client-IP: client` (Akamai, Cloudflare Enterprise).
+    TrueClientIp,
+}
+
+/// Whom the resolver believes: proxies by network, and a number of hops nearest to us.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Trust<'a> {
+    pub(crate) nets: &'a [IpNet],
+    /// The peer and the `hops - 1` nearest hops of the chain are proxies, whatever their
+    /// addresses (0: none is, by count).
+    pub(crate) hops: usize,
+}
+
+impl Trust<'_> {
+    /// Whether `ip`, `position` hops away from us (the peer is 0), is a proxy.
+    fn trusts(&self, ip: IpAddr, position: usize) -> bool {
+        position < self.hops || self.nets.iter().any(|net| net.contains(ip))
+    }
 }
 
 /// The client IP of a request that arrived from `peer`.
@@ -27,16 +62,26 @@ pub enum ForwardedHeader {
 /// skipped and the first untrusted one is the client. A hop that is not an address
 /// (`unknown`, an obfuscated `_name`) ends the walk at the last trusted hop, the nearest
 /// address we can vouch for. If every hop is trusted, the leftmost one is the client.
+///
+/// A one-address header ([`ForwardedHeader::XRealIp`] and the like) from a trusted peer names
+/// the client, if it holds exactly one address.
 pub(crate) fn client_ip(
     peer: IpAddr,
     headers: &HeaderMap,
-    trusted: &[IpNet],
+    trust: Trust<'_>,
     source: ForwardedHeader,
 ) -> IpAddr {
     let peer = canonical(peer);
-    if !is_trusted(peer, trusted) {
+    if !trust.trusts(peer, 0) {
         return peer;
     }
+    let single = |name: &'static str| {
+        let mut values = headers.get_all(name).iter();
+        match (values.next(), values.next()) {
+            (Some(value), None) => value.to_str().ok().and_then(parse_hop).unwrap_or(peer),
+            _ => peer,
+        }
+    };
     let hops = match source {
         ForwardedHeader::XForwardedFor => hops(
             headers,
@@ -44,20 +89,19 @@ pub(crate) fn client_ip(
             |v| v.split(',').map(|h| h.trim().to_owned()).collect(),
         ),
         ForwardedHeader::Forwarded => hops(headers, header::FORWARDED, forwarded_for),
+        ForwardedHeader::XRealIp => return single("x-real-ip"),
+        ForwardedHeader::CfConnectingIp => return single("cf-connecting-ip"),
+        ForwardedHeader::TrueClientIp => return single("true-client-ip"),
     };
     let mut client = peer;
-    for hop in hops.iter().rev() {
+    for (position, hop) in hops.iter().rev().enumerate() {
         match parse_hop(hop) {
-            Some(ip) if is_trusted(ip, trusted) => client = ip,
+            Some(ip) if trust.trusts(ip, position + 1) => client = ip,
             Some(ip) => return ip,
             None => return client,
         }
     }
     client
-}
-
-fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
-    trusted.iter().any(|net| net.contains(ip))
 }
 
 /// IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`, from dual-stack sockets) become IPv4, so one
@@ -148,6 +192,19 @@ mod tests {
         list.iter().map(|s| s.parse().unwrap()).collect()
     }
 
+    /// `client_ip` trusting `trusted` networks only.
+    fn by_nets(peer: IpAddr, h: &HeaderMap, trusted: &[IpNet], source: ForwardedHeader) -> IpAddr {
+        client_ip(
+            peer,
+            h,
+            Trust {
+                nets: trusted,
+                hops: 0,
+            },
+            source,
+        )
+    }
+
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (name, value) in pairs {
@@ -162,7 +219,7 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8"]);
         for source in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
             assert_eq!(
-                client_ip(ip("203.0.113.9"), &h, &trusted, source),
+                by_nets(ip("203.0.113.9"), &h, &trusted, source),
                 ip("203.0.113.9")
             );
         }
@@ -173,21 +230,21 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8"]);
         // The client forged the first entry; the first untrusted hop from the right is real.
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.0.0.2")]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
         assert_eq!(got, ip("198.51.100.7"));
         // Several header lines are one list, in order.
         let h = headers(&[
             ("x-forwarded-for", "6.6.6.6"),
             ("x-forwarded-for", "198.51.100.7, 10.0.0.2"),
         ]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
         assert_eq!(got, ip("198.51.100.7"));
         // All hops trusted: the leftmost is the client.
         let h = headers(&[("x-forwarded-for", "10.9.9.9, 10.0.0.2")]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
         assert_eq!(got, ip("10.9.9.9"));
         // No header: the peer itself.
-        let got = client_ip(
+        let got = by_nets(
             ip("10.0.0.1"),
             &HeaderMap::new(),
             &trusted,
@@ -200,7 +257,7 @@ mod tests {
     fn garbage_stops_the_walk_at_the_last_trusted_hop() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = headers(&[("x-forwarded-for", "198.51.100.7, unknown, 10.0.0.2")]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
         assert_eq!(got, ip("10.0.0.2"));
     }
 
@@ -211,24 +268,24 @@ mod tests {
             "forwarded",
             r#"for=6.6.6.6, for="[2001:db8::17]:4711";proto=https, For="198.51.100.7:47011";by=10.0.0.2, for=10.0.0.3"#,
         )]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
         assert_eq!(got, ip("198.51.100.7"));
         let h = headers(&[("forwarded", r#"for="[2001:db8::17]:4711", for=10.0.0.3"#)]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
         assert_eq!(got, ip("2001:db8::17"));
         // X-Forwarded-For is ignored when the proxies speak Forwarded.
         let h = headers(&[("x-forwarded-for", "198.51.100.7")]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
         assert_eq!(got, ip("10.0.0.1"));
         // An obfuscated identifier is not an address.
         let h = headers(&[("forwarded", "for=_hidden, for=10.0.0.3")]);
-        let got = client_ip(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
         assert_eq!(got, ip("10.0.0.3"));
     }
 
     #[test]
     fn mapped_addresses_are_ipv4() {
-        let got = client_ip(
+        let got = by_nets(
             ip("::ffff:203.0.113.9"),
             &HeaderMap::new(),
             &[],
@@ -236,5 +293,74 @@ mod tests {
         );
         assert_eq!(got, ip("203.0.113.9"));
         assert!(!got.is_ipv6());
+    }
+
+    #[test]
+    fn one_address_headers_are_believed_from_trusted_peers_only() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        for (name, source) in [
+            ("x-real-ip", ForwardedHeader::XRealIp),
+            ("cf-connecting-ip", ForwardedHeader::CfConnectingIp),
+            ("true-client-ip", ForwardedHeader::TrueClientIp),
+        ] {
+            let h = headers(&[(name, "198.51.100.7"), ("x-forwarded-for", "6.6.6.6")]);
+            assert_eq!(
+                by_nets(ip("10.0.0.1"), &h, &trusted, source),
+                ip("198.51.100.7")
+            );
+            assert_eq!(
+                by_nets(ip("203.0.113.9"), &h, &trusted, source),
+                ip("203.0.113.9")
+            );
+            // Not one address: the peer.
+            for bad in [
+                headers(&[(name, "198.51.100.7, 6.6.6.6")]),
+                headers(&[(name, "a"), (name, "b")]),
+            ] {
+                assert_eq!(
+                    by_nets(ip("10.0.0.1"), &bad, &trusted, source),
+                    ip("10.0.0.1")
+                );
+            }
+            let h = headers(&[(name, "[2001:db8::17]:4711")]);
+            assert_eq!(
+                by_nets(ip("10.0.0.1"), &h, &trusted, source),
+                ip("2001:db8::17")
+            );
+        }
+    }
+
+    #[test]
+    fn trusting_hops_by_count_takes_the_address_the_nearest_proxies_saw() {
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 203.0.113.50")]);
+        let xff = ForwardedHeader::XForwardedFor;
+        let count = |hops| Trust { nets: &[], hops };
+        // One proxy (the peer, any address): the rightmost entry is what it saw.
+        assert_eq!(
+            client_ip(ip("192.0.2.1"), &h, count(1), xff),
+            ip("203.0.113.50")
+        );
+        // Two proxies: the peer and the rightmost entry.
+        assert_eq!(
+            client_ip(ip("192.0.2.1"), &h, count(2), xff),
+            ip("198.51.100.7")
+        );
+        // More hops than the chain has: the leftmost entry.
+        assert_eq!(client_ip(ip("192.0.2.1"), &h, count(9), xff), ip("6.6.6.6"));
+        // None by count: the peer.
+        assert_eq!(
+            client_ip(ip("192.0.2.1"), &h, count(0), xff),
+            ip("192.0.2.1")
+        );
+        // Counted hops and trusted networks add up.
+        let trusted = nets(&["203.0.113.0/24"]);
+        let both = Trust {
+            nets: &trusted,
+            hops: 1,
+        };
+        assert_eq!(
+            client_ip(ip("192.0.2.1"), &h, both, xff),
+            ip("198.51.100.7")
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::{
 use http::{Extensions, HeaderMap, HeaderName, Request};
 use tollgate::{Identity, IpNet};
 
-use super::client_ip::{ForwardedHeader, client_ip};
+use super::client_ip::{ForwardedHeader, Trust, client_ip};
 
 /// The address of the connection's peer, for servers that do not record it where the resolver
 /// looks: with the `axum` feature, axum's `ConnectInfo<SocketAddr>` (serve with
@@ -70,6 +70,7 @@ type Enrich = Arc<dyn Fn(Identity, &HeaderMap, &Extensions) -> Identity + Send +
 #[derive(Clone, Default)]
 pub struct IdentityResolver {
     trusted: Vec<IpNet>,
+    trusted_hops: usize,
     forwarded: ForwardedHeader,
     headers: Vec<HeaderName>,
     enrich: Vec<Enrich>,
@@ -92,6 +93,19 @@ impl IdentityResolver {
     #[must_use]
     pub fn trust_proxies(mut self, nets: impl IntoIterator<Item = IpNet>) -> IdentityResolver {
         self.trusted.extend(nets);
+        self
+    }
+
+    /// Believes the nearest `hops` hops, whatever their addresses: the peer and the `hops - 1`
+    /// nearest entries of the forwarding header are proxies, and the next entry is the client
+    /// (the leftmost, if the chain is shorter). For proxies whose addresses are not known in
+    /// advance, such as a cloud load balancer (`trust_hops(1)`); counted hops and
+    /// [trusted networks](Self::trust_proxy) add up. Only right if every request comes
+    /// through exactly that many proxies: a client that reaches the server directly chooses
+    /// its address.
+    #[must_use]
+    pub fn trust_hops(mut self, hops: usize) -> IdentityResolver {
+        self.trusted_hops = hops;
         self
     }
 
@@ -147,7 +161,11 @@ impl IdentityResolver {
         let extensions = request.extensions();
         let mut identity = Identity::new();
         if let Some(peer) = peer_ip(extensions) {
-            identity = identity.with_ip(client_ip(peer, headers, &self.trusted, self.forwarded));
+            let trust = Trust {
+                nets: &self.trusted,
+                hops: self.trusted_hops,
+            };
+            identity = identity.with_ip(client_ip(peer, headers, trust, self.forwarded));
         }
         for name in &self.headers {
             if let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) {
@@ -185,6 +203,7 @@ impl fmt::Debug for IdentityResolver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdentityResolver")
             .field("trusted", &self.trusted)
+            .field("trusted_hops", &self.trusted_hops)
             .field("forwarded", &self.forwarded)
             .field("headers", &self.headers)
             .field("enrich", &self.enrich.len())

@@ -11,12 +11,7 @@ use tollgate::{CheckError, Decision};
 use tower_service::Service;
 
 use super::layer::Config;
-use crate::{
-    body::GateBody,
-    engine::BoxFuture,
-    headers::{HeaderStyle, insert_single_rule},
-    rejection::Rejection,
-};
+use crate::{body::GateBody, engine::BoxFuture, headers::HeaderStyle, rejection::Rejection};
 
 pin_project! {
     /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,
@@ -98,10 +93,9 @@ where
                     let mut response = response.map(GateBody::new);
                     if let Some(decision) = decision.take() {
                         let headers = response.headers_mut();
-                        match this.config.style {
-                            HeaderStyle::Draft => this.config.fields.insert(&decision, headers),
-                            style => insert_single_rule(style, decision.rules(), headers),
-                        }
+                        this.config
+                            .fields
+                            .insert(this.config.style, &decision, headers);
                     }
                     return Poll::Ready(Ok(response));
                 }

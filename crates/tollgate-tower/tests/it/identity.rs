@@ -104,3 +104,29 @@ async fn rfc_7239_forwarded_from_a_trusted_peer_is_honoured() {
         "127.0.0.1"
     );
 }
+
+#[tokio::test]
+async fn one_address_headers_and_counted_hops_over_http() {
+    let server = app(
+        IdentityResolver::new()
+            .trust_proxy("127.0.0.1/32".parse().unwrap())
+            .forwarded_header(ForwardedHeader::XRealIp),
+    )
+    .await;
+    assert_eq!(
+        ip_seen(&server, Some(("x-real-ip", "203.0.113.5"))).await,
+        "203.0.113.5"
+    );
+    assert_eq!(
+        ip_seen(&server, Some(("x-forwarded-for", "203.0.113.5"))).await,
+        "127.0.0.1",
+        "only the chosen header is believed"
+    );
+
+    // One load balancer of unknown address: the entry it appended is the client.
+    let server = app(IdentityResolver::new().trust_hops(1)).await;
+    assert_eq!(
+        ip_seen(&server, Some(("x-forwarded-for", "6.6.6.6, 198.51.100.7"))).await,
+        "198.51.100.7"
+    );
+}

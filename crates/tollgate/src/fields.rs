@@ -1,0 +1,469 @@
+//! The rate-limit header fields of a decision, as text: `RateLimit-Policy` and `RateLimit`
+//! (draft-ietf-httpapi-ratelimit-headers), or the older one-rule forms. Every front end writes
+//! these: the tower layer into its responses, the server into its answers and into Envoy's
+//! `response_headers_to_add`.
+//!
+//! ```
+//! use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+//! use tollgate::fields::{HeaderStyle, PolicyFields};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let gate = Tollgate::new(MemoryStore::new());
+//! let policy = Policy::builder("sms")
+//!     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?, "10/1h".parse()?]))
+//!     .build()?;
+//! let fields = PolicyFields::new(&policy); // once per policy
+//! let who = Identity::new().with_ip("192.0.2.1".parse()?);
+//! let decision = gate.check(&policy, &who, 1).await?;
+//!
+//! let mut written = Vec::new();
+//! fields.write(HeaderStyle::Draft, decision.rules(), |name, value| {
+//!     written.push((name, value.to_owned()))
+//! });
+//! assert_eq!(written, [
+//!     ("ratelimit-policy", r#""ip-1m";q=1;w=60, "ip-1h";q=10;w=3600"#.to_owned()),
+//!     ("ratelimit", r#""ip-1m";r=0;t=60, "ip-1h";r=9;t=3600"#.to_owned()),
+//! ]);
+//!
+//! written.clear();
+//! fields.write(HeaderStyle::Legacy, decision.rules(), |name, value| {
+//!     written.push((name, value.to_owned()))
+//! });
+//! assert_eq!(written, [
+//!     ("x-ratelimit-limit", "1".to_owned()),
+//!     ("x-ratelimit-remaining", "0".to_owned()),
+//!     ("x-ratelimit-reset", "60".to_owned()),
+//! ]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::{fmt, fmt::Write as _, str::FromStr, time::Duration};
+
+use crate::{LimiterName, Policy, RuleDecision, format_duration};
+
+/// Which rate-limit fields an answer carries.
+///
+/// The draft fields describe every rule; the older forms have room for one, so they describe
+/// the rule closest to denying (the fewest units left; of those, the longest to reset).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "snake_case")
+)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers), every rule.
+    #[default]
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
+    /// rule's quota is back), as many existing clients and gateways read them.
+    Legacy,
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (the draft's sixth
+    /// revision): the same three numbers.
+    Draft6,
+    /// No rate-limit fields on allowed answers; a refusal still carries the draft fields (a
+    /// refusal always says why).
+    None,
+}
+
+impl HeaderStyle {
+    /// The style's name in configuration: `draft`, `legacy`, `draft6` or `none`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeaderStyle::Draft => "draft",
+            HeaderStyle::Legacy => "legacy",
+            HeaderStyle::Draft6 => "draft6",
+            HeaderStyle::None => "none",
+        }
+    }
+
+    /// The three field names of a one-rule style (limit, remaining, reset).
+    fn single_rule_names(self) -> Option<[&'static str; 3]> {
+        match self {
+            HeaderStyle::Legacy => Some(LEGACY),
+            HeaderStyle::Draft6 => Some(DRAFT6),
+            HeaderStyle::Draft | HeaderStyle::None => None,
+        }
+    }
+}
+
+impl fmt::Display for HeaderStyle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A header style that is none of `draft`, `legacy`, `draft6`, `none`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderStyleError(String);
+
+impl fmt::Display for HeaderStyleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown header style {:?} (expected draft, legacy, draft6 or none)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for HeaderStyleError {}
+
+impl FromStr for HeaderStyle {
+    type Err = HeaderStyleError;
+
+    fn from_str(s: &str) -> Result<HeaderStyle, HeaderStyleError> {
+        match s {
+            "draft" => Ok(HeaderStyle::Draft),
+            "legacy" => Ok(HeaderStyle::Legacy),
+            "draft6" => Ok(HeaderStyle::Draft6),
+            "none" => Ok(HeaderStyle::None),
+            other => Err(HeaderStyleError(other.to_owned())),
+        }
+    }
+}
+
+/// The `RateLimit-Policy` field name. Names are written in lower case, as HTTP/2 and gRPC
+/// metadata require (HTTP/1.1 compares them case-insensitively).
+pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+/// The `RateLimit` field name.
+pub const RATELIMIT: &str = "ratelimit";
+const LEGACY: [&str; 3] = [
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+const DRAFT6: [&str; 3] = ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"];
+
+/// Whole seconds, rounded up: a client that waits this long is never early.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The item names of `rules`, one per rule, unique: `limiter-window` (`ip-1m`), with the limit
+/// appended where two rules of a limiter share a window. Problem documents name violated
+/// policies by these too.
+pub fn policy_names(rules: &[RuleDecision]) -> Vec<String> {
+    let base = |r: &RuleDecision| format!("{}-{}", r.limiter, format_duration(r.rule.window()));
+    let mut names: Vec<String> = Vec::with_capacity(rules.len());
+    for (i, rule) in rules.iter().enumerate() {
+        let mut name = base(rule);
+        if rules.iter().filter(|r| base(r) == name).count() > 1 {
+            name = format!("{name}-{}", rule.rule.limit());
+        }
+        if names.contains(&name) {
+            name = format!("{name}-{i}");
+        }
+        names.push(name);
+    }
+    names
+}
+
+/// An RFC 8941 sf-string: printable ASCII, `"` and `\` escaped; anything else becomes `?`
+/// (limiter names come from configuration, so this is a guard, not a feature).
+fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The `RateLimit-Policy` items of `rules`, named `names` (quoted).
+fn write_policy(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[String]) {
+    for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
+        let sep = if i > 0 { ", " } else { "" };
+        let (q, w) = (rule.rule.limit(), ceil_secs(rule.rule.window()));
+        let _ = write!(out, "{sep}{name};q={q};w={w}");
+    }
+}
+
+/// The `RateLimit` items of `rules`, named `names` (quoted).
+fn write_limits(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[String]) {
+    for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
+        let sep = if i > 0 { ", " } else { "" };
+        let (r, t) = (rule.remaining, ceil_secs(rule.reset_after));
+        let _ = write!(out, "{sep}{name};r={r};t={t}");
+    }
+}
+
+/// The rule closest to denying: the fewest units left; of those, the longest to reset.
+fn closest(rules: &[RuleDecision]) -> Option<&RuleDecision> {
+    rules
+        .iter()
+        .min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)))
+}
+
+/// Writes the fields of `style` for `rules` (of one decision or several) through `f`, as
+/// `(name, value)` with the name in lower case: nothing for [`HeaderStyle::None`] or without rules. For decisions of one
+/// known policy, [`PolicyFields`] writes the same with less work.
+pub fn write_fields(style: HeaderStyle, rules: &[RuleDecision], f: impl FnMut(&'static str, &str)) {
+    if rules.is_empty() {
+        return;
+    }
+    let names: Vec<String> = policy_names(rules).iter().map(|n| sf_string(n)).collect();
+    write_with(style, rules, &names, None, f);
+}
+
+fn write_with(
+    style: HeaderStyle,
+    rules: &[RuleDecision],
+    names: &[String],
+    policy: Option<&str>,
+    mut f: impl FnMut(&'static str, &str),
+) {
+    if let Some(fields) = style.single_rule_names() {
+        let Some(rule) = closest(rules) else {
+            return;
+        };
+        let values = [
+            rule.rule.limit(),
+            rule.remaining,
+            ceil_secs(rule.reset_after),
+        ];
+        let mut text = Buffer::new();
+        for (name, value) in fields.into_iter().zip(values) {
+            text.clear();
+            let _ = write!(text, "{value}");
+            f(name, text.as_str());
+        }
+        return;
+    }
+    if style == HeaderStyle::None || rules.is_empty() {
+        return;
+    }
+    let mut text = Buffer::new();
+    match policy {
+        Some(policy) => f(RATELIMIT_POLICY, policy),
+        None => {
+            write_policy(&mut text, rules, names);
+            f(RATELIMIT_POLICY, text.as_str());
+            text.clear();
+        }
+    }
+    write_limits(&mut text, rules, names);
+    f(RATELIMIT, text.as_str());
+}
+
+/// The fields of one policy that never change, made once (at configuration load, per layer):
+/// its rules' quoted item names and its `RateLimit-Policy` value. A decision over exactly these
+/// rules (every admission and every rate-limit denial) then costs one formatted field, written
+/// on the stack.
+#[derive(Clone, Debug)]
+pub struct PolicyFields {
+    rules: Vec<(LimiterName, crate::Rule)>,
+    names: Vec<String>,
+    policy: String,
+}
+
+impl PolicyFields {
+    /// The fields of `policy`.
+    pub fn new(policy: &Policy) -> PolicyFields {
+        let rules: Vec<RuleDecision> = policy
+            .limiters()
+            .iter()
+            .flat_map(|l| {
+                let limiter: LimiterName = l.name().into();
+                l.rules().iter().map(move |rule| RuleDecision {
+                    limiter: limiter.clone(),
+                    rule: *rule,
+                    allowed: true,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                })
+            })
+            .collect();
+        let names: Vec<String> = policy_names(&rules).iter().map(|n| sf_string(n)).collect();
+        let mut policy = String::new();
+        write_policy(&mut policy, &rules, &names);
+        PolicyFields {
+            rules: rules.into_iter().map(|r| (r.limiter, r.rule)).collect(),
+            names,
+            policy,
+        }
+    }
+
+    /// The policy's `RateLimit-Policy` value.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// Writes the fields of `style` for `rules`, a decision's (see [`write_fields`]).
+    pub fn write(
+        &self,
+        style: HeaderStyle,
+        rules: &[RuleDecision],
+        f: impl FnMut(&'static str, &str),
+    ) {
+        let same = rules.len() == self.rules.len()
+            && rules
+                .iter()
+                .zip(&self.rules)
+                .all(|(a, (limiter, rule))| a.rule == *rule && a.limiter == *limiter);
+        if same {
+            write_with(style, rules, &self.names, Some(&self.policy), f);
+        } else {
+            write_fields(style, rules, f);
+        }
+    }
+}
+
+/// Text written on the stack up to 256 bytes, then on the heap.
+struct Buffer {
+    bytes: [u8; 256],
+    len: usize,
+    spilled: Option<String>,
+}
+
+impl Buffer {
+    fn new() -> Buffer {
+        Buffer {
+            bytes: [0; 256],
+            len: 0,
+            spilled: None,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.spilled = None;
+    }
+
+    fn as_str(&self) -> &str {
+        match &self.spilled {
+            Some(text) => text,
+            // Only whole `&str`s are ever copied in.
+            None => std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Write for Buffer {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if let Some(text) = &mut self.spilled {
+            text.push_str(s);
+            return Ok(());
+        }
+        let end = self.len + s.len();
+        if end <= self.bytes.len() {
+            self.bytes[self.len..end].copy_from_slice(s.as_bytes());
+            self.len = end;
+        } else {
+            let mut text = String::with_capacity(end * 2);
+            text.push_str(self.as_str());
+            text.push_str(s);
+            self.spilled = Some(text);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(limiter: &str, text: &str, remaining: u64, reset_secs: u64) -> RuleDecision {
+        RuleDecision {
+            limiter: limiter.into(),
+            rule: text.parse().unwrap(),
+            allowed: remaining > 0,
+            remaining,
+            reset_after: Duration::from_secs(reset_secs),
+        }
+    }
+
+    fn collect(style: HeaderStyle, rules: &[RuleDecision]) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        write_fields(style, rules, |n, v| out.push((n, v.to_owned())));
+        out
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(41_001)), 42);
+        assert_eq!(ceil_secs(Duration::from_secs(42)), 42);
+    }
+
+    #[test]
+    fn names_are_unique_per_rule() {
+        let names = policy_names(&[
+            rule("ip", "1/1m", 0, 0),
+            rule("ip", "10/1h", 0, 0),
+            rule("ip", "5/1h", 0, 0),
+            rule("user_id", "20/1d", 0, 0),
+            rule("ip", "5/500ms", 0, 0),
+        ]);
+        assert_eq!(
+            names,
+            ["ip-1m", "ip-1h-10", "ip-1h-5", "user_id-1d", "ip-500ms"]
+        );
+    }
+
+    #[test]
+    fn sf_strings_escape() {
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(sf_string("é"), r#""?""#);
+    }
+
+    #[test]
+    fn one_rule_styles_describe_the_rule_closest_to_denying() {
+        let rules = [rule("ip", "10/1m", 3, 20), rule("ip", "100/1h", 3, 3000)];
+        assert_eq!(
+            collect(HeaderStyle::Draft6, &rules),
+            [
+                ("ratelimit-limit", "100".to_owned()),
+                ("ratelimit-remaining", "3".to_owned()),
+                ("ratelimit-reset", "3000".to_owned()),
+            ]
+        );
+        assert!(collect(HeaderStyle::None, &rules).is_empty());
+        assert!(collect(HeaderStyle::Legacy, &[]).is_empty());
+    }
+
+    #[test]
+    fn long_fields_spill_to_the_heap_whole() {
+        let rules: Vec<_> = (1..40)
+            .map(|i| rule("a_long_limiter_name", &format!("{i}/{i}s"), 1, 1))
+            .collect();
+        let fields = collect(HeaderStyle::Draft, &rules);
+        assert!(fields[1].1.len() > 256);
+        assert_eq!(fields[1].1.matches(";r=1;t=1").count(), 39);
+        assert!(
+            fields[1]
+                .1
+                .ends_with(r#""a_long_limiter_name-39s";r=1;t=1"#),
+            "{}",
+            fields[1].1
+        );
+    }
+
+    #[test]
+    fn styles_parse_by_name() {
+        for style in [
+            HeaderStyle::Draft,
+            HeaderStyle::Legacy,
+            HeaderStyle::Draft6,
+            HeaderStyle::None,
+        ] {
+            assert_eq!(style.as_str().parse::<HeaderStyle>(), Ok(style));
+        }
+        let error = "Draft".parse::<HeaderStyle>().unwrap_err().to_string();
+        assert!(
+            error.contains("expected draft, legacy, draft6 or none"),
+            "{error}"
+        );
+    }
+}
