@@ -37,6 +37,19 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Configures a [`RedisStore`]; from [`RedisStore::builder`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tollgate_redis::RedisStore;
+///
+/// # async fn run() -> Result<(), tollgate::StoreError> {
+/// let store = RedisStore::builder("redis+cluster://10.0.0.5:7000,10.0.0.6:7000/?prefix=api")
+///     .timeout(Duration::from_millis(50)) // each call; past it, the policy's on_error decides
+///     .build()
+///     .await?;
+/// # let _ = store;
+/// # Ok(()) }
+/// ```
 #[must_use = "a builder does nothing until `build` is awaited"]
 pub struct RedisStoreBuilder {
     url: String,

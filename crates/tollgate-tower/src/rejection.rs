@@ -54,6 +54,34 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 /// Functions guarded by `#[rate_limit]` or `#[prevent_duplicate]` return it through their
 /// error type (`E: From<Rejection>`); an application with its own error type wraps it and
 /// keeps the response, or builds its own.
+///
+/// ```
+/// use tollgate_tower::Rejection;
+///
+/// enum AppError {
+///     Limited(Rejection),
+///     NotFound,
+/// }
+///
+/// impl From<Rejection> for AppError {
+///     fn from(rejection: Rejection) -> AppError {
+///         AppError::Limited(rejection)
+///     }
+/// }
+///
+/// impl AppError {
+///     fn into_response(self) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+///         match self {
+///             AppError::Limited(rejection) => rejection.into_http_response(),
+///             AppError::NotFound => http::Response::builder().status(404).body(Default::default()).unwrap(),
+///         }
+///     }
+/// }
+///
+/// let response = AppError::from(Rejection::KeyReused).into_response();
+/// assert_eq!(response.status(), 422);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Rejection {

@@ -151,6 +151,33 @@ pub struct RuleDecision {
 ///
 /// A decision holds its rules inline, without a heap allocation, for policies of up to
 /// [`INLINE_RULES`](crate::INLINE_RULES) rules over all limiters.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Reason, Tollgate};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let gate = Tollgate::new(MemoryStore::new());
+/// let policy = Policy::builder("login")
+///     .limiter(Limiter::new(Dimension::Ip, ["2/1m".parse()?, "5/1h".parse()?]))
+///     .build()?;
+/// let who = Identity::new().with_ip("192.0.2.1".parse()?);
+///
+/// let first = gate.check(&policy, &who, 1).await?;
+/// assert!(first.allowed());
+/// assert_eq!(first.remaining(), Some(1)); // the minute's rule is the tighter
+/// gate.check(&policy, &who, 1).await?;
+///
+/// let third = gate.check(&policy, &who, 1).await?;
+/// assert_eq!(third.reason(), Reason::RateLimited);
+/// let denied: Vec<String> = third.denied_rules().map(|r| r.rule.to_string()).collect();
+/// assert_eq!(denied, ["2/1m"]);
+/// assert!(third.retry_after() <= Some(Duration::from_secs(60)));
+/// // All or nothing: the denied request took nothing from the hour's rule.
+/// assert_eq!(third.rules()[1].remaining, 3);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub(crate) allowed: bool,

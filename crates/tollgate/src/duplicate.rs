@@ -99,6 +99,17 @@ pub fn idempotency_key(value: &str) -> Result<&str, &'static str> {
 }
 
 /// What makes two submissions "the same".
+///
+/// ```
+/// use tollgate::{Dimension, DuplicateBy};
+///
+/// assert_eq!("args".parse::<DuplicateBy>()?, DuplicateBy::Args);
+/// assert_eq!(
+///     "user_id".parse::<DuplicateBy>()?,
+///     DuplicateBy::Dimension(Dimension::UserId)
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum DuplicateBy {

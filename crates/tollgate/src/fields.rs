@@ -46,6 +46,15 @@ use crate::{LimiterName, Policy, RuleDecision, format_duration};
 ///
 /// The draft fields describe every rule; the older forms have room for one, so they describe
 /// the rule closest to denying (the fewest units left; of those, the longest to reset).
+///
+/// ```
+/// use tollgate::fields::HeaderStyle;
+///
+/// let style: HeaderStyle = "legacy".parse()?;
+/// assert_eq!(style, HeaderStyle::Legacy);
+/// assert_eq!(HeaderStyle::default(), HeaderStyle::Draft);
+/// # Ok::<(), tollgate::fields::HeaderStyleError>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(
     feature = "serde",

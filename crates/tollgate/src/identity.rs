@@ -246,6 +246,18 @@ pub(crate) type NetworkText = smallstr::SmallString<[u8; 64]>;
 /// What a limiter counts by.
 ///
 /// Text forms: `global`, `ip`, `user_id`, `user_name`, `header:<name>`, `arg:<name>`.
+///
+/// ```
+/// use tollgate::Dimension;
+///
+/// let by_key: Dimension = "header:x-api-key".parse()?;
+/// assert_eq!(by_key.to_string(), "header:x-api-key");
+/// // A /56 per IPv6 site, a /24 per IPv4 network.
+/// let by_site = Dimension::ip_prefix(24, 56)?;
+/// assert_eq!(by_site.to_string(), "ip");
+/// assert!("phone".parse::<Dimension>().is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Dimension {

@@ -17,7 +17,20 @@ use crate::{
 /// `fixed_window` or `gcra`, whose state is one or two numbers.
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 
-/// What to do when the store cannot answer.
+/// What to do when the store cannot answer; see [`PolicyBuilder::on_error`]. A decision made
+/// this way has reason [`Reason::StoreUnavailable`](crate::Reason::StoreUnavailable).
+///
+/// ```
+/// use tollgate::{Dimension, Limiter, OnError, Policy};
+///
+/// // Logins fail closed: without the store, nobody gets unlimited attempts.
+/// let login = Policy::builder("login")
+///     .limiter(Limiter::new(Dimension::Ip, ["5/1m".parse()?]))
+///     .on_error(OnError::Deny)
+///     .build()?;
+/// assert_eq!(login.on_error(), Some(OnError::Deny));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(
     feature = "serde",

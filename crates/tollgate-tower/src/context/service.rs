@@ -49,3 +49,20 @@ impl<S: fmt::Debug> fmt::Debug for ContextService<S> {
             .finish()
     }
 }
+
+impl<S> ContextService<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, the layer gone.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}

@@ -107,11 +107,9 @@ async fn rfc_7239_forwarded_from_a_trusted_peer_is_honoured() {
 
 #[tokio::test]
 async fn one_address_headers_and_counted_hops_over_http() {
-    let server = app(
-        IdentityResolver::new()
-            .trust_proxy("127.0.0.1/32".parse().unwrap())
-            .forwarded_header(ForwardedHeader::XRealIp),
-    )
+    let server = app(IdentityResolver::new()
+        .trust_proxy("127.0.0.1/32".parse().unwrap())
+        .forwarded_header(ForwardedHeader::XRealIp))
     .await;
     assert_eq!(
         ip_seen(&server, Some(("x-real-ip", "203.0.113.5"))).await,

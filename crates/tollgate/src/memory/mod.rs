@@ -139,6 +139,18 @@ impl fmt::Debug for MemoryStore {
 }
 
 /// Configures a [`MemoryStore`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{ManualClock, MemoryStore};
+///
+/// let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+/// let store = MemoryStore::builder()
+///     .clock(clock.clone()) // tests move time by hand
+///     .max_keys(100_000) // past it, the keys nearest to expiring are evicted first
+///     .build();
+/// # let _ = store;
+/// ```
 #[must_use]
 pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
