@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeMap, HashSet},
     fmt,
     net::SocketAddr,
-    path::Path,
+    path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
 };
@@ -22,7 +22,7 @@ use toml::Spanned;
 mod env;
 
 use crate::{
-    envoy::{Domains, DomainsBuilder, RawDomain},
+    envoy::{Domains, DomainsBuilder, RawDomain, yaml},
     metrics::DecisionHandles,
     store::StoreSettings,
 };
@@ -39,6 +39,9 @@ pub struct Config {
     pub(crate) store: StoreSettings,
     pub(crate) policies: BTreeMap<String, PolicyEntry>,
     pub(crate) envoy: Domains,
+    /// The YAML configuration of Envoy's reference service (`envoy.ratelimit_config`,
+    /// resolved), and whether its dotfiles are skipped: watched for changes like the file.
+    pub(crate) envoy_yaml: Option<(PathBuf, bool)>,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -271,6 +274,20 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    pub(crate) fn new(
+        file: impl Into<String>,
+        line: Option<usize>,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            file: file.into(),
+            line,
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
     /// The file as given.
     pub fn file(&self) -> &str {
         &self.file
@@ -657,6 +674,20 @@ struct RawDuplicate {
 struct RawEnvoy {
     #[serde(default)]
     domains: Vec<Spanned<RawDomain>>,
+    /// A YAML file, or a directory of them, in the format of Envoy's reference service.
+    ratelimit_config: Option<Spanned<String>>,
+    /// Files that configure one domain are merged (else an error), as the reference
+    /// service's `MERGE_DOMAIN_CONFIG`.
+    #[serde(default)]
+    merge_domains: bool,
+    /// How the YAML's rules count (default: a fixed window of the unit, as the reference).
+    algorithm: Option<Algorithm>,
+    /// Every YAML descriptor in shadow mode, as the reference's `SHADOW_MODE`.
+    #[serde(default)]
+    shadow: bool,
+    /// Skip dotfiles in the directory, as the reference's `RUNTIME_IGNOREDOTFILES`.
+    #[serde(default)]
+    ignore_dotfiles: bool,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
@@ -712,11 +743,45 @@ impl RawConfig {
                 .domain(domain)
                 .map_err(|(span, sub, msg)| errors.at(Some(span), format!("{field}{sub}"), msg))?;
         }
+        let envoy_yaml = match self.envoy.ratelimit_config {
+            None => None,
+            Some(spanned) => {
+                let span = spanned.span();
+                let given = PathBuf::from(spanned.into_inner());
+                let path = match Path::new(errors.file).parent() {
+                    Some(dir) if given.is_relative() => dir.join(&given),
+                    _ => given,
+                };
+                let ignore = self.envoy.ignore_dotfiles;
+                let files = yaml::load(&path, ignore).map_err(|e| {
+                    if e.field() == "envoy.ratelimit_config" {
+                        errors.at(Some(span.clone()), e.field(), e.to_string())
+                    } else {
+                        e
+                    }
+                })?;
+                let algorithm = self.envoy.algorithm.unwrap_or(Algorithm::FixedWindow);
+                for file in &files {
+                    domains
+                        .yaml_domain(file, self.envoy.merge_domains, algorithm, self.envoy.shadow)
+                        .map_err(|message| {
+                            ConfigError::new(
+                                file.path.display().to_string(),
+                                None,
+                                "domain",
+                                message,
+                            )
+                        })?;
+                }
+                Some((path, ignore))
+            }
+        };
         Ok(Config {
             server,
             store,
             policies,
             envoy: domains.build(),
+            envoy_yaml,
             env: Vec::new(),
         })
     }

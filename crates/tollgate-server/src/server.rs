@@ -30,8 +30,17 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let (shutdown, hangup) = Signals::register().split();
     // The bytes the watcher compares against, read before parsing: a change in between is
     // then seen as a change rather than missed.
-    let loaded = std::fs::read(&args.config).ok();
+    let toml = watched(&args.config, None);
     let mut config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    // The YAML files' bytes are read after parsing them (their directory is in the file): an
+    // edit in between is seen at the next one.
+    let loaded = toml.map(|mut bytes| {
+        if let Some((dir, ignore_dotfiles)) = &config.envoy_yaml {
+            bytes.push(0);
+            bytes.extend(envoy::yaml::fingerprint(dir, *ignore_dotfiles));
+        }
+        bytes
+    });
     if let Some(addr) = args.http {
         config.server.http = addr;
     }
@@ -256,7 +265,29 @@ async fn recv_or_pending(signal: Option<&mut tokio::signal::unix::Signal>) {
     }
 }
 
-/// Reloads on SIGHUP, and when the file's bytes change (checked every `interval`).
+/// The bytes whose change means a reload: the file's, then those of the YAML files of
+/// `yaml` (Envoy's reference-service configuration); `None` if the file cannot be read.
+fn watched(path: &std::path::Path, yaml: Option<&(std::path::PathBuf, bool)>) -> Option<Vec<u8>> {
+    let mut bytes = std::fs::read(path).ok()?;
+    if let Some((dir, ignore_dotfiles)) = yaml {
+        bytes.push(0);
+        bytes.extend(envoy::yaml::fingerprint(dir, *ignore_dotfiles));
+    }
+    Some(bytes)
+}
+
+/// [`watched`] for the configuration in force, off the async threads.
+async fn watched_now(app: &App, path: &std::path::Path) -> Option<Vec<u8>> {
+    let yaml = app.config().envoy_yaml.clone();
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || watched(&path, yaml.as_ref()))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Reloads on SIGHUP, and when the file's bytes (or the YAML files') change (checked every
+/// `interval`).
 async fn reload_loop(
     app: Arc<App>,
     mut seen: Option<Vec<u8>>,
@@ -284,11 +315,11 @@ async fn reload_loop(
             () = stopped(stop.clone()) => return,
             () = hup_recv => {
                 tracing::info!("SIGHUP: reloading the configuration");
-                seen = tokio::fs::read(&path).await.ok();
+                seen = watched_now(&app, &path).await;
                 let _ = app.reload();
             }
             () = tick_recv => {
-                let now = tokio::fs::read(&path).await.ok();
+                let now = watched_now(&app, &path).await;
                 if now.is_some() && now != seen {
                     tracing::info!("configuration file changed: reloading");
                     seen = now;

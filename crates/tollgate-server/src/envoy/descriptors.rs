@@ -11,9 +11,11 @@ use envoy_types::pb::{
     google::protobuf::Duration as PbDuration,
 };
 use serde::Deserialize;
+use smallvec::SmallVec;
 use tollgate::{Algorithm, OnError, Rule, key::push_part};
 use toml::Spanned;
 
+use super::yaml::{Limit, YamlDescriptor, YamlFile};
 use crate::{config::RuleList, metrics::DecisionHandles};
 
 /// `[[envoy.domains]]` as written.
@@ -81,7 +83,47 @@ struct Level {
 #[derive(Debug, Default)]
 struct KeyEntry {
     by_value: HashMap<String, Arc<Node>>,
+    /// Values with `*` (each matches any run of characters), tried in configuration order
+    /// after the exact values and before the key-only node.
+    wildcards: Vec<(Wildcard, Arc<Node>)>,
     any: Option<Arc<Node>>,
+}
+
+/// A value pattern with `*`, split on it once at load.
+#[derive(Debug)]
+pub(crate) struct Wildcard {
+    text: Arc<str>,
+    parts: Box<[Box<str>]>,
+}
+
+impl Wildcard {
+    /// `Some` if `value` has a `*`.
+    pub(crate) fn new(value: &str) -> Option<Wildcard> {
+        value.contains('*').then(|| Wildcard {
+            text: value.into(),
+            parts: value.split('*').map(Into::into).collect(),
+        })
+    }
+
+    /// Whether `value` matches: the first part as a prefix, the last as a suffix, the middle
+    /// ones in order in between, each `*` standing for any run of characters (none included).
+    pub(crate) fn matches(&self, value: &str) -> bool {
+        let (Some(first), Some(last)) = (self.parts.first(), self.parts.last()) else {
+            return false;
+        };
+        let fixed: usize = self.parts.iter().map(|p| p.len()).sum();
+        if value.len() < fixed || !value.starts_with(&**first) || !value.ends_with(&**last) {
+            return false;
+        }
+        let mut rest = &value[first.len()..value.len() - last.len()];
+        for part in &self.parts[1..self.parts.len() - 1] {
+            match rest.find(&**part) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 /// A node of the tree: what limits the descriptors that end here.
@@ -89,12 +131,32 @@ struct KeyEntry {
 pub(crate) struct Node {
     /// `key` or `key=value` segments joined by `/`, for names and logs.
     pub(crate) path: Arc<str>,
-    /// The rules, in configuration order; empty for a node that only holds children.
+    /// The rules, in configuration order; empty for a node that only holds children (or is
+    /// unlimited, or blocks).
     pub(crate) rules: Box<[Rule]>,
     /// The smallest limit of the rules: the largest cost they can admit.
     pub(crate) max_cost: u64,
     pub(crate) shadow: bool,
+    /// How the node limits beyond its rules (Envoy's YAML).
+    pub(crate) kind: NodeKind,
+    /// Envoy's `rate_limit.name`, which `replaces` of another matched descriptor names.
+    pub(crate) name: Option<Arc<str>>,
+    /// The names of the limits this one replaces when both match one request.
+    pub(crate) replaces: Box<[Arc<str>]>,
+    /// Envoy's `share_threshold`: every value this wildcard matches counts in one counter.
+    pub(crate) share_threshold: bool,
     children: Level,
+}
+
+/// What a node does to the descriptors that end on it, beyond its rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// Its rules limit (none: it only holds children; ending here is not limited).
+    Rules,
+    /// Envoy's `unlimited: true`: matched, never counted, OK with `u32::MAX` remaining.
+    Unlimited,
+    /// Envoy's `requests_per_unit: 0`: always over, reported as 0 per this unit.
+    Blocked(Unit),
 }
 
 impl Node {
@@ -104,8 +166,17 @@ impl Node {
             max_cost: rules.iter().map(Rule::limit).min().unwrap_or(0),
             rules,
             shadow,
+            kind: NodeKind::Rules,
+            name: None,
+            replaces: Box::new([]),
+            share_threshold: false,
             children,
         }
+    }
+
+    /// Whether a descriptor that ends here is limited (or unlimited) by this node.
+    fn limits(&self) -> bool {
+        !self.rules.is_empty() || self.kind != NodeKind::Rules
     }
 
     /// The rule with the lowest rate, as Envoy's `current_limit` (statuses without outcomes).
@@ -126,15 +197,35 @@ impl Domain {
         out.push_str(":}");
     }
 
-    /// The node that limits a request descriptor with these entries, if any.
-    pub(crate) fn find(&self, entries: &[Entry]) -> Option<&Arc<Node>> {
+    /// The node that limits a request descriptor with these entries, if any: at each level an
+    /// exact value first, then the wildcards in configuration order, then the key alone.
+    pub(crate) fn find(&self, entries: &[Entry]) -> Option<Found> {
         let mut level = &self.root;
         let last = entries.len().checked_sub(1)?;
+        let mut shared = SmallVec::new();
         for (i, entry) in entries.iter().enumerate() {
             let keyed = level.by_key.get(&entry.key)?;
-            let node = keyed.by_value.get(&entry.value).or(keyed.any.as_ref())?;
+            let node = match keyed.by_value.get(&entry.value) {
+                Some(node) => node,
+                None => match keyed
+                    .wildcards
+                    .iter()
+                    .find(|(w, _)| w.matches(&entry.value))
+                {
+                    Some((wildcard, node)) => {
+                        if node.share_threshold {
+                            shared.push((i, wildcard.text.clone()));
+                        }
+                        node
+                    }
+                    None => keyed.any.as_ref()?,
+                },
+            };
             if i == last {
-                return (!node.rules.is_empty()).then_some(node);
+                return node.limits().then(|| Found {
+                    node: node.clone(),
+                    shared,
+                });
             }
             level = &node.children;
         }
@@ -142,10 +233,20 @@ impl Domain {
     }
 }
 
-/// Builds [`Domains`] from the configuration.
+/// A matched descriptor: its node, and the entries whose value a shared wildcard stands for
+/// in the counter's name (entry index, pattern).
+#[derive(Debug)]
+pub(crate) struct Found {
+    pub(crate) node: Arc<Node>,
+    pub(crate) shared: SmallVec<[(usize, Arc<str>); 1]>,
+}
+
+/// Builds [`Domains`] from the configuration: the TOML's `[[envoy.domains]]` and the YAML
+/// files of Envoy's reference service.
 pub(crate) struct DomainsBuilder {
     on_error: OnError,
-    map: HashMap<String, Arc<Domain>>,
+    /// Each domain's tree, in the order first configured.
+    staged: Vec<(String, Level)>,
     summary: String,
 }
 
@@ -153,7 +254,7 @@ impl DomainsBuilder {
     pub(crate) fn new(on_error: OnError) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
-            map: HashMap::new(),
+            staged: Vec::new(),
             summary: String::new(),
         }
     }
@@ -161,20 +262,99 @@ impl DomainsBuilder {
     pub(crate) fn domain(&mut self, raw: RawDomain) -> Result<(), DomainError> {
         let _ = writeln!(self.summary, "envoy domain {}", raw.name);
         let root = self.level(raw.descriptors, "", "", 1)?;
-        let scope: Arc<str> = format!("envoy:{}", raw.name).into();
-        let mut scope_part = String::new();
-        push_part(&mut scope_part, &scope);
-        self.map.insert(
-            raw.name,
-            Arc::new(Domain {
-                scope,
-                scope_part: scope_part.into(),
-                on_error: self.on_error,
-                metrics: DecisionHandles::default(),
-                root,
-            }),
-        );
+        self.staged.push((raw.name, root));
         Ok(())
+    }
+
+    /// Adds the domain of one YAML file (Envoy's reference service), its rules counted by
+    /// `algorithm` (a fixed window of the unit, unless chosen otherwise), every descriptor in
+    /// shadow mode if `shadow`. A domain configured already is an error, unless `merge`: then
+    /// its descriptors join the others (a descriptor configured twice is still an error).
+    pub(crate) fn yaml_domain(
+        &mut self,
+        file: &YamlFile,
+        merge: bool,
+        algorithm: Algorithm,
+        shadow: bool,
+    ) -> Result<(), String> {
+        let name = &file.root.domain;
+        let _ = writeln!(
+            self.summary,
+            "envoy domain {name} (from {})",
+            file.path.display()
+        );
+        let level = self.yaml_level(&file.root.descriptors.0, "", 1, algorithm, shadow)?;
+        match self.staged.iter_mut().find(|(n, _)| n == name) {
+            None => self.staged.push((name.clone(), level)),
+            Some((_, into)) if merge => merge_level(into, level)?,
+            Some(_) => {
+                return Err(format!(
+                    "duplicate domain {name:?} (another file or the TOML configures it; set MERGE_DOMAIN_CONFIG=true or envoy.merge_domains = true to merge them)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn yaml_level(
+        &mut self,
+        descriptors: &[YamlDescriptor],
+        parent: &str,
+        depth: usize,
+        algorithm: Algorithm,
+        shadow_all: bool,
+    ) -> Result<Level, String> {
+        let mut level = Level::default();
+        for d in descriptors {
+            let segment = match &d.value {
+                Some(v) => format!("{}={v}", d.key),
+                None => d.key.clone(),
+            };
+            let path = if parent.is_empty() {
+                segment
+            } else {
+                format!("{parent}/{segment}")
+            };
+            let _ = write!(self.summary, "{}{}", "  ".repeat(depth), path);
+            let (rules, kind): (Vec<Rule>, NodeKind) = match d.limit {
+                Limit::None => (Vec::new(), NodeKind::Rules),
+                Limit::Unlimited => {
+                    self.summary.push_str(": unlimited");
+                    (Vec::new(), NodeKind::Unlimited)
+                }
+                Limit::PerUnit(n, unit) => {
+                    let (unit, ms) = UNITS[unit as usize];
+                    if n == 0 {
+                        self.summary.push_str(": blocked (0 per unit)");
+                        (Vec::new(), NodeKind::Blocked(unit))
+                    } else {
+                        let rule = Rule::new(u64::from(n), std::time::Duration::from_millis(ms))
+                            .map_err(|e| format!("descriptor {path}: {e}"))?
+                            .with_algorithm(algorithm);
+                        let _ = write!(self.summary, ": {rule} {}", rule.algorithm());
+                        (vec![rule], NodeKind::Rules)
+                    }
+                }
+            };
+            let shadow = d.shadow || shadow_all;
+            if shadow {
+                self.summary.push_str(" (shadow)");
+            }
+            self.summary.push('\n');
+            let children =
+                self.yaml_level(&d.descriptors.0, &path, depth + 1, algorithm, shadow_all)?;
+            let mut node = Node::new(path.into(), rules.into(), shadow, children);
+            node.kind = kind;
+            node.name = d.name.as_deref().map(Into::into);
+            node.replaces = d.replaces.iter().map(|r| r.as_str().into()).collect();
+            node.share_threshold = d.share_threshold;
+            level
+                .by_key
+                .entry(d.key.clone())
+                .or_default()
+                .insert(d.value.clone(), Arc::new(node));
+        }
+        Ok(level)
     }
 
     fn level(
@@ -226,10 +406,7 @@ impl DomainsBuilder {
                 format!("{parent}/{segment}")
             };
             let keyed = level.by_key.entry(raw.key.clone()).or_default();
-            let taken = match &raw.value {
-                Some(v) => keyed.by_value.contains_key(v),
-                None => keyed.any.is_some(),
-            };
+            let taken = keyed.taken(raw.value.as_deref());
             if taken {
                 return fail(
                     "",
@@ -251,21 +428,86 @@ impl DomainsBuilder {
             let children = self.level(raw.descriptors, &here, &path, depth + 1)?;
             let node = Arc::new(Node::new(path.into(), rules.into(), raw.shadow, children));
             // Re-borrow: the recursive call above needed `self`.
-            let keyed = level.by_key.entry(raw.key).or_default();
-            match raw.value {
-                Some(v) => {
-                    keyed.by_value.insert(v, node);
-                }
-                None => keyed.any = Some(node),
-            }
+            level
+                .by_key
+                .entry(raw.key)
+                .or_default()
+                .insert(raw.value, node);
         }
         Ok(level)
     }
 
     pub(crate) fn build(self) -> Domains {
+        let map = self
+            .staged
+            .into_iter()
+            .map(|(name, root)| {
+                let scope: Arc<str> = format!("envoy:{name}").into();
+                let mut scope_part = String::new();
+                push_part(&mut scope_part, &scope);
+                let domain = Domain {
+                    scope,
+                    scope_part: scope_part.into(),
+                    on_error: self.on_error,
+                    metrics: DecisionHandles::default(),
+                    root,
+                };
+                (name, Arc::new(domain))
+            })
+            .collect();
         Domains {
-            map: self.map,
+            map,
             summary: self.summary,
+        }
+    }
+}
+
+/// Moves the descriptors of `from` into `into`; one configured in both is an error.
+fn merge_level(into: &mut Level, from: Level) -> Result<(), String> {
+    for (key, entry) in from.by_key {
+        let target = into.by_key.entry(key.clone()).or_default();
+        let twice = |value: &str| format!("duplicate descriptor {key}{value} in merged domain");
+        for (value, node) in entry.by_value {
+            if target.by_value.contains_key(&value) {
+                return Err(twice(&format!("={value}")));
+            }
+            target.by_value.insert(value, node);
+        }
+        for (wildcard, node) in entry.wildcards {
+            if target.taken(Some(&wildcard.text)) {
+                return Err(twice(&format!("={}", wildcard.text)));
+            }
+            target.wildcards.push((wildcard, node));
+        }
+        if let Some(node) = entry.any {
+            if target.any.is_some() {
+                return Err(twice(""));
+            }
+            target.any = Some(node);
+        }
+    }
+    Ok(())
+}
+
+impl KeyEntry {
+    /// Whether a node for `value` (`None`: the key alone) is there already.
+    pub(crate) fn taken(&self, value: Option<&str>) -> bool {
+        match value {
+            Some(v) if v.contains('*') => self.wildcards.iter().any(|(w, _)| &*w.text == v),
+            Some(v) => self.by_value.contains_key(v),
+            None => self.any.is_some(),
+        }
+    }
+
+    fn insert(&mut self, value: Option<String>, node: Arc<Node>) {
+        match value {
+            Some(v) => match Wildcard::new(&v) {
+                Some(wildcard) => self.wildcards.push((wildcard, node)),
+                None => {
+                    self.by_value.insert(v, node);
+                }
+            },
+            None => self.any = Some(node),
         }
     }
 }
@@ -306,15 +548,23 @@ pub(crate) fn override_node(descriptor: &RateLimitDescriptor) -> Option<Arc<Node
 }
 
 /// Writes the escaped request entries into `name`: `key:value|key:value`. Escaping keeps `:`
-/// and `|` out of the parts, so two different entry lists never share a name.
-pub(crate) fn counter_name(name: &mut String, entries: &[Entry]) {
+/// and `|` out of the parts, so two different entry lists never share a name. An entry that a
+/// shared wildcard matched (see [`Found`]) is written as `key:#*pattern`: `#` is escaped in
+/// parts and starts only hashed ones (hex digits follow), so no value is written that way.
+pub(crate) fn counter_name(name: &mut String, entries: &[Entry], shared: &[(usize, Arc<str>)]) {
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
             name.push('|');
         }
         push_part(name, &entry.key);
         name.push(':');
-        push_part(name, &entry.value);
+        match shared.iter().find(|(at, _)| *at == i) {
+            Some((_, pattern)) => {
+                name.push_str("#*");
+                push_part(name, pattern);
+            }
+            None => push_part(name, &entry.value),
+        }
     }
 }
 
@@ -427,8 +677,11 @@ descriptors = [
         )
         .unwrap();
         let domain = config.envoy.get("d").unwrap();
-        let path =
-            |pairs: &[(&str, &str)]| domain.find(&entries(pairs)).map(|n| n.path.to_string());
+        let path = |pairs: &[(&str, &str)]| {
+            domain
+                .find(&entries(pairs))
+                .map(|f| f.node.path.to_string())
+        };
         assert_eq!(
             path(&[("remote_address", "1.2.3.4")]).as_deref(),
             Some("remote_address")
@@ -454,7 +707,7 @@ descriptors = [
     fn counter_names_cannot_collide() {
         let name = |pairs: &[(&str, &str)]| {
             let mut name = String::new();
-            counter_name(&mut name, &entries(pairs));
+            counter_name(&mut name, &entries(pairs), &[]);
             name
         };
         assert_ne!(name(&[("a", "b|c:d")]), name(&[("a", "b"), ("c", "d")]));
@@ -469,7 +722,7 @@ descriptors = [
         .unwrap();
         let domain = config.envoy.get("d:1").unwrap();
         let mut name = String::new();
-        counter_name(&mut name, &entries(&[("a", "x{y}")]));
+        counter_name(&mut name, &entries(&[("a", "x{y}")]), &[]);
         let mut key = String::new();
         domain.push_key(&mut key, "tg", &name);
         assert_eq!(

@@ -30,8 +30,9 @@
 //! - `service`: `ShouldRateLimit`: a request's descriptors to one store check, and the
 //!   answer's statuses.
 
-mod descriptors;
+pub(crate) mod descriptors;
 mod service;
+pub(crate) mod yaml;
 
 pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain};
 #[cfg(test)]

@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::RateLimitDescriptor,
     service::ratelimit::v3::{
         RateLimitRequest, RateLimitResponse,
-        rate_limit_response::{Code, DescriptorStatus},
+        rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit},
         rate_limit_service_server::{RateLimitService, RateLimitServiceServer},
     },
 };
@@ -31,7 +31,7 @@ use tollgate::{
 };
 
 use super::descriptors::{
-    Domain, Node, counter_name, current_limit, override_node, pb_duration, unit_ms,
+    Domain, Found, Node, NodeKind, counter_name, current_limit, override_node, pb_duration, unit_ms,
 };
 use crate::app::App;
 
@@ -125,6 +125,73 @@ fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<He
         });
     });
     headers
+}
+
+/// What a request descriptor matched.
+enum Matched {
+    /// Its own `limit`.
+    Override(Arc<Node>),
+    /// A configured node.
+    Configured(Found),
+}
+
+impl Matched {
+    fn node(&self) -> &Arc<Node> {
+        match self {
+            Matched::Override(node) => node,
+            Matched::Configured(found) => &found.node,
+        }
+    }
+}
+
+/// Envoy's `replaces`: a matched limit named by another matched limit's `replaces` is not
+/// applied (its descriptor is answered as unmatched). Unlimited descriptors stay unlimited.
+fn drop_replaced(matched: &mut [Option<Matched>]) {
+    let replaced: SmallVec<[Arc<str>; 2]> = matched
+        .iter()
+        .flatten()
+        .flat_map(|m| m.node().replaces.iter().cloned())
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for slot in matched.iter_mut() {
+        let drop = slot.as_ref().is_some_and(|m| {
+            let node = m.node();
+            node.kind != NodeKind::Unlimited
+                && node.name.as_ref().is_some_and(|n| replaced.contains(n))
+        });
+        if drop {
+            *slot = None;
+        }
+    }
+}
+
+/// The status of a descriptor that blocks: over (unless shadow), 0 per its unit, until the
+/// unit's window (aligned to the Unix epoch) ends.
+fn blocked_status(node: &Node, unit: Unit) -> DescriptorStatus {
+    let unit_ms = unit_ms(unit as i32).unwrap_or(1_000);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+    let code = if node.shadow {
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(RateLimit {
+            name: node.path.to_string(),
+            requests_per_unit: 0,
+            unit: unit as i32,
+        }),
+        limit_remaining: 0,
+        duration_until_reset: Some(pb_duration(Duration::from_millis(
+            unit_ms - now_ms % unit_ms,
+        ))),
+        quota: None,
+    }
 }
 
 fn not_limited(count: usize) -> RateLimitResponse {
@@ -287,12 +354,46 @@ impl RateLimiter {
     async fn decide(&self, domain: &Domain, request: &RateLimitRequest) -> RateLimitResponse {
         let prefix = self.app.gate.prefix();
         let request_addend = u64::from(request.hits_addend.max(1));
+        let mut statuses = vec![ok_status(); request.descriptors.len()];
+        // What each descriptor matched: its own override, or a configured node.
+        let mut matched: SmallVec<[Option<Matched>; 4]> = request
+            .descriptors
+            .iter()
+            .map(|d| match override_node(d) {
+                Some(node) => Some(Matched::Override(node)),
+                None => domain.find(&d.entries).map(Matched::Configured),
+            })
+            .collect();
+        drop_replaced(&mut matched);
+        // A descriptor that blocks (`requests_per_unit: 0`) denies the request: the others are
+        // then only looked at, not counted.
+        let mut blocked = false;
         let mut groups: SmallVec<[Group; 1]> = SmallVec::new();
         // Every counter's key, one after the other; `name` is the counter's name (see
         // `counter_name`), written again for each descriptor.
         let mut keys = String::new();
         let mut name = String::new();
         for (i, descriptor) in request.descriptors.iter().enumerate() {
+            let Some(found) = &matched[i] else {
+                continue;
+            };
+            let node = found.node();
+            match node.kind {
+                NodeKind::Unlimited => {
+                    statuses[i] = DescriptorStatus {
+                        code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
+                        ..DescriptorStatus::default()
+                    };
+                    continue;
+                }
+                NodeKind::Blocked(unit) => {
+                    blocked |= !node.shadow;
+                    statuses[i] = blocked_status(node, unit);
+                    continue;
+                }
+                NodeKind::Rules => {}
+            }
             name.clear();
             // Room for the entries escaped (an escape takes 3 bytes), so the name and the key
             // are written without growing their buffers.
@@ -302,19 +403,19 @@ impl RateLimiter {
                 .map(|e| e.key.len() + e.value.len() + 2)
                 .sum();
             name.reserve(raw * 3 + 32);
-            counter_name(&mut name, &descriptor.entries);
-            let node = match override_node(descriptor) {
-                Some(node) => {
+            let node = match found {
+                Matched::Override(node) => {
+                    counter_name(&mut name, &descriptor.entries, &[]);
                     // `#` is escaped in entries and starts only hashed parts (32 hex digits),
                     // so this suffix names no configured counter.
                     let rule = &node.rules[0];
                     let _ = write!(name, "|#override:{}/{}", rule.limit(), rule.window_ms());
-                    node
+                    node.clone()
                 }
-                None => match domain.find(&descriptor.entries) {
-                    Some(node) => node.clone(),
-                    None => continue,
-                },
+                Matched::Configured(found) => {
+                    counter_name(&mut name, &descriptor.entries, &found.shared);
+                    found.node.clone()
+                }
             };
             let cost = descriptor_cost(descriptor, request_addend);
             let g = match groups.iter().position(|g| g.cost == cost) {
@@ -352,11 +453,10 @@ impl RateLimiter {
             };
             group.members.push((i, c));
         }
-        let mut statuses = vec![ok_status(); request.descriptors.len()];
-        let mut over = false;
+        let mut over = blocked;
         for group in &groups {
             let mut outcome = self
-                .check_group(domain, &keys, &group.counters, group.cost)
+                .check_group(domain, &keys, &group.counters, group.cost, !blocked)
                 .await;
             // How many descriptors still take each counter's status: the last one takes it,
             // the others a copy.
@@ -374,6 +474,9 @@ impl RateLimiter {
                 over |= status.code == Code::OverLimit as i32;
                 statuses[i] = status;
             }
+        }
+        if blocked {
+            self.record_decision(domain, Reason::RateLimited, false);
         }
         let style = match self.app.config().server.headers {
             // A denial always says why.
@@ -394,15 +497,24 @@ impl RateLimiter {
     /// answer and the others are checked once more without them, so they are recorded. That
     /// second answer is final (a shadow counter that denies in it, after a concurrent request
     /// spent it, is reported and keeps the request OK without recording it).
+    ///
+    /// With `consume` false (a descriptor of the request blocks), the counters are only looked
+    /// at, and the caller counts the request's decision.
     async fn check_group(
         &self,
         domain: &Domain,
         keys: &str,
         counters: &[Counter],
         cost: u64,
+        consume: bool,
     ) -> Statuses {
         let all: SmallVec<[bool; 4]> = SmallVec::from_elem(true, counters.len());
-        let first = self.check(domain, keys, counters, &all, cost).await;
+        let first = self
+            .check(domain, keys, counters, &all, cost, consume)
+            .await;
+        if !consume {
+            return self.statuses(counters, &first, None);
+        }
         let denied_by = |checked: &Checked, c: usize| checked.denied_by(c, &counters[c].node);
         let has_denied = (0..counters.len()).any(|c| denied_by(&first, c));
         let only_shadow_denied = !first.answer.allowed()
@@ -421,7 +533,7 @@ impl RateLimiter {
                 .map(|c| first.status(c, &counters[c].node, false))
                 .collect();
         }
-        let second = self.check(domain, keys, counters, &rest, cost).await;
+        let second = self.check(domain, keys, counters, &rest, cost, true).await;
         self.record_decision(domain, second.answer.reason(), second.answer.allowed());
         self.statuses(counters, &second, Some(&first))
     }
@@ -468,6 +580,7 @@ impl RateLimiter {
         counters: &[Counter],
         active: &[bool],
         cost: u64,
+        consume: bool,
     ) -> Checked {
         let mut starts = SmallVec::from_elem(None, counters.len());
         let mut limiters: SmallVec<[LimiterRequest<'_>; 4]> = SmallVec::new();
@@ -489,7 +602,7 @@ impl RateLimiter {
         let answer = if cost > max_cost {
             Answer::CostExceeded
         } else {
-            let request = CheckRequest::new(cost, true, &limiters);
+            let request = CheckRequest::new(cost, consume, &limiters);
             let store = self.app.gate.store();
             let mut verdict = Verdict::new(false, []);
             let result = match store.check_sync(&request, &mut verdict) {

@@ -1,0 +1,589 @@
+//! The YAML configuration of Envoy's reference rate-limit service (`envoyproxy/ratelimit`),
+//! read unchanged: one domain per file, nested `descriptors` with `key`, `value` (with `*`
+//! wildcards), `rate_limit { unit, requests_per_unit, unlimited, name, replaces }`,
+//! `shadow_mode`, `share_threshold`; `detailed_metric`, `value_to_metric` and `metadata` are
+//! accepted and change nothing here (tollgate's metrics are per domain, never per value).
+//! Every check is made while parsing, so a mistake is reported with its line.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Deserializer, de::IgnoredAny};
+
+use crate::config::ConfigError;
+
+/// One file: a domain and its descriptors.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct YamlRoot {
+    pub(crate) domain: String,
+    #[serde(default)]
+    pub(crate) descriptors: Descriptors,
+}
+
+/// A list of descriptors, no two of one key and value.
+#[derive(Debug, Default, Deserialize)]
+#[serde(try_from = "Vec<YamlDescriptor>")]
+pub(crate) struct Descriptors(pub(crate) Vec<YamlDescriptor>);
+
+impl TryFrom<Vec<YamlDescriptor>> for Descriptors {
+    type Error = String;
+
+    fn try_from(list: Vec<YamlDescriptor>) -> Result<Descriptors, String> {
+        for (i, d) in list.iter().enumerate() {
+            if list[..i]
+                .iter()
+                .any(|e| e.key == d.key && e.value == d.value)
+            {
+                return Err(match &d.value {
+                    Some(v) => format!("duplicate descriptor {}={v} at this level", d.key),
+                    None => format!("duplicate descriptor {} at this level", d.key),
+                });
+            }
+        }
+        Ok(Descriptors(list))
+    }
+}
+
+/// One descriptor, checked.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawDescriptor")]
+pub(crate) struct YamlDescriptor {
+    pub(crate) key: String,
+    pub(crate) value: Option<String>,
+    pub(crate) limit: Limit,
+    pub(crate) name: Option<String>,
+    pub(crate) replaces: Vec<String>,
+    pub(crate) shadow: bool,
+    pub(crate) share_threshold: bool,
+    pub(crate) descriptors: Descriptors,
+}
+
+/// What a descriptor's `rate_limit` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// No `rate_limit`: a descriptor that only holds others, or, without them, one that is
+    /// never limited (the reference service's allow-list).
+    None,
+    /// `unlimited: true`.
+    Unlimited,
+    /// `requests_per_unit` per `unit` (0: every request is over).
+    PerUnit(u32, Unit),
+}
+
+/// Envoy's units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    fn parse(text: &str) -> Option<Unit> {
+        Some(match text.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    #[serde(default, deserialize_with = "scalar")]
+    key: Option<String>,
+    #[serde(default, deserialize_with = "scalar")]
+    value: Option<String>,
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: Descriptors,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    detailed_metric: bool,
+    #[serde(default)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    #[serde(default)]
+    metadata: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    #[serde(default)]
+    requests_per_unit: u32,
+    unit: Option<String>,
+    #[serde(default)]
+    unlimited: bool,
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<RawReplaces>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplaces {
+    #[serde(default)]
+    name: String,
+}
+
+/// A YAML scalar as text: `value: 8080` and `value: true` are the strings `8080` and `true`,
+/// as the reference service reads them.
+fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Int(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    Ok(Option::<Scalar>::deserialize(d)?.map(|s| match s {
+        Scalar::Text(t) => t,
+        Scalar::Int(n) => n.to_string(),
+        Scalar::Float(x) => x.to_string(),
+        Scalar::Bool(b) => b.to_string(),
+    }))
+}
+
+impl TryFrom<RawDescriptor> for YamlDescriptor {
+    type Error = String;
+
+    fn try_from(raw: RawDescriptor) -> Result<YamlDescriptor, String> {
+        let key = raw.key.unwrap_or_default();
+        if key.is_empty() {
+            return Err("descriptor has an empty key".into());
+        }
+        // An empty value is no value, as in the reference service.
+        let value = raw.value.filter(|v| !v.is_empty());
+        if raw.quota_mode {
+            return Err(format!(
+                "descriptor {key}: quota_mode is not supported (rate limits only)"
+            ));
+        }
+        if raw.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            return Err(format!(
+                "descriptor {key}: share_threshold needs a wildcard value (one with '*')"
+            ));
+        }
+        let _ = (raw.detailed_metric, raw.value_to_metric, raw.metadata);
+        let (limit, name, replaces) = match raw.rate_limit {
+            None => (Limit::None, None, Vec::new()),
+            Some(rl) => {
+                let unit = rl.unit.as_deref().filter(|u| !u.is_empty());
+                let limit = match (rl.unlimited, unit) {
+                    (true, Some(_)) => {
+                        return Err(format!(
+                            "descriptor {key}: should not specify rate limit unit when unlimited"
+                        ));
+                    }
+                    (true, None) => Limit::Unlimited,
+                    (false, unit) => match unit.and_then(Unit::parse) {
+                        Some(u) => Limit::PerUnit(rl.requests_per_unit, u),
+                        None => {
+                            return Err(format!(
+                                "descriptor {key}: invalid rate limit unit {:?} (expected second, minute, hour, day, week, month or year)",
+                                unit.unwrap_or("")
+                            ));
+                        }
+                    },
+                };
+                let mut replaces = Vec::with_capacity(rl.replaces.len());
+                for r in rl.replaces {
+                    if r.name.is_empty() {
+                        return Err(format!(
+                            "descriptor {key}: should not have an empty replaces entry"
+                        ));
+                    }
+                    if rl.name.as_deref() == Some(r.name.as_str()) {
+                        return Err(format!(
+                            "descriptor {key}: replaces should not contain the name of the same descriptor"
+                        ));
+                    }
+                    replaces.push(r.name);
+                }
+                (limit, rl.name.filter(|n| !n.is_empty()), replaces)
+            }
+        };
+        Ok(YamlDescriptor {
+            key,
+            value,
+            limit,
+            name,
+            replaces,
+            shadow: raw.shadow_mode,
+            share_threshold: raw.share_threshold,
+            descriptors: raw.descriptors,
+        })
+    }
+}
+
+/// A parsed file: its path, for errors and the summary, and its root.
+#[derive(Debug)]
+pub(crate) struct YamlFile {
+    pub(crate) path: PathBuf,
+    pub(crate) root: YamlRoot,
+}
+
+/// Parses one file's text; `file` names it in errors.
+pub(crate) fn parse(file: &Path, text: &str) -> Result<YamlRoot, ConfigError> {
+    let name = file.display().to_string();
+    let root: YamlRoot = serde_norway::from_str(text).map_err(|e| {
+        let line = e.location().map(|l| l.line());
+        let mut message = e.to_string();
+        // The location is given apart.
+        if let Some(at) = message.find(" at line ") {
+            message.truncate(at);
+        }
+        ConfigError::new(name.clone(), line, "", message)
+    })?;
+    if root.domain.is_empty() {
+        return Err(ConfigError::new(
+            name,
+            None,
+            "domain",
+            "config file cannot have an empty domain",
+        ));
+    }
+    Ok(root)
+}
+
+/// The files of `path`: the file itself, or every `.yaml` / `.yml` file under the directory
+/// (its subdirectories included, as the reference service's runtime directory is read),
+/// sorted by path; dotfiles are skipped when `ignore_dotfiles`.
+pub(crate) fn files(path: &Path, ignore_dotfiles: bool) -> Result<Vec<PathBuf>, ConfigError> {
+    let error = |e: std::io::Error| {
+        ConfigError::new(
+            path.display().to_string(),
+            None,
+            "envoy.ratelimit_config",
+            format!("cannot read: {e}"),
+        )
+    };
+    let meta = fs::metadata(path).map_err(error)?;
+    if meta.is_file() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut out = Vec::new();
+    let mut dirs = vec![path.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).map_err(error)? {
+            let entry = entry.map_err(error)?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if ignore_dotfiles && name.starts_with('.') {
+                continue;
+            }
+            // Follows symbolic links, as Kubernetes ConfigMap volumes are made of them.
+            let Ok(meta) = fs::metadata(entry.path()) else {
+                continue;
+            };
+            if meta.is_dir() {
+                // Kubernetes keeps the real files in `..data`-like directories and links to
+                // them: reading the links is enough.
+                if !name.starts_with("..") {
+                    dirs.push(entry.path());
+                }
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads and parses every file of `path` (see [`files`]).
+pub(crate) fn load(path: &Path, ignore_dotfiles: bool) -> Result<Vec<YamlFile>, ConfigError> {
+    files(path, ignore_dotfiles)?
+        .into_iter()
+        .map(|file| {
+            let text = fs::read_to_string(&file).map_err(|e| {
+                ConfigError::new(
+                    file.display().to_string(),
+                    None,
+                    "",
+                    format!("cannot read the file: {e}"),
+                )
+            })?;
+            let root = parse(&file, &text)?;
+            Ok(YamlFile { path: file, root })
+        })
+        .collect()
+}
+
+/// Every file's name and bytes under `path`, for noticing a change (a file added, removed or
+/// edited); empty if it cannot be read.
+pub(crate) fn fingerprint(path: &Path, ignore_dotfiles: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for file in files(path, ignore_dotfiles).unwrap_or_default() {
+        out.extend_from_slice(file.as_os_str().as_encoded_bytes());
+        out.push(0);
+        out.extend_from_slice(&fs::read(&file).unwrap_or_default());
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use tollgate::{Algorithm, OnError};
+
+    use super::*;
+    use crate::envoy::{
+        Domains, DomainsBuilder,
+        descriptors::{Found, NodeKind},
+    };
+
+    fn domains(files: &[&str]) -> Result<Domains, String> {
+        let mut builder = DomainsBuilder::new(OnError::Allow);
+        for (i, text) in files.iter().enumerate() {
+            let path = PathBuf::from(format!("f{i}.yaml"));
+            let root = parse(&path, text).map_err(|e| e.to_string())?;
+            builder.yaml_domain(
+                &YamlFile { path, root },
+                true,
+                Algorithm::FixedWindow,
+                false,
+            )?;
+        }
+        Ok(builder.build())
+    }
+
+    fn find(domains: &Domains, domain: &str, pairs: &[(&str, &str)]) -> Option<Found> {
+        let entries: Vec<Entry> = pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect();
+        domains.get(domain)?.find(&entries)
+    }
+
+    /// (path, kind, rules as text) of what `pairs` match.
+    fn matched(domains: &Domains, pairs: &[(&str, &str)]) -> Option<(String, NodeKind, String)> {
+        let found = find(domains, "d", pairs)?;
+        let rules: Vec<String> = found
+            .node
+            .rules
+            .iter()
+            .map(|r| format!("{r} {}", r.algorithm()))
+            .collect();
+        Some((
+            found.node.path.to_string(),
+            found.node.kind,
+            rules.join(", "),
+        ))
+    }
+
+    #[test]
+    fn the_most_specific_match_and_the_blocklist() {
+        let d = domains(&["
+domain: d
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+  - key: remote_address
+    value: 10.0.0.1
+"])
+        .unwrap();
+        assert_eq!(
+            matched(&d, &[("remote_address", "50.0.0.1")]),
+            Some((
+                "remote_address".into(),
+                NodeKind::Rules,
+                "10/1s fixed_window".into()
+            ))
+        );
+        let blocked = matched(&d, &[("remote_address", "50.0.0.5")]).unwrap();
+        assert_eq!(
+            blocked.1,
+            NodeKind::Blocked(envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::Second)
+        );
+        // A value without a limit is an allow-list entry: it does not fall back to the key.
+        assert_eq!(matched(&d, &[("remote_address", "10.0.0.1")]), None);
+    }
+
+    #[test]
+    fn nested_lists_match_at_the_same_depth_only() {
+        let d = domains(&["
+domain: d
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: { unit: day, requests_per_unit: 5 }
+  - key: to_number
+    rate_limit: { unit: day, requests_per_unit: 100 }
+  - key: key
+    value: value
+    rate_limit: { unit: second, requests_per_unit: 300 }
+  - key: ldap
+    rate_limit: { unlimited: true }
+"])
+        .unwrap();
+        let path = |pairs: &[(&str, &str)]| matched(&d, pairs).map(|m| m.0);
+        assert_eq!(
+            path(&[("message_type", "marketing"), ("to_number", "2061111111")]).as_deref(),
+            Some("message_type=marketing/to_number")
+        );
+        assert_eq!(
+            path(&[("to_number", "2061111111")]).as_deref(),
+            Some("to_number")
+        );
+        assert_eq!(path(&[("message_type", "marketing")]), None);
+        assert_eq!(path(&[("key", "value"), ("subkey", "subvalue")]), None);
+        assert_eq!(
+            matched(&d, &[("ldap", "x")]).map(|m| m.1),
+            Some(NodeKind::Unlimited)
+        );
+    }
+
+    #[test]
+    fn wildcards_match_anywhere_in_configuration_order() {
+        let d = domains(&["
+domain: d
+descriptors:
+  - key: path
+    value: /api/*/action
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: path
+    value: /api/*
+    rate_limit: { unit: minute, requests_per_unit: 30 }
+  - key: path
+    value: /api/exact
+    rate_limit: { unit: minute, requests_per_unit: 40 }
+  - key: file
+    value: files/*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+"])
+        .unwrap();
+        let path = |value: &str| matched(&d, &[("path", value)]).map(|m| m.0);
+        assert_eq!(
+            path("/api/123/action").as_deref(),
+            Some("path=/api/*/action")
+        );
+        assert_eq!(path("/api/123/other").as_deref(), Some("path=/api/*"));
+        assert_eq!(path("/api/exact").as_deref(), Some("path=/api/exact"));
+        assert_eq!(path("/other"), None);
+        let shared = find(&d, "d", &[("file", "files/a.pdf")]).unwrap().shared;
+        assert_eq!(shared.len(), 1);
+        assert_eq!(&*shared[0].1, "files/*");
+        assert!(
+            find(&d, "d", &[("path", "/api/1")])
+                .unwrap()
+                .shared
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn names_and_replaces_are_kept_and_domains_merge() {
+        let d = domains(&[
+            "
+domain: d
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        rate_limit: { name: specific_limit, unit: second, requests_per_unit: 5 }
+",
+            "
+domain: d
+descriptors:
+  - key: key_2
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+      replaces:
+        - name: specific_limit
+",
+        ])
+        .unwrap();
+        let first = find(&d, "d", &[("key_1", "value_1"), ("user", "u")]).unwrap();
+        assert_eq!(first.node.name.as_deref(), Some("specific_limit"));
+        let second = find(&d, "d", &[("key_2", "x")]).unwrap();
+        assert_eq!(&*second.node.replaces[0], "specific_limit");
+    }
+
+    #[test]
+    fn mistakes_name_the_file_and_line() {
+        let error = |text: &str| domains(&[text]).unwrap_err();
+        let e = error(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+        );
+        assert!(e.starts_with("f0.yaml:"), "{e}");
+        assert!(
+            e.contains("invalid rate limit unit \"fortnight\" (expected second, minute"),
+            "{e}"
+        );
+        let e = error(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n",
+        );
+        assert!(
+            e.contains("should not specify rate limit unit when unlimited"),
+            "{e}"
+        );
+        let e = error("domain: d\ndescriptors:\n  - key: a\n    ratelimit:\n      unit: second\n");
+        assert!(e.starts_with("f0.yaml:4: "), "{e}");
+        assert!(e.contains("unknown field `ratelimit`"), "{e}");
+        let e = error("domain: d\ndescriptors:\n  - key: a\n  - key: a\n");
+        assert!(e.contains("duplicate descriptor a at this level"), "{e}");
+        let e = error("descriptors: []\ndomain: \"\"\n");
+        assert_eq!(
+            e,
+            "f0.yaml: domain: config file cannot have an empty domain"
+        );
+        let e = error("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n");
+        assert!(e.contains("quota_mode is not supported"), "{e}");
+        let e = error(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { name: x, unit: second, requests_per_unit: 1, replaces: [{ name: x }] }\n",
+        );
+        assert!(
+            e.contains("replaces should not contain the name of the same descriptor"),
+            "{e}"
+        );
+        // Two files of one domain merge only when asked.
+        let mut builder = DomainsBuilder::new(OnError::Allow);
+        for i in 0..2 {
+            let path = PathBuf::from(format!("g{i}.yaml"));
+            let root = parse(&path, "domain: d\ndescriptors:\n  - key: a\n").unwrap();
+            let result = builder.yaml_domain(
+                &YamlFile { path, root },
+                false,
+                Algorithm::FixedWindow,
+                false,
+            );
+            assert_eq!(result.is_ok(), i == 0, "{result:?}");
+        }
+    }
+}
