@@ -1,13 +1,19 @@
 //! The shared state of a running server, and configuration reload.
 
-use std::{path::PathBuf, sync::Arc, time::Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
 
 use arc_swap::{ArcSwap, Guard};
 use tollgate::{AnyStore, Reason, Tollgate};
 
 use crate::{
     admin::AdminAuth,
-    config::{Config, ConfigError},
+    config::{Config, ConfigError, Source},
     dashboard::Dashboard,
     metrics::{DecisionHandles, Metrics},
 };
@@ -20,7 +26,9 @@ pub(crate) struct App {
     pub(crate) metrics: Metrics,
     pub(crate) admin: AdminAuth,
     pub(crate) dashboard: Dashboard,
-    path: PathBuf,
+    source: Source,
+    /// Shutdown has begun: `/healthcheck` fails so load balancers stop sending.
+    draining: AtomicBool,
 }
 
 impl App {
@@ -29,7 +37,7 @@ impl App {
         config: Config,
         metrics: Metrics,
         admin_token: Option<String>,
-        path: PathBuf,
+        source: Source,
     ) -> App {
         let admin = AdminAuth::new(admin_token.as_deref(), config.server.admin_failure_limit);
         let dashboard = Dashboard::new(config.server.dashboard_enabled());
@@ -39,13 +47,24 @@ impl App {
             metrics,
             admin,
             dashboard,
-            path,
+            source,
+            draining: AtomicBool::new(false),
         }
     }
 
-    /// The configuration file.
-    pub(crate) fn path(&self) -> &std::path::Path {
-        &self.path
+    /// Where the configuration comes from.
+    pub(crate) fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// Marks the server as shutting down.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether shutdown has begun.
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// The configuration in force now, without touching its reference count (hold the
@@ -66,7 +85,7 @@ impl App {
     /// limiter names did not change carry on. Listen addresses, the store URL, its timeout
     /// and key prefix need a restart; a change to them is logged and ignored.
     pub(crate) fn reload(&self) -> Result<(), ConfigError> {
-        match Config::load(&self.path) {
+        match Config::load_source(&self.source) {
             Ok(new) => {
                 let old = self.config.load();
                 if new.server != old.server {
@@ -90,7 +109,12 @@ impl App {
                 self.config.store(Arc::new(new));
                 self.metrics.reload(true);
                 self.dashboard.reloaded(Ok(()));
-                tracing::info!(path = %self.path.display(), policies, "configuration reloaded");
+                let path = self
+                    .source
+                    .path
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("(environment)"));
+                tracing::info!(path = %path.display(), policies, "configuration reloaded");
                 Ok(())
             }
             Err(e) => {

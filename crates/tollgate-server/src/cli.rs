@@ -21,6 +21,31 @@ pub enum Command {
     Serve(ServeArgs),
     /// Validate a configuration file and print its policies; exit 1 with the error if invalid.
     CheckConfig(CheckConfigArgs),
+    /// Run as a drop-in for Envoy's reference rate-limit service (envoyproxy/ratelimit):
+    /// configured by its environment variables (REDIS_URL, REDIS_TYPE, REDIS_AUTH, REDIS_TLS,
+    /// HOST, PORT, GRPC_HOST, GRPC_PORT, CACHE_KEY_PREFIX, RUNTIME_ROOT, ...) and its YAML
+    /// runtime directory; see docs/migrating-from-envoy-ratelimit.md.
+    EnvoyRatelimit(EnvoyRatelimitArgs),
+}
+
+/// `tollgate envoy-ratelimit`.
+#[derive(Debug, Args)]
+pub struct EnvoyRatelimitArgs {
+    /// An optional TOML file for tollgate's own settings (policies, admin token, ...); the
+    /// service's variables fill in the rest, and TOLLGATE_... variables override both.
+    #[arg(long, short, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log lines as text or as JSON objects (LOG_FORMAT=json also chooses JSON; the level
+    /// comes from RUST_LOG, else LOG_LEVEL, else warn).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// How often to look for changes to the YAML files (and the TOML file); 0 turns watching
+    /// off (SIGHUP still reloads).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
+    pub watch_interval: Duration,
+    /// On SIGTERM or Ctrl-C, how long to wait for in-flight requests before exiting anyway.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
+    pub drain_timeout: Duration,
 }
 
 /// `tollgate serve`.

@@ -20,6 +20,7 @@ use tollgate::{
 use toml::Spanned;
 
 mod env;
+mod envoy_env;
 
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain, yaml},
@@ -32,6 +33,26 @@ const DEFAULT_HTTP: &str = "127.0.0.1:8080";
 /// Default gRPC listen address.
 const DEFAULT_GRPC: &str = "127.0.0.1:8081";
 
+/// Where the configuration comes from: a TOML file, the environment of Envoy's reference
+/// service (`tollgate envoy-ratelimit`), or both.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Source {
+    /// The TOML file, if any.
+    pub(crate) path: Option<PathBuf>,
+    /// Whether the reference service's variables are read.
+    pub(crate) envoy_env: bool,
+}
+
+impl Source {
+    /// A TOML file alone.
+    pub(crate) fn file(path: &Path) -> Source {
+        Source {
+            path: Some(path.to_owned()),
+            envoy_env: false,
+        }
+    }
+}
+
 /// A validated configuration: listen addresses, store settings, policies and Envoy domains.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -42,6 +63,8 @@ pub struct Config {
     /// The YAML configuration of Envoy's reference service (`envoy.ratelimit_config`,
     /// resolved), and whether its dotfiles are skipped: watched for changes like the file.
     pub(crate) envoy_yaml: Option<(PathBuf, bool)>,
+    /// `/healthcheck` fails while no Envoy domain is configured.
+    pub(crate) require_domains: bool,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -141,14 +164,26 @@ impl Config {
     /// `TOLLGATE_STORE_<FIELD>` variables of the environment replacing its `[server]` and
     /// `[store]` values.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            line: None,
-            field: String::new(),
-            message: format!("cannot read the file: {e}"),
-        })?;
-        Config::parse_with_env(&file, &text, &|var| std::env::var(var).ok())
+        Config::load_source(&Source::file(path))
+    }
+
+    /// Reads and validates the configuration of `source`, with the environment's variables.
+    pub(crate) fn load_source(source: &Source) -> Result<Config, ConfigError> {
+        let (file, text) = match &source.path {
+            Some(path) => {
+                let file = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+                    file: file.clone(),
+                    line: None,
+                    field: String::new(),
+                    message: format!("cannot read the file: {e}"),
+                })?;
+                (file, text)
+            }
+            None => ("(environment)".to_owned(), String::new()),
+        };
+        let lookup = |var: &str| std::env::var(var).ok();
+        Config::parse_source(&file, &text, &lookup, source.envoy_env)
     }
 
     /// Parses and validates `text`; `file` names it in errors. The environment is not read.
@@ -162,8 +197,24 @@ impl Config {
         text: &str,
         lookup: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Config::parse_source(file, text, lookup, false)
+    }
+
+    /// [`parse_with_env`](Self::parse_with_env), with the variables of Envoy's reference
+    /// service first when `envoy_env` (`tollgate envoy-ratelimit`).
+    pub(crate) fn parse_source(
+        file: &str,
+        text: &str,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        envoy_env: bool,
+    ) -> Result<Config, ConfigError> {
         let mut raw = parse_raw(file, text)?;
-        let used = env::apply(&mut raw, lookup)?;
+        let mut used = if envoy_env {
+            envoy_env::apply(&mut raw, lookup)?
+        } else {
+            Vec::new()
+        };
+        used.extend(env::apply(&mut raw, lookup)?);
         let errors = Errors { file, text };
         let mut config = raw.validate(&errors)?;
         config.env = used;
@@ -688,6 +739,10 @@ struct RawEnvoy {
     /// Skip dotfiles in the directory, as the reference's `RUNTIME_IGNOREDOTFILES`.
     #[serde(default)]
     ignore_dotfiles: bool,
+    /// `/healthcheck` fails while no domain is configured, as the reference's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
+    #[serde(default)]
+    require_domains: bool,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
@@ -782,6 +837,7 @@ impl RawConfig {
             policies,
             envoy: domains.build(),
             envoy_yaml,
+            require_domains: self.envoy.require_domains,
             env: Vec::new(),
         })
     }

@@ -1,14 +1,20 @@
 //! The server's HTTP router and Envoy service without listeners, for tests that drive them in
 //! process: `tower::ServiceExt::oneshot` on the router, `ShouldRateLimit` called directly.
 
-use std::{path::PathBuf, sync::Arc};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService as _,
 };
 use tollgate::Tollgate;
 
-use crate::{app::App, config::Config, dashboard, envoy, http, metrics::Metrics, store};
+use crate::{
+    app::App,
+    config::{Config, Source},
+    dashboard, envoy, http,
+    metrics::Metrics,
+    store,
+};
 
 /// A server's handlers over one store and configuration, as `serve` builds them.
 ///
@@ -35,7 +41,13 @@ impl InProcess {
         if let store::Opened::Memory(memory) = &opened {
             metrics.watch_memory_store(memory.clone());
         }
-        let app = Arc::new(App::new(gate, config, metrics, admin_token, PathBuf::new()));
+        let app = Arc::new(App::new(
+            gate,
+            config,
+            metrics,
+            admin_token,
+            Source::default(),
+        ));
         app.dashboard.watch_store(&opened);
         dashboard::spawn_sampler(&app);
         Ok(InProcess { app })

@@ -58,8 +58,8 @@ mod server;
 mod store;
 mod trace;
 
-pub use cli::{CheckConfigArgs, Cli, Command, LogFormat, ServeArgs};
+pub use cli::{CheckConfigArgs, Cli, Command, EnvoyRatelimitArgs, LogFormat, ServeArgs};
 pub use config::{Config, ConfigError};
 #[doc(hidden)]
 pub use in_process::InProcess;
-pub use server::{check_config, serve};
+pub use server::{check_config, serve, serve_envoy};

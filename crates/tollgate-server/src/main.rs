@@ -20,32 +20,61 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::EnvoyRatelimit(args) => {
+            // The reference service's LOG_LEVEL and LOG_FORMAT, unless RUST_LOG or the flag
+            // say otherwise.
+            let level = std::env::var("LOG_LEVEL")
+                .ok()
+                .map(|l| match l.trim().to_ascii_lowercase().as_str() {
+                    "fatal" | "panic" => "error".to_owned(),
+                    "warning" => "warn".to_owned(),
+                    other => other.to_owned(),
+                })
+                .filter(|l| !l.is_empty())
+                .unwrap_or_else(|| "warn".into());
+            let format = match std::env::var("LOG_FORMAT") {
+                Ok(f) if f.trim().eq_ignore_ascii_case("json") => LogFormat::Json,
+                _ => args.log_format,
+            };
+            init_logs_with(format, &level);
+            run(tollgate_server::serve_envoy(args))
+        }
         Command::Serve(args) => {
             init_logs(args.log_format);
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("error: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(tollgate_server::serve(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!("{e}");
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run(tollgate_server::serve(args))
+        }
+    }
+}
+
+/// Runs `server` on a multi-threaded runtime; its error is logged and printed.
+fn run(server: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }
 
 fn init_logs(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_logs_with(format, "info");
+}
+
+/// Logs filtered by RUST_LOG, else at `default`.
+fn init_logs_with(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -8,8 +8,8 @@ use tollgate::Tollgate;
 
 use crate::{
     app::App,
-    cli::{CheckConfigArgs, ServeArgs},
-    config::Config,
+    cli::{CheckConfigArgs, EnvoyRatelimitArgs, ServeArgs},
+    config::{Config, Source},
     envoy, grpc, health, http, listen,
     metrics::Metrics,
     store, trace,
@@ -27,11 +27,35 @@ pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
 /// Errors (invalid configuration, unreachable store, address in use) are returned before
 /// anything listens.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    let source = Source::file(&args.config);
+    run(source, args).await
+}
+
+/// Runs the server as a drop-in for Envoy's reference rate-limit service: configured by its
+/// environment variables (and the TOML file, if given); see `tollgate envoy-ratelimit`.
+pub async fn serve_envoy(args: EnvoyRatelimitArgs) -> Result<(), String> {
+    let source = Source {
+        path: args.config.clone(),
+        envoy_env: true,
+    };
+    let args = ServeArgs {
+        config: args.config.unwrap_or_default(),
+        http: None,
+        grpc: None,
+        store: None,
+        log_format: args.log_format,
+        watch_interval: args.watch_interval,
+        drain_timeout: args.drain_timeout,
+    };
+    run(source, args).await
+}
+
+async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     let (shutdown, hangup) = Signals::register().split();
     // The bytes the watcher compares against, read before parsing: a change in between is
     // then seen as a change rather than missed.
-    let toml = watched(&args.config, None);
-    let mut config = Config::load(&args.config).map_err(|e| e.to_string())?;
+    let toml = watched(source.path.as_deref(), None);
+    let mut config = Config::load_source(&source).map_err(|e| e.to_string())?;
     // The YAML files' bytes are read after parsing them (their directory is in the file): an
     // edit in between is seen at the next one.
     let loaded = toml.map(|mut bytes| {
@@ -86,22 +110,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         store = %store::redact(&config.store.url),
         policies = %config.policy_names().collect::<Vec<_>>().join(", "),
         "configuration loaded from {}",
-        args.config.display()
+        source
+            .path
+            .as_deref()
+            .map_or("the environment".into(), |p| p.display().to_string())
     );
-    let app = Arc::new(App::new(
-        gate,
-        config,
-        metrics,
-        admin_token,
-        args.config.clone(),
-    ));
+    let app = Arc::new(App::new(gate, config, metrics, admin_token, source));
     app.dashboard.watch_store(&opened);
     crate::dashboard::spawn_sampler(&app);
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let draining = app.clone();
     tokio::spawn(async move {
         shutdown.recv().await;
         tracing::info!("shutting down: draining in-flight requests");
+        draining.start_draining();
         let _ = stop_tx.send(true);
     });
     tokio::spawn(reload_loop(
@@ -267,8 +290,15 @@ async fn recv_or_pending(signal: Option<&mut tokio::signal::unix::Signal>) {
 
 /// The bytes whose change means a reload: the file's, then those of the YAML files of
 /// `yaml` (Envoy's reference-service configuration); `None` if the file cannot be read.
-fn watched(path: &std::path::Path, yaml: Option<&(std::path::PathBuf, bool)>) -> Option<Vec<u8>> {
-    let mut bytes = std::fs::read(path).ok()?;
+fn watched(
+    path: Option<&std::path::Path>,
+    yaml: Option<&(std::path::PathBuf, bool)>,
+) -> Option<Vec<u8>> {
+    // Without a file, the environment (read once) and the YAML files are the configuration.
+    let mut bytes = match path {
+        Some(path) => std::fs::read(path).ok()?,
+        None => Vec::new(),
+    };
     if let Some((dir, ignore_dotfiles)) = yaml {
         bytes.push(0);
         bytes.extend(envoy::yaml::fingerprint(dir, *ignore_dotfiles));
@@ -277,10 +307,10 @@ fn watched(path: &std::path::Path, yaml: Option<&(std::path::PathBuf, bool)>) ->
 }
 
 /// [`watched`] for the configuration in force, off the async threads.
-async fn watched_now(app: &App, path: &std::path::Path) -> Option<Vec<u8>> {
+async fn watched_now(app: &App, path: Option<&std::path::Path>) -> Option<Vec<u8>> {
     let yaml = app.config().envoy_yaml.clone();
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || watched(&path, yaml.as_ref()))
+    let path = path.map(ToOwned::to_owned);
+    tokio::task::spawn_blocking(move || watched(path.as_deref(), yaml.as_ref()))
         .await
         .ok()
         .flatten()
@@ -295,7 +325,7 @@ async fn reload_loop(
     mut hup: Hangup,
     stop: watch::Receiver<bool>,
 ) {
-    let path = app.path().to_owned();
+    let path = app.source().path.clone();
     let mut tick = (!interval.is_zero()).then(|| {
         let mut t = tokio::time::interval(interval);
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -315,11 +345,11 @@ async fn reload_loop(
             () = stopped(stop.clone()) => return,
             () = hup_recv => {
                 tracing::info!("SIGHUP: reloading the configuration");
-                seen = watched_now(&app, &path).await;
+                seen = watched_now(&app, path.as_deref()).await;
                 let _ = app.reload();
             }
             () = tick_recv => {
-                let now = watched_now(&app, &path).await;
+                let now = watched_now(&app, path.as_deref()).await;
                 if now.is_some() && now != seen {
                     tracing::info!("configuration file changed: reloading");
                     seen = now;

@@ -177,7 +177,7 @@ pub(super) async fn stats(
     let reload = {
         let status = lock(&app.dashboard.reload).clone();
         json!({
-            "path": app.path().display().to_string(),
+            "path": app.source().path.as_deref().map_or("(environment)".into(), |p| p.display().to_string()),
             "loaded_at": status.loaded_at,
             "last": status.last.map(|(at, error)| json!({
                 "at": at,

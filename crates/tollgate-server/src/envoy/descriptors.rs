@@ -60,6 +60,11 @@ impl Domains {
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<Domain>> {
         self.map.get(name)
     }
+
+    /// No domain is configured.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
 }
 
 /// One domain: its descriptor tree, and the part of its counters' keys it fixes.

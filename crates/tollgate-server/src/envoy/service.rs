@@ -273,6 +273,8 @@ impl Answer {
 struct Checked {
     answer: Answer,
     cost: u64,
+    /// The check recorded what it admitted (else it only looked: see `status`).
+    consumed: bool,
     /// Per checked counter, where its outcomes start in the verdict; `None` if not checked.
     starts: SmallVec<[Option<usize>; 4]>,
 }
@@ -309,10 +311,19 @@ impl Checked {
                 .iter()
                 .enumerate()
                 .map(|(i, o)| {
+                    // A look that would admit reports what is left after the request; nothing
+                    // was taken, so what is left now is that plus the cost.
+                    let remaining = if !self.consumed && o.allowed {
+                        o.remaining
+                            .saturating_add(self.cost)
+                            .min(node.rules[i].limit())
+                    } else {
+                        o.remaining
+                    };
                     (
                         i,
                         o.allowed,
-                        o.remaining,
+                        remaining,
                         Duration::from_micros(o.reset_after_us),
                     )
                 })
@@ -633,6 +644,7 @@ impl RateLimiter {
         Checked {
             answer,
             cost,
+            consumed: consume,
             starts,
         }
     }

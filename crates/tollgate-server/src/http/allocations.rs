@@ -43,7 +43,13 @@ fn allocations(rt: &tokio::runtime::Runtime, router: &Router, path: &str, body: 
 fn router() -> Router {
     let config = Config::parse("t.toml", CONFIG).unwrap();
     let gate = Tollgate::new(tollgate::AnyStore::new(MemoryStore::new()));
-    let app = App::new(gate, config, Metrics::new(), None, "t.toml".into());
+    let app = App::new(
+        gate,
+        config,
+        Metrics::new(),
+        None,
+        crate::config::Source::default(),
+    );
     super::router(Arc::new(app))
 }
 

@@ -51,6 +51,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/blocklist/{kind}/{value}", delete(admin::unban))
         .route("/metrics", get(ops::metrics))
         .route("/healthz", get(ops::healthz))
+        .route("/healthcheck", get(ops::healthcheck))
         .route("/readyz", get(ops::readyz))
         .merge(crate::dashboard::routes(&app))
         .fallback(not_found)

@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Instant};
 use axum::{
     Json,
     extract::State,
-    http::header,
+    http::{StatusCode, header},
     response::{IntoResponse, Response},
 };
 use serde_json::Value;
@@ -32,6 +32,25 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(),
     )
         .into_response()
+}
+
+/// `/healthcheck`, as Envoy's reference rate-limit service answers it: `200 OK` while serving;
+/// `500` once shutdown has begun (so load balancers stop sending first), or while no Envoy
+/// domain is loaded if `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` asked for one. A failing store
+/// is not unhealthy: every check still has its `on_error` answer (`/readyz` and the gRPC
+/// health service's `tollgate.store` report the store).
+pub(crate) async fn healthcheck(State(app): State<Arc<App>>) -> (StatusCode, &'static str) {
+    if app.draining() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "shutting down");
+    }
+    let config = app.config();
+    if config.require_domains && config.envoy.is_empty() {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no rate limit configuration loaded",
+        );
+    }
+    (StatusCode::OK, "OK")
 }
 
 pub(crate) async fn healthz() -> Json<Value> {

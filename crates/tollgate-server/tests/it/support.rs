@@ -100,7 +100,8 @@ impl Server {
     fn start_full(config: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let dir = TempDir::new();
         let path = dir.write("tollgate.toml", config);
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .arg("serve")
             .arg("--config")
             .arg(&path)
@@ -108,7 +109,28 @@ impl Server {
             .args(args)
             .env("TG_TEST_ADMIN", ADMIN_TOKEN)
             .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Server::spawn(command, dir)
+    }
+
+    /// Starts `tollgate envoy-ratelimit` (the drop-in for Envoy's reference service) with the
+    /// service's variables `env`, its YAML files in `dir`, listening on free loopback ports.
+    pub(crate) fn start_envoy(dir: TempDir, env: &[(&str, &str)]) -> Server {
+        let mut command = Command::new(binary());
+        command
+            .args(["envoy-ratelimit", "--watch-interval", "100ms"])
+            .env("HOST", "127.0.0.1")
+            .env("PORT", "0")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", "0")
+            .env("LOG_LEVEL", "info")
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied());
+        Server::spawn(command, dir)
+    }
+
+    fn spawn(mut command: Command, dir: TempDir) -> Server {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
