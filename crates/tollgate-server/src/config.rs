@@ -643,7 +643,7 @@ impl RawLimiter {
 
 /// `blocklist = "10m"` or `blocklist = { ban = "10m", escalate = 2, max = "1d" }`.
 #[derive(Debug)]
-struct RawBlocklist(BanRule);
+pub(crate) struct RawBlocklist(pub(crate) BanRule);
 
 impl<'de> Deserialize<'de> for RawBlocklist {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -795,7 +795,7 @@ impl RawConfig {
                 ));
             }
             domains
-                .domain(domain)
+                .domain(domain, span.clone())
                 .map_err(|(span, sub, msg)| errors.at(Some(span), format!("{field}{sub}"), msg))?;
         }
         let envoy_yaml = match self.envoy.ratelimit_config {

@@ -143,6 +143,17 @@ impl<S: Store> Tollgate<S> {
         &self.prefix
     }
 
+    /// The key of the ban index under [`prefix`](Self::prefix), for [`CheckRequest::with_bans`]
+    /// in checks a front end builds itself.
+    pub fn ban_index(&self) -> &str {
+        &self.ban_index
+    }
+
+    /// Whether checks consult the blocklist (see [`with_blocklist`](Self::with_blocklist)).
+    pub fn blocklist_enabled(&self) -> bool {
+        self.blocklist
+    }
+
     /// Checks `policy` for `identity` and records `cost` units in every rule if all admit.
     ///
     /// Errors only when the identity lacks a dimension a limiter needs; a store failure is

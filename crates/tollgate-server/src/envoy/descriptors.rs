@@ -12,17 +12,25 @@ use envoy_types::pb::{
 };
 use serde::Deserialize;
 use smallvec::SmallVec;
-use tollgate::{Algorithm, OnError, Rule, key::push_part};
+use tollgate::{Algorithm, BanRule, OnError, Rule, key::push_part};
 use toml::Spanned;
 
 use super::yaml::{Limit, YamlDescriptor, YamlFile};
-use crate::{config::RuleList, metrics::DecisionHandles};
+use crate::{
+    config::{RawBlocklist, RuleList},
+    metrics::DecisionHandles,
+};
 
 /// `[[envoy.domains]]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDomain {
     pub(crate) name: String,
+    /// Descriptor keys whose values are an identity (`remote_address = "ip"`,
+    /// `user = "user_id"`): a request carrying one is checked against the blocklist, and a
+    /// descriptor with a `blocklist` bans it.
+    #[serde(default)]
+    pub(crate) identity: std::collections::BTreeMap<String, Spanned<String>>,
     #[serde(default)]
     pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
 }
@@ -38,6 +46,8 @@ pub(crate) struct RawDescriptor {
     pub(crate) algorithm: Option<Algorithm>,
     #[serde(default)]
     pub(crate) shadow: bool,
+    /// A denial by this descriptor bans the request's identity (see `RawDomain::identity`).
+    pub(crate) blocklist: Option<RawBlocklist>,
     #[serde(default)]
     pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
 }
@@ -77,6 +87,8 @@ pub(crate) struct Domain {
     pub(crate) on_error: OnError,
     /// The domain's decision counters.
     pub(crate) metrics: DecisionHandles,
+    /// Descriptor keys whose values are an identity, and which (`ip` or `user_id`).
+    pub(crate) identity: Box<[(String, &'static str)]>,
     root: Level,
 }
 
@@ -150,6 +162,8 @@ pub(crate) struct Node {
     pub(crate) replaces: Box<[Arc<str>]>,
     /// Envoy's `share_threshold`: every value this wildcard matches counts in one counter.
     pub(crate) share_threshold: bool,
+    /// A denial by this node bans the request's identity.
+    pub(crate) ban: Option<BanRule>,
     children: Level,
 }
 
@@ -175,6 +189,7 @@ impl Node {
             name: None,
             replaces: Box::new([]),
             share_threshold: false,
+            ban: None,
             children,
         }
     }
@@ -250,8 +265,10 @@ pub(crate) struct Found {
 /// files of Envoy's reference service.
 pub(crate) struct DomainsBuilder {
     on_error: OnError,
-    /// Each domain's tree, in the order first configured.
-    staged: Vec<(String, Level)>,
+    /// A descriptor of the domain being built has a blocklist, and the domain no identity.
+    bans_without_identity: bool,
+    /// Each domain's tree and identity keys, in the order first configured.
+    staged: Vec<(String, Level, Vec<(String, &'static str)>)>,
     summary: String,
 }
 
@@ -259,15 +276,42 @@ impl DomainsBuilder {
     pub(crate) fn new(on_error: OnError) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
+            bans_without_identity: false,
             staged: Vec::new(),
             summary: String::new(),
         }
     }
 
-    pub(crate) fn domain(&mut self, raw: RawDomain) -> Result<(), DomainError> {
+    pub(crate) fn domain(&mut self, raw: RawDomain, span: Range<usize>) -> Result<(), DomainError> {
         let _ = writeln!(self.summary, "envoy domain {}", raw.name);
-        let root = self.level(raw.descriptors, "", "", 1)?;
-        self.staged.push((raw.name, root));
+        self.bans_without_identity = false;
+        let mut identity = Vec::new();
+        for (key, kind) in raw.identity {
+            let kind_span = kind.span();
+            let kind = match kind.into_inner().as_str() {
+                "ip" => "ip",
+                "user_id" => "user_id",
+                other => {
+                    return Err((
+                        kind_span,
+                        format!(".identity.{key}"),
+                        format!("{other:?}: a descriptor key maps to ip or user_id"),
+                    ));
+                }
+            };
+            let _ = writeln!(self.summary, "  {key} is the {kind}");
+            identity.push((key, kind));
+        }
+        let bans = !identity.is_empty();
+        let root = self.level(raw.descriptors, "", "", 1, bans)?;
+        if self.bans_without_identity {
+            return Err((
+                span,
+                ".identity".into(),
+                "a descriptor with a blocklist needs the keys that name whom to ban, e.g. identity = { remote_address = \"ip\" }".into(),
+            ));
+        }
+        self.staged.push((raw.name, root, identity));
         Ok(())
     }
 
@@ -289,9 +333,9 @@ impl DomainsBuilder {
             file.path.display()
         );
         let level = self.yaml_level(&file.root.descriptors.0, "", 1, algorithm, shadow)?;
-        match self.staged.iter_mut().find(|(n, _)| n == name) {
-            None => self.staged.push((name.clone(), level)),
-            Some((_, into)) if merge => merge_level(into, level)?,
+        match self.staged.iter_mut().find(|(n, _, _)| n == name) {
+            None => self.staged.push((name.clone(), level, Vec::new())),
+            Some((_, into, _)) if merge => merge_level(into, level)?,
             Some(_) => {
                 return Err(format!(
                     "duplicate domain {name:?} (another file or the TOML configures it; set MERGE_DOMAIN_CONFIG=true or envoy.merge_domains = true to merge them)"
@@ -368,6 +412,7 @@ impl DomainsBuilder {
         field: &str,
         parent: &str,
         depth: usize,
+        bans: bool,
     ) -> Result<Level, DomainError> {
         let mut level = Level::default();
         for (i, raw) in descriptors.into_iter().enumerate() {
@@ -429,9 +474,16 @@ impl DomainsBuilder {
             if raw.shadow {
                 self.summary.push_str(" (shadow)");
             }
+            if let Some(ban) = &raw.blocklist {
+                let duration = tollgate::format_duration(ban.0.duration());
+                let _ = write!(self.summary, "; blocklist {duration}");
+                self.bans_without_identity |= !bans;
+            }
             self.summary.push('\n');
-            let children = self.level(raw.descriptors, &here, &path, depth + 1)?;
-            let node = Arc::new(Node::new(path.into(), rules.into(), raw.shadow, children));
+            let children = self.level(raw.descriptors, &here, &path, depth + 1, bans)?;
+            let mut node = Node::new(path.into(), rules.into(), raw.shadow, children);
+            node.ban = raw.blocklist.map(|b| b.0);
+            let node = Arc::new(node);
             // Re-borrow: the recursive call above needed `self`.
             level
                 .by_key
@@ -446,7 +498,7 @@ impl DomainsBuilder {
         let map = self
             .staged
             .into_iter()
-            .map(|(name, root)| {
+            .map(|(name, root, identity)| {
                 let scope: Arc<str> = format!("envoy:{name}").into();
                 let mut scope_part = String::new();
                 push_part(&mut scope_part, &scope);
@@ -455,6 +507,7 @@ impl DomainsBuilder {
                     scope_part: scope_part.into(),
                     on_error: self.on_error,
                     metrics: DecisionHandles::default(),
+                    identity: identity.into(),
                     root,
                 };
                 (name, Arc::new(domain))
@@ -758,6 +811,26 @@ descriptors = [
         .to_string();
         assert!(
             e.starts_with("t.toml:3: envoy.domains[0].descriptors[0].descriptors[0].rules: a descriptor needs rules"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "t.toml",
+            "[[envoy.domains]]\nname = \"d\"\ndescriptors = [{ key = \"a\", rules = [\"1/1s\"], blocklist = \"1m\" }]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("t.toml:1: envoy.domains[0].identity: a descriptor with a blocklist needs the keys that name whom to ban"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "t.toml",
+            "[[envoy.domains]]\nname = \"d\"\nidentity = { remote_address = \"phone\" }\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("t.toml:3: envoy.domains[0].identity.remote_address: \"phone\": a descriptor key maps to ip or user_id"),
             "{e}"
         );
     }

@@ -24,8 +24,8 @@ use envoy_types::pb::envoy::{
 };
 use smallvec::SmallVec;
 use tollgate::{
-    CheckRequest, LimiterRequest, MemoryStore, OnError, Reason, Rule, RuleDecision, Store as _,
-    Verdict,
+    BanKey, BanTarget, CheckRequest, LimiterRequest, MemoryStore, OnError, Reason, Rule,
+    RuleDecision, Store as _, Verdict,
     algorithm::RuleOutcome,
     fields::{self, HeaderStyle},
 };
@@ -125,6 +125,23 @@ fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<He
         });
     });
     headers
+}
+
+/// The identities a request names: the values of its entries whose keys the domain maps to
+/// an ip or a user id (an entry that does not parse as one names nobody), without repeats.
+fn identity_targets(domain: &Domain, request: &RateLimitRequest) -> SmallVec<[BanTarget; 2]> {
+    let mut targets: SmallVec<[BanTarget; 2]> = SmallVec::new();
+    for entry in request.descriptors.iter().flat_map(|d| &d.entries) {
+        let Some((_, kind)) = domain.identity.iter().find(|(key, _)| *key == entry.key) else {
+            continue;
+        };
+        if let Ok(target) = BanTarget::parse(kind, &entry.value) {
+            if !targets.contains(&target) {
+                targets.push(target);
+            }
+        }
+    }
+    targets
 }
 
 /// What a request descriptor matched.
@@ -263,6 +280,7 @@ impl Answer {
             }
             | Answer::Unavailable { .. } => Reason::StoreUnavailable,
             Answer::Verdict { verdict, .. } if verdict.allowed => Reason::Ok,
+            Answer::Verdict { verdict, .. } if verdict.blocked_us.is_some() => Reason::Blocked,
             Answer::Verdict { .. } => Reason::RateLimited,
             Answer::CostExceeded => Reason::CostExceedsLimit,
         }
@@ -355,6 +373,13 @@ impl Checked {
             None => DescriptorStatus {
                 code,
                 current_limit: node.lowest_rate(),
+                // Banned: until the ban ends.
+                duration_until_reset: match &self.answer {
+                    Answer::Verdict { verdict, .. } => verdict
+                        .blocked_us
+                        .map(|us| pb_duration(Duration::from_micros(us))),
+                    _ => None,
+                },
                 ..DescriptorStatus::default()
             },
         }
@@ -464,10 +489,33 @@ impl RateLimiter {
             };
             group.members.push((i, c));
         }
+        // The identity's ban keys: the values of the entries the domain names as an ip or a
+        // user id; left out when no ban can be live or be written.
+        let may_ban = groups
+            .iter()
+            .flat_map(|g| &g.counters)
+            .any(|c| c.node.ban.is_some() && !c.node.shadow);
+        let gate = &self.app.gate;
+        let ban_texts: SmallVec<[(String, &'static str, String); 2]> =
+            if !domain.identity.is_empty()
+                && gate.blocklist_enabled()
+                && (may_ban || gate.store().bans_possible())
+            {
+                identity_targets(domain, request)
+                    .iter()
+                    .map(|t| (t.key(prefix), t.kind(), t.value()))
+                    .collect()
+            } else {
+                SmallVec::new()
+            };
+        let bans: SmallVec<[BanKey<'_>; 2]> = ban_texts
+            .iter()
+            .map(|(key, kind, value)| BanKey { key, kind, value })
+            .collect();
         let mut over = blocked;
         for group in &groups {
             let mut outcome = self
-                .check_group(domain, &keys, &group.counters, group.cost, !blocked)
+                .check_group(domain, &keys, &group.counters, group.cost, !blocked, &bans)
                 .await;
             // How many descriptors still take each counter's status: the last one takes it,
             // the others a copy.
@@ -518,10 +566,11 @@ impl RateLimiter {
         counters: &[Counter],
         cost: u64,
         consume: bool,
+        bans: &[BanKey<'_>],
     ) -> Statuses {
         let all: SmallVec<[bool; 4]> = SmallVec::from_elem(true, counters.len());
         let first = self
-            .check(domain, keys, counters, &all, cost, consume)
+            .check(domain, keys, counters, &all, (cost, consume), bans)
             .await;
         if !consume {
             return self.statuses(counters, &first, None);
@@ -544,7 +593,9 @@ impl RateLimiter {
                 .map(|c| first.status(c, &counters[c].node, false))
                 .collect();
         }
-        let second = self.check(domain, keys, counters, &rest, cost, true).await;
+        let second = self
+            .check(domain, keys, counters, &rest, (cost, true), bans)
+            .await;
         self.record_decision(domain, second.answer.reason(), second.answer.allowed());
         self.statuses(counters, &second, Some(&first))
     }
@@ -590,8 +641,8 @@ impl RateLimiter {
         keys: &str,
         counters: &[Counter],
         active: &[bool],
-        cost: u64,
-        consume: bool,
+        (cost, consume): (u64, bool),
+        bans: &[BanKey<'_>],
     ) -> Checked {
         let mut starts = SmallVec::from_elem(None, counters.len());
         let mut limiters: SmallVec<[LimiterRequest<'_>; 4]> = SmallVec::new();
@@ -605,7 +656,10 @@ impl RateLimiter {
                 limiters.push(LimiterRequest {
                     key: &keys[counter.key.clone()],
                     rules: &counter.node.rules,
-                    ban: None,
+                    ban: counter
+                        .node
+                        .ban
+                        .filter(|_| !counter.node.shadow && !bans.is_empty()),
                 });
             }
         }
@@ -613,7 +667,10 @@ impl RateLimiter {
         let answer = if cost > max_cost {
             Answer::CostExceeded
         } else {
-            let request = CheckRequest::new(cost, consume, &limiters);
+            let mut request = CheckRequest::new(cost, consume, &limiters);
+            if !bans.is_empty() {
+                request = request.with_bans(bans, self.app.gate.ban_index());
+            }
             let store = self.app.gate.store();
             let mut verdict = Verdict::new(false, []);
             let result = match store.check_sync(&request, &mut verdict) {

@@ -10,6 +10,7 @@ mod blocklist;
 mod cli;
 mod dashboard;
 mod env_overrides;
+mod envoy_bans;
 mod envoy_migration;
 mod fuzz;
 mod grpc;
