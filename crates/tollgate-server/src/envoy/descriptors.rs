@@ -261,6 +261,9 @@ pub(crate) struct Found {
     pub(crate) shared: SmallVec<[(usize, Arc<str>); 1]>,
 }
 
+/// Descriptor keys whose values are an identity, and which (`ip` or `user_id`).
+type IdentityKeys = Vec<(String, &'static str)>;
+
 /// Builds [`Domains`] from the configuration: the TOML's `[[envoy.domains]]` and the YAML
 /// files of Envoy's reference service.
 pub(crate) struct DomainsBuilder {
@@ -268,7 +271,7 @@ pub(crate) struct DomainsBuilder {
     /// A descriptor of the domain being built has a blocklist, and the domain no identity.
     bans_without_identity: bool,
     /// Each domain's tree and identity keys, in the order first configured.
-    staged: Vec<(String, Level, Vec<(String, &'static str)>)>,
+    staged: Vec<(String, Level, IdentityKeys)>,
     summary: String,
 }
 
