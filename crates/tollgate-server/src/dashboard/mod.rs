@@ -177,6 +177,33 @@ impl Dashboard {
         }
     }
 
+    /// Notes an Envoy request descriptor over its limit: `scope` is the domain's
+    /// (`envoy:<domain>`), `path` the configured descriptor that limited it, `entries` the
+    /// request's entries (`remote_address=192.0.2.1`), `rule` the rule that denied.
+    #[cold]
+    pub(crate) fn envoy_limited(&self, scope: &str, path: &str, entries: &str, rule: &str) {
+        if !self.enabled {
+            return;
+        }
+        let value = if entries.chars().count() > MAX_VALUE_CHARS {
+            let mut cut: String = entries.chars().take(MAX_VALUE_CHARS).collect();
+            cut.push('…');
+            cut
+        } else {
+            entries.to_owned()
+        };
+        let key = Limited {
+            policy: scope.to_owned(),
+            limiter: path.to_owned(),
+            value,
+        };
+        let seen = Seen {
+            by: "descriptor".to_owned(),
+            rule: rule.to_owned(),
+        };
+        lock(&self.top).sketch.insert(key, seen);
+    }
+
     /// Notes a reload attempt: `Err` carries the rejection.
     pub(crate) fn reloaded(&self, result: Result<(), String>) {
         let mut status = lock(&self.reload);

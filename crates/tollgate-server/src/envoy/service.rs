@@ -537,6 +537,9 @@ impl RateLimiter {
         if blocked {
             self.record_decision(domain, Reason::RateLimited, false);
         }
+        if over {
+            self.show_limited(domain, request, &matched, &statuses);
+        }
         let style = match self.app.config().server.headers {
             // A denial always says why.
             HeaderStyle::None if over => HeaderStyle::Draft,
@@ -598,6 +601,38 @@ impl RateLimiter {
             .await;
         self.record_decision(domain, second.answer.reason(), second.answer.allowed());
         self.statuses(counters, &second, Some(&first))
+    }
+
+    /// Puts the request's descriptors that are over their limit in the dashboard's top list:
+    /// the request's entries as whom, the configured descriptor as the limiter.
+    #[cold]
+    fn show_limited(
+        &self,
+        domain: &Domain,
+        request: &RateLimitRequest,
+        matched: &[Option<Matched>],
+        statuses: &[DescriptorStatus],
+    ) {
+        for (i, status) in statuses.iter().enumerate() {
+            let Some(found) = &matched[i] else { continue };
+            if status.code != Code::OverLimit as i32 {
+                continue;
+            }
+            let node = found.node();
+            let rule = node
+                .rules
+                .iter()
+                .find(|r| Some(current_limit(r, &node.path)) == status.current_limit)
+                .map_or_else(|| "banned or blocked".to_owned(), ToString::to_string);
+            let entries: Vec<String> = request.descriptors[i]
+                .entries
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect();
+            self.app
+                .dashboard
+                .envoy_limited(&domain.scope, &node.path, &entries.join(", "), &rule);
+        }
     }
 
     /// Counts the request's one decision (a request whose shadow counters denied is checked

@@ -53,6 +53,17 @@ async fn a_denial_bans_the_address_for_every_descriptor() {
     // Others are not.
     let r = should_rate_limit(&mut rls, "edge", from("192.0.2.2", "/b"), 1).await;
     assert_eq!(code(r.overall_code), Code::Ok);
+    // The dashboard's top list shows who was limited, by which descriptor.
+    let (status, top) = server.get_admin("/v1/stats/top").await;
+    assert_eq!(status, 200, "{top}");
+    let entry = top["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["value"] == "remote_address=192.0.2.1")
+        .unwrap_or_else(|| panic!("not in the top list: {top}"));
+    assert_eq!(entry["policy"], "envoy:edge");
+    assert_eq!(entry["limiter"], "remote_address");
     // The ban is in the blocklist the admin API lists.
     let (status, page) = server.get_admin("/v1/blocklist").await;
     assert_eq!(status, 200, "{page}");
