@@ -47,7 +47,7 @@
 //! | `by` | the dimension: `global`, `ip`, `user_id`, `user_name`, `header:<name>`, `arg:<name>` (a parameter of the function, counted by its `Display`) |
 //! | `rules` | `["N/DURATION", ...]`, e.g. `"1/1m"`, `"10/1h"`, `"5/500ms"`; units ms, s, m, h, d |
 //! | `name` | the limiter's name (default: the dimension); names appear in keys and headers |
-//! | `algorithm` | `sliding_log` (default), `fixed_window`, `gcra` |
+//! | `algorithm` | `sliding_log` (default), `sliding_window`, `fixed_window`, `gcra` |
 //! | `blocklist` | ban the offender's IP and user for this long after a violation, e.g. `"10m"` |
 //! | `scope` | the action name in keys (default: module path and function name) |
 //! | `message` | the text of the refusal (the problem body's `detail`) |

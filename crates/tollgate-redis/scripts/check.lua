@@ -8,7 +8,8 @@
 -- KEYS: per check, in call order:
 --   per limiter in plan order, exactly LimiterRequest::state_keys: the limiter's sliding log
 --   (ZSET, score = µs timestamp) first, if any rule is a sliding log; then one key per
---   fixed-window rule (string "start:count") or GCRA rule (string tat), in rule order;
+--   fixed-window rule (string "start:count"), GCRA rule (string tat) or sliding-window rule
+--   (string "start:previous:count"), in rule order;
 --   then the plan's ban keys (hashes, see ban_writer.lua), then the ban index if this check
 --   may write a ban (see "writes bans" below; a Cluster store never sends such a check here,
 --   its ban keys and the index live in other slots: it uses offend.lua and ban_index.lua).
@@ -27,7 +28,8 @@
 --       rule count, its longest sliding-log window µs (0 = no sliding-log rule),
 --       bans (1 = the limiter bans offenders, then ban duration µs, ban factor, ban cap µs;
 --       0 = it does not, and nothing follows),
---       then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra), limit, window µs
+--       then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window),
+--       limit, window µs
 --     bans      number of ban keys
 --     writes bans  1 = this check may ban the offender (it consumes and a limiter bans):
 --               the next 2 * bans arguments hold each ban key's target kind and target
@@ -44,7 +46,8 @@
 --   then, if report > 0: recorded (1/0); if recorded: now (the sliding-log score), then per
 --   rule two integers: sliding log: retried members of its log (see the ZADD below), µs
 --   until the newest entry before this one leaves (0: none); fixed window: window start,
---   count written; gcra: tat before (at least now), tat written (enough for the store to
+--   count written; gcra: tat before (at least now), tat written; sliding window: window start
+--   (plus 1 if the previous window counts), count written (enough for the store to
 --   work out each rule's outcome at cost 0 itself);
 --   then, if report = 2, every rule admitted and nothing was recorded (a peek, or cost 0),
 --   per rule the four integers of its outcome at cost 0
@@ -67,7 +70,7 @@
 
 --@include common.lua
 
-local SLIDING_LOG, FIXED_WINDOW, GCRA = 1, 2, 3
+local SLIDING_LOG, FIXED_WINDOW, GCRA, SLIDING_WINDOW = 1, 2, 3, 4
 
 -- The check being evaluated: its plan's integers (p[1] the nonce, p[2] .. the integers), its
 -- time and settings.
@@ -90,7 +93,9 @@ local limiter = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 -- The evaluators of rules, built only when a call needs one: the common path (a sliding log
 -- with no live entry, which admits) answers without them, and a closure made on every call
 -- costs about a cheap Redis command (each of its upvalues is looked up when it is made).
-local edge, sliding_log, fixed_window, gcra, evaluate
+local edge, sliding_log, fixed_window, gcra, sliding_window, evaluate
+-- Per sliding-window rule i evaluated, the previous window's count, for its write.
+local sw_previous
 local function build_evaluators()
   -- The lower bound of a sliding window w: live entries are t > now - w (all while now < w).
   edge = function(w)
@@ -178,6 +183,80 @@ local function build_evaluators()
     return 0, remaining, tat - now, new_tat - capacity - now
   end
 
+  -- Mirrors tollgate::algorithm::sliding_window: windows of w_ms whole milliseconds, the
+  -- previous window weighed by the whole milliseconds of it the sliding window still covers.
+  -- limit * w_ms is at most 2^51 (the policy checks it), so every product below is exact.
+  sw_previous = {}
+  sliding_window = function(i, c)
+    local r = 4 * i
+    local lim, w = rule[r - 2], rule[r - 1]
+    local _, into = divmod(now, w)
+    local start = now - into
+    local previous, count = 0, 0
+    local value = call('GET', rule[r])
+    if value then
+      local s1 = string.find(value, ':', 1, true)
+      local s2 = s1 and string.find(value, ':', s1 + 1, true)
+      if s2 then
+        local at = tonumber(string.sub(value, 1, s1 - 1))
+        local n = tonumber(string.sub(value, s2 + 1)) or 0
+        if at == start then
+          previous, count = tonumber(string.sub(value, s1 + 1, s2 - 1)) or 0, n
+        elseif at == start - w then
+          previous = n
+        end
+      end
+    end
+    sw_previous[i] = previous
+    local w_ms = divmod(w, 1000)
+    local into_ms = divmod(into, 1000)
+    local capacity = lim * w_ms
+    local scaled = previous * (w_ms - into_ms) + count * w_ms
+    local function reset(n)
+      if n > 0 then
+        return start + 2 * w - now
+      elseif previous > 0 then
+        return start + w - now
+      end
+      return 0
+    end
+    -- The flag in the record's start: whether the previous window counts (for the reset a
+    -- Cluster store works out once this write is undone).
+    local flagged = start
+    if previous > 0 then
+      flagged = start + 1
+    end
+    if c <= lim and scaled + c * w_ms <= capacity then
+      return 1, (divmod(capacity - scaled - c * w_ms, w_ms)), reset(count + c), -1, flagged, count + c
+    end
+    -- The first whole millisecond e of a window with fading * (w_ms - e) <= room * w_ms.
+    local function first(fading, room)
+      if fading == 0 then
+        return 0
+      end
+      return math.max(0, w_ms - (divmod(room * w_ms, fading)))
+    end
+    local retry = -1
+    if c <= lim then
+      local at = false
+      if lim - c >= count then
+        local e = math.max(first(previous, lim - c - count), into_ms)
+        if e < w_ms then
+          at = start + e * 1000
+        end
+      end
+      if not at then
+        at = start + w + first(count, lim - c) * 1000
+      end
+      retry = math.max(0, at - now)
+    end
+    local remaining = 0
+    if capacity > scaled then
+      remaining = divmod(capacity - scaled, w_ms)
+    end
+    return 0, remaining, reset(count), retry
+  end
+
   evaluate = function(i, l, c)
     local k = rule[4 * i - 3]
     if k == SLIDING_LOG then
@@ -186,6 +265,8 @@ local function build_evaluators()
       return fixed_window(i, c)
     elseif k == GCRA then
       return gcra(i, c)
+    elseif k == SLIDING_WINDOW then
+      return sliding_window(i, c)
     end
     error('tollgate check: unknown algorithm code ' .. tostring(k))
   end
@@ -487,6 +568,12 @@ while argi < args do
           elseif k == GCRA then
             local tat = record[2 * i]
             call('SET', rule[r], format('%d', tat), 'PX', format('%d', ttl_ms(tat - now)))
+          elseif k == SLIDING_WINDOW then
+            local _, flag = divmod(record[2 * i - 1], 1000)
+            local start = record[2 * i - 1] - flag
+            -- This window's count fades over the next one.
+            call('SET', rule[r], format('%d:%d:%d', start, sw_previous[i], record[2 * i]),
+              'PX', format('%d', ttl_ms(start + 2 * rule[r - 1] - now)))
           end
         end
       end

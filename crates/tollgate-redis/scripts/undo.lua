@@ -5,7 +5,8 @@
 -- KEYS     the state keys to undo, all in one slot, each once
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 nonce (the check's), then per key:
 --          op, a, b, with op = 1 sliding log: a = the check's now (the members' score),
---          b = retried members; op = 2 fixed window: a = window start; op = 3 gcra:
+--          b = retried members; op = 2 fixed window: a = window start; op = 4 sliding
+--          window: a = window start (plus 1 if the previous window counted); op = 3 gcra:
 --          a = tat before, b = tat written
 -- Reply    how many keys were changed
 
@@ -65,6 +66,25 @@ for i, key in ipairs(KEYS) do
         redis.call('DEL', key)
       end
       changed = changed + 1
+    end
+  elseif op == 4 then
+    local value = redis.call('GET', key)
+    local start = a - a % 1000
+    if value then
+      local s1 = string.find(value, ':', 1, true)
+      local s2 = s1 and string.find(value, ':', s1 + 1, true)
+      if s2 and tonumber(string.sub(value, 1, s1 - 1)) == start then
+        local previous = string.sub(value, s1 + 1, s2 - 1)
+        local count = tonumber(string.sub(value, s2 + 1)) or 0
+        local ttl = redis.call('PTTL', key)
+        local left = int(start) .. ':' .. previous .. ':' .. int(math.max(0, count - cost))
+        if ttl > 0 then
+          redis.call('SET', key, left, 'PX', ttl)
+        else
+          redis.call('SET', key, left)
+        end
+        changed = changed + 1
+      end
     end
   else
     return redis.error_reply('tollgate undo: unknown op ' .. tostring(op))

@@ -301,6 +301,7 @@ async fn undo(
             ops.push(match rule.algorithm() {
                 Algorithm::SlidingLog => (key, 1, record.now, a),
                 Algorithm::FixedWindow => (key, 2, a, b),
+                Algorithm::SlidingWindow => (key, 4, a, b),
                 _ => (key, 3, a, b),
             });
         }

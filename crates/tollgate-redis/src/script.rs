@@ -274,6 +274,7 @@ fn algorithm_code(algorithm: Algorithm) -> Result<i64, StoreError> {
         Algorithm::SlidingLog => Ok(1),
         Algorithm::FixedWindow => Ok(2),
         Algorithm::Gcra => Ok(3),
+        Algorithm::SlidingWindow => Ok(4),
         other => Err(StoreError::new(
             StoreErrorKind::Protocol,
             format!("the Redis store does not implement the {other} algorithm"),
@@ -388,7 +389,8 @@ pub(crate) struct Record {
     /// The script's now: the score of the sliding-log members it added.
     pub(crate) now: i64,
     /// Per rule: retried members and µs until the newest older entry leaves (sliding log);
-    /// window start and count written (fixed window); tat before and tat written (gcra).
+    /// window start and count written (fixed window); tat before and tat written (gcra);
+    /// window start, plus 1 if the previous window counts, and count written (sliding window).
     pub(crate) writes: Vec<(i64, i64)>,
 }
 
@@ -414,6 +416,17 @@ fn zero_from_record(
                 Algorithm::SlidingLog => us(b)?,
                 Algorithm::FixedWindow if us(b)? == cost => 0,
                 Algorithm::FixedWindow => outcome.reset_after_us,
+                // This window counts nothing once undone: the previous window's fade (the
+                // start's flag says whether it counts), or nothing.
+                Algorithm::SlidingWindow if us(b)? == cost => {
+                    let start = us(a)?;
+                    if start % 1000 == 1 {
+                        (start - 1 + rule.window_us()).saturating_sub(us(record.now)?)
+                    } else {
+                        0
+                    }
+                }
+                Algorithm::SlidingWindow => outcome.reset_after_us,
                 _ => us(a - record.now)?,
             };
             Ok(RuleOutcome {

@@ -128,6 +128,7 @@ macro_rules! conformance_suite {
             multi_rule_limits,
             sliding_log_entries_leave_one_by_one,
             fixed_window_resets_at_the_aligned_boundary,
+            sliding_window_weighs_the_previous_window,
             gcra_spaces_requests_after_the_burst,
             mixed_algorithms_strictest_decides,
             cost_is_counted_in_units,
@@ -384,6 +385,88 @@ pub async fn fixed_window_resets_at_the_aligned_boundary<S: Store>(s: Subject<S>
         &s.check(&p, &who, 1).await,
         Some(10_000),
         &[(false, 0, 10_000)],
+    );
+}
+
+/// Scenario 3b: a sliding-window counter admits `limit` per window, then counts the previous
+/// window's units by how much of them the sliding window still covers; exact `retry_after`
+/// for that model, in this window and in the next; mixed with a sliding log, all or nothing.
+pub async fn sliding_window_weighs_the_previous_window<S: Store>(s: Subject<S>) {
+    let sliding = |text: &str| rule(text).with_algorithm(Algorithm::SlidingWindow);
+    let p = policy(
+        "sliding",
+        [Limiter::new(
+            Dimension::Ip,
+            [sliding("10/10s"), rule("100/1m")],
+        )],
+    );
+    let who = ip(1);
+    s.at(ms(2000));
+    for n in 1..=10u64 {
+        expect(
+            &s.check(&p, &who, 1).await,
+            None,
+            &[(true, 10 - n, 18_000), (true, 100 - n, 60_000)],
+        );
+    }
+    // Full: the next fits in the next window once 1/10 of this one has faded, at 11 s.
+    expect(
+        &s.check(&p, &who, 1).await,
+        Some(9000),
+        &[(false, 0, 18_000), (true, 90, 60_000)],
+    );
+    // At 15 s the previous window weighs half: 5 more fit, then one waits until 16 s.
+    s.at(ms(15_000));
+    expect(
+        &s.check(&p, &who, 5).await,
+        None,
+        &[(true, 0, 15_000), (true, 85, 60_000)],
+    );
+    expect(
+        &s.check(&p, &who, 1).await,
+        Some(1000),
+        &[(false, 0, 15_000), (true, 85, 60_000)],
+    );
+    s.at(ms(16_000));
+    expect(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[(true, 0, 14_000), (true, 84, 60_000)],
+    );
+    // Another identity is untouched; peek records nothing.
+    expect(
+        &s.peek(&p, &ip(2), 1).await,
+        None,
+        &[(true, 9, 14_000), (true, 99, 60_000)],
+    );
+
+    // All or nothing with another limiter (on a Cluster, in another hash slot): a denial by
+    // the user's rule leaves the address's count as it was.
+    let p = policy(
+        "sliding2",
+        [
+            Limiter::new(Dimension::Ip, [sliding("3/10s")]),
+            Limiter::new(Dimension::UserId, [sliding("1/10s")]),
+        ],
+    );
+    let alice = || ip(3).with_user_id("alice");
+    s.at(ms(31_000));
+    expect(
+        &s.check(&p, &alice(), 1).await,
+        None,
+        &[(true, 2, 19_000), (true, 0, 19_000)],
+    );
+    expect(
+        &s.check(&p, &alice(), 1).await,
+        // A limit of 1: the unit must fade wholly, at the end of the next window.
+        Some(19_000),
+        &[(true, 2, 19_000), (false, 0, 19_000)],
+    );
+    let bob = ip(3).with_user_id("bob");
+    expect(
+        &s.check(&p, &bob, 1).await,
+        None,
+        &[(true, 1, 19_000), (true, 0, 19_000)],
     );
 }
 

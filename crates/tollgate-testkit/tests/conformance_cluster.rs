@@ -75,6 +75,7 @@ mod conformance {
         multi_rule_limits,
         sliding_log_entries_leave_one_by_one,
         fixed_window_resets_at_the_aligned_boundary,
+        sliding_window_weighs_the_previous_window,
         gcra_spaces_requests_after_the_burst,
         mixed_algorithms_strictest_decides,
         cost_is_counted_in_units,

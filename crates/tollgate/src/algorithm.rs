@@ -132,6 +132,119 @@ pub fn fixed_window(
     }
 }
 
+/// State of a sliding-window rule: the current window's start and count, and the count of
+/// the window before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlidingWindowState {
+    /// Start of the window `count` belongs to (aligned to the epoch).
+    pub start: u64,
+    /// Units admitted in the window before it.
+    pub previous: u64,
+    /// Units admitted in this window.
+    pub count: u64,
+}
+
+/// The largest `limit × window in milliseconds` of a sliding-window rule: its arithmetic stays
+/// exact in the doubles of Redis's Lua (below 2^53 with room for the sums).
+pub const MAX_SLIDING_WINDOW_PRODUCT: u64 = 1 << 51;
+
+/// Sliding window counter. Windows of `W` milliseconds are aligned to the epoch; at `now`,
+/// `e` whole milliseconds into the current window, the sliding window `(now - W, now]` is
+/// estimated as
+///
+/// ```text
+/// estimate = previous * (W - e) / W + count
+/// ```
+///
+/// (the previous window's units taken as spread evenly over it). A request of `cost` is
+/// admitted if `estimate + cost <= limit`, computed exactly in integers
+/// (`previous * (W - e) + (count + cost) * W <= limit * W`). Returns the outcome and, when
+/// admitted, the new state.
+///
+/// How far it may stray from the exact sliding log: the units it admits in any sliding window
+/// `(t - W, t]` number less than `2 * limit` (the previous window's units, all counted by the
+/// log while the estimate lets them fade, and at most `limit` of the current window's); and
+/// it admits a request whenever the units admitted since the previous window began, plus
+/// `cost`, are at most `limit` (the estimate never exceeds that count).
+///
+/// `retry_after_us` is exact for this model: the first instant the estimate leaves room (the
+/// weight changes each millisecond), later in this window or in the next.
+pub fn sliding_window(
+    state: Option<SlidingWindowState>,
+    now: u64,
+    rule: &Rule,
+    cost: u64,
+) -> (RuleOutcome, Option<SlidingWindowState>) {
+    let w = rule.window_us();
+    let w_ms = u128::from(rule.window_ms());
+    let limit = rule.limit();
+    let start = now - now % w;
+    let (previous, count) = match state {
+        Some(s) if s.start == start => (s.previous, s.count),
+        Some(s) if s.start.checked_add(w) == Some(start) => (s.count, 0),
+        _ => (0, 0),
+    };
+    let into_ms = u128::from((now - start) / 1000);
+    let capacity = u128::from(limit) * w_ms;
+    // The estimate scaled by W: previous * (W - e) + count * W.
+    let scaled = u128::from(previous) * (w_ms - into_ms) + u128::from(count) * w_ms;
+    let wanted = scaled + u128::from(cost) * w_ms;
+    // The quota is back when the estimate is 0: at the end of the next window if this one
+    // counts anything, else at the end of this one if the previous did.
+    let reset = |count: u64| {
+        if count > 0 {
+            start + 2 * w - now
+        } else if previous > 0 {
+            start + w - now
+        } else {
+            0
+        }
+    };
+    let whole = |scaled: u128| u64::try_from(capacity.saturating_sub(scaled) / w_ms).unwrap_or(0);
+    if wanted <= capacity {
+        let total = count + cost;
+        let outcome = RuleOutcome {
+            allowed: true,
+            remaining: whole(wanted),
+            reset_after_us: reset(total),
+            retry_after_us: None,
+        };
+        let state = SlidingWindowState {
+            start,
+            previous,
+            count: total,
+        };
+        return (outcome, Some(state));
+    }
+    // When it first fits: the first whole millisecond e' of this window with
+    // previous * (W - e') <= (limit - count - cost) * W, else the first e'' of the next with
+    // count * (W - e'') <= (limit - cost) * W. Never if the cost is above the limit.
+    let first = |fading: u64, room: u64| -> u128 {
+        if fading == 0 {
+            return 0;
+        }
+        w_ms.saturating_sub(u128::from(room) * w_ms / u128::from(fading))
+    };
+    let retry_after_us = limit.checked_sub(cost).map(|room| {
+        let at_ms = match room.checked_sub(count) {
+            Some(room_now) => Some(first(previous, room_now).max(into_ms)).filter(|&e| e < w_ms),
+            None => None,
+        };
+        let at = match at_ms {
+            Some(e) => start + u64::try_from(e).unwrap_or(0) * 1000,
+            None => start + w + u64::try_from(first(count, room)).unwrap_or(0) * 1000,
+        };
+        at.saturating_sub(now)
+    });
+    let outcome = RuleOutcome {
+        allowed: false,
+        remaining: whole(scaled),
+        reset_after_us: reset(count),
+        retry_after_us,
+    };
+    (outcome, None)
+}
+
 /// The GCRA emission interval: microseconds one unit occupies.
 pub fn gcra_interval(rule: &Rule) -> u64 {
     (rule.window_us() / rule.limit()).max(1)
@@ -225,6 +338,111 @@ mod tests {
                     log.partition_point(|&t| t <= edge),
                     "{log:?} {edge}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn sliding_window_weighs_the_previous_window() {
+        let r = rule("10/10s");
+        // 10 units in [0, 10 s), then at 15 s half of them still count: 5 fit.
+        let prev = SlidingWindowState {
+            start: 0,
+            previous: 0,
+            count: 10,
+        };
+        let (o, s) = sliding_window(Some(prev), 15 * S, &r, 5);
+        assert!(o.allowed);
+        assert_eq!(o.remaining, 0);
+        assert_eq!(
+            s,
+            Some(SlidingWindowState {
+                start: 10 * S,
+                previous: 10,
+                count: 5
+            })
+        );
+        // One more is denied; it fits once the previous window's weight lets a unit go: at
+        // 16 s (10 * 4/10 + 5 = 9).
+        let (o, none) = sliding_window(s, 15 * S, &r, 1);
+        assert!(!o.allowed);
+        assert_eq!(none, None);
+        assert_eq!(o.retry_after_us, Some(S));
+        assert!(sliding_window(s, 16 * S, &r, 1).0.allowed);
+        assert!(!sliding_window(s, 16 * S - 1, &r, 1).0.allowed);
+        // Quota back when this window's count has faded too: the end of the next window.
+        assert_eq!(o.reset_after_us, 15 * S);
+    }
+
+    #[test]
+    fn sliding_window_retry_moves_to_the_next_window_when_this_one_is_full() {
+        let r = rule("4/10s");
+        let s = SlidingWindowState {
+            start: 10 * S,
+            previous: 0,
+            count: 4,
+        };
+        let (o, _) = sliding_window(Some(s), 12 * S, &r, 1);
+        assert!(!o.allowed);
+        // Next window from 20 s: 4 * (10 - e) / 10 + 1 <= 4 once e >= 2.5 s: at 22.5 s.
+        assert_eq!(o.retry_after_us, Some(10_500_000));
+        assert!(sliding_window(Some(s), 22_500_000, &r, 1).0.allowed);
+        assert!(!sliding_window(Some(s), 22_499_999, &r, 1).0.allowed);
+        // A cost above the limit never fits.
+        assert_eq!(sliding_window(None, 0, &r, 5).0.retry_after_us, None);
+    }
+
+    proptest::proptest! {
+        /// The sliding window counter against the exact sliding log, on the same random
+        /// traffic, each deciding on its own: the log never has more than `limit` units in a
+        /// window; the counter fewer than `2 * limit` (its stated bound), and it denies only
+        /// when the units it admitted since the previous window began, plus the cost, pass
+        /// `limit`. `retry_after` is exact: a denied request waits exactly that long.
+        #[test]
+        fn sliding_window_stays_within_its_bound_of_the_log(
+            limit in 1u64..20,
+            window_ms in 1u64..50,
+            gaps in proptest::collection::vec((0u64..30_000, 1u64..4), 1..300),
+        ) {
+            let r = Rule::new(limit, std::time::Duration::from_millis(window_ms)).unwrap();
+            let w = r.window_us();
+            let mut now = 1_000_000_000;
+            let mut log: Vec<u64> = Vec::new();
+            let mut state = None;
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for (gap, cost) in gaps {
+                now += gap;
+                if sliding_log(&log, now, &r, cost).allowed {
+                    log.extend(std::iter::repeat_n(now, usize::try_from(cost).unwrap()));
+                }
+                let live = log.iter().filter(|&&t| t + w > now).count() as u64;
+                proptest::prop_assert!(live <= limit);
+
+                let (outcome, next) = sliding_window(state, now, &r, cost);
+                let start = now - now % w;
+                let since = admitted
+                    .iter()
+                    .filter(|&&(t, _)| t + w >= start)
+                    .map(|&(_, c)| c)
+                    .sum::<u64>();
+                if outcome.allowed {
+                    state = next;
+                    admitted.push((now, cost));
+                    let in_window: u64 = admitted
+                        .iter()
+                        .filter(|&&(t, _)| t + w > now)
+                        .map(|&(_, c)| c)
+                        .sum();
+                    proptest::prop_assert!(in_window < 2 * limit, "{in_window} units in a window of {limit}");
+                } else {
+                    proptest::prop_assert!(since + cost > limit, "denied with {since} + {cost} <= {limit}");
+                    if let Some(wait) = outcome.retry_after_us {
+                        proptest::prop_assert!(sliding_window(state, now + wait, &r, cost).0.allowed);
+                        if wait > 0 {
+                            proptest::prop_assert!(!sliding_window(state, now + wait - 1, &r, cost).0.allowed);
+                        }
+                    }
+                }
             }
         }
     }

@@ -157,4 +157,17 @@ pub enum PolicyError {
         /// The largest sliding-log limit.
         max: u64,
     },
+    /// A sliding-window rule whose limit times window (in ms) passes
+    /// [`MAX_SLIDING_WINDOW_PRODUCT`](crate::algorithm::MAX_SLIDING_WINDOW_PRODUCT).
+    #[error(
+        "limiter {limiter:?}: rule {rule} is too large for sliding_window (limit × window in \
+         milliseconds must stay within 2^51, e.g. 71 000 per 366 days or 26 million per day); \
+         use fixed_window or gcra"
+    )]
+    SlidingWindowTooLarge {
+        /// The limiter's name.
+        limiter: String,
+        /// The rule.
+        rule: String,
+    },
 }

@@ -229,12 +229,14 @@ pub fn group_key(prefix: &str, name: &str) -> String {
 /// The key holding one rule's state under a limiter's base key.
 ///
 /// All sliding-log rules of a limiter share one log (`base:l`); a fixed-window rule has its
-/// counter (`base:f<limit>/<window ms>`), a GCRA rule its timestamp (`base:g<limit>/<window ms>`).
+/// counter (`base:f<limit>/<window ms>`), a GCRA rule its timestamp (`base:g<limit>/<window ms>`),
+/// a sliding-window rule its two counters (`base:w<limit>/<window ms>`).
 pub fn rule_key(base: &str, rule: &Rule) -> String {
     match rule.algorithm() {
         Algorithm::SlidingLog => format!("{base}:l"),
         Algorithm::FixedWindow => format!("{base}:f{}/{}", rule.limit(), rule.window_ms()),
         Algorithm::Gcra => format!("{base}:g{}/{}", rule.limit(), rule.window_ms()),
+        Algorithm::SlidingWindow => format!("{base}:w{}/{}", rule.limit(), rule.window_ms()),
     }
 }
 

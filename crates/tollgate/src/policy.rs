@@ -266,6 +266,15 @@ impl PolicyBuilder {
                         max: MAX_LOG_LIMIT,
                     });
                 }
+                if rule.algorithm() == Algorithm::SlidingWindow
+                    && u128::from(rule.limit()) * u128::from(rule.window_ms())
+                        > u128::from(crate::algorithm::MAX_SLIDING_WINDOW_PRODUCT)
+                {
+                    return Err(PolicyError::SlidingWindowTooLarge {
+                        limiter: limiter.name.to_string(),
+                        rule: rule.to_string(),
+                    });
+                }
                 if !rules.insert(rule) {
                     return Err(PolicyError::DuplicateRule {
                         limiter: limiter.name.to_string(),
@@ -351,6 +360,17 @@ mod tests {
             [r("18446744073709551615/366d").with_algorithm(Algorithm::Gcra)],
         );
         assert!(Policy::builder("a").limiter(counted).build().is_ok());
+        // 2^51 is the largest limit × window in ms a sliding window holds.
+        let sliding = |text: &str| r(text).with_algorithm(Algorithm::SlidingWindow);
+        let fits = Limiter::new(Dimension::Ip, [sliding("26000000/1d")]);
+        assert!(Policy::builder("a").limiter(fits).build().is_ok());
+        let too_large = Limiter::new(Dimension::Ip, [sliding("27000000/1d")]);
+        let e = Policy::builder("a").limiter(too_large).build().unwrap_err();
+        assert!(
+            matches!(e, PolicyError::SlidingWindowTooLarge { .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("use fixed_window or gcra"), "{e}");
         let twice = Limiter::new(Dimension::Ip, [r("1/1m"), r("1/60s")]);
         assert!(matches!(
             Policy::builder("a").limiter(twice).build(),

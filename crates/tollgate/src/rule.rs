@@ -22,6 +22,10 @@ pub enum Algorithm {
     /// Generic cell rate algorithm: one timestamp, requests spaced `window / limit` apart,
     /// with a burst of up to `limit`.
     Gcra,
+    /// Sliding window counter: the current epoch-aligned window's count plus the previous
+    /// window's, weighted by how much of it the sliding window still covers. Approximate (it
+    /// assumes the previous window's requests were spread evenly), two integers per rule.
+    SlidingWindow,
 }
 
 impl Algorithm {
@@ -31,6 +35,7 @@ impl Algorithm {
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::Gcra => "gcra",
+            Algorithm::SlidingWindow => "sliding_window",
         }
     }
 }
@@ -49,8 +54,9 @@ impl FromStr for Algorithm {
             "sliding_log" => Ok(Algorithm::SlidingLog),
             "fixed_window" => Ok(Algorithm::FixedWindow),
             "gcra" => Ok(Algorithm::Gcra),
+            "sliding_window" => Ok(Algorithm::SlidingWindow),
             other => Err(format!(
-                "unknown algorithm {other:?} (use sliding_log, fixed_window or gcra)"
+                "unknown algorithm {other:?} (use sliding_log, sliding_window, fixed_window or gcra)"
             )),
         }
     }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use criterion::Criterion;
-use tollgate::{Dimension, Identity, ManualClock, MemoryStore, Tollgate};
+use tollgate::{Algorithm, Dimension, Identity, ManualClock, MemoryStore, Rule, Tollgate};
 use tollgate_bench::client_ip;
 
 use crate::support::{
@@ -92,6 +92,36 @@ pub(crate) fn sliding_log(c: &mut Criterion) {
             };
             bench_tollgate(&mut g, bench, checks, true, prepare, each_round);
         }
+        // The same rules counted by sliding windows: two integers per rule, not a log.
+        let windows: Vec<Rule> = rules
+            .iter()
+            .map(|r| r.with_algorithm(Algorithm::SlidingWindow))
+            .collect();
+        let pw = policy_by(&dimensions, &windows);
+        let step = Duration::from_secs(25 * 60);
+        let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+        let gate = Tollgate::new(MemoryStore::builder().clock(clock.clone()).build());
+        let prepare = |who: &[Identity]| {
+            for _ in 0..(2 * 86_400 / step.as_secs() + 1) {
+                clock.advance(step);
+                fill(&gate, &pw, 1)(who);
+            }
+        };
+        let checks = Checks {
+            gate: &gate,
+            policy: &pw,
+            who,
+        };
+        bench_tollgate(
+            &mut g,
+            "tollgate_sliding_window",
+            checks,
+            true,
+            prepare,
+            || {
+                clock.advance(step);
+            },
+        );
         g.finish();
 
         let mut g = group(c, &format!("{name}/deny"));

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use smallvec::SmallVec;
 
 use crate::{
-    algorithm::{self, FixedWindowState, RuleOutcome},
+    algorithm::{self, FixedWindowState, RuleOutcome, SlidingWindowState},
     rule::{Algorithm, Rule},
 };
 
@@ -25,7 +25,8 @@ pub(super) struct RuleStates {
 }
 
 /// The state of one fixed-window or GCRA rule, which its rule's algorithm reads: the window's
-/// start and count, or the theoretical arrival time (and 0).
+/// start and count, or the theoretical arrival time (and 0). A sliding-window rule has two:
+/// its current window's (start, count), and, while it counts, the previous window's.
 struct Counter {
     rule: RuleId,
     a: u64,
@@ -44,6 +45,7 @@ impl RuleId {
     fn of(rule: &Rule) -> RuleId {
         let algorithm = match rule.algorithm() {
             Algorithm::FixedWindow => 1,
+            Algorithm::SlidingWindow => 3,
             _ => 2,
         };
         RuleId {
@@ -52,8 +54,16 @@ impl RuleId {
         }
     }
 
-    fn is_fixed_window(self) -> bool {
-        self.window_and_algorithm >> 56 == 1
+    /// The counter of a sliding-window rule's previous window.
+    fn previous_of(rule: &Rule) -> RuleId {
+        RuleId {
+            limit: rule.limit(),
+            window_and_algorithm: rule.window_ms() | 4 << 56,
+        }
+    }
+
+    fn algorithm(self) -> u64 {
+        self.window_and_algorithm >> 56
     }
 
     fn window_us(self) -> u64 {
@@ -64,10 +74,11 @@ impl RuleId {
 impl Counter {
     /// The instant (µs) after which the counter holds nothing that counts.
     fn expires_at(&self) -> u64 {
-        if self.rule.is_fixed_window() {
-            self.a + self.rule.window_us()
-        } else {
-            self.a
+        match self.rule.algorithm() {
+            1 => self.a + self.rule.window_us(),
+            // A sliding window's count fades over the window after it.
+            3 | 4 => self.a + 2 * self.rule.window_us(),
+            _ => self.a,
         }
     }
 }
@@ -86,6 +97,21 @@ fn window(counters: &[Counter], rule: &Rule) -> Option<FixedWindowState> {
     })
 }
 
+/// The sliding window of `rule` among a limiter's counters.
+fn sliding(counters: &[Counter], rule: &Rule) -> Option<SlidingWindowState> {
+    let current = counter(counters, rule)?;
+    let id = RuleId::previous_of(rule);
+    let previous = counters
+        .iter()
+        .find(|c| c.rule == id && c.a.checked_add(rule.window_us()) == Some(current.a))
+        .map_or(0, |c| c.b);
+    Some(SlidingWindowState {
+        start: current.a,
+        count: current.b,
+        previous,
+    })
+}
+
 /// The theoretical arrival time of GCRA `rule` among a limiter's counters.
 fn tat(counters: &[Counter], rule: &Rule) -> Option<u64> {
     counter(counters, rule).map(|c| c.a)
@@ -99,6 +125,9 @@ fn outcome(log: &[u64], counters: &[Counter], rule: &Rule, now: u64, cost: u64) 
             algorithm::fixed_window(window(counters, rule), now, rule, cost).0
         }
         Algorithm::Gcra => algorithm::gcra(tat(counters, rule), now, rule, cost).0,
+        Algorithm::SlidingWindow => {
+            algorithm::sliding_window(sliding(counters, rule), now, rule, cost).0
+        }
     }
 }
 
@@ -193,22 +222,41 @@ impl RuleStates {
                     let Some(next) = next else { continue };
                     (next.start, next.count)
                 }
+                Algorithm::SlidingWindow => {
+                    let state = sliding(&self.counters, rule);
+                    let (_, next) = algorithm::sliding_window(state, now, rule, cost);
+                    let Some(next) = next else { continue };
+                    // The previous window's counter, kept only while it counts.
+                    let id = RuleId::previous_of(rule);
+                    if next.previous > 0 {
+                        let start = next.start - rule.window_us();
+                        self.put(id, start, next.previous);
+                    } else {
+                        self.counters.retain(|c| c.rule != id);
+                    }
+                    (next.start, next.count)
+                }
                 // An admitting GCRA outcome waits until the new arrival time: no second
                 // evaluation.
                 Algorithm::Gcra => (now.saturating_add(outcome.reset_after_us), 0),
             };
-            let id = RuleId::of(rule);
-            let c = match self.counters.iter_mut().position(|c| c.rule == id) {
-                Some(i) => &mut self.counters[i],
-                None => {
-                    self.counters.push(Counter { rule: id, a, b });
-                    let last = self.counters.len() - 1;
-                    &mut self.counters[last]
-                }
-            };
-            (c.a, c.b) = (a, b);
-            expires_at = expires_at.max(c.expires_at());
+            let until = self.put(RuleId::of(rule), a, b);
+            expires_at = expires_at.max(until);
         }
         expires_at
+    }
+
+    /// Sets the counter `id` (adding it if need be); returns until when it counts.
+    fn put(&mut self, id: RuleId, a: u64, b: u64) -> u64 {
+        let counter = match self.counters.iter_mut().position(|c| c.rule == id) {
+            Some(i) => &mut self.counters[i],
+            None => {
+                self.counters.push(Counter { rule: id, a, b });
+                let last = self.counters.len() - 1;
+                &mut self.counters[last]
+            }
+        };
+        (counter.a, counter.b) = (a, b);
+        counter.expires_at()
     }
 }
