@@ -186,7 +186,6 @@ local function build_evaluators()
   -- Mirrors tollgate::algorithm::sliding_window: windows of w_ms whole milliseconds, the
   -- previous window weighed by the whole milliseconds of it the sliding window still covers.
   -- limit * w_ms is at most 2^51 (the policy checks it), so every product below is exact.
-  sw_previous = {}
   sliding_window = function(i, c)
     local r = 4 * i
     local lim, w = rule[r - 2], rule[r - 1]
@@ -207,6 +206,8 @@ local function build_evaluators()
         end
       end
     end
+    -- Made by the first sliding-window rule of a call: other calls pay no table.
+    sw_previous = sw_previous or {}
     sw_previous[i] = previous
     local w_ms = divmod(w, 1000)
     local into_ms = divmod(into, 1000)
