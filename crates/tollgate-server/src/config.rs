@@ -65,6 +65,8 @@ pub struct Config {
     pub(crate) envoy_yaml: Option<(PathBuf, bool)>,
     /// `/healthcheck` fails while no Envoy domain is configured.
     pub(crate) require_domains: bool,
+    /// The rate-limit fields of Envoy's `response_headers_to_add` (`[envoy] headers`).
+    pub(crate) envoy_headers: HeaderStyle,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -92,8 +94,7 @@ pub(crate) struct ServerSettings {
     pub(crate) max_batch: usize,
     /// `server.dashboard`; unset: on when the HTTP listener is on a loopback address.
     pub(crate) dashboard: Option<bool>,
-    /// The rate-limit fields of `/v1/check` and `/v1/peek` answers and of Envoy's
-    /// `response_headers_to_add`.
+    /// The rate-limit fields of `/v1/check` and `/v1/peek` answers.
     pub(crate) headers: HeaderStyle,
 }
 
@@ -743,6 +744,8 @@ struct RawEnvoy {
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
     #[serde(default)]
     require_domains: bool,
+    /// The rate-limit fields of `response_headers_to_add` (default: none on OK answers).
+    headers: Option<HeaderStyle>,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
@@ -838,6 +841,7 @@ impl RawConfig {
             envoy: domains.build(),
             envoy_yaml,
             require_domains: self.envoy.require_domains,
+            envoy_headers: self.envoy.headers.unwrap_or(HeaderStyle::None),
             env: Vec::new(),
         })
     }

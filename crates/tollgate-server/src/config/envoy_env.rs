@@ -11,7 +11,7 @@
 //! | `CACHE_KEY_PREFIX` | `store.prefix` |
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `envoy.ratelimit_config` |
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
-//! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `server.headers = "draft6"` (else `none`) |
+//! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `envoy.headers = "draft6"` (else `none`) |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
 //!
 //! `LOG_LEVEL` and `LOG_FORMAT` are read where logging starts. A setting with no counterpart
@@ -151,8 +151,8 @@ pub(super) fn apply(
         Some(text) => flag("LIMIT_RESPONSE_HEADERS_ENABLED", &text)?,
         None => false,
     };
-    if raw.server.headers.is_none() {
-        raw.server.headers = Some(if headers {
+    if raw.envoy.headers.is_none() {
+        raw.envoy.headers = Some(if headers {
             tollgate::fields::HeaderStyle::Draft6
         } else {
             tollgate::fields::HeaderStyle::None

@@ -540,7 +540,7 @@ impl RateLimiter {
         if over {
             self.show_limited(domain, request, &matched, &statuses);
         }
-        let style = match self.app.config().server.headers {
+        let style = match self.app.config().envoy_headers {
             // A denial always says why.
             HeaderStyle::None if over => HeaderStyle::Draft,
             style => style,

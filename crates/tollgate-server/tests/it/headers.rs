@@ -8,7 +8,9 @@ use serde_json::json;
 use crate::support::{Server, descriptor, should_rate_limit};
 
 fn config(style: Option<&str>) -> String {
-    let server = style.map_or(String::new(), |s| format!("[server]\nheaders = \"{s}\"\n"));
+    let server = style.map_or(String::new(), |s| {
+        format!("[server]\nheaders = \"{s}\"\n[envoy]\nheaders = \"{s}\"\n")
+    });
     format!(
         r#"{server}
 [policies.sms]
@@ -96,10 +98,20 @@ fn envoy_fields(response: &RateLimitResponse) -> Vec<(String, String)> {
 }
 
 #[tokio::test]
-async fn envoy_answers_carry_the_fields_in_response_headers_to_add() {
+async fn envoy_answers_carry_the_fields_in_response_headers_to_add_when_asked() {
+    let ra = || vec![descriptor(&[("remote_address", "192.0.2.1")])];
+    // By default, as Envoy's reference service: none on OK answers, the draft's on a denial.
     let server = Server::start(&config(None));
     let mut rls = server.grpc_client().await;
-    let ra = || vec![descriptor(&[("remote_address", "192.0.2.1")])];
+    for _ in 0..2 {
+        let ok = should_rate_limit(&mut rls, "edge", ra(), 0).await;
+        assert_eq!(envoy_fields(&ok), pairs(&[]));
+    }
+    let over = should_rate_limit(&mut rls, "edge", ra(), 0).await;
+    assert_eq!(envoy_fields(&over)[1].0, "ratelimit");
+
+    let server = Server::start(&config(Some("draft")));
+    let mut rls = server.grpc_client().await;
     let first = should_rate_limit(&mut rls, "edge", ra(), 0).await;
     assert_eq!(
         envoy_fields(&first),
