@@ -41,6 +41,16 @@ const TOP_GENERATION: Duration = Duration::from_secs(300);
 /// The longest identity value kept (longer ones are cut, marked with `…`).
 const MAX_VALUE_CHARS: usize = 200;
 
+/// `value` as the top list keeps it: cut at [`MAX_VALUE_CHARS`], with `…` if it was longer.
+fn shown(value: &str) -> String {
+    if value.chars().count() <= MAX_VALUE_CHARS {
+        return value.to_owned();
+    }
+    let mut cut: String = value.chars().take(MAX_VALUE_CHARS).collect();
+    cut.push('…');
+    cut
+}
+
 /// A key of the top list: which policy's limiter denied which identity value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Limited {
@@ -152,13 +162,7 @@ impl Dashboard {
             let Some(value) = limiter.dimension().value(identity) else {
                 continue;
             };
-            let value = if value.chars().count() > MAX_VALUE_CHARS {
-                let mut cut: String = value.chars().take(MAX_VALUE_CHARS).collect();
-                cut.push('…');
-                cut
-            } else {
-                value.into_owned()
-            };
+            let value = shown(&value);
             found.push((
                 Limited {
                     policy: name.to_owned(),
@@ -185,17 +189,10 @@ impl Dashboard {
         if !self.enabled {
             return;
         }
-        let value = if entries.chars().count() > MAX_VALUE_CHARS {
-            let mut cut: String = entries.chars().take(MAX_VALUE_CHARS).collect();
-            cut.push('…');
-            cut
-        } else {
-            entries.to_owned()
-        };
         let key = Limited {
             policy: scope.to_owned(),
             limiter: path.to_owned(),
-            value,
+            value: shown(entries),
         };
         let seen = Seen {
             by: "descriptor".to_owned(),

@@ -140,3 +140,34 @@ async fn envoy_answers_carry_the_fields_in_response_headers_to_add_when_asked() 
         ])
     );
 }
+
+#[tokio::test]
+async fn sliding_window_rules_serve_over_http_and_envoy() {
+    let server = Server::start(
+        r#"
+[policies.export]
+limiters = [{ by = "user_id", rules = ["3/1h"], algorithm = "sliding_window" }]
+
+[[envoy.domains]]
+name = "edge"
+descriptors = [{ key = "tenant", rules = ["2/1h"], algorithm = "sliding_window" }]
+"#,
+    );
+    for left in [2, 1, 0] {
+        let d = server.check("export", json!({ "user_id": "u1" })).await;
+        assert_eq!(d["allowed"], true, "{d}");
+        assert_eq!(d["rules"][0]["remaining"], left, "{d}");
+    }
+    let d = server.check("export", json!({ "user_id": "u1" })).await;
+    assert_eq!(d["allowed"], false, "{d}");
+    assert!(d["retry_after_ms"].as_u64().unwrap() > 0, "{d}");
+
+    let mut rls = server.grpc_client().await;
+    let tenant = || vec![descriptor(&[("tenant", "t1")])];
+    for _ in 0..2 {
+        let r = should_rate_limit(&mut rls, "edge", tenant(), 0).await;
+        assert_eq!(r.overall_code, 1, "OK");
+    }
+    let r = should_rate_limit(&mut rls, "edge", tenant(), 0).await;
+    assert_eq!(r.overall_code, 2, "OVER_LIMIT");
+}

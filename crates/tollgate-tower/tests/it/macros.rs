@@ -9,7 +9,7 @@ use std::{
 use axum::{Json, Router, extract::State, routing::post};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tollgate::{Identity, Reason};
+use tollgate::{Clock as _, Identity, Reason};
 use tollgate_tower::{
     Context, ContextLayer, HeaderStyle, IdentityResolver, Rejection, prevent_duplicate, rate_limit,
 };
@@ -410,4 +410,34 @@ async fn methods_custom_errors_and_cancelled_calls() {
             Err(other) => panic!("{other:?}"),
         }
     }
+}
+
+#[rate_limit(by = "user_id", rules = ["10/10s"], algorithm = "sliding_window")]
+async fn export(_: u32) -> Result<(), Rejection> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sliding_window_rule_through_the_macro() {
+    let (gate, clock) = gate();
+    let context = Context::new(gate, Identity::new().with_user_id("u1"));
+    context
+        .scope(async {
+            // 10 in the window, then the previous window weighs by what the sliding window
+            // still covers: 5 s into the next, half of them, so 5 more fit.
+            for n in 0..10 {
+                export(n).await.unwrap();
+            }
+            assert!(matches!(export(10).await, Err(Rejection::RateLimited(_))));
+            let into = clock.now_us() % 10_000_000;
+            clock.advance(Duration::from_micros(15_000_000 - into));
+            for n in 0..5 {
+                export(n).await.unwrap();
+            }
+            let Err(Rejection::RateLimited(decision)) = export(5).await else {
+                panic!("the sixth is over the estimate");
+            };
+            assert_eq!(decision.retry_after(), Some(Duration::from_secs(1)));
+        })
+        .await;
 }
