@@ -87,6 +87,18 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 2
+  # Every file shares one counter; other values count apart.
+  - key: file
+    value: files/*
+    share_threshold: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  - key: file
+    value: docs/*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
   - key: service
     descriptors:
       - key: user
@@ -318,6 +330,20 @@ async fn the_readmes_kinds_of_configuration_answer_as_documented() {
     assert_eq!(limited(&r.statuses[0]), (Code::Ok, 2, Unit::Minute, 1));
     let r = should_rate_limit(&mut rls, "edge", path("/api/7/other"), 1).await;
     assert_eq!(r.statuses[0].current_limit, None);
+
+    // share_threshold: the values a wildcard matches share its counter.
+    let file = |f: &str| vec![descriptor(&[("file", f)])];
+    let r = should_rate_limit(&mut rls, "edge", file("files/a.pdf"), 1).await;
+    assert_eq!(limited(&r.statuses[0]), (Code::Ok, 2, Unit::Minute, 1));
+    let r = should_rate_limit(&mut rls, "edge", file("files/b.csv"), 1).await;
+    assert_eq!(limited(&r.statuses[0]), (Code::Ok, 2, Unit::Minute, 0));
+    let r = should_rate_limit(&mut rls, "edge", file("files/c.txt"), 1).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    // Without it, each value has its own.
+    for f in ["docs/a.md", "docs/b.md"] {
+        let r = should_rate_limit(&mut rls, "edge", file(f), 1).await;
+        assert_eq!(limited(&r.statuses[0]), (Code::Ok, 2, Unit::Minute, 1));
+    }
 
     // Shadow mode: counted and reported, never over.
     let shadowed = || vec![descriptor(&[("service", "auth"), ("user", "user-a")])];
