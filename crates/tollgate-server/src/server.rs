@@ -58,13 +58,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     let mut config = Config::load_source(&source).map_err(|e| e.to_string())?;
     // The YAML files' bytes are read after parsing them (their directory is in the file): an
     // edit in between is seen at the next one.
-    let loaded = toml.map(|mut bytes| {
-        if let Some((dir, ignore_dotfiles)) = &config.envoy_yaml {
-            bytes.push(0);
-            bytes.extend(envoy::yaml::fingerprint(dir, *ignore_dotfiles));
-        }
-        bytes
-    });
+    let loaded = toml.map(|bytes| with_yaml(bytes, config.envoy_yaml.as_ref()));
     if let Some(addr) = args.http {
         config.server.http = addr;
     }
@@ -295,15 +289,20 @@ fn watched(
     yaml: Option<&(std::path::PathBuf, bool)>,
 ) -> Option<Vec<u8>> {
     // Without a file, the environment (read once) and the YAML files are the configuration.
-    let mut bytes = match path {
+    let bytes = match path {
         Some(path) => std::fs::read(path).ok()?,
         None => Vec::new(),
     };
+    Some(with_yaml(bytes, yaml))
+}
+
+/// `bytes` followed by the fingerprint of the YAML files of `yaml`, if any.
+fn with_yaml(mut bytes: Vec<u8>, yaml: Option<&(std::path::PathBuf, bool)>) -> Vec<u8> {
     if let Some((dir, ignore_dotfiles)) = yaml {
         bytes.push(0);
         bytes.extend(envoy::yaml::fingerprint(dir, *ignore_dotfiles));
     }
-    Some(bytes)
+    bytes
 }
 
 /// [`watched`] for the configuration in force, off the async threads.

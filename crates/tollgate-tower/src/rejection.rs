@@ -354,12 +354,7 @@ impl Rejection {
             }
         }
         if let Rejection::RateLimited(decision) = &self {
-            // A refusal always says why: `None` keeps the draft fields.
-            let style = match style {
-                HeaderStyle::None => HeaderStyle::Draft,
-                style => style,
-            };
-            insert_fields(style, decision.rules(), headers);
+            insert_fields(style.for_answer(false), decision.rules(), headers);
         }
         if grpc {
             headers.insert(

@@ -88,6 +88,15 @@ impl HeaderStyle {
         }
     }
 
+    /// The style for an answer that `allowed` or not: a denial always says why, so `None`
+    /// becomes `Draft` for it.
+    pub fn for_answer(self, allowed: bool) -> HeaderStyle {
+        match self {
+            HeaderStyle::None if !allowed => HeaderStyle::Draft,
+            style => style,
+        }
+    }
+
     /// The three field names of a one-rule style (limit, remaining, reset).
     fn single_rule_names(self) -> Option<[&'static str; 3]> {
         match self {
@@ -264,7 +273,8 @@ fn write_with(
     if style == HeaderStyle::None || rules.is_empty() {
         return;
     }
-    let mut text = Buffer::new();
+    // On the stack up to 256 bytes, then on the heap.
+    let mut text = smallstr::SmallString::<[u8; 256]>::new();
     match policy {
         Some(policy) => f(RATELIMIT_POLICY, policy),
         None => {
@@ -337,56 +347,6 @@ impl PolicyFields {
         } else {
             write_fields(style, rules, f);
         }
-    }
-}
-
-/// Text written on the stack up to 256 bytes, then on the heap.
-struct Buffer {
-    bytes: [u8; 256],
-    len: usize,
-    spilled: Option<String>,
-}
-
-impl Buffer {
-    fn new() -> Buffer {
-        Buffer {
-            bytes: [0; 256],
-            len: 0,
-            spilled: None,
-        }
-    }
-
-    fn clear(&mut self) {
-        self.len = 0;
-        self.spilled = None;
-    }
-
-    fn as_str(&self) -> &str {
-        match &self.spilled {
-            Some(text) => text,
-            // Only whole `&str`s are ever copied in.
-            None => std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default(),
-        }
-    }
-}
-
-impl fmt::Write for Buffer {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        if let Some(text) = &mut self.spilled {
-            text.push_str(s);
-            return Ok(());
-        }
-        let end = self.len + s.len();
-        if end <= self.bytes.len() {
-            self.bytes[self.len..end].copy_from_slice(s.as_bytes());
-            self.len = end;
-        } else {
-            let mut text = String::with_capacity(end * 2);
-            text.push_str(self.as_str());
-            text.push_str(s);
-            self.spilled = Some(text);
-        }
-        Ok(())
     }
 }
 
@@ -469,6 +429,13 @@ mod tests {
             "{}",
             fields[1].1
         );
+    }
+
+    #[test]
+    fn a_denial_always_says_why() {
+        assert_eq!(HeaderStyle::None.for_answer(true), HeaderStyle::None);
+        assert_eq!(HeaderStyle::None.for_answer(false), HeaderStyle::Draft);
+        assert_eq!(HeaderStyle::Legacy.for_answer(false), HeaderStyle::Legacy);
     }
 
     #[test]

@@ -772,6 +772,13 @@ descriptors = [
             name
         };
         assert_ne!(name(&[("a", "b|c:d")]), name(&[("a", "b"), ("c", "d")]));
+        // A shared wildcard's counter is named by its pattern, which no value can spell.
+        let mut shared = String::new();
+        let pattern: Arc<str> = "files/*".into();
+        counter_name(&mut shared, &entries(&[("f", "files/a")]), &[(0, pattern)]);
+        assert_eq!(shared, "f:#*files/*");
+        assert_ne!(shared, name(&[("f", "#*files/*")]));
+        assert_ne!(shared, name(&[("f", "files/*")]));
     }
 
     #[test]

@@ -540,11 +540,7 @@ impl RateLimiter {
         if over {
             self.show_limited(domain, request, &matched, &statuses);
         }
-        let style = match self.app.config().envoy_headers {
-            // A denial always says why.
-            HeaderStyle::None if over => HeaderStyle::Draft,
-            style => style,
-        };
+        let style = self.app.config().envoy_headers.for_answer(!over);
         RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             response_headers_to_add: response_headers(style, &statuses),

@@ -13,10 +13,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use serde_json::value::RawValue;
-use tollgate::{
-    CheckError, Decision, Identity,
-    fields::{self, HeaderStyle},
-};
+use tollgate::{CheckError, Decision, Identity, fields};
 
 use super::{
     error::{ApiError, JsonBody, check_error, parse_json},
@@ -102,11 +99,7 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Respo
     let mut body = Vec::with_capacity(decision_size_hint(&decision));
     write_decision(&mut body, &decision, &entry.rule_texts);
     let mut response = json_bytes(body);
-    let style = match config.server.headers {
-        // A denial always says why.
-        HeaderStyle::None if !decision.allowed() => HeaderStyle::Draft,
-        style => style,
-    };
+    let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
     entry.fields.write(style, decision.rules(), |name, value| {
         let made = entry
