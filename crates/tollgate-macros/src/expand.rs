@@ -264,8 +264,9 @@ fn rate_limit_check(
                 quote!(::core::option::Option::Some((#v4, #v6)))
             }
         };
+        let shadow = limit.shadow;
         limiters.push(quote! {
-            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
+            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix, #shadow)
         });
     }
     let scope = match scope {

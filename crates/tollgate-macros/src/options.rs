@@ -20,6 +20,8 @@ pub(crate) struct RateLimit {
     pub(crate) ipv4_prefix: Option<u8>,
     /// `ipv6_prefix`, validated (0 to 128).
     pub(crate) ipv6_prefix: Option<u8>,
+    /// `shadow = true`: a dry run (counted and reported, never denying).
+    pub(crate) shadow: bool,
 }
 
 impl RateLimit {
@@ -42,7 +44,7 @@ pub(crate) struct PreventDuplicate {
 }
 
 const RATE_LIMIT_OPTIONS: &str =
-    "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix";
+    "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -129,6 +131,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     let (mut by, mut rules, mut name, mut algorithm, mut blocklist, mut scope, mut message) =
         (None, None, None, None, None, None, None);
     let (mut ipv4_prefix, mut ipv6_prefix) = (None::<LitInt>, None::<LitInt>);
+    let mut shadow = None::<LitBool>;
     let parser = syn::meta::parser(|meta| {
         let key = meta
             .path
@@ -179,6 +182,12 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
                 meta.value()?.parse::<LitInt>()?,
                 &meta,
                 "ipv6_prefix",
+            ),
+            "shadow" => set(
+                &mut shadow,
+                meta.value()?.parse::<LitBool>()?,
+                &meta,
+                "shadow",
             ),
             _ => Err(meta.error(format!(
                 "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
@@ -257,6 +266,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         message,
         ipv4_prefix,
         ipv6_prefix,
+        shadow: shadow.is_some_and(|b| b.value),
     })
 }
 

@@ -27,7 +27,9 @@
 --     limiters  number of limiters; then per limiter:
 --       rule count, its longest sliding-log window µs (0 = no sliding-log rule),
 --       bans (1 = the limiter bans offenders, then ban duration µs, ban factor, ban cap µs;
---       0 = it does not, and nothing follows),
+--       0 = it does not, and nothing follows; 2 = the limiter is shadow, a dry run: it bans
+--       nobody and takes no part in `allowed`, and an admitted check records nothing in it
+--       when it would deny),
 --       then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window),
 --       limit, window µs
 --     bans      number of ban keys
@@ -40,7 +42,7 @@
 --               rule's outcome at cost 0, the state as it stays once undone
 --   then the targets, if the check writes bans.
 -- Reply: one array per check, in call order, of integers:
---   allowed (1/0), blocked_us (-1 = not banned), banned_us (-1 = this check banned nobody),
+--   allowed (1/0: every enforced limiter admits), blocked_us (-1 = not banned), banned_us (-1 = this check banned nobody),
 --   then, unless blocked, per rule (limiters in order, rules in order):
 --   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
 --   then, if report > 0: recorded (1/0); if recorded: now (the sliding-log score), then per
@@ -75,6 +77,9 @@ local SLIDING_LOG, FIXED_WINDOW, GCRA, SLIDING_WINDOW = 1, 2, 3, 4
 -- The check being evaluated: its plan's integers (p[1] the nonce, p[2] .. the integers), its
 -- time and settings.
 local p, nonce, cost, consume, report -- and common.lua's now, ttl_slack_ms
+-- The check's shadow limiters (false: none; else shadow[l] is true, then 'denied' once it
+-- would deny), made only for a check that has one.
+local shadow
 local server_now = false -- TIME, read once per call when a check needs it
 
 -- The plan of the check being evaluated, in two flat tables (a table per rule would cost
@@ -300,6 +305,7 @@ while argi < args do
     end
 
     local counters = false -- any fixed-window or GCRA rule
+    shadow = false
     local limiters = p[5]
     local pi, rules = 5, 0 -- p[pi] was the last integer read
     for l = 1, limiters do
@@ -308,6 +314,9 @@ while argi < args do
       if p[pi + 3] == 1 then
         ban_at = pi + 4
         pi = pi + 3
+      elseif p[pi + 3] == 2 then
+        shadow = shadow or {}
+        shadow[l] = true
       end
       pi = pi + 3
       local log = false
@@ -435,7 +444,28 @@ while argi < args do
           record[2 * i] = b or 0
         end
         if ok == 0 then
-          allowed = false
+          if shadow and shadow[l] then
+            shadow[l] = 'denied'
+          else
+            allowed = false
+          end
+        end
+      end
+    end
+    if allowed and shadow then
+      -- A shadow limiter that would deny records nothing: its rules that would admit report
+      -- the state as it stays.
+      for l, state in pairs(shadow) do
+        if state == 'denied' then
+          if not evaluate then
+            build_evaluators()
+          end
+          for i = limiter[6 * l - 5], limiter[6 * l - 4] do
+            local j = 4 * i
+            if reply[j] == 1 then
+              reply[j], reply[j + 1], reply[j + 2], reply[j + 3] = evaluate(i, l, 0)
+            end
+          end
         end
       end
     end
@@ -515,6 +545,10 @@ while argi < args do
       for l = 1, limiters do
         local m = 6 * l
         local log, longest = limiter[m - 2], limiter[m - 1]
+        if shadow and shadow[l] == 'denied' then
+          -- A shadow limiter that would deny: nothing to record.
+          log = false
+        end
         if log then
           if oldest and oldest[l] then
             call('ZREMRANGEBYSCORE', log, '-inf', oldest[l])
@@ -562,6 +596,9 @@ while argi < args do
         for i = limiter[m - 5], limiter[m - 4] do
           local r = 4 * i
           local k = rule[r - 3]
+          if shadow and shadow[l] == 'denied' then
+            k = false
+          end
           if k == FIXED_WINDOW then
             local start, count = record[2 * i - 1], record[2 * i]
             call('SET', rule[r], format('%d:%d', start, count),

@@ -259,6 +259,7 @@ mod tests {
                         key: "one:{batch}",
                         rules: &rules[..1 + i % 2],
                         ban: None,
+                        shadow: false,
                     }];
                     store
                         .check(&CheckRequest::new(1, true, &limiters))

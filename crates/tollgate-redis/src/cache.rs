@@ -143,6 +143,8 @@ impl LocalCache {
                 .filter(|e| &*e.key == limiter.key && *e.rules == *limiter.rules)
                 .filter(|e| now_us < e.answer_until_us)?;
             match entry.denies {
+                // A shadow limiter's denial denies nothing; its outcomes are shown as they are.
+                Some(_) if limiter.shadow => {}
                 Some(cost) if plan.cost == cost => denied = true,
                 // Another cost: a smaller one may fit, a larger one waits longer than the
                 // retry_after Redis gave (which must stay exact): Redis answers.
@@ -293,11 +295,13 @@ mod tests {
                 key: "tg:{a}",
                 rules: &a,
                 ban: None,
+                shadow: false,
             },
             LimiterRequest {
                 key: "tg:{b}",
                 rules: &b,
                 ban: None,
+                shadow: false,
             },
         ];
         let plan = CheckRequest::new(2, true, &limiters);
@@ -335,6 +339,7 @@ mod tests {
                 key: "tg:{c}",
                 rules: &c,
                 ban: None,
+                shadow: false,
             },
         ];
         assert!(
@@ -347,6 +352,7 @@ mod tests {
             key: "tg:{a}",
             rules: &b,
             ban: None,
+            shadow: false,
         }];
         assert!(
             cache
@@ -367,6 +373,7 @@ mod tests {
             key: "tg:{a}",
             rules: &a,
             ban: None,
+            shadow: false,
         }];
         let plan = CheckRequest::new(1, true, &limiters);
         cache.learn(&plan, &Verdict::new(true, [outcome(true, 1, 1, None)]), 0);
@@ -389,6 +396,7 @@ mod tests {
             key: "tg:{a}",
             rules: &a,
             ban: None,
+            shadow: false,
         }];
         let bans = [
             BanKey {

@@ -227,8 +227,9 @@ pub(crate) async fn check(
         answers
             .iter()
             .filter_map(|a| {
-                let record = a.reply.as_ref()?.record.as_ref()?;
-                Some(undo(store, plan, &a.call, record, nonce, now))
+                let reply = a.reply.as_ref()?;
+                let record = reply.record.as_ref()?;
+                Some(undo(store, plan, &a.call, reply, record, nonce, now))
             })
             .collect::<Vec<_>>(),
     );
@@ -279,6 +280,7 @@ async fn undo(
     store: &Backend,
     plan: &CheckRequest<'_>,
     call: &SlotCall<'_>,
+    reply: &SlotReply,
     record: &Record,
     nonce: [u8; 8],
     now: Option<u64>,
@@ -291,9 +293,18 @@ async fn undo(
     // (key, op, a, b), each key once: a limiter's sliding-log rules share one log.
     let mut ops: Vec<(String, u8, i64, i64)> = Vec::new();
     let mut writes = record.writes.iter();
+    let mut outcomes = reply.verdict.rules.as_slice();
     for &i in &call.limiters {
         let limiter = &plan.limiters[i];
-        for (rule, &(a, b)) in limiter.rules.iter().zip(writes.by_ref()) {
+        let (mine, rest) = outcomes.split_at(limiter.rules.len().min(outcomes.len()));
+        outcomes = rest;
+        let writes = writes.by_ref().take(limiter.rules.len());
+        if script::shadow_denies(limiter, mine) {
+            // A shadow limiter that would deny wrote nothing.
+            writes.for_each(drop);
+            continue;
+        }
+        for (rule, &(a, b)) in limiter.rules.iter().zip(writes) {
             let key = key::rule_key(limiter.key, rule);
             if ops.iter().any(|(k, ..)| *k == key) {
                 continue;
@@ -341,6 +352,7 @@ async fn offend(
         .iter()
         .enumerate()
         .filter(|(i, _)| denied.get(i).copied().unwrap_or(false))
+        .filter(|(_, l)| l.bans())
         .filter_map(|(_, l)| l.ban)
         .collect();
     if bans.is_empty() {
@@ -442,6 +454,7 @@ mod tests {
             key,
             rules: RULES,
             ban: None,
+            shadow: false,
         }
     }
 

@@ -5,7 +5,7 @@ use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, CheckRequest, HeldLock, LockReply, Outcomes, StoreError, StoreErrorKind, Verdict,
+    Algorithm, CheckRequest, LimiterRequest, HeldLock, LockReply, Outcomes, StoreError, StoreErrorKind, Verdict,
     algorithm::RuleOutcome,
 };
 
@@ -188,8 +188,13 @@ pub(crate) fn prepare(
         invocation.key(limiter.state_keys());
         packed.count(limiter.rules.len());
         packed.int("window", limiter.log_window_us().unwrap_or(0))?;
-        packed.flag(limiter.ban.is_some());
-        if let Some(ban) = limiter.ban {
+        if limiter.shadow {
+            // A shadow limiter bans nobody.
+            packed.push(2);
+        } else {
+            packed.flag(limiter.ban.is_some());
+        }
+        if let Some(ban) = limiter.ban.filter(|_| !limiter.shadow) {
             packed.int("ban duration", micros(ban.duration()))?;
             packed.int("ban factor", u64::from(ban.factor()))?;
             packed.int("ban cap", micros(ban.cap()))?;
@@ -325,12 +330,36 @@ pub(crate) fn verdict(plan: &CheckRequest<'_>, reply: &[i64]) -> Result<Verdict,
     }
     let outcomes = read_outcomes(outcomes, &bad)?;
     let allowed = flag(*allowed, &bad)?;
-    if allowed != outcomes.iter().all(|o| o.allowed) {
+    let enforced_admit = plan
+        .limiters
+        .iter()
+        .zip(per_limiter(plan, &outcomes))
+        .all(|(l, outcomes)| l.shadow || outcomes.iter().all(|o| o.allowed));
+    if allowed != enforced_admit {
         return Err(bad("the overall flag disagrees with the rules"));
     }
     let mut verdict = Verdict::new(allowed, outcomes);
     verdict.banned_us = optional(*banned)?;
     Ok(verdict)
+}
+
+/// Each limiter's slice of `outcomes` (one per rule, limiters in plan order).
+pub(crate) fn per_limiter<'o>(
+    plan: &CheckRequest<'_>,
+    outcomes: &'o [RuleOutcome],
+) -> impl Iterator<Item = &'o [RuleOutcome]> {
+    let mut rest = outcomes;
+    plan.limiters.iter().map(move |l| {
+        let (mine, others) = rest.split_at(l.rules.len().min(rest.len()));
+        rest = others;
+        mine
+    })
+}
+
+/// Whether `limiter`, with these outcomes of its rules, is a shadow limiter that would deny:
+/// an admitted check recorded nothing in it.
+pub(crate) fn shadow_denies(limiter: &LimiterRequest<'_>, outcomes: &[RuleOutcome]) -> bool {
+    limiter.shadow && outcomes.iter().any(|o| !o.allowed)
 }
 
 fn flag(v: i64, bad: &impl Fn(&str) -> StoreError) -> Result<bool, StoreError> {
@@ -406,11 +435,22 @@ fn zero_from_record(
     bad: &impl Fn(&str) -> StoreError,
 ) -> Result<Outcomes, StoreError> {
     let cost = plan.cost;
-    let rules = plan.limiters.iter().flat_map(|l| l.rules.iter());
+    // A shadow limiter that would deny recorded nothing: its outcomes are the state as it stays.
+    let rules = plan
+        .limiters
+        .iter()
+        .zip(per_limiter(plan, outcomes))
+        .flat_map(|(l, mine)| {
+            let skipped = shadow_denies(l, mine);
+            l.rules.iter().map(move |rule| (rule, skipped))
+        });
     rules
         .zip(outcomes)
         .zip(&record.writes)
-        .map(|((rule, outcome), &(a, b))| {
+        .map(|(((rule, skipped), outcome), &(a, b))| {
+            if skipped {
+                return Ok(outcome.clone());
+            }
             let us = |v: i64| u64::try_from(v).map_err(|_| bad("a negative value in the record"));
             let reset_after_us = match rule.algorithm() {
                 Algorithm::SlidingLog => us(b)?,
@@ -517,6 +557,7 @@ mod tests {
             key: "tg:{k}",
             rules,
             ban: None,
+            shadow: false,
         }];
         CheckRequest::new(1, true, limiters.leak())
     }

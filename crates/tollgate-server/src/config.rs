@@ -582,6 +582,8 @@ struct RawPolicy {
     bypass: Option<RawBypass>,
     duplicate: Option<RawDuplicate>,
     on_error: Option<OnError>,
+    #[serde(default)]
+    shadow: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -595,6 +597,8 @@ struct RawLimiter {
     blocklist: Option<RawBlocklist>,
     ipv4_prefix: Option<Spanned<i64>>,
     ipv6_prefix: Option<Spanned<i64>>,
+    #[serde(default)]
+    shadow: bool,
 }
 
 impl RawLimiter {
@@ -1034,7 +1038,9 @@ impl RawPolicy {
                 "a policy needs at least one limiter",
             ));
         }
-        let mut builder = Policy::builder(name).on_error(self.on_error.unwrap_or(default_on_error));
+        let mut builder = Policy::builder(name)
+            .on_error(self.on_error.unwrap_or(default_on_error))
+            .shadow(self.shadow);
         let mut names: Vec<String> = Vec::new();
         for (i, raw) in self.limiters.into_iter().enumerate() {
             let span = raw.span();
@@ -1088,7 +1094,7 @@ impl RawPolicy {
             if let Some(ban) = raw.blocklist {
                 limiter = limiter.with_blocklist(ban.0);
             }
-            builder = builder.limiter(limiter);
+            builder = builder.limiter(limiter.with_shadow(raw.shadow));
         }
         let mut bypass_summary = None;
         if let Some(bypass) = self.bypass {

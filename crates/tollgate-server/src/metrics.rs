@@ -3,7 +3,10 @@
 
 use std::{
     future::Future,
-    sync::{Arc, OnceLock},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -25,6 +28,12 @@ struct DecisionLabels {
     policy: String,
     reason: &'static str,
     allowed: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShadowLabels {
+    policy: String,
+    limiter: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -63,6 +72,10 @@ struct Inner {
     peek_latency: Histogram,
     check_errors: Counter,
     decisions: Family<DecisionLabels, Counter>,
+    shadow_denials: Family<ShadowLabels, Counter>,
+    /// The second of the last would-be denial logged, and how many went unlogged since.
+    shadow_logged: AtomicU64,
+    shadow_unlogged: AtomicU64,
     store_latency: Family<OpLabels, Histogram, fn() -> Histogram>,
     store_errors: Family<OpLabels, Counter>,
     blocklist_size: Gauge,
@@ -79,6 +92,7 @@ impl Metrics {
     pub(crate) fn new() -> Metrics {
         let mut registry = Registry::with_prefix("tollgate");
         let decisions = Family::<DecisionLabels, Counter>::default();
+        let shadow_denials = Family::<ShadowLabels, Counter>::default();
         let store_latency = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
             latency_histogram,
         );
@@ -89,6 +103,11 @@ impl Metrics {
             "decisions",
             "Rate-limit decisions by policy (envoy:<domain> for gRPC) and reason",
             decisions.clone(),
+        );
+        registry.register(
+            "shadow_denials",
+            "Requests a shadow limiter (or Envoy shadow descriptor) would have denied, by policy and limiter; they were admitted",
+            shadow_denials.clone(),
         );
         registry.register(
             "store_latency_seconds",
@@ -150,6 +169,9 @@ impl Metrics {
             reloads,
             evictions,
             memory: OnceLock::new(),
+            shadow_denials,
+            shadow_logged: AtomicU64::new(0),
+            shadow_unlogged: AtomicU64::new(0),
         }))
     }
 
@@ -179,6 +201,39 @@ impl Metrics {
                 allowed: if allowed { "true" } else { "false" },
             })
             .clone()
+    }
+
+    /// Counts a request that `limiter` of `policy`, in shadow mode, would have denied (it was
+    /// admitted), and logs it: one line a second at most, saying how many went unlogged.
+    pub(crate) fn shadow_denied(&self, policy: &str, limiter: &str) {
+        self.0
+            .shadow_denials
+            .get_or_create(&ShadowLabels {
+                policy: policy.to_owned(),
+                limiter: limiter.to_owned(),
+            })
+            .inc();
+        let second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.0.shadow_logged.load(Ordering::Relaxed);
+        if last < second
+            && self
+                .0
+                .shadow_logged
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let unlogged = self.0.shadow_unlogged.swap(0, Ordering::Relaxed);
+            tracing::info!(
+                policy,
+                limiter,
+                unlogged,
+                "shadow limit would have denied a request (admitted); `unlogged`: others since the last such line"
+            );
+        } else {
+            self.0.shadow_unlogged.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Records one store operation; `failed` counts it as a store error.

@@ -16,6 +16,8 @@ pub struct PlanLimiter {
     pub rules: Vec<Rule>,
     /// Ban the identity when this limiter denies.
     pub ban: Option<BanRule>,
+    /// A dry run (see [`LimiterRequest::shadow`]).
+    pub shadow: bool,
 }
 
 impl PlanLimiter {
@@ -25,7 +27,15 @@ impl PlanLimiter {
             key: key.into(),
             rules: rules.to_vec(),
             ban: None,
+            shadow: false,
         }
+    }
+
+    /// The same limiter in shadow mode.
+    #[must_use]
+    pub fn shadow(mut self) -> PlanLimiter {
+        self.shadow = true;
+        self
     }
 
     /// The limiter's state keys (see [`LimiterRequest::state_keys`]).
@@ -34,6 +44,7 @@ impl PlanLimiter {
             key: &self.key,
             rules: &self.rules,
             ban: self.ban,
+            shadow: self.shadow,
         }
         .state_keys()
     }
@@ -100,6 +111,7 @@ impl CheckPlan {
                 key: &l.key,
                 rules: &l.rules,
                 ban: l.ban,
+                shadow: l.shadow,
             })
             .collect()
     }

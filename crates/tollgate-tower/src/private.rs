@@ -19,6 +19,7 @@ pub fn limiter(
     blocklist: Option<&str>,
     message: Option<&str>,
     prefix: Option<(u8, u8)>,
+    shadow: bool,
 ) -> Limiter {
     let dimension: Dimension = match prefix {
         Some((v4, v6)) => Dimension::ip_prefix(v4, v6),
@@ -46,7 +47,7 @@ pub fn limiter(
     if let Some(message) = message {
         limiter = limiter.with_message(message);
     }
-    limiter
+    limiter.with_shadow(shadow)
 }
 
 /// Builds a policy from limiters the macro already validated.

@@ -145,6 +145,9 @@ pub struct RuleDecision {
     pub remaining: u64,
     /// Time until the rule's full quota is available again.
     pub reset_after: Duration,
+    /// The rule's limiter is in shadow mode: `allowed` says what it would have decided, and
+    /// the decision does not depend on it.
+    pub shadow: bool,
 }
 
 /// The answer to a check. Being denied is a value, not an error.
@@ -228,9 +231,21 @@ impl Decision {
         &self.rules
     }
 
-    /// The rules that denied the request.
+    /// The rules that denied the request (shadow rules never deny it: see
+    /// [`shadow_denied_rules`](Self::shadow_denied_rules)).
     pub fn denied_rules(&self) -> impl Iterator<Item = &RuleDecision> {
-        self.rules.iter().filter(|r| !r.allowed)
+        self.rules.iter().filter(|r| !r.allowed && !r.shadow)
+    }
+
+    /// Some shadow limiter would have denied the request (see
+    /// [`Limiter::with_shadow`](crate::Limiter::with_shadow)).
+    pub fn shadow_denied(&self) -> bool {
+        self.rules.iter().any(|r| !r.allowed && r.shadow)
+    }
+
+    /// The shadow rules that would have denied the request.
+    pub fn shadow_denied_rules(&self) -> impl Iterator<Item = &RuleDecision> {
+        self.rules.iter().filter(|r| !r.allowed && r.shadow)
     }
 
     /// The message of the first denying limiter that has one.
@@ -238,8 +253,13 @@ impl Decision {
         self.message.as_deref()
     }
 
-    /// The smallest `remaining` over all rules: how many more units the policy admits now.
+    /// The smallest `remaining` over the enforced rules: how many more units the policy admits
+    /// now.
     pub fn remaining(&self) -> Option<u64> {
-        self.rules.iter().map(|r| r.remaining).min()
+        self.rules
+            .iter()
+            .filter(|r| !r.shadow)
+            .map(|r| r.remaining)
+            .min()
     }
 }

@@ -500,7 +500,7 @@ impl<S: Store> Tollgate<S> {
         cost: u64,
         out: &mut Decision,
     ) {
-        if cost > max_cost(limiters) {
+        if cost > crate::policy::max_cost(limiters) {
             return cost_exceeds_limit(limiters, cost, out);
         }
         let requests: LimiterRequests<'_> = limiters
@@ -510,6 +510,7 @@ impl<S: Store> Tollgate<S> {
                 key,
                 rules: &l.rules,
                 ban: None,
+                shadow: l.shadow,
             })
             .collect();
         let request = CheckRequest::new(cost, true, &requests);
@@ -635,6 +636,7 @@ impl<'i> CheckKeys<'i> {
                 key: &text[start..end],
                 rules: &limiter.rules,
                 ban: limiter.ban,
+                shadow: limiter.shadow,
             });
             start = end;
         }
@@ -663,16 +665,6 @@ impl<S: Store> Store for EngineStore<S> {
     forward_store!(Store, this => &this.0.store);
 }
 
-/// The largest cost `limiters` can ever admit: their smallest limit.
-fn max_cost(limiters: &[Limiter]) -> u64 {
-    limiters
-        .iter()
-        .flat_map(|l| l.rules.iter())
-        .map(Rule::limit)
-        .min()
-        .unwrap_or(0)
-}
-
 /// The decision from a store's verdict, into `out`.
 fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
     if let Some(left) = verdict.blocked_us {
@@ -685,7 +677,7 @@ fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
     let mut retry_after = None::<u64>;
     for limiter in limiters {
         for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
-            if !outcome.allowed {
+            if !outcome.allowed && !limiter.shadow {
                 if out.message.is_none() {
                     out.message.clone_from(&limiter.message);
                 }
@@ -697,6 +689,7 @@ fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
                 allowed: outcome.allowed,
                 remaining: outcome.remaining,
                 reset_after: Duration::from_micros(outcome.reset_after_us),
+                shadow: limiter.shadow,
             });
         }
     }
@@ -724,7 +717,7 @@ fn new_token() -> String {
 
 fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
     out.reset(false, Reason::CostExceedsLimit);
-    for limiter in limiters {
+    for limiter in limiters.iter().filter(|l| !l.shadow) {
         for rule in limiter.rules.iter().filter(|r| r.limit() < cost) {
             if out.message.is_none() {
                 out.message.clone_from(&limiter.message);
@@ -735,6 +728,7 @@ fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
                 allowed: false,
                 remaining: 0,
                 reset_after: Duration::ZERO,
+                shadow: false,
             });
         }
     }

@@ -40,7 +40,9 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use crate::{LimiterName, Policy, RuleDecision, format_duration};
+use smallvec::SmallVec;
+
+use crate::{INLINE_RULES, LimiterName, Policy, RuleDecision, format_duration};
 
 /// Which rate-limit fields an answer carries.
 ///
@@ -240,12 +242,26 @@ fn closest(rules: &[RuleDecision]) -> Option<&RuleDecision> {
 /// Writes the fields of `style` for `rules` (of one decision or several) through `f`, as
 /// `(name, value)` with the name in lower case: nothing for [`HeaderStyle::None`] or without rules. For decisions of one
 /// known policy, [`PolicyFields`] writes the same with less work.
+///
+/// Shadow rules (see [`Limiter::with_shadow`](crate::Limiter::with_shadow)) are left out: a
+/// client is told only of the limits that are enforced.
 pub fn write_fields(style: HeaderStyle, rules: &[RuleDecision], f: impl FnMut(&'static str, &str)) {
+    if let Some(enforced) = without_shadow(rules) {
+        return write_fields(style, &enforced, f);
+    }
     if rules.is_empty() {
         return;
     }
     let names: Vec<String> = policy_names(rules).iter().map(|n| sf_string(n)).collect();
     write_with(style, rules, &names, None, f);
+}
+
+/// The enforced rules of `rules`, if some of them are shadow.
+fn without_shadow(rules: &[RuleDecision]) -> Option<SmallVec<[RuleDecision; INLINE_RULES]>> {
+    rules
+        .iter()
+        .any(|r| r.shadow)
+        .then(|| rules.iter().filter(|r| !r.shadow).cloned().collect())
 }
 
 fn write_with(
@@ -304,6 +320,7 @@ impl PolicyFields {
         let rules: Vec<RuleDecision> = policy
             .limiters()
             .iter()
+            .filter(|l| !l.is_shadow())
             .flat_map(|l| {
                 let limiter: LimiterName = l.name().into();
                 l.rules().iter().map(move |rule| RuleDecision {
@@ -312,6 +329,7 @@ impl PolicyFields {
                     allowed: true,
                     remaining: 0,
                     reset_after: Duration::ZERO,
+                    shadow: false,
                 })
             })
             .collect();
@@ -337,6 +355,9 @@ impl PolicyFields {
         rules: &[RuleDecision],
         f: impl FnMut(&'static str, &str),
     ) {
+        if let Some(enforced) = without_shadow(rules) {
+            return self.write(style, &enforced, f);
+        }
         let same = rules.len() == self.rules.len()
             && rules
                 .iter()
@@ -361,6 +382,7 @@ mod tests {
             allowed: remaining > 0,
             remaining,
             reset_after: Duration::from_secs(reset_secs),
+            shadow: false,
         }
     }
 

@@ -64,6 +64,7 @@ pub struct Limiter {
     pub(crate) rules: Arc<[Rule]>,
     pub(crate) message: Option<Arc<str>>,
     pub(crate) ban: Option<BanRule>,
+    pub(crate) shadow: bool,
 }
 
 impl Limiter {
@@ -75,7 +76,46 @@ impl Limiter {
             rules: rules.into_iter().collect(),
             message: None,
             ban: None,
+            shadow: false,
         }
+    }
+
+    /// Puts this limiter in shadow mode (a dry run) when `shadow`: it counts and reports what
+    /// it would decide, but never denies a request and never bans. Its counters record every
+    /// admitted request that it would have admitted too, and nothing when it would have denied,
+    /// so they show what enforcing it would allow; it never makes an enforced limiter of the
+    /// policy deny or give back quota. A decision names its would-be denials
+    /// ([`Decision::shadow_denied`](crate::Decision::shadow_denied)).
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let policy = Policy::builder("search")
+    ///     .limiter(Limiter::new(Dimension::Ip, ["100/1m".parse()?]))
+    ///     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?]).with_name("trial").with_shadow(true))
+    ///     .build()?;
+    /// let who = Identity::new().with_ip("192.0.2.1".parse()?);
+    ///
+    /// assert!(!gate.check(&policy, &who, 1).await?.shadow_denied());
+    /// let second = gate.check(&policy, &who, 1).await?;
+    /// assert!(second.allowed()); // the trial limit is not enforced...
+    /// assert!(second.shadow_denied()); // ...but it would have denied
+    /// let trial: Vec<&str> = second.shadow_denied_rules().map(|r| r.limiter.as_str()).collect();
+    /// assert_eq!(trial, ["trial"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_shadow(mut self, shadow: bool) -> Limiter {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Whether this limiter is in shadow mode (see [`with_shadow`](Self::with_shadow)).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Bans the offender's IP and user id when this limiter denies (see [`BanRule`]).
@@ -148,8 +188,10 @@ pub struct Policy {
     pub(crate) max_units: u64,
     /// Per limiter, the part of its keys the policy fixes (see [`key::limiter_head`]).
     pub(crate) key_heads: Box<[Box<str>]>,
-    /// Whether a denial can ban the identity: some limiter has a ban rule.
+    /// Whether a denial can ban the identity: some enforced limiter has a ban rule.
     pub(crate) may_ban: bool,
+    /// Every limiter is in shadow mode.
+    pub(crate) shadow: bool,
 }
 
 impl Policy {
@@ -160,6 +202,7 @@ impl Policy {
             limiters: Vec::new(),
             on_error: None,
             bypass: None,
+            shadow: false,
         }
     }
 
@@ -183,9 +226,15 @@ impl Policy {
         self.bypass.as_ref()
     }
 
-    /// The largest cost this policy can ever admit: the smallest limit of its rules.
+    /// The largest cost this policy can ever admit: the smallest limit of its enforced rules
+    /// (`u64::MAX` when every limiter is shadow).
     pub fn max_cost(&self) -> u64 {
         self.max_units
+    }
+
+    /// Whether the whole policy is in shadow mode (see [`PolicyBuilder::shadow`]).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// The same policy with every `ip` limiter counting by `prefix` (see [`IpPrefix`]);
@@ -220,9 +269,19 @@ pub struct PolicyBuilder {
     limiters: Vec<Limiter>,
     on_error: Option<OnError>,
     bypass: Option<Bypass>,
+    shadow: bool,
 }
 
 impl PolicyBuilder {
+    /// Puts every limiter of the policy in shadow mode when `shadow` (see
+    /// [`Limiter::with_shadow`]): the policy admits every request it is asked about and reports
+    /// what it would have decided. A live ban on the identity (the blocklist's, not this
+    /// policy's) still blocks.
+    pub fn shadow(mut self, shadow: bool) -> PolicyBuilder {
+        self.shadow = shadow;
+        self
+    }
+
     /// Lets some identities through without counting them (checked before the blocklist).
     pub fn bypass(mut self, bypass: Bypass) -> PolicyBuilder {
         self.bypass = Some(bypass);
@@ -242,7 +301,12 @@ impl PolicyBuilder {
     }
 
     /// Validates and builds.
-    pub fn build(self) -> Result<Policy, PolicyError> {
+    pub fn build(mut self) -> Result<Policy, PolicyError> {
+        if self.shadow {
+            for limiter in &mut self.limiters {
+                limiter.shadow = true;
+            }
+        }
         if self.scope.is_empty() {
             return Err(PolicyError::EmptyScope);
         }
@@ -283,13 +347,7 @@ impl PolicyBuilder {
                 }
             }
         }
-        let max_units = self
-            .limiters
-            .iter()
-            .flat_map(|l| l.rules.iter())
-            .map(Rule::limit)
-            .min()
-            .unwrap_or(0);
+        let max_units = max_cost(&self.limiters);
         let key_heads = self
             .limiters
             .iter()
@@ -301,7 +359,8 @@ impl PolicyBuilder {
             .collect();
         Ok(Policy {
             key_heads,
-            may_ban: self.limiters.iter().any(|l| l.ban.is_some()),
+            may_ban: self.limiters.iter().any(|l| l.ban.is_some() && !l.shadow),
+            shadow: self.limiters.iter().all(|l| l.shadow),
             scope: self.scope,
             limiters: self.limiters,
             on_error: self.on_error,
@@ -309,6 +368,18 @@ impl PolicyBuilder {
             max_units,
         })
     }
+}
+
+/// The largest cost `limiters` can ever admit: the smallest limit of their enforced rules
+/// (`u64::MAX` when every one is shadow: a shadow rule never denies).
+pub(crate) fn max_cost(limiters: &[Limiter]) -> u64 {
+    limiters
+        .iter()
+        .filter(|l| !l.shadow)
+        .flat_map(|l| l.rules.iter())
+        .map(Rule::limit)
+        .min()
+        .unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

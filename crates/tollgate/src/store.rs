@@ -24,6 +24,13 @@ use crate::{
 /// 3. when consuming and a limiter with a [`BanRule`] denies, ban every target of `bans`
 ///    (strike count + 1, the longest duration of the denying limiters' rules) and report it in
 ///    `banned_us`.
+///
+/// A [`shadow`](LimiterRequest::shadow) limiter (a dry run) is evaluated like the others but
+/// takes no part in the decision: the request is admitted when every enforced limiter admits
+/// (and always when every limiter is shadow). An admitted request is recorded in every enforced
+/// limiter and in each shadow limiter that admits it on its own; a shadow limiter that would
+/// deny records nothing and reports, for its rules that would admit, the state as it stays.
+/// A shadow limiter never bans.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct CheckRequest<'a> {
@@ -81,7 +88,7 @@ impl<'a> CheckRequest<'a> {
 
     /// Whether a denial by some limiter bans the identity.
     pub fn may_ban(&self) -> bool {
-        self.consume && !self.bans.is_empty() && self.limiters.iter().any(|l| l.ban.is_some())
+        self.consume && !self.bans.is_empty() && self.limiters.iter().any(LimiterRequest::bans)
     }
 
     /// How many rules the request holds, over all limiters.
@@ -97,11 +104,18 @@ pub struct LimiterRequest<'a> {
     pub key: &'a str,
     /// The rules, in policy order.
     pub rules: &'a [Rule],
-    /// Ban the identity when this limiter denies.
+    /// Ban the identity when this limiter denies (never when it is shadow).
     pub ban: Option<BanRule>,
+    /// A dry run: evaluated and reported, never denying, never banning (see [`CheckRequest`]).
+    pub shadow: bool,
 }
 
 impl LimiterRequest<'_> {
+    /// Whether a denial by this limiter bans the identity: it has a ban rule and is enforced.
+    pub fn bans(&self) -> bool {
+        self.ban.is_some() && !self.shadow
+    }
+
     /// The distinct state keys of this limiter: the shared sliding log first (if any rule uses
     /// it), then one key per fixed-window or GCRA rule in rule order.
     pub fn state_keys(&self) -> Vec<String> {
@@ -152,11 +166,13 @@ pub const INLINE_RULES: usize = 8;
 ///
 /// When the request is admitted, each outcome describes the state after recording it (for a
 /// peek: as it would be). When it is denied, nothing is recorded and each rule that would have
-/// admitted describes the state as it stays (its outcome for a cost of zero).
+/// admitted describes the state as it stays (its outcome for a cost of zero); so do the
+/// admitting rules of a shadow limiter that would have denied an admitted request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Verdict {
-    /// Every rule admitted; the admission was recorded if the request consumes.
+    /// Every rule of every enforced limiter admitted; the admission was recorded if the request
+    /// consumes.
     pub allowed: bool,
     /// One outcome per rule, limiters in request order, rules in limiter order; empty when
     /// blocked.

@@ -113,6 +113,7 @@ fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<He
                 allowed: status.code != Code::OverLimit as i32,
                 remaining: u64::from(status.limit_remaining),
                 reset_after: reset,
+                shadow: false,
             })
         })
         .collect();
@@ -549,13 +550,10 @@ impl RateLimiter {
         }
     }
 
-    /// Checks the counters together; returns one status per counter.
+    /// Checks the counters together, in one store call; returns one status per counter.
     ///
-    /// One store call, unless only shadow counters deny: then they are reported from that
-    /// answer and the others are checked once more without them, so they are recorded. That
-    /// second answer is final (a shadow counter that denies in it, after a concurrent request
-    /// spent it, is reported and keeps the request OK without recording it).
-    ///
+    /// Shadow counters are shadow limiters of the check: they are counted when they would
+    /// admit, never make the request OVER_LIMIT, and record nothing when they would deny.
     /// With `consume` false (a descriptor of the request blocks), the counters are only looked
     /// at, and the caller counts the request's decision.
     async fn check_group(
@@ -567,36 +565,37 @@ impl RateLimiter {
         consume: bool,
         bans: &[BanKey<'_>],
     ) -> Statuses {
-        let all: SmallVec<[bool; 4]> = SmallVec::from_elem(true, counters.len());
-        let first = self
-            .check(domain, keys, counters, &all, (cost, consume), bans)
+        let checked = self
+            .check(domain, keys, counters, (cost, consume), bans)
             .await;
-        if !consume {
-            return self.statuses(counters, &first, None);
+        if consume {
+            self.record_decision(domain, checked.answer.reason(), checked.answer.allowed());
         }
-        let denied_by = |checked: &Checked, c: usize| checked.denied_by(c, &counters[c].node);
-        let has_denied = (0..counters.len()).any(|c| denied_by(&first, c));
-        let only_shadow_denied = !first.answer.allowed()
-            && has_denied
-            && (0..counters.len()).all(|c| !denied_by(&first, c) || counters[c].node.shadow);
-        if !only_shadow_denied {
-            self.record_decision(domain, first.answer.reason(), first.answer.allowed());
-            return self.statuses(counters, &first, None);
+        let allowed = checked.answer.allowed();
+        // An enforced counter that denied; if none did (a ban, a failed store), every enforced
+        // counter is over.
+        let denied = |c: usize| !counters[c].node.shadow && checked.denied_by(c, &counters[c].node);
+        let has_denied = (0..counters.len()).any(denied);
+        let statuses = counters
+            .iter()
+            .enumerate()
+            .map(|(c, counter)| {
+                let over = !allowed && !counter.node.shadow && (denied(c) || !has_denied);
+                checked.status(c, &counter.node, over)
+            })
+            .collect();
+        if consume && allowed {
+            let shadow_denied = counters
+                .iter()
+                .enumerate()
+                .filter(|(c, counter)| counter.node.shadow && checked.denied_by(*c, &counter.node));
+            for (_, counter) in shadow_denied {
+                self.app
+                    .metrics
+                    .shadow_denied(&domain.scope, &counter.node.path);
+            }
         }
-        let rest: SmallVec<[bool; 4]> =
-            (0..counters.len()).map(|c| !denied_by(&first, c)).collect();
-        if !rest.contains(&true) {
-            // Only shadow counters, all denying: the request is admitted.
-            self.record_decision(domain, Reason::Ok, true);
-            return (0..counters.len())
-                .map(|c| first.status(c, &counters[c].node, false))
-                .collect();
-        }
-        let second = self
-            .check(domain, keys, counters, &rest, (cost, true), bans)
-            .await;
-        self.record_decision(domain, second.answer.reason(), second.answer.allowed());
-        self.statuses(counters, &second, Some(&first))
+        statuses
     }
 
     /// Puts the request's descriptors that are over their limit in the dashboard's top list:
@@ -631,68 +630,39 @@ impl RateLimiter {
         }
     }
 
-    /// Counts the request's one decision (a request whose shadow counters denied is checked
-    /// twice but decided once).
+    /// Counts the request's one decision.
     fn record_decision(&self, domain: &Domain, reason: Reason, allowed: bool) {
         self.app
             .metrics
             .decision(&domain.metrics, &domain.scope, reason, allowed);
     }
 
-    /// The statuses from `checked`; counters it left out are reported from `dropped_from`
-    /// (shadow counters that denied there).
-    fn statuses(
-        &self,
-        counters: &[Counter],
-        checked: &Checked,
-        dropped_from: Option<&Checked>,
-    ) -> Statuses {
-        let allowed = checked.answer.allowed();
-        let has_denied = (0..counters.len()).any(|c| checked.denied_by(c, &counters[c].node));
-        counters
-            .iter()
-            .enumerate()
-            .map(|(c, counter)| match (checked.starts[c], dropped_from) {
-                (None, Some(first)) => first.status(c, &counter.node, false),
-                _ => {
-                    let over = !allowed
-                        && !counter.node.shadow
-                        && (checked.denied_by(c, &counter.node) || !has_denied);
-                    checked.status(c, &counter.node, over)
-                }
-            })
-            .collect()
-    }
-
-    /// One atomic check of the counters marked in `active` (its store call timed in the
-    /// metrics).
+    /// One atomic check of the counters (its store call timed in the metrics).
     async fn check(
         &self,
         domain: &Domain,
         keys: &str,
         counters: &[Counter],
-        active: &[bool],
         (cost, consume): (u64, bool),
         bans: &[BanKey<'_>],
     ) -> Checked {
-        let mut starts = SmallVec::from_elem(None, counters.len());
         let mut limiters: SmallVec<[LimiterRequest<'_>; 4]> = SmallVec::new();
+        // A shadow counter never denies, whatever the cost.
         let mut max_cost = u64::MAX;
+        let mut starts = SmallVec::new();
         let mut next = 0;
-        for (c, counter) in counters.iter().enumerate() {
-            if active[c] {
-                starts[c] = Some(next);
-                next += counter.node.rules.len();
+        for counter in counters {
+            starts.push(Some(next));
+            next += counter.node.rules.len();
+            if !counter.node.shadow {
                 max_cost = max_cost.min(counter.node.max_cost);
-                limiters.push(LimiterRequest {
-                    key: &keys[counter.key.clone()],
-                    rules: &counter.node.rules,
-                    ban: counter
-                        .node
-                        .ban
-                        .filter(|_| !counter.node.shadow && !bans.is_empty()),
-                });
             }
+            limiters.push(LimiterRequest {
+                key: &keys[counter.key.clone()],
+                rules: &counter.node.rules,
+                ban: counter.node.ban.filter(|_| !bans.is_empty()),
+                shadow: counter.node.shadow,
+            });
         }
         let started = Instant::now();
         let answer = if cost > max_cost {

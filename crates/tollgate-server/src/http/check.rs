@@ -136,10 +136,25 @@ fn record(
         );
         app.dashboard
             .decided(policy, &entry.policy, identity, &decision);
+        if decision.allowed() && decision.shadow_denied() {
+            shadow_denied(app, policy, &decision);
+        }
     } else {
         app.record_store_call("peek", decision.reason(), started);
     }
     Ok(decision)
+}
+
+/// Counts and logs each shadow limiter that would have denied an admitted check.
+#[cold]
+fn shadow_denied(app: &App, policy: &str, decision: &Decision) {
+    let mut last: Option<&str> = None;
+    for rule in decision.shadow_denied_rules() {
+        if last != Some(rule.limiter.as_str()) {
+            app.metrics.shadow_denied(policy, &rule.limiter);
+            last = Some(rule.limiter.as_str());
+        }
+    }
 }
 
 /// `/v1/checks`: every check of the batch, each all-or-nothing on its own, answered in order, a

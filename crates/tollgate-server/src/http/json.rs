@@ -69,7 +69,8 @@ pub(crate) struct ResetRequest {
 
 /// Writes a decision as JSON into `out`, straight from the decision: `{"allowed", "reason",
 /// "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit", "remaining",
-/// "reset_after_ms"}]}`.
+/// "reset_after_ms"}]}`; a shadow limiter's rules add `"shadow": true` and `"would_deny"`, and
+/// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names.
 ///
 /// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
 /// rules are some of them, in the same order, so each is found by walking them once. A rule
@@ -116,9 +117,32 @@ pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]
         write_u64(out, r.remaining);
         out.extend_from_slice(b",\"reset_after_ms\":");
         write_u64(out, ceil_ms(r.reset_after));
+        if r.shadow {
+            out.extend_from_slice(if r.allowed {
+                b",\"shadow\":true,\"would_deny\":false"
+            } else {
+                b",\"shadow\":true,\"would_deny\":true"
+            });
+        }
         out.push(b'}');
     }
-    out.extend_from_slice(b"]}");
+    out.push(b']');
+    if d.shadow_denied() {
+        out.extend_from_slice(b",\"shadow_denied\":[");
+        let mut last: Option<&str> = None;
+        for r in d.shadow_denied_rules() {
+            if last == Some(r.limiter.as_str()) {
+                continue;
+            }
+            if last.is_some() {
+                out.push(b',');
+            }
+            write_str(out, &r.limiter);
+            last = Some(r.limiter.as_str());
+        }
+        out.push(b']');
+    }
+    out.push(b'}');
 }
 
 /// Room for a decision's JSON, so that writing it takes one allocation.

@@ -61,7 +61,7 @@ impl Inner {
         for limiter in request.limiters {
             let mine = &outcomes[first..first + limiter.rules.len()];
             first += limiter.rules.len();
-            if let Some(rule) = limiter.ban {
+            if let Some(rule) = limiter.ban.filter(|_| limiter.bans()) {
                 if mine.iter().any(|o| !o.allowed) {
                     rules.push(rule);
                 }

@@ -261,6 +261,8 @@ impl Inner {
         let out = &mut verdict.rules;
         let mut found = Found::new();
         let mut allowed = true;
+        // Per limiter: a shadow limiter that would deny (it records nothing).
+        let mut shadow_denied = SmallVec::<[bool; 8]>::new();
         let mut first = 0;
         for (l, &hash) in request.limiters.iter().zip(limiter_hashes) {
             let out = &mut out[first..first + l.rules.len()];
@@ -270,7 +272,7 @@ impl Inner {
             if let Some(id) = id {
                 shard.touch(id);
             }
-            match id.map(|id| shard.entry(id)) {
+            let admits = match id.map(|id| shard.entry(id)) {
                 Some(Entry {
                     state: State::Rules(states),
                     expires_at,
@@ -279,23 +281,36 @@ impl Inner {
                     if *expires_at <= now {
                         states.clear();
                     }
-                    allowed &= states.evaluate(l.rules, now, cost, out);
                     found.push(id);
+                    states.evaluate(l.rules, now, cost, out)
                 }
                 // A new key (or, never in practice, a key of another kind, replaced).
                 _ => {
-                    allowed &= RuleStates::default().evaluate(l.rules, now, cost, out);
                     found.push(None);
+                    RuleStates::default().evaluate(l.rules, now, cost, out)
                 }
-            }
+            };
+            shadow_denied.push(l.shadow && !admits);
+            allowed &= admits || l.shadow;
         }
+        let shadow_denies = |i: usize| shadow_denied[i];
 
-        if !allowed {
-            // Nothing is recorded.
+        if !allowed || shadow_denied.contains(&true) {
+            // Nothing is recorded where a limiter would deny; nothing at all if an enforced one
+            // does.
             let mut first = 0;
-            for ((l, &hash), id) in request.limiters.iter().zip(limiter_hashes).zip(&found) {
+            for (i, ((l, &hash), id)) in request
+                .limiters
+                .iter()
+                .zip(limiter_hashes)
+                .zip(&found)
+                .enumerate()
+            {
                 let out = &mut out[first..first + l.rules.len()];
                 first += l.rules.len();
+                if allowed && !shadow_denies(i) {
+                    continue;
+                }
                 let denied = out.iter().any(|o| !o.allowed);
                 match id.map(|id| locked.shard(hash).entry(id)) {
                     Some(entry) => {
@@ -307,6 +322,8 @@ impl Inner {
                     None => RuleStates::default().settle(l.rules, now, out),
                 }
             }
+        }
+        if !allowed {
             verdict.allowed = false;
             if request.may_ban() {
                 verdict.banned_us =
@@ -318,10 +335,19 @@ impl Inner {
         if request.consume && cost > 0 {
             self.make_room_for(limiter_hashes, &found, &mut locked, now)?;
             let mut first = 0;
-            for ((l, &hash), id) in request.limiters.iter().zip(limiter_hashes).zip(&found) {
+            for (i, ((l, &hash), id)) in request
+                .limiters
+                .iter()
+                .zip(limiter_hashes)
+                .zip(&found)
+                .enumerate()
+            {
                 let outcomes = &out[first..first + l.rules.len()];
                 let used_up = outcomes.iter().any(|o| o.remaining == 0);
                 first += l.rules.len();
+                if shadow_denies(i) {
+                    continue;
+                }
                 let shard = locked.shard(hash);
                 match id.map(|id| shard.entry(id)) {
                     Some(Entry {

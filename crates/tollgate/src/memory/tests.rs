@@ -12,6 +12,7 @@ fn check(store: &MemoryStore, key: &str, rules: &[&str], cost: u64) -> Result<Ve
         key,
         rules: &rules,
         ban: None,
+        shadow: false,
     }];
     store.check_now(&CheckRequest::new(cost, true, &limiters))
 }
@@ -139,6 +140,7 @@ fn one_key_holds_every_rule_of_a_limiter() {
         key: "k",
         rules: &rules,
         ban: None,
+        shadow: false,
     }];
     let plan = CheckRequest::new(1, true, &limiter);
     assert!(store.check_now(&plan).unwrap().allowed);
