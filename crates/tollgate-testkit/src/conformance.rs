@@ -18,8 +18,8 @@ use std::{any::Any, fmt, net::IpAddr, sync::Arc, time::Duration};
 
 use tokio::sync::Barrier;
 use tollgate::{
-    Algorithm, CheckError, Clock, Decision, Dimension, Identity, Limiter, ManualClock, MemoryStore,
-    Policy, Reason, Rule, Store, Tollgate,
+    Algorithm, BanRule, CheckError, Clock, Decision, Dimension, Identity, Limiter, ManualClock,
+    MemoryStore, Policy, Reason, Rule, Store, Tollgate,
 };
 
 /// The instant every scenario starts at: 2100-01-01T00:00:00Z.
@@ -141,6 +141,7 @@ macro_rules! conformance_suite {
             check_single_keeps_rules_that_differ_only_in_algorithm,
             quota_refills_after_a_quiet_window,
             denial_names_the_first_denying_limiter,
+            shadow_limiters_count_but_never_deny,
             store_answers_ping,
         );
 
@@ -803,6 +804,196 @@ pub async fn all_or_nothing_across_limiters<S: Store>(s: Subject<S>) {
         None,
         &[(true, 3, 60_000), (true, 3, 24_000), (true, 0, 60_000)],
     );
+}
+
+/// Asserts a decision with shadow limiters: admitted or denied (with `retry_after`) by the
+/// enforced rules alone, per rule `(allowed, remaining, reset_after in ms)` in policy order,
+/// and the shadow limiters that would have denied.
+#[track_caller]
+fn expect_shadow(
+    d: &Decision,
+    retry_after_ms: Option<u64>,
+    rules: &[(bool, u64, u64)],
+    shadow_denied: &[&str],
+) {
+    let got: Vec<(bool, u64, Duration)> = d
+        .rules()
+        .iter()
+        .map(|r| (r.allowed, r.remaining, r.reset_after))
+        .collect();
+    let want: Vec<(bool, u64, Duration)> = rules
+        .iter()
+        .map(|&(allowed, remaining, reset)| (allowed, remaining, ms(reset)))
+        .collect();
+    assert_eq!(
+        got, want,
+        "per-rule (allowed, remaining, reset_after) of {d:#?}"
+    );
+    assert_eq!(d.allowed(), retry_after_ms.is_none(), "{d:#?}");
+    assert_eq!(d.retry_after(), retry_after_ms.map(ms), "{d:#?}");
+    let mut names: Vec<&str> = d.shadow_denied_rules().map(|r| r.limiter.as_str()).collect();
+    names.dedup();
+    assert_eq!(names, shadow_denied, "shadow denials of {d:#?}");
+    assert_eq!(d.shadow_denied(), !shadow_denied.is_empty());
+    assert!(
+        d.denied_rules().all(|r| !r.shadow),
+        "a shadow rule never denies"
+    );
+}
+
+/// Scenario: shadow limiters (dry runs) in the same atomic check. A shadow limiter is counted
+/// when it would admit, records nothing when it would deny, never denies nor bans, and is not
+/// charged when an enforced limiter denies.
+pub async fn shadow_limiters_count_but_never_deny<S: Store>(s: Subject<S>) {
+    let trial = Limiter::new(Dimension::UserId, [rule("1/1m"), gcra("1/1m")])
+        .with_name("trial")
+        .with_shadow(true);
+    let trial_fixed = Limiter::new(Dimension::Ip, [fixed("2/1m")])
+        .with_name("trial_fixed")
+        .with_shadow(true);
+    let p = policy(
+        "shadow",
+        [
+            Limiter::new(Dimension::Ip, [rule("3/1m"), fixed("3/1m")]),
+            trial,
+            trial_fixed,
+        ],
+    );
+    let who = ip(1).with_user_id("u1");
+    s.at(ms(0));
+    expect_shadow(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[
+            (true, 2, 60_000),
+            (true, 2, 60_000),
+            (true, 0, 60_000),
+            (true, 0, 60_000),
+            (true, 1, 60_000),
+        ],
+        &[],
+    );
+    // `trial` would deny: admitted, and nothing is recorded in it; the others count.
+    s.at(ms(1_000));
+    expect_shadow(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[
+            (true, 1, 60_000),
+            (true, 1, 59_000),
+            (false, 0, 59_000),
+            (false, 0, 59_000),
+            (true, 0, 59_000),
+        ],
+        &["trial"],
+    );
+    s.at(ms(2_000));
+    let d = s.check(&p, &who, 1).await;
+    expect_shadow(
+        &d,
+        None,
+        &[
+            (true, 0, 60_000),
+            (true, 0, 58_000),
+            (false, 0, 58_000),
+            (false, 0, 58_000),
+            (false, 0, 58_000),
+        ],
+        &["trial", "trial_fixed"],
+    );
+    assert_eq!(d.remaining(), Some(0), "remaining counts enforced rules only");
+    // The enforced limiter denies: its retry_after alone, its rules alone in denied_rules.
+    s.at(ms(3_000));
+    let d = s.check(&p, &who, 1).await;
+    expect_shadow(
+        &d,
+        Some(57_000),
+        &[
+            (false, 0, 59_000),
+            (false, 0, 57_000),
+            (false, 0, 57_000),
+            (false, 0, 57_000),
+            (false, 0, 57_000),
+        ],
+        &["trial", "trial_fixed"],
+    );
+    assert_eq!(d.reason(), Reason::RateLimited);
+    assert_eq!(denied_rules(&d).len(), 2);
+    // A minute on, `trial` holds only its first admission (t = 0), which has left: it admits.
+    s.at(ms(60_000));
+    expect_shadow(
+        &s.check(&p, &who, 1).await,
+        None,
+        &[
+            (true, 0, 60_000),
+            (true, 2, 60_000),
+            (true, 0, 60_000),
+            (true, 0, 60_000),
+            (true, 1, 60_000),
+        ],
+        &[],
+    );
+
+    // A shadow limiter that would admit is not charged when an enforced one denies.
+    let q = policy(
+        "shadow_aon",
+        [
+            Limiter::new(Dimension::UserId, [rule("1/1m")]),
+            Limiter::new(Dimension::Ip, [fixed("5/1m")])
+                .with_name("trial")
+                .with_shadow(true),
+        ],
+    );
+    let who = ip(2).with_user_id("u2");
+    expect_shadow(
+        &s.check(&q, &who, 1).await,
+        None,
+        &[(true, 0, 60_000), (true, 4, 60_000)],
+        &[],
+    );
+    for _ in 0..2 {
+        expect_shadow(
+            &s.check(&q, &who, 1).await,
+            Some(60_000),
+            &[(false, 0, 60_000), (true, 4, 60_000)],
+            &[],
+        );
+    }
+    expect_shadow(
+        &s.check(&q, &ip(2).with_user_id("u3"), 1).await,
+        None,
+        &[(true, 0, 60_000), (true, 3, 60_000)],
+        &[],
+    );
+
+    // A whole policy in shadow mode admits everything, whatever the cost, and bans nobody.
+    let r = Policy::builder("shadow_all")
+        .limiter(
+            Limiter::new(Dimension::Ip, [rule("1/1m")])
+                .with_blocklist(BanRule::new(Duration::from_secs(600))),
+        )
+        .shadow(true)
+        .build()
+        .expect("a valid policy");
+    assert!(r.is_shadow() && r.limiters()[0].is_shadow());
+    assert_eq!(r.max_cost(), u64::MAX);
+    let who = ip(3);
+    expect_shadow(&s.check(&r, &who, 1).await, None, &[(true, 0, 60_000)], &[]);
+    expect_shadow(
+        &s.check(&r, &who, 1).await,
+        None,
+        &[(false, 0, 60_000)],
+        &["ip"],
+    );
+    expect_shadow(
+        &s.check(&r, &who, 5).await,
+        None,
+        &[(false, 0, 60_000)],
+        &["ip"],
+    );
+    let enforced = policy("shadow_all_enforced", [Limiter::new(Dimension::Ip, [rule("9/1m")])]);
+    let d = s.check(&enforced, &who, 1).await;
+    assert_eq!(d.reason(), Reason::Ok, "a shadow limiter banned: {d:#?}");
 }
 
 #[track_caller]

@@ -88,6 +88,7 @@ mod conformance {
         check_single_keeps_rules_that_differ_only_in_algorithm,
         quota_refills_after_a_quiet_window,
         denial_names_the_first_denying_limiter,
+        shadow_limiters_count_but_never_deny,
         store_answers_ping,
     );
 }
