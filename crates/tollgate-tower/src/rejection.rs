@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
-use tollgate::{CheckError, Decision, Reason, StoreError};
+use tollgate::{CheckError, Decision, Reason, RuleDecision, StoreError};
 
 use crate::{
     body::{BoxError, GateBody},
@@ -274,9 +274,15 @@ impl Rejection {
             problem["retry_after"] = json!(ceil_secs(retry_after));
         }
         if let Some(decision) = self.decision().filter(|d| !d.rules().is_empty()) {
-            let names = policy_names(decision.rules());
-            let violated: Vec<_> = decision
+            // Shadow rules deny nothing, and the fields leave them out.
+            let enforced: Vec<RuleDecision> = decision
                 .rules()
+                .iter()
+                .filter(|r| !r.shadow)
+                .cloned()
+                .collect();
+            let names = policy_names(&enforced);
+            let violated: Vec<_> = enforced
                 .iter()
                 .zip(names)
                 .filter(|(r, _)| !r.allowed)

@@ -264,8 +264,8 @@ async fn a_descriptor_limit_override_replaces_the_configured_rules() {
     }
 }
 
-/// A request whose shadow descriptor denies is checked twice (the others again, without it)
-/// but counted as one admitted decision, never also as a denied one.
+/// A request whose shadow descriptor denies is one store call and one admitted decision,
+/// never also a denied one; the would-be denials are counted per descriptor.
 #[tokio::test]
 async fn a_shadow_denial_is_one_admitted_decision() {
     let server = Server::start(CONFIG);
@@ -285,6 +285,22 @@ async fn a_shadow_denial_is_one_admitted_decision() {
             .map_or(0, |n| n.trim().parse().unwrap())
     };
     assert_eq!(count(r#"reason="ok",allowed="true""#), 3, "{metrics}");
+    let value = |prefix: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix)?.strip_prefix(' '))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    assert_eq!(
+        value(r#"tollgate_store_latency_seconds_count{op="check"}"#),
+        3,
+        "one store call per request: {metrics}"
+    );
+    assert_eq!(
+        value(r#"tollgate_shadow_denials_total{policy="envoy:edge",limiter="shadowed"}"#),
+        2,
+        "{metrics}"
+    );
     assert_eq!(
         count(r#"reason="rate_limited",allowed="false""#),
         0,

@@ -20,5 +20,6 @@ mod http_api;
 mod redis;
 mod reload;
 mod request_spans;
+mod shadow;
 mod slow_clients;
 mod support;

@@ -441,3 +441,28 @@ async fn a_sliding_window_rule_through_the_macro() {
         })
         .await;
 }
+
+#[rate_limit(by = "user_id", rules = ["3/1m"])]
+#[rate_limit(by = "user_id", name = "trial", rules = ["1/1m"], shadow = true)]
+async fn search(_: u32) -> Result<(), Rejection> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shadow_limiter_through_the_macro_never_refuses() {
+    let (gate, _) = gate();
+    let context = Context::new(gate, Identity::new().with_user_id("u1"));
+    context
+        .scope(async {
+            for n in 0..3 {
+                search(n).await.expect("the trial limit is not enforced");
+            }
+            let Err(Rejection::RateLimited(decision)) = search(3).await else {
+                panic!("the enforced limit refuses the fourth");
+            };
+            let denied: Vec<&str> = decision.denied_rules().map(|r| r.limiter.as_str()).collect();
+            assert_eq!(denied, ["user_id"]);
+            assert!(decision.shadow_denied(), "the trial limit would have refused too");
+        })
+        .await;
+}

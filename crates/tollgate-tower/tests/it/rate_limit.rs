@@ -156,6 +156,40 @@ async fn ratelimit_fields_on_allowed_responses_can_be_turned_off() {
 }
 
 #[tokio::test]
+async fn a_shadow_limiter_never_refuses_and_stays_out_of_the_fields() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["3/1m"])))
+        .limiter(
+            Limiter::new(Dimension::Ip, rules(&["1/1m"]))
+                .with_name("trial")
+                .with_shadow(true),
+        )
+        .build()
+        .unwrap();
+    let (app, calls) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+    for left in (0..3).rev() {
+        let ok = http.get(server.at("/")).send().await.unwrap();
+        assert_eq!(ok.status(), 200, "the trial limit is not enforced");
+        assert_eq!(
+            header(&ok, "ratelimit-policy").as_deref(),
+            Some(r#""ip-1m";q=3;w=60"#)
+        );
+        assert_eq!(
+            header(&ok, "ratelimit").as_deref(),
+            Some(format!(r#""ip-1m";r={left};t=60"#).as_str())
+        );
+    }
+    let denied = http.get(server.at("/")).send().await.unwrap();
+    assert_eq!(denied.status(), 429, "the enforced limit is");
+    let body: serde_json::Value = denied.json().await.unwrap();
+    assert_eq!(body["violated-policies"], json!(["ip-1m"]), "{body}");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
 async fn the_limiter_message_and_a_custom_response() {
     let (gate, _) = gate();
     let policy = Policy::builder("api")
