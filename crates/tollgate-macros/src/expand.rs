@@ -266,7 +266,8 @@ fn rate_limit_check(
         };
         let shadow = limit.shadow;
         limiters.push(quote! {
-            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix, #shadow)
+            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
+                .with_shadow(#shadow)
         });
     }
     let scope = match scope {

@@ -5,8 +5,8 @@ use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, CheckRequest, LimiterRequest, HeldLock, LockReply, Outcomes, StoreError, StoreErrorKind, Verdict,
-    algorithm::RuleOutcome,
+    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, StoreError,
+    StoreErrorKind, Verdict, algorithm::RuleOutcome,
 };
 
 use crate::conn::{Call, Lua};
@@ -449,7 +449,7 @@ fn zero_from_record(
         .zip(&record.writes)
         .map(|(((rule, skipped), outcome), &(a, b))| {
             if skipped {
-                return Ok(outcome.clone());
+                return Ok(*outcome);
             }
             let us = |v: i64| u64::try_from(v).map_err(|_| bad("a negative value in the record"));
             let reset_after_us = match rule.algorithm() {

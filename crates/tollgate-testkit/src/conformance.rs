@@ -831,7 +831,10 @@ fn expect_shadow(
     );
     assert_eq!(d.allowed(), retry_after_ms.is_none(), "{d:#?}");
     assert_eq!(d.retry_after(), retry_after_ms.map(ms), "{d:#?}");
-    let mut names: Vec<&str> = d.shadow_denied_rules().map(|r| r.limiter.as_str()).collect();
+    let mut names: Vec<&str> = d
+        .shadow_denied_rules()
+        .map(|r| r.limiter.as_str())
+        .collect();
     names.dedup();
     assert_eq!(names, shadow_denied, "shadow denials of {d:#?}");
     assert_eq!(d.shadow_denied(), !shadow_denied.is_empty());
@@ -901,7 +904,11 @@ pub async fn shadow_limiters_count_but_never_deny<S: Store>(s: Subject<S>) {
         ],
         &["trial", "trial_fixed"],
     );
-    assert_eq!(d.remaining(), Some(0), "remaining counts enforced rules only");
+    assert_eq!(
+        d.remaining(),
+        Some(0),
+        "remaining counts enforced rules only"
+    );
     // The enforced limiter denies: its retry_after alone, its rules alone in denied_rules.
     s.at(ms(3_000));
     let d = s.check(&p, &who, 1).await;
@@ -991,7 +998,10 @@ pub async fn shadow_limiters_count_but_never_deny<S: Store>(s: Subject<S>) {
         &[(false, 0, 60_000)],
         &["ip"],
     );
-    let enforced = policy("shadow_all_enforced", [Limiter::new(Dimension::Ip, [rule("9/1m")])]);
+    let enforced = policy(
+        "shadow_all_enforced",
+        [Limiter::new(Dimension::Ip, [rule("9/1m")])],
+    );
     let d = s.check(&enforced, &who, 1).await;
     assert_eq!(d.reason(), Reason::Ok, "a shadow limiter banned: {d:#?}");
 }

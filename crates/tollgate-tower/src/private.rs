@@ -19,7 +19,6 @@ pub fn limiter(
     blocklist: Option<&str>,
     message: Option<&str>,
     prefix: Option<(u8, u8)>,
-    shadow: bool,
 ) -> Limiter {
     let dimension: Dimension = match prefix {
         Some((v4, v6)) => Dimension::ip_prefix(v4, v6),
@@ -47,7 +46,7 @@ pub fn limiter(
     if let Some(message) = message {
         limiter = limiter.with_message(message);
     }
-    limiter.with_shadow(shadow)
+    limiter
 }
 
 /// Builds a policy from limiters the macro already validated.

@@ -66,7 +66,10 @@ async fn a_shadow_limiter_reports_without_refusing() {
             .map(|v| v.to_str().unwrap().to_owned())
     };
     // The client is told of the enforced limit only.
-    assert_eq!(header("ratelimit-policy").as_deref(), Some(r#""ip-1m";q=3;w=60"#));
+    assert_eq!(
+        header("ratelimit-policy").as_deref(),
+        Some(r#""ip-1m";q=3;w=60"#)
+    );
     assert_eq!(header("ratelimit").as_deref(), Some(r#""ip-1m";r=1;t=60"#));
     let second: Value = response.json().await.unwrap();
     assert_eq!(second["allowed"], true, "{second}");
@@ -88,7 +91,10 @@ async fn a_shadow_limiter_reports_without_refusing() {
         assert_eq!(d["allowed"], true, "{d}");
     }
     let elsewhere = server.check("account", user).await;
-    assert_eq!(elsewhere["reason"], "ok", "a shadow limiter banned: {elsewhere}");
+    assert_eq!(
+        elsewhere["reason"], "ok",
+        "a shadow limiter banned: {elsewhere}"
+    );
 
     let (_, metrics) = server.get_text("/metrics").await;
     assert_eq!(
@@ -117,5 +123,8 @@ async fn a_shadow_limiter_reports_without_refusing() {
     );
     // A log line for the first would-be denial (more are summed into the next second's line).
     let line = server.wait_for_line("shadow limit would have denied a request", 1);
-    assert!(line.contains("search") || line.contains("dry_run"), "{line}");
+    assert!(
+        line.contains("search") || line.contains("dry_run"),
+        "{line}"
+    );
 }

@@ -460,9 +460,15 @@ async fn a_shadow_limiter_through_the_macro_never_refuses() {
             let Err(Rejection::RateLimited(decision)) = search(3).await else {
                 panic!("the enforced limit refuses the fourth");
             };
-            let denied: Vec<&str> = decision.denied_rules().map(|r| r.limiter.as_str()).collect();
+            let denied: Vec<&str> = decision
+                .denied_rules()
+                .map(|r| r.limiter.as_str())
+                .collect();
             assert_eq!(denied, ["user_id"]);
-            assert!(decision.shadow_denied(), "the trial limit would have refused too");
+            assert!(
+                decision.shadow_denied(),
+                "the trial limit would have refused too"
+            );
         })
         .await;
 }
