@@ -45,6 +45,7 @@
 --   allowed (1/0: every enforced limiter admits), blocked_us (-1 = not banned), banned_us (-1 = this check banned nobody),
 --   then, unless blocked, per rule (limiters in order, rules in order):
 --   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
+--   then, if report = 0 and the check recorded its admission: now (for a refund's receipt)
 --   then, if report > 0: recorded (1/0); if recorded: now (the sliding-log score), then per
 --   rule two integers: sliding log: retried members of its log (see the ZADD below), µs
 --   until the newest entry before this one leaves (0: none); fixed window: window start,
@@ -630,6 +631,8 @@ while argi < args do
           reply[#reply + 1] = v
         end
       end
+    elseif recorded then
+      reply[#reply + 1] = now
     end
     replies[n] = reply
   until true

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use futures_util::future::join_all;
 use redis::{RedisResult, cluster_routing::Slot};
 use tollgate::{
-    Algorithm, CheckRequest, LimiterRequest, StoreError, StoreErrorKind, Verdict,
+    Algorithm, CheckRequest, LimiterRequest, Receipt, StoreError, StoreErrorKind, Verdict,
     algorithm::RuleOutcome, key,
 };
 
@@ -78,6 +78,15 @@ pub(crate) fn layout(plan: &CheckRequest<'_>) -> Result<Layout, StoreError> {
 }
 
 /// Adds member `i` to the group of `slot`.
+/// The plan's limiters grouped by hash slot (indices into `plan.limiters`).
+pub(crate) fn slot_members(plan: &CheckRequest<'_>) -> Result<Vec<Vec<usize>>, StoreError> {
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, limiter) in plan.limiters.iter().enumerate() {
+        join(&mut groups, limiter_slot(limiter)?, i);
+    }
+    Ok(groups.into_iter().map(|g| g.members).collect())
+}
+
 fn join(groups: &mut Vec<Group>, slot: Slot, i: usize) {
     match groups.iter_mut().find(|g| g.slot == slot) {
         Some(group) => group.members.push(i),
@@ -218,8 +227,11 @@ pub(crate) async fn check(
     let allowed = answers
         .iter()
         .all(|a| a.reply.as_ref().is_some_and(|r| r.verdict.allowed));
+    let receipt = allowed.then(|| receipt(plan, &answers, nonce)).flatten();
     if failure.is_none() && blocked.is_none() && allowed {
-        return Ok(assemble(plan, answers, true));
+        let mut verdict = assemble(plan, answers, true);
+        verdict.receipt = receipt;
+        return Ok(verdict);
     }
 
     // Round trip 2: undo every reservation; ban the offender if a denying limiter says so.
@@ -255,6 +267,26 @@ pub(crate) async fn check(
     // The denial stands even if the ban could not be written.
     verdict.banned_us = banned_us.ok().flatten();
     Ok(verdict)
+}
+
+/// Where each limiter recorded an admission (each slot at its own node's time), when every
+/// slot recorded one.
+fn receipt(plan: &CheckRequest<'_>, answers: &[SlotAnswer<'_>], nonce: [u8; 8]) -> Option<Receipt> {
+    let mut at = vec![Receipt::NOT_RECORDED; plan.limiters.len()];
+    for answer in answers {
+        let reply = answer.reply.as_ref()?;
+        let record = reply.record.as_ref()?;
+        let now = u64::try_from(record.now).ok()?;
+        let mut outcomes = reply.verdict.rules.as_slice();
+        for &i in &answer.call.limiters {
+            let (mine, rest) = outcomes.split_at(plan.limiters[i].rules.len().min(outcomes.len()));
+            outcomes = rest;
+            if !script::shadow_denies(&plan.limiters[i], mine) {
+                at[i] = now;
+            }
+        }
+    }
+    Some(Receipt::per_limiter(at, u64::from_be_bytes(nonce)))
 }
 
 /// The plan's verdict from every slot's: rules back in plan order; when denied, the rules of

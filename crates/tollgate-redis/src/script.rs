@@ -5,7 +5,7 @@ use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, StoreError,
+    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, Receipt, StoreError,
     StoreErrorKind, Verdict, algorithm::RuleOutcome,
 };
 
@@ -74,6 +74,8 @@ pub(crate) struct Scripts {
     pub(crate) bans: Lua,
     /// How many bans are live, from the index.
     pub(crate) ban_count: Lua,
+    /// Give units back (`scripts/refund.lua`).
+    pub(crate) refund: Lua,
     /// Cluster only: reverse a slot's reservation (`scripts/undo.lua`).
     pub(crate) undo: Lua,
     /// Cluster only: read the identity's bans beside the limiters' slots.
@@ -95,6 +97,7 @@ impl Scripts {
             unban: guard(lua_file!("unban.lua")),
             bans: guard(lua_file!("bans.lua")),
             ban_count: guard(lua_file!("ban_count.lua")),
+            refund: guard(lua_file!("refund.lua")),
             undo: guard(lua_file!("undo.lua")),
             banned: guard(lua_file!("banned.lua")),
             offend: guard(lua_file!("offend.lua")),
@@ -103,9 +106,10 @@ impl Scripts {
     }
 
     /// The scripts every deployment loads up front.
-    pub(crate) fn standalone(&self) -> [&Lua; 8] {
+    pub(crate) fn standalone(&self) -> [&Lua; 9] {
         [
             &self.check,
+            &self.refund,
             &self.lock_acquire,
             &self.lock_release,
             &self.lock_complete,
@@ -274,6 +278,45 @@ fn too_large(what: &str, value: u64) -> StoreError {
     )
 }
 
+/// Prepares refund.lua for the limiters `members` of `plan` (all in one slot), as the receipt
+/// says (see `Store::refund`); false if none of them is to be refunded.
+pub(crate) fn prepare_refund(
+    call: &mut Call<'_>,
+    plan: &CheckRequest<'_>,
+    members: impl IntoIterator<Item = usize>,
+    receipt: Option<&Receipt>,
+    now_us: Option<u64>,
+) -> Result<bool, StoreError> {
+    call.arg(now_arg(now_us)).arg(plan.cost);
+    match receipt {
+        Some(receipt) => call.arg(&receipt.id().to_be_bytes()[..]),
+        None => call.arg(""),
+    };
+    let mut any = false;
+    for i in members {
+        let limiter = &plan.limiters[i];
+        let at = match receipt.map(|r| r.at_us(i)) {
+            None => -1,
+            Some(None) => continue,
+            Some(Some(at)) => i64::try_from(at)
+                .ok()
+                .filter(|&at| at.unsigned_abs() < MAX_EXACT)
+                .ok_or_else(|| protocol("refund", "a receipt time out of range"))?,
+        };
+        any = true;
+        call.key(limiter.state_keys());
+        call.arg(limiter.rules.len())
+            .arg(limiter.log_window_us().unwrap_or(0))
+            .arg(at);
+        for rule in limiter.rules.iter() {
+            call.arg(algorithm_code(rule.algorithm())?)
+                .arg(rule.limit())
+                .arg(rule.window_us());
+        }
+    }
+    Ok(any)
+}
+
 fn algorithm_code(algorithm: Algorithm) -> Result<i64, StoreError> {
     match algorithm {
         Algorithm::SlidingLog => Ok(1),
@@ -299,7 +342,12 @@ pub(crate) fn only_reply(mut replies: Vec<Vec<i64>>) -> Result<Vec<i64>, StoreEr
 }
 
 /// Reads the script's reply: `allowed`, `blocked_us`, `banned_us`, then four integers per rule.
-pub(crate) fn verdict(plan: &CheckRequest<'_>, reply: &[i64]) -> Result<Verdict, StoreError> {
+/// `id` is the check's nonce, for the receipt of a recorded admission.
+pub(crate) fn verdict(
+    plan: &CheckRequest<'_>,
+    reply: &[i64],
+    id: u64,
+) -> Result<Verdict, StoreError> {
     let rules = plan.rule_count();
     let bad = |why: &str| {
         StoreError::new(
@@ -325,9 +373,12 @@ pub(crate) fn verdict(plan: &CheckRequest<'_>, reply: &[i64]) -> Result<Verdict,
         }
         return Ok(Verdict::blocked(blocked));
     }
-    if outcomes.len() != rules * 4 {
-        return Err(bad("wrong length"));
-    }
+    // A recorded admission ends with the script's now.
+    let (outcomes, recorded_at) = match outcomes.len() {
+        n if n == rules * 4 => (outcomes, None),
+        n if n == rules * 4 + 1 => (&outcomes[..n - 1], Some(outcomes[n - 1])),
+        _ => return Err(bad("wrong length")),
+    };
     let outcomes = read_outcomes(outcomes, &bad)?;
     let allowed = flag(*allowed, &bad)?;
     let enforced_admit = plan
@@ -340,6 +391,22 @@ pub(crate) fn verdict(plan: &CheckRequest<'_>, reply: &[i64]) -> Result<Verdict,
     }
     let mut verdict = Verdict::new(allowed, outcomes);
     verdict.banned_us = optional(*banned)?;
+    if let Some(at) = recorded_at {
+        let at = u64::try_from(at).map_err(|_| bad("a negative record time"))?;
+        if !allowed {
+            return Err(bad("a record time without an admission"));
+        }
+        let at = per_limiter(plan, &verdict.rules)
+            .zip(plan.limiters)
+            .map(|(mine, l)| {
+                if shadow_denies(l, mine) {
+                    Receipt::NOT_RECORDED
+                } else {
+                    at
+                }
+            });
+        verdict.receipt = Some(Receipt::per_limiter(at, id));
+    }
     Ok(verdict)
 }
 
@@ -499,7 +566,7 @@ pub(crate) fn slot_reply(
     let Some((&recorded, mut tail)) = reply.get(head..).and_then(<[i64]>::split_first) else {
         return Err(bad("too short"));
     };
-    let verdict = verdict(plan, &reply[..head])?;
+    let verdict = verdict(plan, &reply[..head], 0)?;
     let record = if flag(recorded, &bad)? {
         if tail.len() < 1 + 2 * rules {
             return Err(bad("a short record"));
@@ -567,6 +634,7 @@ mod tests {
         let v = verdict(
             &plan(&["2/1s", "5/1m"]),
             &[0, -1, 9, 1, 1, 5, -1, 0, 0, 7, 3],
+            0,
         )
         .unwrap();
         assert_eq!(v.banned_us, Some(9));
@@ -590,7 +658,7 @@ mod tests {
             &[0, 5, -1, 1, 0, 0, -1],
             &[0, -7, -1],
         ] {
-            let err = verdict(&p, reply).unwrap_err();
+            let err = verdict(&p, reply, 0).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Protocol, "{reply:?}: {err}");
         }
     }
@@ -639,7 +707,7 @@ mod tests {
 
     #[test]
     fn a_blocked_reply_has_no_rules() {
-        let v = verdict(&plan(&["2/1s"]), &[0, 1_000, -1]).unwrap();
+        let v = verdict(&plan(&["2/1s"]), &[0, 1_000, -1], 0).unwrap();
         assert_eq!(v, Verdict::blocked(1_000));
     }
 

@@ -9,7 +9,7 @@ use std::{
 
 use redis::Value;
 use tollgate::{
-    BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, LockReply, Store, StoreError,
+    BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, LockReply, Receipt, Store, StoreError,
     StoreErrorKind, Verdict,
 };
 
@@ -131,7 +131,8 @@ impl RedisStore {
     ) -> Result<Verdict, StoreError> {
         let backend = self.backend();
         let mut call = backend.scripts.check.call();
-        script::prepare(&mut call, plan, backend.test_now(), rand::random(), None)?;
+        let nonce: [u8; 8] = rand::random();
+        script::prepare(&mut call, plan, backend.test_now(), nonce, None)?;
         let reply = if self.inner.batching {
             let (keys, args) = call.into_parts();
             backend
@@ -142,7 +143,7 @@ impl RedisStore {
             let replies: Vec<Vec<i64>> = backend.bounded("check", call.invoke(&mut conn)).await?;
             script::only_reply(replies)?
         };
-        script::verdict(plan, &reply)
+        script::verdict(plan, &reply, u64::from_be_bytes(nonce))
     }
 }
 
@@ -181,6 +182,32 @@ impl Store for RedisStore {
             cache.learn(plan, &verdict, sent);
         }
         Ok(verdict)
+    }
+
+    async fn refund(
+        &self,
+        plan: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        // A denial remembered here may not hold anymore.
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_limiters(plan);
+        }
+        let backend = self.backend();
+        // One call per slot (one call on a standalone server).
+        let groups: Vec<Vec<usize>> = match &backend.conn {
+            Conn::Cluster(_) => cluster::slot_members(plan)?,
+            Conn::Standalone(_) | Conn::Sentinel(_) => vec![(0..plan.limiters.len()).collect()],
+        };
+        for members in groups {
+            let mut call = backend.scripts.refund.call();
+            if !script::prepare_refund(&mut call, plan, members, receipt, backend.test_now())? {
+                continue;
+            }
+            let mut conn = backend.conn();
+            let _changed: i64 = backend.bounded("refund", call.invoke(&mut conn)).await?;
+        }
+        Ok(())
     }
 
     async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {

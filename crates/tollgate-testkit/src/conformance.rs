@@ -142,6 +142,7 @@ macro_rules! conformance_suite {
             quota_refills_after_a_quiet_window,
             denial_names_the_first_denying_limiter,
             shadow_limiters_count_but_never_deny,
+            refunds_give_back_what_a_check_charged,
             store_answers_ping,
         );
 
@@ -1004,6 +1005,131 @@ pub async fn shadow_limiters_count_but_never_deny<S: Store>(s: Subject<S>) {
     );
     let d = s.check(&enforced, &who, 1).await;
     assert_eq!(d.reason(), Reason::Ok, "a shadow limiter banned: {d:#?}");
+}
+
+/// Asserts whether a decision admitted, and each rule's `remaining`, in policy order.
+#[track_caller]
+fn expect_remaining(d: &Decision, allowed: bool, remaining: &[u64]) {
+    let got: Vec<u64> = d.rules().iter().map(|r| r.remaining).collect();
+    assert_eq!(
+        (d.allowed(), got.as_slice()),
+        (allowed, remaining),
+        "(allowed, remaining per rule) of {d:#?}"
+    );
+}
+
+/// Scenario: refunds. With the check's receipt, each algorithm gives back exactly that check's
+/// units; without one, the newest units of the current window; never below empty; never to a
+/// window that has ended (which would admit more than the limit in the new one); never to a
+/// shadow limiter that recorded nothing.
+pub async fn refunds_give_back_what_a_check_charged<S: Store>(s: Subject<S>) {
+    let gate = &s.gate;
+    let sliding_window = rule("2/1m").with_algorithm(Algorithm::SlidingWindow);
+    let p = policy(
+        "refund",
+        [Limiter::new(
+            Dimension::Ip,
+            [rule("2/1m"), fixed("2/1m"), gcra("2/1m"), sliding_window],
+        )],
+    );
+    let who = ip(1);
+    s.at(ms(0));
+    let first = s.check(&p, &who, 1).await;
+    expect_remaining(&first, true, &[1, 1, 1, 1]);
+    assert!(first.receipt().is_some(), "an admission has a receipt");
+    s.at(ms(1_000));
+    let second = s.check(&p, &who, 1).await;
+    expect_remaining(&second, true, &[0, 0, 0, 0]);
+    s.at(ms(2_000));
+    let denied = s.check(&p, &who, 1).await;
+    expect_remaining(&denied, false, &[0, 0, 0, 0]);
+    assert_eq!(denied.receipt(), None, "a denial records nothing");
+    assert_eq!(
+        s.peek(&p, &who, 0).await.receipt(),
+        None,
+        "a peek records nothing"
+    );
+
+    // The second check's units come back, exactly: the next check fits, then no more.
+    gate.refund(&p, &who, 1, second.receipt())
+        .await
+        .expect("refund");
+    let third = s.check(&p, &who, 1).await;
+    expect_remaining(&third, true, &[0, 0, 0, 0]);
+    let gcra_reset = third.rules()[2].reset_after;
+    assert_eq!(
+        gcra_reset,
+        ms(58_000),
+        "GCRA's arrival time moved back by one interval"
+    );
+    expect_remaining(&s.check(&p, &who, 1).await, false, &[0, 0, 0, 0]);
+
+    // Without a receipt: the newest unit of the current window.
+    s.at(ms(3_000));
+    gate.refund(&p, &who, 1, None).await.expect("refund");
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0, 0, 0, 0]);
+    expect_remaining(&s.check(&p, &who, 1).await, false, &[0, 0, 0, 0]);
+
+    // Never below empty: a refund of what was never charged gives nothing extra.
+    let fresh = ip(2);
+    gate.refund(&p, &fresh, 5, None).await.expect("refund");
+    expect_remaining(&s.check(&p, &fresh, 1).await, true, &[1, 1, 1, 1]);
+
+    // A window that has ended is left alone: the refund does not take from the new window.
+    let q = policy(
+        "refund_late",
+        [Limiter::new(Dimension::Ip, [fixed("2/1m")])],
+    );
+    let late = ip(3);
+    s.at(ms(59_000));
+    let old = s.check(&q, &late, 1).await;
+    s.at(ms(61_000));
+    expect_remaining(&s.check(&q, &late, 1).await, true, &[1]);
+    gate.refund(&q, &late, 1, old.receipt())
+        .await
+        .expect("refund");
+    expect_remaining(&s.check(&q, &late, 1).await, true, &[0]);
+    expect_remaining(&s.check(&q, &late, 1).await, false, &[0]);
+
+    // A sliding log gives back the receipt's own entries, not the newest.
+    let log = policy("refund_log", [Limiter::new(Dimension::Ip, [rule("2/1m")])]);
+    let who = ip(5);
+    s.at(ms(0));
+    let a = s.check(&log, &who, 1).await;
+    s.at(ms(10_000));
+    expect_remaining(&s.check(&log, &who, 1).await, true, &[0]);
+    gate.refund(&log, &who, 1, a.receipt())
+        .await
+        .expect("refund");
+    // At 65 s the entry of 10 s still counts (the refunded one of 0 s would have left anyway).
+    s.at(ms(65_000));
+    expect_remaining(&s.check(&log, &who, 1).await, true, &[0]);
+    expect_remaining(&s.check(&log, &who, 1).await, false, &[0]);
+
+    // A shadow limiter that would have denied recorded nothing, and gets nothing back.
+    let r = policy(
+        "refund_shadow",
+        [
+            Limiter::new(Dimension::Ip, [fixed("5/1m")]),
+            Limiter::new(Dimension::Ip, [fixed("1/1m")])
+                .with_name("trial")
+                .with_shadow(true),
+        ],
+    );
+    let who = ip(4);
+    s.at(ms(120_000));
+    assert!(!s.check(&r, &who, 1).await.shadow_denied());
+    let over = s.check(&r, &who, 1).await;
+    assert!(over.allowed() && over.shadow_denied());
+    gate.refund(&r, &who, 1, over.receipt())
+        .await
+        .expect("refund");
+    let after = s.check(&r, &who, 1).await;
+    assert!(
+        after.shadow_denied(),
+        "the trial limiter still holds its one unit: {after:#?}"
+    );
+    expect_remaining(&after, true, &[3, 0]);
 }
 
 #[track_caller]

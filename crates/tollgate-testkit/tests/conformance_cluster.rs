@@ -89,6 +89,7 @@ mod conformance {
         quota_refills_after_a_quiet_window,
         denial_names_the_first_denying_limiter,
         shadow_limiters_count_but_never_deny,
+        refunds_give_back_what_a_check_charged,
         store_answers_ping,
     );
 }

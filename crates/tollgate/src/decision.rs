@@ -5,7 +5,10 @@ use std::{borrow::Borrow, fmt, ops::Deref, sync::Arc, time::Duration};
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 
-use crate::{rule::Rule, store::INLINE_RULES};
+use crate::{
+    rule::Rule,
+    store::{INLINE_RULES, Receipt},
+};
 
 /// Why a request was allowed or denied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,6 +191,7 @@ pub struct Decision {
     pub(crate) retry_after: Option<Duration>,
     pub(crate) rules: SmallVec<[RuleDecision; INLINE_RULES]>,
     pub(crate) message: Option<Arc<str>>,
+    pub(crate) receipt: Option<Receipt>,
 }
 
 impl Decision {
@@ -198,6 +202,7 @@ impl Decision {
             retry_after: None,
             rules: SmallVec::new(),
             message: None,
+            receipt: None,
         }
     }
 
@@ -208,6 +213,7 @@ impl Decision {
         self.retry_after = None;
         self.rules.clear();
         self.message = None;
+        self.receipt = None;
     }
 
     /// The request may proceed.
@@ -246,6 +252,13 @@ impl Decision {
     /// The shadow rules that would have denied the request.
     pub fn shadow_denied_rules(&self) -> impl Iterator<Item = &RuleDecision> {
         self.rules.iter().filter(|r| !r.allowed && r.shadow)
+    }
+
+    /// Where the store recorded this admission, for an exact
+    /// [`refund`](crate::Tollgate::refund); `None` when nothing was recorded (a denial, a peek,
+    /// a bypass, a cost of 0, a decision made without the store).
+    pub fn receipt(&self) -> Option<&Receipt> {
+        self.receipt.as_ref()
     }
 
     /// The message of the first denying limiter that has one.

@@ -21,7 +21,8 @@ use crate::{
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
-        AnyStore, BanKey, CheckRequest, LimiterRequest, LockReply, Store, Verdict, forward_store,
+        AnyStore, BanKey, CheckRequest, LimiterRequest, LockReply, Receipt, Store, Verdict,
+        forward_store,
     },
 };
 
@@ -187,6 +188,55 @@ impl<S: Store> Tollgate<S> {
         keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
         self.store
             .reset(&CheckRequest::new(0, false, &limiters))
+            .await?;
+        Ok(())
+    }
+
+    /// Gives back `cost` units to every rule of `policy` for `identity` (a refund), never below
+    /// empty: for requests that should not count after all (a login that succeeded, where only
+    /// failures count; a job that did not run). With the [`receipt`](Decision::receipt) of the
+    /// check that charged them, the refund is exact on every algorithm (a sliding log removes
+    /// that check's own entries; a window that has ended since is left alone); without one, it
+    /// returns the newest units of the current window. Refund at most what the check charged:
+    /// a larger cost gives back units other requests spent. See [`Store::refund`].
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// // Count failed logins only: charge first (never over-admits), refund a success.
+    /// let login = Policy::builder("login")
+    ///     .limiter(Limiter::new(Dimension::Ip, ["1/1m".parse()?]))
+    ///     .build()?;
+    /// let who = Identity::new().with_ip("192.0.2.1".parse()?);
+    ///
+    /// let attempt = gate.check(&login, &who, 1).await?;
+    /// assert!(attempt.allowed());
+    /// let password_was_right = true;
+    /// if password_was_right {
+    ///     gate.refund(&login, &who, 1, attempt.receipt()).await?;
+    /// }
+    /// assert!(gate.check(&login, &who, 1).await?.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn refund(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), CheckError> {
+        if cost == 0 {
+            return Ok(());
+        }
+        let mut keys = CheckKeys::new();
+        self.limiter_keys(policy, identity, &mut keys)?;
+        let mut limiters = LimiterRequests::new();
+        keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
+        self.store
+            .refund(&CheckRequest::new(cost, true, &limiters), receipt)
             .await?;
         Ok(())
     }
@@ -464,6 +514,8 @@ impl<S: Store> Tollgate<S> {
                     Some(Ok(())) => {
                         decide(limiters, verdict, out);
                         out.reason = Reason::StoreUnavailable;
+                        // Recorded in the local store, which a refund does not reach.
+                        out.receipt = None;
                     }
                     _ => out.reset(false, Reason::StoreUnavailable),
                 }
@@ -673,6 +725,7 @@ fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
         return;
     }
     out.reset(verdict.allowed, Reason::Ok);
+    out.receipt.clone_from(&verdict.receipt);
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
     for limiter in limiters {

@@ -90,7 +90,7 @@ pub use rule::{
 };
 pub use store::{
     AnyStore, BanKey, CheckRequest, HeldLock, INLINE_RULES, LimiterRequest, LockReply, Outcomes,
-    Store, Verdict,
+    Receipt, Store, Verdict,
 };
 
 /// The README's example, compiled and run as a doctest.

@@ -181,6 +181,9 @@ pub struct Verdict {
     pub blocked_us: Option<u64>,
     /// This denial banned the identity for this many microseconds.
     pub banned_us: Option<u64>,
+    /// Where the admission was recorded, when it was (an admitted check that consumes): what
+    /// [`Store::refund`] needs to give back exactly its units.
+    pub receipt: Option<Receipt>,
 }
 
 impl Verdict {
@@ -191,6 +194,7 @@ impl Verdict {
             rules: rules.into_iter().collect(),
             blocked_us: None,
             banned_us: None,
+            receipt: None,
         }
     }
 
@@ -201,7 +205,111 @@ impl Verdict {
             rules: Outcomes::new(),
             blocked_us: Some(us),
             banned_us: None,
+            receipt: None,
         }
+    }
+}
+
+/// Where a check's admission was recorded, for a refund of exactly its units
+/// ([`Tollgate::refund`](crate::Tollgate::refund)): the instant each limiter recorded it at (the
+/// store's clock), and the check's id (which tells its sliding-log entries from others' on
+/// stores that name them). Its text form (`Display` / `FromStr`) is what the server hands out.
+///
+/// A shadow limiter that would have denied recorded nothing: its receipt says so, and a refund
+/// leaves it alone.
+///
+/// ```
+/// use tollgate::Receipt;
+///
+/// let receipt = Receipt::new(1_700_000_000_000_000, 0x1f);
+/// let text = receipt.to_string();
+/// assert_eq!(text, "000000000000001f.1700000000000000");
+/// assert_eq!(text.parse::<Receipt>(), Ok(receipt));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    /// Per limiter in policy order; one value stands for every limiter.
+    at_us: SmallVec<[u64; 1]>,
+    id: u64,
+}
+
+impl Receipt {
+    /// Marks a limiter that recorded nothing (see [`per_limiter`](Self::per_limiter)).
+    pub const NOT_RECORDED: u64 = u64::MAX;
+
+    /// Every limiter recorded the admission at `at_us`.
+    pub fn new(at_us: u64, id: u64) -> Receipt {
+        Receipt {
+            at_us: SmallVec::from_elem(at_us, 1),
+            id,
+        }
+    }
+
+    /// Each limiter, in policy order, recorded at its own instant
+    /// ([`NOT_RECORDED`](Self::NOT_RECORDED) for none).
+    pub fn per_limiter(at_us: impl IntoIterator<Item = u64>, id: u64) -> Receipt {
+        let mut at_us: SmallVec<[u64; 1]> = at_us.into_iter().collect();
+        if at_us.len() > 1 && at_us.iter().all(|&t| t == at_us[0]) {
+            at_us.truncate(1);
+        }
+        Receipt { at_us, id }
+    }
+
+    /// When limiter `i` recorded the admission; `None` if it recorded nothing.
+    pub fn at_us(&self, i: usize) -> Option<u64> {
+        let at = match self.at_us.as_slice() {
+            [one] => *one,
+            many => *many.get(i)?,
+        };
+        (at != Self::NOT_RECORDED).then_some(at)
+    }
+
+    /// The check's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl std::fmt::Display for Receipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.id)?;
+        for (i, at) in self.at_us.iter().enumerate() {
+            let sep = if i == 0 { '.' } else { ',' };
+            match *at {
+                Self::NOT_RECORDED => write!(f, "{sep}-")?,
+                at => write!(f, "{sep}{at}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Receipt {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Receipt, String> {
+        let bad = || {
+            format!(
+                "{text:?} is not a receipt (a check's \"receipt\", e.g. \"000000000000001f.1700000000000000\")"
+            )
+        };
+        let (id, times) = text.split_once('.').ok_or_else(bad)?;
+        if id.len() != 16 {
+            return Err(bad());
+        }
+        let id = u64::from_str_radix(id, 16).map_err(|_| bad())?;
+        let at_us = times
+            .split(',')
+            .map(|t| match t {
+                "-" => Ok(Self::NOT_RECORDED),
+                t => t
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&t| t != Self::NOT_RECORDED)
+                    .ok_or_else(bad),
+            })
+            .collect::<Result<SmallVec<[u64; 1]>, String>>()?;
+        Ok(Receipt::per_limiter(at_us, id))
     }
 }
 
@@ -257,6 +365,33 @@ pub trait Store: Send + Sync + 'static {
 
     /// Answers when the store is reachable.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives back `request.cost` units to every rule of the request's limiters (a refund),
+    /// never below empty, against the store's now:
+    ///
+    /// - a sliding log removes the entries the check of `receipt` recorded (by its instant and
+    ///   id), at most `cost`; without a receipt, its `cost` newest entries;
+    /// - a fixed window takes `cost` from the count of the window the check was recorded in
+    ///   (without a receipt: the current window), if that window is still the one stored (a
+    ///   window that has ended counts nothing anymore);
+    /// - a sliding window does the same with its current or, once it has ended, its previous
+    ///   window's count;
+    /// - GCRA moves its theoretical arrival time back by `cost` emission intervals, not before
+    ///   now.
+    ///
+    /// A limiter the receipt says recorded nothing is left alone. The default answers that
+    /// the store cannot refund.
+    fn refund(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (request, receipt);
+        std::future::ready(Err(StoreError::new(
+            crate::StoreErrorKind::Protocol,
+            "this store cannot refund",
+        )))
+    }
 
     /// Whether a ban may be live now. `false` lets the engine leave ban keys out of a check
     /// that cannot write one; only a store that sees every ban (an in-process store) can say
@@ -358,6 +493,11 @@ trait DynStore: Send + Sync + 'static {
         verdict: &mut Verdict,
     ) -> Option<Result<(), StoreError>>;
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn refund<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+        receipt: Option<&'a Receipt>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
     fn lock_acquire<'a>(
@@ -418,6 +558,14 @@ impl<S: Store> DynStore for S {
 
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::reset(self, request))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+        receipt: Option<&'a Receipt>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::refund(self, request, receipt))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -546,6 +694,15 @@ macro_rules! forward_store {
         ) -> Result<(), $crate::StoreError> {
             let $inner = self;
             $trait::reset($to, request).await
+        }
+
+        async fn refund(
+            &self,
+            request: &$crate::CheckRequest<'_>,
+            receipt: Option<&$crate::Receipt>,
+        ) -> Result<(), $crate::StoreError> {
+            let $inner = self;
+            $trait::refund($to, request, receipt).await
         }
 
         async fn ping(&self) -> Result<(), $crate::StoreError> {

@@ -32,7 +32,7 @@ use crate::{
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
-    store::{CheckRequest, LockReply, Store, Verdict},
+    store::{CheckRequest, LockReply, Receipt, Store, Verdict},
 };
 
 /// An in-process store: exact and atomic within one process, nothing shared across processes.
@@ -248,6 +248,7 @@ impl Inner {
 
         verdict.blocked_us = self.blocked_for(request, ban_hashes, &mut locked, now);
         verdict.banned_us = None;
+        verdict.receipt = None;
         verdict.rules.clear();
         if verdict.blocked_us.is_some() {
             verdict.allowed = false;
@@ -369,6 +370,14 @@ impl Inner {
                     }
                 }
             }
+            verdict.receipt = Some(if shadow_denied.contains(&true) {
+                let at = shadow_denied
+                    .iter()
+                    .map(|&skipped| if skipped { Receipt::NOT_RECORDED } else { now });
+                Receipt::per_limiter(at, 0)
+            } else {
+                Receipt::new(now, 0)
+            });
         }
         verdict.allowed = true;
         Ok(())
@@ -443,6 +452,32 @@ impl Inner {
             self.shards.lock_one(hash).remove(hash, limiter.key);
         }
     }
+
+    /// A refund (see `Store::refund`), one limiter at a time.
+    fn refund(&self, request: &CheckRequest<'_>, receipt: Option<&Receipt>) {
+        let now = self.clock.now_us();
+        for (i, limiter) in request.limiters.iter().enumerate() {
+            let at = match receipt {
+                Some(receipt) => match receipt.at_us(i) {
+                    Some(at) => Some(at),
+                    None => continue,
+                },
+                None => None,
+            };
+            let hash = self.shards.hash(limiter.key);
+            let mut shard = self.shards.lock_one(hash);
+            if let Some(Entry {
+                state: State::Rules(states),
+                expires_at,
+                ..
+            }) = shard.live(hash, limiter.key, now)
+            {
+                if *expires_at > now {
+                    states.refund(limiter.rules, now, at, request.cost);
+                }
+            }
+        }
+    }
 }
 
 impl Store for MemoryStore {
@@ -466,6 +501,15 @@ impl Store for MemoryStore {
         request: &CheckRequest<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.reset(request);
+        std::future::ready(Ok(()))
+    }
+
+    fn refund(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.refund(request, receipt);
         std::future::ready(Ok(()))
     }
 

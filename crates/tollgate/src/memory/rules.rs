@@ -246,6 +246,63 @@ impl RuleStates {
         expires_at
     }
 
+    /// Gives back `cost` units to every rule at `now` (see `Store::refund`): the log's entries
+    /// recorded at `at` (or its newest), the count of `at`'s window (or the current one), the
+    /// GCRA arrival time; never below empty.
+    pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64) {
+        if let Some(log) = &mut self.log {
+            if rules.iter().any(|r| r.algorithm() == Algorithm::SlidingLog) {
+                match at {
+                    Some(at) => {
+                        let first = log.partition_point(|&t| t < at);
+                        let last = log.partition_point(|&t| t <= at);
+                        let n = (last - first).min(usize::try_from(cost).unwrap_or(usize::MAX));
+                        log.drain(first..first + n);
+                    }
+                    None => {
+                        let n = log.len().min(usize::try_from(cost).unwrap_or(usize::MAX));
+                        log.truncate(log.len() - n);
+                    }
+                }
+            }
+        }
+        let when = at.unwrap_or(now);
+        for rule in rules {
+            let w = rule.window_us();
+            let start = when - when % w;
+            let id = RuleId::of(rule);
+            match rule.algorithm() {
+                Algorithm::SlidingLog => {}
+                Algorithm::FixedWindow => {
+                    if let Some(c) = self
+                        .counters
+                        .iter_mut()
+                        .find(|c| c.rule == id && c.a == start)
+                    {
+                        c.b = c.b.saturating_sub(cost);
+                    }
+                }
+                Algorithm::SlidingWindow => {
+                    // The window `at` counted in: the current one, or since ended, the previous.
+                    let previous = RuleId::previous_of(rule);
+                    if let Some(c) = self
+                        .counters
+                        .iter_mut()
+                        .find(|c| (c.rule == id || c.rule == previous) && c.a == start)
+                    {
+                        c.b = c.b.saturating_sub(cost);
+                    }
+                }
+                Algorithm::Gcra => {
+                    let back = algorithm::gcra_interval(rule).saturating_mul(cost);
+                    if let Some(c) = self.counters.iter_mut().find(|c| c.rule == id) {
+                        c.a = c.a.saturating_sub(back).max(now.min(c.a));
+                    }
+                }
+            }
+        }
+    }
+
     /// Sets the counter `id` (adding it if need be); returns until when it counts.
     fn put(&mut self, id: RuleId, a: u64, b: u64) -> u64 {
         let counter = match self.counters.iter_mut().position(|c| c.rule == id) {

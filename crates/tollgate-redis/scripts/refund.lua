@@ -1,0 +1,113 @@
+-- Gives back `cost` units to the rules of some limiters (a refund), never below empty; all in
+-- one hash slot (a Cluster store calls it once per slot). Mirrors the memory store's refund
+-- (crates/tollgate/src/memory/rules.rs) and tollgate::Store::refund.
+-- KEYS     per limiter, exactly LimiterRequest::state_keys: its sliding log first (if any
+--          rule is one), then one key per fixed-window, GCRA or sliding-window rule
+-- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
+--          of its sliding-log members) or "" for none, then per limiter: rule count, its
+--          longest sliding-log window µs (0: none), the instant µs the check recorded at
+--          (-1: none, refund the newest units of the current window), then per rule:
+--          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window), limit,
+--          window µs
+-- Reply    how many keys were changed
+
+local cost = tonumber(ARGV[2])
+local id = ARGV[3]
+local changed = 0
+local keyi, argi = 0, 3
+
+-- Sets `key` to `value`, keeping its TTL (KEEPTTL needs Redis 6; PTTL keeps older servers
+-- working).
+local function keep(key, value)
+  local ttl = redis.call('PTTL', key)
+  if ttl > 0 then
+    redis.call('SET', key, value, 'PX', ttl)
+  else
+    redis.call('SET', key, value)
+  end
+  changed = changed + 1
+end
+
+local function arg()
+  argi = argi + 1
+  return tonumber(ARGV[argi])
+end
+
+while argi < #ARGV do
+  local rules, longest, at = arg(), arg(), arg()
+  local when = now
+  if at >= 0 then
+    when = at
+  end
+  if longest > 0 then
+    keyi = keyi + 1
+    local log = KEYS[keyi]
+    local removed = 0
+    if at >= 0 and id ~= '' then
+      -- The check's own members: id .. unit, scored with its instant.
+      for u = 1, cost do
+        local member = id .. int(u)
+        local score = redis.call('ZSCORE', log, member)
+        if score and tonumber(score) == at then
+          removed = removed + redis.call('ZREM', log, member)
+        end
+      end
+    else
+      removed = #redis.call('ZPOPMAX', log, int(cost))
+    end
+    if removed > 0 then
+      changed = changed + 1
+    end
+  end
+  for _ = 1, rules do
+    local algorithm, limit, window = arg(), arg(), arg()
+    if algorithm ~= 1 then
+      keyi = keyi + 1
+      local key = KEYS[keyi]
+      local _, into = divmod(when, window)
+      local start = when - into
+      local value = redis.call('GET', key)
+      if value and algorithm == 2 then
+        local sep = string.find(value, ':', 1, true)
+        if sep and tonumber(string.sub(value, 1, sep - 1)) == start then
+          local count = tonumber(string.sub(value, sep + 1)) or 0
+          keep(key, int(start) .. ':' .. int(math.max(0, count - cost)))
+        end
+      elseif value and algorithm == 3 then
+        local tat = tonumber(value)
+        if tat and tat > now then
+          local interval = math.max(1, (divmod(window, limit)))
+          local back = math.max(now, tat - interval * cost)
+          if back > now then
+            redis.call('SET', key, int(back), 'PX', ttl_ms(back - now))
+          else
+            redis.call('DEL', key)
+          end
+          changed = changed + 1
+        end
+      elseif value and algorithm == 4 then
+        -- "start:previous:count": the check's window is the current one, or since ended, the
+        -- previous.
+        local s1 = string.find(value, ':', 1, true)
+        local s2 = s1 and string.find(value, ':', s1 + 1, true)
+        if s2 then
+          local stored = tonumber(string.sub(value, 1, s1 - 1))
+          local previous = tonumber(string.sub(value, s1 + 1, s2 - 1)) or 0
+          local count = tonumber(string.sub(value, s2 + 1)) or 0
+          if stored == start then
+            count = math.max(0, count - cost)
+          elseif stored == start + window then
+            previous = math.max(0, previous - cost)
+          end
+          if stored == start or stored == start + window then
+            keep(key, int(stored) .. ':' .. int(previous) .. ':' .. int(count))
+          end
+        end
+      end
+    end
+  end
+end
+if keyi ~= #KEYS then
+  return redis.error_reply('tollgate refund: ' .. #KEYS .. ' keys given, the limiters need ' .. keyi)
+end
+return changed
