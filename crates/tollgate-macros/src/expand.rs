@@ -99,28 +99,43 @@ fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<Tok
     let name = item.sig.ident.to_string();
     let default_scope = quote!(::core::concat!(::core::module_path!(), "::", #name));
 
-    let limit_check = if limits.is_empty() {
-        TokenStream::new()
+    let (limit_check, counted) = if limits.is_empty() {
+        (TokenStream::new(), false)
     } else {
         rate_limit_check(&limits, &bound, &default_scope)?
     };
 
     let block = &item.block;
-    let body = match &duplicate {
-        None => quote! {
-            #limit_check
-            #block
-        },
+    let output = match &item.sig.output {
+        ReturnType::Type(_, ty) => ty.as_ref().clone(),
+        ReturnType::Default => unreachable!("checked by check_signature"),
+    };
+    let rest = match &duplicate {
+        None => quote!(#block),
         Some(guard) => {
-            let output = match &item.sig.output {
-                ReturnType::Type(_, ty) => ty.as_ref().clone(),
-                ReturnType::Default => unreachable!("checked by check_signature"),
-            };
             let guarded = duplicate_guard(guard, &bound, &default_scope, &output, block)?;
-            quote! {
-                #limit_check
-                #guarded
+            quote!({ #guarded })
+        }
+    };
+    let body = if counted {
+        // The outcome decides whether the charge stays (see `count`).
+        let fake_return = pin_return(&output);
+        quote! {
+            #limit_check
+            let __tollgate_counted = async move {
+                #fake_return
+                #rest
             }
+            .await;
+            __tollgate_charge
+                .finish(::tollgate_tower::__private::Outcome::succeeded(&__tollgate_counted))
+                .await;
+            __tollgate_counted
+        }
+    } else {
+        quote! {
+            #limit_check
+            #rest
         }
     };
     let attrs = &item.attrs;
@@ -203,11 +218,51 @@ fn opt(lit: Option<&syn::LitStr>) -> TokenStream {
     }
 }
 
+/// Pins an async block's return type to the function's `output`, so `?` in the body converts
+/// errors as it would without the macro (the trick tracing's #[instrument] uses).
+fn pin_return(output: &Type) -> TokenStream {
+    if output.to_token_stream().to_string().contains("impl ") {
+        return TokenStream::new();
+    }
+    quote! {
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::let_unit_value,
+            clippy::unreachable,
+            clippy::empty_loop
+        )]
+        if false {
+            let __tollgate_never: #output = loop {};
+            return __tollgate_never;
+        }
+    }
+}
+
+/// The one check of every `#[rate_limit]`, and whether it keeps a charge to settle once the
+/// outcome is known (`count`): then it binds `__tollgate_charge`.
 fn rate_limit_check(
     limits: &[RateLimit],
     bound: &[Ident],
     default_scope: &TokenStream,
-) -> syn::Result<TokenStream> {
+) -> syn::Result<(TokenStream, bool)> {
+    // One check, so one `count` for all the function's limiters.
+    let mut count: Option<&syn::LitStr> = None;
+    for c in limits.iter().filter_map(|l| l.count.as_ref()) {
+        match count {
+            Some(first) if first.value() != c.value() => {
+                return Err(syn::Error::new(
+                    c.span(),
+                    format!(
+                        "the limiters of one function are checked, and counted, together; count = {:?} was given above",
+                        first.value()
+                    ),
+                ));
+            }
+            _ => count = Some(c),
+        }
+    }
     let mut names: Vec<String> = Vec::new();
     let mut scope: Option<&syn::LitStr> = None;
     let mut limiters = Vec::new();
@@ -275,21 +330,44 @@ fn rate_limit_check(
         None => default_scope.clone(),
     };
     let args = args.iter().map(|(_, value)| value);
-    Ok(quote! {
-        {
-            static __TOLLGATE_POLICY: ::std::sync::LazyLock<::tollgate_tower::__private::Policy> =
-                ::std::sync::LazyLock::new(|| {
-                    ::tollgate_tower::__private::policy(#scope, ::std::vec![#(#limiters),*])
-                });
-            let __tollgate_args: ::std::vec::Vec<(&'static str, ::std::string::String)> =
-                ::std::vec![#(#args),*];
-            if let ::core::result::Result::Err(__tollgate_rejection) =
-                ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args).await
-            {
-                return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
-            }
-        }
-    })
+    let policy = quote! {
+        static __TOLLGATE_POLICY: ::std::sync::LazyLock<::tollgate_tower::__private::Policy> =
+            ::std::sync::LazyLock::new(|| {
+                ::tollgate_tower::__private::policy(#scope, ::std::vec![#(#limiters),*])
+            });
+        let __tollgate_args: ::std::vec::Vec<(&'static str, ::std::string::String)> =
+            ::std::vec![#(#args),*];
+    };
+    let Some(count) = count else {
+        return Ok((
+            quote! {
+                {
+                    #policy
+                    if let ::core::result::Result::Err(__tollgate_rejection) =
+                        ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args).await
+                    {
+                        return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
+                    }
+                }
+            },
+            false,
+        ));
+    };
+    let failures = count.value() == "failures";
+    Ok((
+        quote! {
+            let __tollgate_charge = {
+                #policy
+                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #failures).await {
+                    ::core::result::Result::Ok(charge) => charge,
+                    ::core::result::Result::Err(__tollgate_rejection) => {
+                        return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
+                    }
+                }
+            };
+        },
+        true,
+    ))
 }
 
 fn duplicate_guard(
@@ -329,26 +407,7 @@ fn duplicate_guard(
             });
         }
     }
-    // Pins the async block's return type to the function's, so `?` in the body converts
-    // errors as it would without the macro (the trick tracing's #[instrument] uses).
-    let fake_return = if output.to_token_stream().to_string().contains("impl ") {
-        TokenStream::new()
-    } else {
-        quote! {
-            #[allow(
-                unknown_lints,
-                unreachable_code,
-                clippy::diverging_sub_expression,
-                clippy::let_unit_value,
-                clippy::unreachable,
-                clippy::empty_loop
-            )]
-            if false {
-                let __tollgate_never: #output = loop {};
-                return __tollgate_never;
-            }
-        }
-    };
+    let fake_return = pin_return(output);
     Ok(quote! {
         static __TOLLGATE_GUARD: ::std::sync::LazyLock<::tollgate_tower::__private::DuplicateGuard> =
             ::std::sync::LazyLock::new(|| {

@@ -22,6 +22,8 @@ pub(crate) struct RateLimit {
     pub(crate) ipv6_prefix: Option<u8>,
     /// `shadow = true`: a dry run (counted and reported, never denying).
     pub(crate) shadow: bool,
+    /// `count = "failures"` or `"successes"` (`"all"`, the default, is `None`).
+    pub(crate) count: Option<LitStr>,
 }
 
 impl RateLimit {
@@ -43,8 +45,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str =
-    "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, count";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -132,6 +133,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         (None, None, None, None, None, None, None);
     let (mut ipv4_prefix, mut ipv6_prefix) = (None::<LitInt>, None::<LitInt>);
     let mut shadow = None::<LitBool>;
+    let mut count = None::<LitStr>;
     let parser = syn::meta::parser(|meta| {
         let key = meta
             .path
@@ -189,6 +191,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
                 &meta,
                 "shadow",
             ),
+            "count" => set(&mut count, meta.value()?.parse::<LitStr>()?, &meta, "count"),
             _ => Err(meta.error(format!(
                 "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
             ))),
@@ -255,6 +258,19 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         Some(lit) => Some(prefix_length(lit, "ipv6_prefix", 128)?),
         None => None,
     };
+    let count = match count {
+        Some(lit) => match lit.value().as_str() {
+            "all" => None,
+            "failures" | "successes" => Some(lit),
+            other => {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!("`count` is \"all\", \"failures\" or \"successes\", not {other:?}"),
+                ));
+            }
+        },
+        None => None,
+    };
     Ok(RateLimit {
         by,
         dimension,
@@ -267,6 +283,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         ipv4_prefix,
         ipv6_prefix,
         shadow: shadow.is_some_and(|b| b.value),
+        count,
     })
 }
 

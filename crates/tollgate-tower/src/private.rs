@@ -7,7 +7,11 @@ use serde::Serialize;
 use tollgate::{Acquire, BanRule, Dimension, DuplicateState, Fingerprint, Rule, parse_duration};
 pub use tollgate::{DuplicateGuard, Limiter, Policy};
 
-use crate::{context::Context, engine::LeaseGuard, rejection::Rejection};
+use crate::{
+    context::Context,
+    engine::{LeaseGuard, SharedGate},
+    rejection::Rejection,
+};
 
 /// Builds a limiter from strings the macro already validated; `prefix` is the (IPv4, IPv6)
 /// prefix lengths of a `by = "ip"` limiter that sets them.
@@ -86,6 +90,80 @@ pub async fn check(policy: &Policy, args: Vec<(&'static str, String)>) -> Result
     }
     context.record(&decision);
     Ok(())
+}
+
+/// Checks `policy` as [`check`] does, keeping what a refund needs: for a function with
+/// `count = "failures"` (`failures`) or `count = "successes"`.
+pub async fn check_charged(
+    policy: &'static Policy,
+    args: Vec<(&'static str, String)>,
+    failures: bool,
+) -> Result<Charged, Rejection> {
+    let context = Context::current().ok_or(Rejection::NoContext)?;
+    let mut identity = context.identity.clone();
+    for (name, value) in args {
+        identity = identity.with_arg(name, value);
+    }
+    let decision = context
+        .gate
+        .check(policy, &identity, 1)
+        .await
+        .map_err(Rejection::from_check_error)?;
+    if !decision.allowed() {
+        return Err(Rejection::denied(decision));
+    }
+    context.record(&decision);
+    Ok(Charged {
+        gate: context.gate.clone(),
+        policy,
+        identity,
+        receipt: decision.receipt().cloned(),
+        failures,
+        armed: true,
+    })
+}
+
+/// An admitted call's charge, until its outcome says whether it counts. Dropped armed (the
+/// function panicked or its future was dropped), it is a failure: kept when only failures
+/// count, refunded in the background when only successes do.
+pub struct Charged {
+    gate: SharedGate,
+    policy: &'static Policy,
+    identity: tollgate::Identity,
+    receipt: Option<tollgate::Receipt>,
+    failures: bool,
+    armed: bool,
+}
+
+impl Charged {
+    /// Records the call's outcome: refunds the charge if the outcome does not count.
+    pub async fn finish(mut self, succeeded: bool) {
+        self.armed = false;
+        if succeeded != self.failures {
+            return;
+        }
+        // A failed refund keeps the charge: the safe side.
+        let _ = self
+            .gate
+            .refund(self.policy, &self.identity, 1, self.receipt.as_ref())
+            .await;
+    }
+}
+
+impl Drop for Charged {
+    fn drop(&mut self) {
+        if !self.armed || self.failures {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (gate, policy) = (self.gate.clone(), self.policy);
+            let identity = std::mem::take(&mut self.identity);
+            let receipt = self.receipt.take();
+            runtime.spawn(async move {
+                let _ = gate.refund(policy, &identity, 1, receipt.as_ref()).await;
+            });
+        }
+    }
 }
 
 /// The arguments of a `by = "args"` call, serialized for the fingerprint.

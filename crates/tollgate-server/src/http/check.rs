@@ -8,6 +8,7 @@
 use std::{borrow::Cow, pin::Pin, sync::Arc, task::Poll, time::Instant};
 
 use axum::{
+    Json,
     extract::State,
     http::{HeaderName, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
@@ -16,9 +17,10 @@ use serde_json::value::RawValue;
 use tollgate::{CheckError, Decision, Identity, fields};
 
 use super::{
-    error::{ApiError, JsonBody, check_error, parse_json},
+    error::{ApiError, ApiJson, JsonBody, check_error, parse_json},
     json::{
-        BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, decision_size_hint, write_decision,
+        BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, RefundRequest, decision_size_hint,
+        write_decision,
     },
 };
 use crate::{
@@ -143,6 +145,38 @@ fn record(
         app.record_store_call("peek", decision.reason(), started);
     }
     Ok(decision)
+}
+
+/// `/v1/refund`: gives back `cost` units (default 1) to every rule of the policy for the
+/// identity, exactly those of the check whose `receipt` it names (see `Tollgate::refund`).
+pub(crate) async fn refund(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<RefundRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let receipt = req
+        .receipt
+        .as_deref()
+        .map(str::parse::<tollgate::Receipt>)
+        .transpose()
+        .map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, format!("receipt: {e}"))
+                .with_code("invalid_request")
+        })?;
+    let identity = req.identity.into_identity();
+    let cost = req.cost.unwrap_or(1);
+    let started = Instant::now();
+    let result = app
+        .gate
+        .refund(&entry.policy, &identity, cost, receipt.as_ref())
+        .await;
+    app.metrics.store_call(
+        "refund",
+        started.elapsed(),
+        matches!(result, Err(CheckError::Store(_))),
+    );
+    result.map_err(check_error)?;
+    Ok(Json(serde_json::json!({ "refunded": cost })))
 }
 
 /// Counts and logs each shadow limiter that would have denied an admitted check.

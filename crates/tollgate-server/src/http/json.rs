@@ -59,6 +59,17 @@ pub(crate) struct CheckRequest<'a> {
     pub(crate) cost: Option<u64>,
 }
 
+/// `/v1/refund`: units to give back, with the check's receipt when the caller kept it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RefundRequest {
+    pub(crate) policy: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+    pub(crate) cost: Option<u64>,
+    pub(crate) receipt: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResetRequest {
@@ -70,7 +81,8 @@ pub(crate) struct ResetRequest {
 /// Writes a decision as JSON into `out`, straight from the decision: `{"allowed", "reason",
 /// "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit", "remaining",
 /// "reset_after_ms"}]}`; a shadow limiter's rules add `"shadow": true` and `"would_deny"`, and
-/// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names.
+/// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names; a
+/// recorded admission adds `"receipt"`, for `/v1/refund`.
 ///
 /// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
 /// rules are some of them, in the same order, so each is found by walking them once. A rule
@@ -141,6 +153,11 @@ pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]
             last = Some(r.limiter.as_str());
         }
         out.push(b']');
+    }
+    if let Some(receipt) = d.receipt() {
+        use std::io::Write as _;
+        // Writing into a Vec cannot fail.
+        let _ = write!(out, ",\"receipt\":\"{receipt}\"");
     }
     out.push(b'}');
 }

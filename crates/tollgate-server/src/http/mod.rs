@@ -43,6 +43,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/check", post(check::check))
         .route("/v1/peek", post(check::peek))
         .route("/v1/checks", post(check::checks))
+        .route("/v1/refund", post(check::refund))
         .route("/v1/reset", post(admin::reset))
         .route("/v1/duplicate/acquire", post(duplicate::acquire))
         .route("/v1/duplicate/release", post(duplicate::release))

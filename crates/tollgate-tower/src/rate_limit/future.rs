@@ -7,18 +7,24 @@ use std::{
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tollgate::{CheckError, Decision};
+use tollgate::{CheckError, Decision, Identity};
 use tower_service::Service;
 
-use super::layer::Config;
+use super::{count::Charge, layer::Config};
 use crate::{body::GateBody, engine::BoxFuture, headers::HeaderStyle, rejection::Rejection};
 
 pin_project! {
     /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,
-    /// then (if allowed) the inner service's future.
-    pub struct RateLimitFuture<S, B, F> {
+    /// then (if allowed) the inner service's future, then, for a request that should not count
+    /// (see [`Count`](crate::Count)), its refund.
+    ///
+    /// `R` is the inner service's response body.
+    pub struct RateLimitFuture<S, B, F, R>
+    where
+        S: Service<Request<B>>,
+    {
         #[pin]
-        state: State<S, B, F>,
+        state: State<S, B, F, R, S::Error>,
         config: Arc<Config>,
         // The request is gRPC's: a rejection answers with a gRPC status.
         grpc: bool,
@@ -27,31 +33,40 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, B, F> {
+    enum State<S, B, F, R, E> {
         Checking {
             check: BoxFuture<'static, Result<Decision, CheckError>>,
             call: Option<(S, Request<B>)>,
+            // The identity, kept for a refund (see `Count`).
+            identity: Option<Identity>,
         },
         Calling {
             #[pin]
             future: F,
             decision: Option<Decision>,
+            charge: Option<Charge>,
+        },
+        Refunding {
+            refund: BoxFuture<'static, ()>,
+            output: Option<Result<Response<GateBody<R>>, E>>,
         },
     }
 }
 
-impl<S, B, F> RateLimitFuture<S, B, F> {
+impl<S: Service<Request<B>>, B, F, R> RateLimitFuture<S, B, F, R> {
     pub(crate) fn new(
         check: BoxFuture<'static, Result<Decision, CheckError>>,
         inner: S,
         request: Request<B>,
         config: Arc<Config>,
         grpc: bool,
-    ) -> RateLimitFuture<S, B, F> {
+        identity: Option<Identity>,
+    ) -> RateLimitFuture<S, B, F, R> {
         RateLimitFuture {
             state: State::Checking {
                 check,
                 call: Some((inner, request)),
+                identity,
             },
             config,
             grpc,
@@ -59,7 +74,7 @@ impl<S, B, F> RateLimitFuture<S, B, F> {
     }
 }
 
-impl<S, B, ResBody> Future for RateLimitFuture<S, B, S::Future>
+impl<S, B, ResBody> Future for RateLimitFuture<S, B, S::Future, ResBody>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
 {
@@ -69,7 +84,11 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { check, call } => {
+                StateProj::Checking {
+                    check,
+                    call,
+                    identity,
+                } => {
                     let decision = match ready!(check.as_mut().poll(cx)) {
                         Ok(decision) => decision,
                         Err(error) => {
@@ -85,19 +104,51 @@ where
                         unreachable!("the inner call is taken once");
                     };
                     let future = inner.call(request);
+                    let charge = identity.take().map(|identity| {
+                        Charge::new(this.config.clone(), identity, decision.receipt().cloned())
+                    });
                     let decision = (this.config.style != HeaderStyle::None).then_some(decision);
-                    this.state.set(State::Calling { future, decision });
+                    this.state.set(State::Calling {
+                        future,
+                        decision,
+                        charge,
+                    });
                 }
-                StateProj::Calling { future, decision } => {
-                    let response = ready!(future.poll(cx))?;
-                    let mut response = response.map(GateBody::new);
-                    if let Some(decision) = decision.take() {
-                        let headers = response.headers_mut();
-                        this.config
-                            .fields
-                            .insert(this.config.style, &decision, headers);
+                StateProj::Calling {
+                    future,
+                    decision,
+                    charge,
+                } => {
+                    let output = ready!(future.poll(cx)).map(|response| {
+                        let mut response = response.map(GateBody::new);
+                        if let Some(decision) = decision.take() {
+                            let headers = response.headers_mut();
+                            this.config
+                                .fields
+                                .insert(this.config.style, &decision, headers);
+                        }
+                        response
+                    });
+                    let Some(charge) = charge.take() else {
+                        return Poll::Ready(output);
+                    };
+                    let status = output.as_ref().ok().map(Response::status);
+                    if charge.keeps(status) {
+                        charge.settle();
+                        return Poll::Ready(output);
                     }
-                    return Poll::Ready(Ok(response));
+                    // Refunded before the response goes out: the client's next request sees it.
+                    this.state.set(State::Refunding {
+                        refund: Box::pin(charge.refund()),
+                        output: Some(output),
+                    });
+                }
+                StateProj::Refunding { refund, output } => {
+                    ready!(refund.as_mut().poll(cx));
+                    let Some(output) = output.take() else {
+                        unreachable!("a refunded response is returned once");
+                    };
+                    return Poll::Ready(output);
                 }
             }
         }

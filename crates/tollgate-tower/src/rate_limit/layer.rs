@@ -5,7 +5,7 @@ use http::{HeaderName, Response};
 use tollgate::{Dimension, IpPrefix, Policy, Store, Tollgate};
 use tower_layer::Layer;
 
-use super::RateLimitService;
+use super::{Count, RateLimitService};
 use crate::{
     engine::{SharedGate, erase},
     headers::{HeaderStyle, PolicyFields},
@@ -55,6 +55,7 @@ pub(crate) struct Config {
     /// The policy's header fields that never change.
     pub(crate) fields: Arc<PolicyFields>,
     pub(crate) cost: u64,
+    pub(crate) count: Count,
     pub(crate) on_rejection: Option<OnRejection>,
 }
 
@@ -78,6 +79,7 @@ impl RateLimitLayer {
                 wanted,
                 style: HeaderStyle::Draft,
                 cost: 1,
+                count: Count::All,
                 on_rejection: None,
             }),
         }
@@ -152,6 +154,27 @@ impl RateLimitLayer {
     #[must_use]
     pub fn cost(mut self, cost: u64) -> RateLimitLayer {
         Arc::make_mut(&mut self.config).cost = cost;
+        self
+    }
+
+    /// Which admitted requests keep their charge (default [`Count::All`]). With
+    /// [`Count::failures()`] a login limit counts failed attempts only: every attempt is
+    /// charged when admitted (so concurrent attempts never exceed the limit), and one answered
+    /// with a success is refunded before its response is returned.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};
+    /// use tollgate_tower::{Count, RateLimitLayer};
+    /// # let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    /// # let policy = Policy::builder("login").limiter(Limiter::new(Dimension::Ip, ["5/15m".parse()?])).build()?;
+    ///
+    /// let layer = RateLimitLayer::new(gate, policy).count(Count::failures());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn count(mut self, count: Count) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).count = count;
         self
     }
 

@@ -34,10 +34,12 @@
 //! # Ok(()) }
 //! ```
 
+mod count;
 mod future;
 mod layer;
 mod service;
 
+pub use count::{Count, FailureWhen};
 pub use future::RateLimitFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;

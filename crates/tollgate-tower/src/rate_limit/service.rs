@@ -7,7 +7,7 @@ use std::{
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{RateLimitFuture, layer::Config};
+use super::{Count, RateLimitFuture, layer::Config};
 use crate::{body::GateBody, identity::identity_of, rejection::is_grpc};
 
 /// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks the policy, then calls
@@ -26,7 +26,7 @@ where
 {
     type Response = Response<GateBody<ResBody>>;
     type Error = S::Error;
-    type Future = RateLimitFuture<S, B, S::Future>;
+    type Future = RateLimitFuture<S, B, S::Future, ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -39,13 +39,15 @@ where
         let identity = identity_of(&request, &self.config.resolver, &self.config.wanted);
         let grpc = is_grpc(request.headers());
         let config = self.config.clone();
+        // A refund needs the identity again, once the response is known.
+        let kept = (!matches!(config.count, Count::All)).then(|| identity.clone());
         let check = Box::pin(async move {
             config
                 .gate
                 .check(&config.policy, &identity, config.cost)
                 .await
         });
-        RateLimitFuture::new(check, inner, request, self.config.clone(), grpc)
+        RateLimitFuture::new(check, inner, request, self.config.clone(), grpc, kept)
     }
 }
 

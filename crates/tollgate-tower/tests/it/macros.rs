@@ -472,3 +472,61 @@ async fn a_shadow_limiter_through_the_macro_never_refuses() {
         })
         .await;
 }
+
+#[rate_limit(by = "user_id", rules = ["2/1m"], count = "failures")]
+async fn verify_code(code: u32) -> Result<(), AppError> {
+    if code == 1234 {
+        Ok(())
+    } else {
+        Err(AppError::Parse("x".parse::<u32>().unwrap_err()))
+    }
+}
+
+#[rate_limit(by = "user_id", rules = ["1/1m"], count = "successes")]
+async fn flaky(panics: bool) -> Result<(), Rejection> {
+    assert!(!panics, "the call fails");
+    Ok(())
+}
+
+#[tokio::test]
+async fn count_through_the_macro() {
+    let (first, _) = gate();
+    let context = Context::new(first, Identity::new().with_user_id("u1"));
+    context
+        .scope(async {
+            // Right codes are refunded: any number of them.
+            for _ in 0..5 {
+                assert!(verify_code(1234).await.is_ok());
+            }
+            // Wrong ones count: two, then refused.
+            assert!(matches!(verify_code(1).await, Err(AppError::Parse(_))));
+            assert!(matches!(verify_code(2).await, Err(AppError::Parse(_))));
+            assert!(matches!(
+                verify_code(1234).await,
+                Err(AppError::Refused(Rejection::RateLimited(_)))
+            ));
+        })
+        .await;
+
+    // Only successes count: a call that panics is refunded (in the background).
+    let (second, _) = gate();
+    let context = Context::new(second, Identity::new().with_user_id("u2"));
+    let panicked = tokio::spawn(context.clone().scope(flaky(true))).await;
+    assert!(panicked.unwrap_err().is_panic());
+    context
+        .scope(async {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match flaky(false).await {
+                    Ok(()) => break,
+                    Err(Rejection::RateLimited(_)) => {
+                        assert!(tokio::time::Instant::now() < deadline, "never refunded");
+                        tokio::task::yield_now().await;
+                    }
+                    Err(other) => panic!("{other:?}"),
+                }
+            }
+            assert!(matches!(flaky(false).await, Err(Rejection::RateLimited(_))));
+        })
+        .await;
+}

@@ -12,7 +12,7 @@ use tollgate::{
     BanRule, Bypass, CheckRequest, Dimension, Limiter, OnError, Policy, Store, StoreError,
     StoreErrorKind, Tollgate, Verdict,
 };
-use tollgate_tower::{HeaderStyle, IdentityResolver, RateLimitLayer};
+use tollgate_tower::{Count, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer};
 
 use crate::support::{Server, client, gate, header, problem};
 
@@ -187,6 +187,111 @@ async fn a_shadow_limiter_never_refuses_and_stays_out_of_the_fields() {
     let body: serde_json::Value = denied.json().await.unwrap();
     assert_eq!(body["violated-policies"], json!(["ip-1m"]), "{body}");
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+/// A login route: 200 for the right password (`?pw=right`), 401 otherwise, 500 for `?pw=boom`.
+fn login(layer: RateLimitLayer) -> Router {
+    Router::new().route(
+        "/login",
+        get(|uri: axum::http::Uri| async move {
+            match uri.query() {
+                Some("pw=right") => StatusCode::OK,
+                Some("pw=boom") => StatusCode::INTERNAL_SERVER_ERROR,
+                _ => StatusCode::UNAUTHORIZED,
+            }
+        })
+        .layer(layer),
+    )
+}
+
+#[tokio::test]
+async fn count_failures_refunds_successes_before_answering() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("login")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m"])))
+        .build()
+        .unwrap();
+    let app = login(RateLimitLayer::new(gate.clone(), policy).count(Count::failures()));
+    let server = Server::start(app).await;
+    let http = client();
+    let attempt = |pw: &'static str| http.get(server.at(&format!("/login?pw={pw}"))).send();
+    // Successes are charged, then refunded: any number of them.
+    for _ in 0..5 {
+        assert_eq!(attempt("right").await.unwrap().status(), 200);
+    }
+    // Failures keep their charge: two fit, the third is refused.
+    assert_eq!(attempt("wrong").await.unwrap().status(), 401);
+    assert_eq!(attempt("boom").await.unwrap().status(), 500);
+    assert_eq!(attempt("right").await.unwrap().status(), 429);
+}
+
+#[tokio::test]
+async fn count_successes_refunds_failures_errors_and_panics() {
+    use tower::ServiceExt as _;
+
+    let (gate, _) = gate();
+    let policy = Policy::builder("export")
+        .limiter(Limiter::new(Dimension::Global, rules(&["2/1m"])))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate.clone(), policy.clone()).count(Count::Successes(
+        FailureWhen::new(|status| status == StatusCode::CONFLICT),
+    ));
+    let left = || async {
+        gate.peek(&policy, &tollgate::Identity::new(), 0)
+            .await
+            .unwrap()
+            .remaining()
+    };
+    let status = |code: u16| {
+        let service = tower::ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(tower::service_fn(
+                move |_: http::Request<String>| async move {
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::builder()
+                            .status(code)
+                            .body(String::new())
+                            .unwrap(),
+                    )
+                },
+            ));
+        async move {
+            service
+                .oneshot(http::Request::new(String::new()))
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    // 500 is not a failure by this predicate: it counts.
+    assert_eq!(status(500).await, 500);
+    assert_eq!(left().await, Some(1));
+    // 409 is: refunded before the response was returned.
+    assert_eq!(status(409).await, 409);
+    assert_eq!(left().await, Some(1));
+    // A panicking handler is a failure: its charge comes back (in the background).
+    let panicking = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(tower::service_fn(|_: http::Request<String>| async move {
+            if true {
+                panic!("the handler fails");
+            }
+            Ok::<http::Response<String>, std::convert::Infallible>(http::Response::new(
+                String::new(),
+            ))
+        }));
+    let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
+    assert!(panicked.unwrap_err().is_panic());
+    // The refund runs on a task of its own: wait for it, bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while left().await != Some(1) {
+        assert!(tokio::time::Instant::now() < deadline, "never refunded");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(status(200).await, 200);
+    assert_eq!(left().await, Some(0));
+    assert_eq!(status(200).await, 429);
 }
 
 #[tokio::test]
