@@ -18,6 +18,7 @@ mod grpc_health;
 mod headers;
 mod http_api;
 mod redis;
+mod refund;
 mod reload;
 mod request_spans;
 mod shadow;

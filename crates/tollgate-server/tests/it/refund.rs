@@ -1,0 +1,63 @@
+//! `/v1/refund`: a check's units given back, exactly with the receipt its answer carried.
+
+use serde_json::json;
+
+use crate::support::{Server, assert_problem};
+
+const CONFIG: &str = r#"
+[policies.login]
+limiters = [{ by = "ip", rules = ["2/1m"] }]
+"#;
+
+#[tokio::test]
+async fn a_refund_gives_back_what_the_check_charged() {
+    let server = Server::start(CONFIG);
+    let who = json!({ "ip": "192.0.2.9" });
+    let first = server.check("login", who.clone()).await;
+    let receipt = first["receipt"].as_str().expect("an admission carries a receipt");
+    let second = server.check("login", who.clone()).await;
+    assert_eq!(second["allowed"], true);
+    let third = server.check("login", who.clone()).await;
+    assert_eq!(third["allowed"], false);
+    assert_eq!(third.get("receipt"), None, "a denial records nothing: {third}");
+
+    let (status, body) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "login", "identity": who, "receipt": receipt }),
+        )
+        .await;
+    assert_eq!((status, &body), (200, &json!({ "refunded": 1 })));
+    let fourth = server.check("login", who.clone()).await;
+    assert_eq!(fourth["allowed"], true, "{fourth}");
+    assert_eq!(server.check("login", who.clone()).await["allowed"], false);
+
+    // Without a receipt: the newest unit.
+    let (status, _) = server
+        .post("/v1/refund", json!({ "policy": "login", "identity": who }))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(server.check("login", who.clone()).await["allowed"], true);
+
+    // Mistakes are 4xx problems that say what is wrong.
+    let (status, body) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "login", "identity": who, "receipt": "yesterday" }),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_problem(&body, 400);
+    assert_eq!(body["code"], "invalid_request", "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("receipt"), "{body}");
+    let (status, body) = server
+        .post("/v1/refund", json!({ "policy": "nope", "identity": who }))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["code"], "unknown_policy", "{body}");
+    let (status, body) = server
+        .post("/v1/refund", json!({ "policy": "login", "cost": -1 }))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("cost"), "{body}");
+}
