@@ -30,8 +30,11 @@
 --       0 = it does not, and nothing follows; 2 = the limiter is shadow, a dry run: it bans
 --       nobody and takes no part in `allowed`, and an admitted check records nothing in it
 --       when it would deny),
---       then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window),
---       limit, window µs
+--       then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window,
+--       5 a calendar window: a fixed window whose windows the store's calendar gives), limit,
+--       window µs; a calendar window then gives four instants µs, the starts of three
+--       consecutive windows and the third's end, around the caller's clock: the window
+--       holding this script's now is one of them (Lua knows no time zones)
 --     bans      number of ban keys
 --     writes bans  1 = this check may ban the offender (it consumes and a limiter bans):
 --               the next 2 * bans arguments hold each ban key's target kind and target
@@ -73,7 +76,7 @@
 
 --@include common.lua
 
-local SLIDING_LOG, FIXED_WINDOW, GCRA, SLIDING_WINDOW = 1, 2, 3, 4
+local SLIDING_LOG, FIXED_WINDOW, GCRA, SLIDING_WINDOW, CALENDAR = 1, 2, 3, 4, 5
 
 -- The check being evaluated: its plan's integers (p[1] the nonce, p[2] .. the integers), its
 -- time and settings.
@@ -85,7 +88,8 @@ local server_now = false -- TIME, read once per call when a check needs it
 
 -- The plan of the check being evaluated, in two flat tables (a table per rule would cost
 -- more than a Redis command):
---   rule[4i-3 .. 4i]      rule i (reply order): algorithm, limit, window µs, key
+--   rule[4i-3 .. 4i]      rule i (reply order): algorithm, limit, window µs (a calendar
+--                         window: where its instants start in p), key
 --   limiter[6l-5 .. 6l]   limiter l: first rule, last rule, the index in p of its ban
 --                         duration, factor and cap (false: it bans nobody), its sliding log's
 --                         key (false: none), the longest sliding-log window µs (0: none),
@@ -99,10 +103,21 @@ local limiter = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
 -- The evaluators of rules, built only when a call needs one: the common path (a sliding log
 -- with no live entry, which admits) answers without them, and a closure made on every call
 -- costs about a cheap Redis command (each of its upvalues is looked up when it is made).
-local edge, sliding_log, fixed_window, gcra, sliding_window, evaluate
+local edge, sliding_log, fixed_window, gcra, sliding_window, evaluate, calendar_window
 -- Per sliding-window rule i evaluated, the previous window's count, for its write.
 local sw_previous
 local function build_evaluators()
+  -- The calendar window holding now, from the four instants at p[b .. b + 3] (see ARGV): its
+  -- start and end. A caller whose clock is a whole window off gets the nearest.
+  calendar_window = function(b)
+    if now < p[b + 1] then
+      return p[b], p[b + 1]
+    elseif now < p[b + 2] then
+      return p[b + 1], p[b + 2]
+    end
+    return p[b + 2], p[b + 3]
+  end
+
   -- The lower bound of a sliding window w: live entries are t > now - w (all while now < w).
   edge = function(w)
     if now >= w then
@@ -147,8 +162,14 @@ local function build_evaluators()
   fixed_window = function(i, c)
     local r = 4 * i
     local lim, w = rule[r - 2], rule[r - 1]
-    local _, into = divmod(now, w)
-    local start = now - into
+    local start, finish
+    if rule[r - 3] == CALENDAR then
+      start, finish = calendar_window(w)
+    else
+      local _, into = divmod(now, w)
+      start = now - into
+      finish = start + w
+    end
     local count = 0
     local value = call('GET', rule[r])
     if value then
@@ -157,7 +178,7 @@ local function build_evaluators()
         count = tonumber(string.sub(value, sep + 1)) or 0
       end
     end
-    local reset = start + w - now
+    local reset = finish - now
     if count + c <= lim then
       local shown = reset
       if count + c == 0 then
@@ -268,7 +289,7 @@ local function build_evaluators()
     local k = rule[4 * i - 3]
     if k == SLIDING_LOG then
       return sliding_log(i, c, limiter[6 * l], limiter[6 * l - 1])
-    elseif k == FIXED_WINDOW then
+    elseif k == FIXED_WINDOW or k == CALENDAR then
       return fixed_window(i, c)
     elseif k == GCRA then
       return gcra(i, c)
@@ -338,6 +359,10 @@ while argi < args do
           rule[r] = KEYS[keyi]
         end
         pi = pi + 3
+        if k == CALENDAR then
+          rule[r - 1] = pi + 1
+          pi = pi + 4
+        end
       end
       local m = 6 * l
       limiter[m - 5] = rules + 1
@@ -604,6 +629,11 @@ while argi < args do
             local start, count = record[2 * i - 1], record[2 * i]
             call('SET', rule[r], format('%d:%d', start, count),
               'PX', format('%d', ttl_ms(start + rule[r - 1] - now)))
+          elseif k == CALENDAR then
+            local start, count = record[2 * i - 1], record[2 * i]
+            local _, finish = calendar_window(rule[r - 1])
+            call('SET', rule[r], format('%d:%d', start, count),
+              'PX', format('%d', ttl_ms(finish - now)))
           elseif k == GCRA then
             local tat = record[2 * i]
             call('SET', rule[r], format('%d', tat), 'PX', format('%d', ttl_ms(tat - now)))

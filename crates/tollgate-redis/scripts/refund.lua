@@ -7,8 +7,9 @@
 --          of its sliding-log members) or "" for none, then per limiter: rule count, its
 --          longest sliding-log window µs (0: none), the instant µs the check recorded at
 --          (-1: none, refund the newest units of the current window), then per rule:
---          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window), limit,
---          window µs
+--          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
+--          window), limit, window µs, and for a calendar window four instants µs around the
+--          check's (as check.lua takes them)
 -- Reply    how many keys were changed
 
 local cost = tonumber(ARGV[2])
@@ -61,11 +62,25 @@ while argi < #ARGV do
   end
   for _ = 1, rules do
     local algorithm, limit, window = arg(), arg(), arg()
+    local start
+    if algorithm == 5 then
+      -- The calendar window holding `when`: a fixed window from here on.
+      local b = { arg(), arg(), arg(), arg() }
+      algorithm = 2
+      if when < b[2] then
+        start = b[1]
+      elseif when < b[3] then
+        start = b[2]
+      else
+        start = b[3]
+      end
+    else
+      local _, into = divmod(when, window)
+      start = when - into
+    end
     if algorithm ~= 1 then
       keyi = keyi + 1
       local key = KEYS[keyi]
-      local _, into = divmod(when, window)
-      local start = when - into
       local value = redis.call('GET', key)
       if value and algorithm == 2 then
         local sep = string.find(value, ':', 1, true)

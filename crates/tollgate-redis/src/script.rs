@@ -5,8 +5,8 @@ use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, Receipt, StoreError,
-    StoreErrorKind, Verdict, algorithm::RuleOutcome,
+    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, Receipt, Rule,
+    StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome,
 };
 
 use crate::conn::{Call, Lua};
@@ -204,9 +204,14 @@ pub(crate) fn prepare(
             packed.int("ban cap", micros(ban.cap()))?;
         }
         for rule in limiter.rules.iter() {
-            packed.push(algorithm_code(rule.algorithm())?);
+            packed.push(rule_code(rule)?);
             packed.int("rule limit", rule.limit())?;
             packed.int("rule window", rule.window_us())?;
+            if let Some(bounds) = calendar_bounds(rule, now_us) {
+                for bound in bounds {
+                    packed.int("calendar window", bound)?;
+                }
+            }
         }
     }
     packed.count(plan.bans.len());
@@ -309,12 +314,44 @@ pub(crate) fn prepare_refund(
             .arg(limiter.log_window_us().unwrap_or(0))
             .arg(at);
         for rule in limiter.rules.iter() {
-            call.arg(algorithm_code(rule.algorithm())?)
+            call.arg(rule_code(rule)?)
                 .arg(rule.limit())
                 .arg(rule.window_us());
+            // Around the check's instant: the window its units were counted in.
+            let around = u64::try_from(at).ok().or(now_us);
+            if let Some(bounds) = calendar_bounds(rule, around) {
+                for bound in bounds {
+                    call.arg(bound);
+                }
+            }
         }
     }
     Ok(any)
+}
+
+/// check.lua's code of a rule: its algorithm's, or 5 for a calendar window.
+fn rule_code(rule: &Rule) -> Result<i64, StoreError> {
+    match rule.calendar_window() {
+        Some(_) => Ok(5),
+        None => algorithm_code(rule.algorithm()),
+    }
+}
+
+/// A calendar window's boundaries around `at_us` (the test clock's, else this machine's now):
+/// the starts of the window before, of the window holding it, of the next, and the next one's
+/// end. The script picks the window holding the server's own time among the three, so the
+/// store keeps one clock while Lua, which knows no time zones, gets the calendar's answer.
+fn calendar_bounds(rule: &Rule, at_us: Option<u64>) -> Option<[u64; 4]> {
+    rule.calendar_window()?;
+    let at = at_us.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    });
+    let (start, end) = rule.fixed_window_at(at);
+    let (before, _) = rule.fixed_window_at(start.saturating_sub(1));
+    let (_, after) = rule.fixed_window_at(end);
+    Some([before, start, end, after])
 }
 
 fn algorithm_code(algorithm: Algorithm) -> Result<i64, StoreError> {

@@ -143,6 +143,7 @@ macro_rules! conformance_suite {
             denial_names_the_first_denying_limiter,
             shadow_limiters_count_but_never_deny,
             refunds_give_back_what_a_check_charged,
+            calendar_windows_follow_the_zones_days,
             store_answers_ping,
         );
 
@@ -1130,6 +1131,63 @@ pub async fn refunds_give_back_what_a_check_charged<S: Store>(s: Subject<S>) {
         "the trial limiter still holds its one unit: {after:#?}"
     );
     expect_remaining(&after, true, &[3, 0]);
+}
+
+/// Scenario: calendar windows. A day of Europe/Berlin runs from local midnight to local
+/// midnight: from 23:00 UTC in winter, and on the day the clocks go forward (2100-03-28) for 23
+/// hours only; `reset_after` and `retry_after` name the real boundary. A month of UTC is the
+/// calendar month.
+pub async fn calendar_windows_follow_the_zones_days<S: Store>(s: Subject<S>) {
+    const HOUR: u64 = 3_600_000;
+    const DAY: u64 = 24 * HOUR;
+    let p = policy(
+        "calendar",
+        [Limiter::new(Dimension::Ip, [rule("2/1d@Europe/Berlin")])],
+    );
+    let who = ip(1);
+    // START is 2100-01-01T00:00Z, 01:00 in Berlin: the day ends at 23:00 UTC.
+    s.at(ms(0));
+    expect(&s.check(&p, &who, 1).await, None, &[(true, 1, 23 * HOUR)]);
+    expect(&s.check(&p, &who, 1).await, None, &[(true, 0, 23 * HOUR)]);
+    expect(
+        &s.check(&p, &who, 1).await,
+        Some(23 * HOUR),
+        &[(false, 0, 23 * HOUR)],
+    );
+    s.at(ms(23 * HOUR - 1));
+    expect(&s.check(&p, &who, 1).await, Some(1), &[(false, 0, 1)]);
+    s.at(ms(23 * HOUR));
+    expect(&s.check(&p, &who, 1).await, None, &[(true, 1, DAY)]);
+
+    // 2100-03-28, 01:00 in Berlin (00:00 UTC): the day began at 23:00 UTC and lasts 23 hours.
+    s.at(ms(86 * DAY));
+    expect(&s.check(&p, &who, 1).await, None, &[(true, 1, 22 * HOUR)]);
+    s.at(ms(86 * DAY + 22 * HOUR - 1));
+    expect(&s.check(&p, &who, 1).await, None, &[(true, 0, 1)]);
+    expect(&s.check(&p, &who, 1).await, Some(1), &[(false, 0, 1)]);
+    // The next day starts at 22:00 UTC (midnight in summer time) and lasts 24 hours.
+    s.at(ms(86 * DAY + 22 * HOUR));
+    let d = s.check(&p, &who, 1).await;
+    expect(&d, None, &[(true, 1, DAY)]);
+    // A refund returns the unit to the day it was counted in.
+    s.gate
+        .refund(&p, &who, 1, d.receipt())
+        .await
+        .expect("refund");
+    expect(&s.check(&p, &who, 1).await, None, &[(true, 1, DAY)]);
+
+    // A calendar month of UTC: January has 31 days.
+    let q = policy(
+        "calendar_month",
+        [Limiter::new(Dimension::Ip, [rule("1/1mo@UTC")])],
+    );
+    s.at(ms(0));
+    expect(&s.check(&q, &who, 1).await, None, &[(true, 0, 31 * DAY)]);
+    s.at(ms(31 * DAY - 1));
+    expect(&s.check(&q, &who, 1).await, Some(1), &[(false, 0, 1)]);
+    s.at(ms(31 * DAY));
+    // February 2100 has 28 days (2100 is not a leap year).
+    expect(&s.check(&q, &who, 1).await, None, &[(true, 0, 28 * DAY)]);
 }
 
 #[track_caller]

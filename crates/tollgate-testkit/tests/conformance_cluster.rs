@@ -90,6 +90,7 @@ mod conformance {
         denial_names_the_first_denying_limiter,
         shadow_limiters_count_but_never_deny,
         refunds_give_back_what_a_check_charged,
+        calendar_windows_follow_the_zones_days,
         store_answers_ping,
     );
 }

@@ -91,21 +91,21 @@ pub struct FixedWindowState {
     pub count: u64,
 }
 
-/// Fixed window aligned to the epoch. Returns the outcome and, when admitted, the new state.
+/// Fixed window aligned to the epoch (or to a calendar: see [`Rule::fixed_window_at`]). Returns
+/// the outcome and, when admitted, the new state.
 pub fn fixed_window(
     state: Option<FixedWindowState>,
     now: u64,
     rule: &Rule,
     cost: u64,
 ) -> (RuleOutcome, Option<FixedWindowState>) {
-    let window = rule.window_us();
     let limit = rule.limit();
-    let start = now - now % window;
+    let (start, end) = rule.fixed_window_at(now);
     let count = match state {
         Some(s) if s.start == start => s.count,
         _ => 0,
     };
-    let reset_after_us = start + window - now;
+    let reset_after_us = end - now;
     // `count + cost` may pass u64::MAX when the limit is near it: such a request does not fit.
     if let Some(total) = count.checked_add(cost).filter(|&total| total <= limit) {
         let outcome = RuleOutcome {

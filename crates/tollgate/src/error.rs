@@ -170,4 +170,16 @@ pub enum PolicyError {
         /// The rule.
         rule: String,
     },
+    /// A calendar window (`N/1d@Zone`) is counted as a fixed window, not another algorithm.
+    #[error(
+        "limiter {limiter:?}: rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"
+    )]
+    CalendarNotFixed {
+        /// The limiter's name.
+        limiter: String,
+        /// The rule.
+        rule: String,
+        /// The algorithm asked for.
+        algorithm: String,
+    },
 }

@@ -234,7 +234,10 @@ pub fn group_key(prefix: &str, name: &str) -> String {
 pub fn rule_key(base: &str, rule: &Rule) -> String {
     match rule.algorithm() {
         Algorithm::SlidingLog => format!("{base}:l"),
-        Algorithm::FixedWindow => format!("{base}:f{}/{}", rule.limit(), rule.window_ms()),
+        Algorithm::FixedWindow => match rule.calendar_window() {
+            Some(calendar) => format!("{base}:c{}/{calendar}", rule.limit()),
+            None => format!("{base}:f{}/{}", rule.limit(), rule.window_ms()),
+        },
         Algorithm::Gcra => format!("{base}:g{}/{}", rule.limit(), rule.window_ms()),
         Algorithm::SlidingWindow => format!("{base}:w{}/{}", rule.limit(), rule.window_ms()),
     }
@@ -243,12 +246,15 @@ pub fn rule_key(base: &str, rule: &Rule) -> String {
 /// The key of one rule of `check_single` (each rule counted on a key of its own):
 /// `base:r<limit>/<window ms>:<algorithm>` under a [`group_key`].
 pub(crate) fn single_key(base: &str, rule: &Rule) -> String {
-    format!(
-        "{base}:r{}/{}:{}",
-        rule.limit(),
-        rule.window_ms(),
-        rule.algorithm()
-    )
+    match rule.calendar_window() {
+        Some(calendar) => format!("{base}:r{}/{calendar}:{}", rule.limit(), rule.algorithm()),
+        None => format!(
+            "{base}:r{}/{}:{}",
+            rule.limit(),
+            rule.window_ms(),
+            rule.algorithm()
+        ),
+    }
 }
 
 /// Appends the key of a ban: `prefix:ban:kind:value`, the value escaped.

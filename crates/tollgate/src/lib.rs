@@ -57,6 +57,7 @@
 pub mod algorithm;
 mod blocklist;
 mod bypass;
+mod calendar;
 mod clock;
 mod decision;
 mod duplicate;
@@ -72,6 +73,7 @@ mod store;
 
 pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget};
 pub use bypass::{Bypass, IpNet, IpNetError};
+pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimiterName, Reason, RuleDecision};
 pub use duplicate::{

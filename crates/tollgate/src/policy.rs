@@ -339,6 +339,13 @@ impl PolicyBuilder {
                         rule: rule.to_string(),
                     });
                 }
+                if rule.calendar_window().is_some() && rule.algorithm() != Algorithm::FixedWindow {
+                    return Err(PolicyError::CalendarNotFixed {
+                        limiter: limiter.name.to_string(),
+                        rule: rule.to_string(),
+                        algorithm: rule.algorithm().to_string(),
+                    });
+                }
                 if !rules.insert(rule) {
                     return Err(PolicyError::DuplicateRule {
                         limiter: limiter.name.to_string(),
@@ -442,6 +449,26 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("use fixed_window or gcra"), "{e}");
+        // A calendar window is a fixed window.
+        let calendar = r("60/1d@Europe/Berlin");
+        let as_gcra = Limiter::new(Dimension::Ip, [calendar.with_algorithm(Algorithm::Gcra)]);
+        let e = Policy::builder("a").limiter(as_gcra).build().unwrap_err();
+        assert!(matches!(e, PolicyError::CalendarNotFixed { .. }), "{e}");
+        assert!(e.to_string().contains("cannot be gcra"), "{e}");
+        let daily = Limiter::new(Dimension::Ip, [calendar, r("60/1d")]);
+        assert!(
+            Policy::builder("a").limiter(daily).build().is_ok(),
+            "a calendar day and a 24h window are two rules"
+        );
+        for (text, why) in [
+            ("60/2d@UTC", "1d, 1w or 1mo"),
+            ("60/1d@Mars/Olympus", "unknown time zone"),
+            ("0/1mo@UTC", "at least 1"),
+            ("x/1d@UTC", "not a whole number"),
+        ] {
+            let e = text.parse::<Rule>().unwrap_err();
+            assert!(e.to_string().contains(why), "{text}: {e}");
+        }
         let twice = Limiter::new(Dimension::Ip, [r("1/1m"), r("1/60s")]);
         assert!(matches!(
             Policy::builder("a").limiter(twice).build(),

@@ -2,6 +2,8 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
+use crate::calendar::{Calendar, CalendarUnit};
+
 /// The longest window a rule may have: 366 days.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
@@ -89,6 +91,8 @@ pub struct Rule {
     limit: u64,
     window_ms: u64,
     algorithm: Algorithm,
+    /// A calendar window (a fixed window): `window_ms` is then its usual length.
+    calendar: Option<Calendar>,
 }
 
 impl Rule {
@@ -111,7 +115,58 @@ impl Rule {
             limit,
             window_ms: window.as_millis() as u64,
             algorithm: Algorithm::SlidingLog,
+            calendar: None,
         })
+    }
+
+    /// A fixed-window rule of `limit` per window of `calendar` (`60/1d@Europe/Berlin`): its
+    /// windows are the calendar's days, ISO weeks or months, whatever their length.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Calendar, CalendarUnit, Rule};
+    ///
+    /// let daily = Rule::calendar(60, Calendar::new(CalendarUnit::Day, "Europe/Berlin")?)?;
+    /// assert_eq!(daily, "60/1d@Europe/Berlin".parse()?);
+    /// assert_eq!(daily.algorithm(), Algorithm::FixedWindow);
+    /// assert_eq!("1000/1mo@UTC".parse::<Rule>()?.to_string(), "1000/1mo@UTC");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn calendar(limit: u64, calendar: Calendar) -> Result<Rule, RuleError> {
+        if limit == 0 {
+            return Err(RuleError::new(
+                format!("{limit}/{calendar}"),
+                RuleErrorKind::ZeroLimit,
+            ));
+        }
+        let usual_ms = match calendar.unit() {
+            CalendarUnit::Day => 86_400_000,
+            CalendarUnit::Week => 7 * 86_400_000,
+            CalendarUnit::Month => 30 * 86_400_000,
+        };
+        Ok(Rule {
+            limit,
+            window_ms: usual_ms,
+            algorithm: Algorithm::FixedWindow,
+            calendar: Some(calendar),
+        })
+    }
+
+    /// The calendar of a calendar window, if this rule has one.
+    pub fn calendar_window(&self) -> Option<Calendar> {
+        self.calendar
+    }
+
+    /// The fixed window holding the instant `at_us`: its start and end (µs since the epoch).
+    /// Windows are aligned to the Unix epoch, or to the calendar of a calendar window.
+    pub fn fixed_window_at(&self, at_us: u64) -> (u64, u64) {
+        match self.calendar {
+            Some(calendar) => calendar.window_at(at_us),
+            None => {
+                let window = self.window_us();
+                let start = at_us - at_us % window;
+                (start, start + window)
+            }
+        }
     }
 
     /// The same rule counted with another algorithm.
@@ -126,7 +181,7 @@ impl Rule {
         self.limit
     }
 
-    /// The window length.
+    /// The window length (of a calendar window: its usual length, 1, 7 or 30 days).
     pub fn window(&self) -> Duration {
         Duration::from_millis(self.window_ms)
     }
@@ -149,7 +204,10 @@ impl Rule {
 
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.limit, format_duration(self.window()))
+        match self.calendar {
+            Some(calendar) => write!(f, "{}/{calendar}", self.limit),
+            None => write!(f, "{}/{}", self.limit, format_duration(self.window())),
+        }
     }
 }
 
@@ -158,6 +216,21 @@ impl FromStr for Rule {
 
     fn from_str(text: &str) -> Result<Rule, RuleError> {
         let fail = |kind| RuleError::new(text.to_owned(), kind);
+        // `60/1d@Europe/Berlin`: a calendar window.
+        if let Some((rule, zone)) = text.split_once('@') {
+            let (limit, unit) = rule
+                .split_once('/')
+                .or_else(|| split_per(rule))
+                .ok_or_else(|| fail(RuleErrorKind::MissingSlash))?;
+            let limit = limit.trim();
+            let limit: u64 = limit
+                .parse()
+                .map_err(|_| fail(RuleErrorKind::BadLimit(limit.to_owned())))?;
+            let unit: CalendarUnit = unit.parse().map_err(|e| fail(RuleErrorKind::Calendar(e)))?;
+            let calendar =
+                Calendar::new(unit, zone.trim()).map_err(|e| fail(RuleErrorKind::Calendar(e)))?;
+            return Rule::calendar(limit, calendar).map_err(|e| fail(e.kind));
+        }
         let (limit, window) = text
             .split_once('/')
             .or_else(|| split_per(text))
@@ -274,6 +347,9 @@ pub enum RuleErrorKind {
     /// The window could not be parsed.
     #[error("{0}")]
     Duration(DurationError),
+    /// A calendar window (`N/1d@Zone`) names no calendar unit or no known time zone.
+    #[error("{0}")]
+    Calendar(String),
 }
 
 /// A duration text (`500ms`, `10s`, `1m`, `2h`, `1d`) that could not be parsed.

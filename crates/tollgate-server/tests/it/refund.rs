@@ -14,12 +14,18 @@ async fn a_refund_gives_back_what_the_check_charged() {
     let server = Server::start(CONFIG);
     let who = json!({ "ip": "192.0.2.9" });
     let first = server.check("login", who.clone()).await;
-    let receipt = first["receipt"].as_str().expect("an admission carries a receipt");
+    let receipt = first["receipt"]
+        .as_str()
+        .expect("an admission carries a receipt");
     let second = server.check("login", who.clone()).await;
     assert_eq!(second["allowed"], true);
     let third = server.check("login", who.clone()).await;
     assert_eq!(third["allowed"], false);
-    assert_eq!(third.get("receipt"), None, "a denial records nothing: {third}");
+    assert_eq!(
+        third.get("receipt"),
+        None,
+        "a denial records nothing: {third}"
+    );
 
     let (status, body) = server
         .post(
@@ -49,7 +55,10 @@ async fn a_refund_gives_back_what_the_check_charged() {
     assert_eq!(status, 400, "{body}");
     assert_problem(&body, 400);
     assert_eq!(body["code"], "invalid_request", "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("receipt"), "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("receipt"),
+        "{body}"
+    );
     let (status, body) = server
         .post("/v1/refund", json!({ "policy": "nope", "identity": who }))
         .await;

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use smallvec::SmallVec;
 
 use crate::{
+    CalendarUnit,
     algorithm::{self, FixedWindowState, RuleOutcome, SlidingWindowState},
     rule::{Algorithm, Rule},
 };
@@ -34,7 +35,8 @@ struct Counter {
 }
 
 /// A fixed-window or GCRA rule, exactly, in two words: its limit, and its window in
-/// milliseconds (below 2^40) with the algorithm in the top bits.
+/// milliseconds (below 2^40) with the algorithm in the top bits; a calendar window adds its
+/// calendar (the unit in the algorithm, the zone's index in bits 40 to 55).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct RuleId {
     limit: u64,
@@ -43,14 +45,22 @@ struct RuleId {
 
 impl RuleId {
     fn of(rule: &Rule) -> RuleId {
-        let algorithm = match rule.algorithm() {
-            Algorithm::FixedWindow => 1,
-            Algorithm::SlidingWindow => 3,
-            _ => 2,
+        let (algorithm, zone) = match (rule.algorithm(), rule.calendar_window()) {
+            (Algorithm::FixedWindow, Some(calendar)) => {
+                let unit = match calendar.unit() {
+                    CalendarUnit::Day => 5,
+                    CalendarUnit::Week => 6,
+                    CalendarUnit::Month => 7,
+                };
+                (unit, u64::from(calendar.zone_index()))
+            }
+            (Algorithm::FixedWindow, None) => (1, 0),
+            (Algorithm::SlidingWindow, _) => (3, 0),
+            _ => (2, 0),
         };
         RuleId {
             limit: rule.limit(),
-            window_and_algorithm: rule.window_ms() | algorithm << 56,
+            window_and_algorithm: rule.window_ms() | zone << 40 | algorithm << 56,
         }
     }
 
@@ -67,7 +77,7 @@ impl RuleId {
     }
 
     fn window_us(self) -> u64 {
-        (self.window_and_algorithm & ((1 << 56) - 1)) * 1000
+        (self.window_and_algorithm & ((1 << 40) - 1)) * 1000
     }
 }
 
@@ -76,6 +86,10 @@ impl Counter {
     fn expires_at(&self) -> u64 {
         match self.rule.algorithm() {
             1 => self.a + self.rule.window_us(),
+            // A calendar window lasts at most its longest length past its start.
+            5 => self.a + CalendarUnit::Day.longest_ms() * 1000,
+            6 => self.a + CalendarUnit::Week.longest_ms() * 1000,
+            7 => self.a + CalendarUnit::Month.longest_ms() * 1000,
             // A sliding window's count fades over the window after it.
             3 | 4 => self.a + 2 * self.rule.window_us(),
             _ => self.a,
@@ -269,7 +283,10 @@ impl RuleStates {
         let when = at.unwrap_or(now);
         for rule in rules {
             let w = rule.window_us();
-            let start = when - when % w;
+            let start = match rule.algorithm() {
+                Algorithm::FixedWindow => rule.fixed_window_at(when).0,
+                _ => when - when % w,
+            };
             let id = RuleId::of(rule);
             match rule.algorithm() {
                 Algorithm::SlidingLog => {}
