@@ -1076,6 +1076,18 @@ impl RawPolicy {
             names.push(limiter_name.clone());
             let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.0.len());
             for (j, rule) in raw.rules.0.iter().enumerate() {
+                if let Some(algorithm) = raw
+                    .algorithm
+                    .filter(|&a| rule.calendar_window().is_some() && a != Algorithm::FixedWindow)
+                {
+                    return Err(errors.at(
+                        Some(span.clone()),
+                        format!("{here}.algorithm"),
+                        format!(
+                            "rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"
+                        ),
+                    ));
+                }
                 let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
                 if rules.contains(&rule) {
                     return Err(errors.at(

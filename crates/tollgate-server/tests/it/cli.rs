@@ -80,6 +80,14 @@ fn check_config_names_file_line_field_and_expectation() {
             "[[envoy.domains]]\nname = \"edge\"\ndescriptors = [{ key = \"a\", rules = [\"1/1m\"], shadw = true }]\n",
             "error: DIR/tollgate.toml:3: envoy.domains[0].descriptors[0].shadw: unknown field `shadw`",
         ),
+        (
+            "[policies.a]\nlimiters = [{ by = \"ip\", rules = [\"60/1d@Europe/Berlinn\"] }]\n",
+            r#"error: DIR/tollgate.toml:2: policies.a.limiters[0].rules[0]: "60/1d@Europe/Berlinn": unknown time zone "Europe/Berlinn" (an IANA name, e.g. Europe/Berlin or UTC)"#,
+        ),
+        (
+            "[policies.a]\nlimiters = [{ by = \"ip\", rules = [\"60/1d@UTC\"], algorithm = \"gcra\" }]\n",
+            r#"error: DIR/tollgate.toml:2: policies.a.limiters[0].algorithm: rule 60/1d@UTC is a calendar window, counted as a fixed window; it cannot be gcra"#,
+        ),
         ("[server\n", "error: DIR/tollgate.toml:1: "),
     ];
     for (text, expected) in cases {

@@ -70,3 +70,40 @@ async fn a_refund_gives_back_what_the_check_charged() {
     assert_eq!(status, 422, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("cost"), "{body}");
 }
+
+/// A calendar window over HTTP: the rule's reset is the zone's next midnight.
+#[tokio::test]
+async fn a_calendar_window_resets_at_the_zones_midnight() {
+    let server = Server::start(
+        r#"
+[policies.daily]
+limiters = [{ by = "ip", rules = ["1/1d@Asia/Tokyo"] }]
+"#,
+    );
+    let now_us = || {
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros(),
+        )
+        .unwrap()
+    };
+    let before = now_us();
+    let first = server.check("daily", json!({ "ip": "192.0.2.1" })).await;
+    let after = now_us();
+    assert_eq!(first["rules"][0]["rule"], "1/1d@Asia/Tokyo", "{first}");
+    let reset_ms = first["rules"][0]["reset_after_ms"].as_u64().unwrap();
+    let tokyo = tollgate::Calendar::new(tollgate::CalendarUnit::Day, "Asia/Tokyo").unwrap();
+    // The day's end as seen at either side of the request (a midnight may pass in between).
+    let (_, end_before) = tokyo.window_at(before);
+    let (_, end_after) = tokyo.window_at(after);
+    let ceil_ms = |us: u64| us.div_ceil(1000);
+    assert!(
+        (ceil_ms(end_before - after)..=ceil_ms(end_after - before)).contains(&reset_ms),
+        "reset_after_ms {reset_ms}, the day ends {} ms after the request",
+        (end_before - before) / 1000
+    );
+    let second = server.check("daily", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(second["allowed"], false, "{second}");
+}

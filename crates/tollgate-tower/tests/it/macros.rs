@@ -530,3 +530,27 @@ async fn count_through_the_macro() {
         })
         .await;
 }
+
+#[rate_limit(by = "user_id", rules = ["2/1d@UTC"])]
+async fn daily_report() -> Result<(), Rejection> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_calendar_window_through_the_macro() {
+    // The test clock: 2023-11-14T22:13:20Z, 6,400 s before the UTC day ends.
+    let (gate, clock) = gate();
+    let context = Context::new(gate, Identity::new().with_user_id("u1"));
+    context
+        .scope(async {
+            daily_report().await.unwrap();
+            daily_report().await.unwrap();
+            let Err(Rejection::RateLimited(decision)) = daily_report().await else {
+                panic!("the third report of the day is refused");
+            };
+            assert_eq!(decision.retry_after(), Some(Duration::from_secs(6_400)));
+            clock.advance(Duration::from_secs(6_400));
+            daily_report().await.expect("a new day");
+        })
+        .await;
+}
