@@ -1,21 +1,26 @@
--- Gives back `cost` units to the rules of some limiters (a refund), never below empty; all in
--- one hash slot (a Cluster store calls it once per slot). Mirrors the memory store's refund
--- (crates/tollgate/src/memory/rules.rs) and tollgate::Store::refund.
+-- Gives back `cost` units to the rules of some limiters (a refund), never below empty; or, in
+-- extend mode, renews a check's leases (its sliding-log entries move to now). All in one hash
+-- slot (a Cluster store calls it once per slot). Mirrors the memory store's refund and renew
+-- (crates/tollgate/src/memory/rules.rs), tollgate::Store::refund and Store::extend.
 -- KEYS     per limiter, exactly LimiterRequest::state_keys: its sliding log first (if any
 --          rule is one), then one key per fixed-window, GCRA or sliding-window rule
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
---          of its sliding-log members) or "" for none, then per limiter: rule count, its
+--          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
+--          limiter's log must hold the check's `cost` members at its instant, still live, and
+--          they all move to now; or nothing changes), then per limiter: rule count, its
 --          longest sliding-log window µs (0: none), the instant µs the check recorded at
 --          (-1: none, refund the newest units of the current window), then per rule:
 --          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
 --          window), limit, window µs, and for a calendar window four instants µs around the
 --          check's (as check.lua takes them)
--- Reply    how many keys were changed
+-- Reply    refund: how many keys were changed; extend: {1, now} if renewed, {0, now} if a
+--          lease is gone
 
 local cost = tonumber(ARGV[2])
 local id = ARGV[3]
+local extend = ARGV[4] == '1'
 local changed = 0
-local keyi, argi = 0, 3
+local keyi, argi = 0, 4
 
 -- Sets `key` to `value`, keeping its TTL (KEEPTTL needs Redis 6; PTTL keeps older servers
 -- working).
@@ -32,6 +37,49 @@ end
 local function arg()
   argi = argi + 1
   return tonumber(ARGV[argi])
+end
+
+if extend then
+  -- Two passes over the limiters' logs: check every member, then move them all.
+  local logs = {}
+  while argi < #ARGV do
+    local rules, longest, at = arg(), arg(), arg()
+    if longest > 0 then
+      keyi = keyi + 1
+      logs[#logs + 1] = { KEYS[keyi], longest, at }
+    end
+    for _ = 1, rules do
+      local algorithm = arg()
+      arg()
+      arg()
+      if algorithm == 5 then
+        argi = argi + 4
+      end
+      if algorithm ~= 1 then
+        keyi = keyi + 1
+      end
+    end
+  end
+  for _, l in ipairs(logs) do
+    local log, longest, at = l[1], l[2], l[3]
+    if at < 0 or at <= now - longest then
+      return { 0, now }
+    end
+    for u = 1, cost do
+      local score = redis.call('ZSCORE', log, id .. int(u))
+      if not score or tonumber(score) ~= at then
+        return { 0, now }
+      end
+    end
+  end
+  local score = int(now)
+  for _, l in ipairs(logs) do
+    for u = 1, cost do
+      redis.call('ZADD', l[1], 'XX', score, id .. int(u))
+    end
+    redis.call('PEXPIRE', l[1], int(ttl_ms(l[2])))
+  end
+  return { 1, now }
 end
 
 while argi < #ARGV do

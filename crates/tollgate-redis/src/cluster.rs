@@ -286,7 +286,11 @@ fn receipt(plan: &CheckRequest<'_>, answers: &[SlotAnswer<'_>], nonce: [u8; 8]) 
             }
         }
     }
-    Some(Receipt::per_limiter(at, u64::from_be_bytes(nonce)))
+    Some(Receipt::per_limiter(
+        at,
+        u64::from_be_bytes(nonce),
+        plan.cost,
+    ))
 }
 
 /// The plan's verdict from every slot's: rules back in plan order; when denied, the rules of

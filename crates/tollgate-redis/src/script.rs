@@ -284,19 +284,22 @@ fn too_large(what: &str, value: u64) -> StoreError {
 }
 
 /// Prepares refund.lua for the limiters `members` of `plan` (all in one slot), as the receipt
-/// says (see `Store::refund`); false if none of them is to be refunded.
+/// says: a refund (see `Store::refund`), or with `extend` a renewal of the receipt's leases
+/// (`Store::extend`); false if none of them is concerned.
 pub(crate) fn prepare_refund(
     call: &mut Call<'_>,
     plan: &CheckRequest<'_>,
     members: impl IntoIterator<Item = usize>,
     receipt: Option<&Receipt>,
     now_us: Option<u64>,
+    extend: bool,
 ) -> Result<bool, StoreError> {
     call.arg(now_arg(now_us)).arg(plan.cost);
     match receipt {
         Some(receipt) => call.arg(&receipt.id().to_be_bytes()[..]),
         None => call.arg(""),
     };
+    call.arg(if extend { "1" } else { "0" });
     let mut any = false;
     for i in members {
         let limiter = &plan.limiters[i];
@@ -442,7 +445,7 @@ pub(crate) fn verdict(
                     at
                 }
             });
-        verdict.receipt = Some(Receipt::per_limiter(at, id));
+        verdict.receipt = Some(Receipt::per_limiter(at, id, plan.cost));
     }
     Ok(verdict)
 }

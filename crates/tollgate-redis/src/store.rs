@@ -201,13 +201,84 @@ impl Store for RedisStore {
         };
         for members in groups {
             let mut call = backend.scripts.refund.call();
-            if !script::prepare_refund(&mut call, plan, members, receipt, backend.test_now())? {
+            if !script::prepare_refund(
+                &mut call,
+                plan,
+                members,
+                receipt,
+                backend.test_now(),
+                false,
+            )? {
                 continue;
             }
             let mut conn = backend.conn();
             let _changed: i64 = backend.bounded("refund", call.invoke(&mut conn)).await?;
         }
         Ok(())
+    }
+
+    async fn extend(
+        &self,
+        plan: &CheckRequest<'_>,
+        receipt: &Receipt,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let backend = self.backend();
+        let groups: Vec<Vec<usize>> = match &backend.conn {
+            Conn::Cluster(_) => cluster::slot_members(plan)?,
+            Conn::Standalone(_) | Conn::Sentinel(_) => vec![(0..plan.limiters.len()).collect()],
+        };
+        let mut at_us = vec![Receipt::NOT_RECORDED; plan.limiters.len()];
+        let mut lost = false;
+        for members in groups {
+            let mut call = backend.scripts.refund.call();
+            let extend = CheckRequest::new(receipt.units(), true, plan.limiters);
+            let concerned = members.clone();
+            if !script::prepare_refund(
+                &mut call,
+                &extend,
+                members,
+                Some(receipt),
+                backend.test_now(),
+                true,
+            )? {
+                continue;
+            }
+            let mut conn = backend.conn();
+            let reply: Vec<i64> = backend.bounded("extend", call.invoke(&mut conn)).await?;
+            let &[renewed, now] = reply.as_slice() else {
+                return Err(script::protocol("extend", "expected {renewed, now}"));
+            };
+            if renewed != 1 {
+                lost = true;
+                break;
+            }
+            for i in concerned {
+                if receipt.at_us(i).is_some() {
+                    at_us[i] = u64::try_from(now)
+                        .map_err(|_| script::protocol("extend", "a negative time"))?;
+                }
+            }
+        }
+        if lost {
+            // A lease is gone: the caller lost its slot; give back whatever other slots still
+            // hold (a Cluster renews slot by slot) rather than keep them until they run out.
+            let release = CheckRequest::new(receipt.units(), true, plan.limiters);
+            let renewed = Receipt::per_limiter(
+                (0..plan.limiters.len()).map(|i| match at_us[i] {
+                    Receipt::NOT_RECORDED => receipt.at_us(i).unwrap_or(Receipt::NOT_RECORDED),
+                    now => now,
+                }),
+                receipt.id(),
+                receipt.units(),
+            );
+            let _ = Store::refund(self, &release, Some(&renewed)).await;
+            return Ok(None);
+        }
+        Ok(Some(Receipt::per_limiter(
+            at_us,
+            receipt.id(),
+            receipt.units(),
+        )))
     }
 
     async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {

@@ -144,6 +144,7 @@ macro_rules! conformance_suite {
             shadow_limiters_count_but_never_deny,
             refunds_give_back_what_a_check_charged,
             calendar_windows_follow_the_zones_days,
+            concurrency_leases_bound_what_is_in_flight,
             store_answers_ping,
         );
 
@@ -1188,6 +1189,91 @@ pub async fn calendar_windows_follow_the_zones_days<S: Store>(s: Subject<S>) {
     s.at(ms(31 * DAY));
     // February 2100 has 28 days (2100 is not a leap year).
     expect(&s.check(&q, &who, 1).await, None, &[(true, 0, 28 * DAY)]);
+}
+
+/// Scenario: concurrency leases. At most 2 in flight per user, leases of 60 s, beside a rate
+/// limit: a refusal for lack of a slot spends no rate quota and a rate refusal takes no slot;
+/// a release frees the slot at once (once); an extension renews it; a lease whose holder
+/// vanished ends by itself; a lost lease cannot be extended.
+pub async fn concurrency_leases_bound_what_is_in_flight<S: Store>(s: Subject<S>) {
+    let gate = &s.gate;
+    let p = policy(
+        "leases",
+        [
+            Limiter::concurrent(Dimension::UserId, 2, ms(60_000)).expect("a valid limit"),
+            Limiter::new(Dimension::UserId, [rule("5/1h")]).with_name("rate"),
+        ],
+    );
+    let who = user("u1");
+    s.at(ms(0));
+    let a = s.check(&p, &who, 1).await;
+    expect_remaining(&a, true, &[1, 4]);
+    let b = s.check(&p, &who, 1).await;
+    expect_remaining(&b, true, &[0, 3]);
+    let busy = s.check(&p, &who, 1).await;
+    expect_remaining(&busy, false, &[0, 3]);
+    assert_eq!(busy.reason(), Reason::ConcurrencyLimited);
+    assert_eq!(
+        busy.retry_after(),
+        Some(ms(60_000)),
+        "the first lease ends then"
+    );
+
+    // A release frees the slot at once; the rate quota stays spent.
+    gate.release_concurrent(&p, &who, a.receipt().expect("a lease"))
+        .await
+        .expect("release");
+    s.at(ms(1_000));
+    let d = s.check(&p, &who, 1).await;
+    expect_remaining(&d, true, &[0, 2]);
+    // Releasing again frees nothing.
+    gate.release_concurrent(&p, &who, a.receipt().expect("a lease"))
+        .await
+        .expect("release");
+    let busy = s.check(&p, &who, 1).await;
+    expect_remaining(&busy, false, &[0, 2]);
+    assert_eq!(
+        busy.retry_after(),
+        Some(ms(59_000)),
+        "b's lease, from 0 s, ends first"
+    );
+
+    // An extension renews b's lease from 30 s; d's (from 1 s) runs out at 61 s.
+    s.at(ms(30_000));
+    let b2 = gate
+        .extend_concurrent(&p, &who, b.receipt().expect("a lease"))
+        .await
+        .expect("extend")
+        .expect("b's lease is live");
+    s.at(ms(61_000));
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0, 1]);
+    // b's old receipt names no lease now, nor does d's, which ran out.
+    for lost in [b.receipt(), d.receipt()] {
+        let renewed = gate
+            .extend_concurrent(&p, &who, lost.expect("a receipt"))
+            .await
+            .expect("extend");
+        assert_eq!(renewed, None, "a lost lease is not renewed");
+    }
+    expect_remaining(&s.check(&p, &who, 1).await, false, &[0, 1]);
+    gate.release_concurrent(&p, &who, &b2)
+        .await
+        .expect("release");
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0, 0]);
+
+    // A rate refusal takes no slot.
+    let q = policy(
+        "leases_rate",
+        [
+            Limiter::concurrent(Dimension::UserId, 3, ms(60_000)).expect("a valid limit"),
+            Limiter::new(Dimension::UserId, [rule("1/1h")]).with_name("rate"),
+        ],
+    );
+    let who = user("u2");
+    expect_remaining(&s.check(&q, &who, 1).await, true, &[2, 0]);
+    let refused = s.check(&q, &who, 1).await;
+    expect_remaining(&refused, false, &[2, 0]);
+    assert_eq!(refused.reason(), Reason::RateLimited);
 }
 
 #[track_caller]

@@ -91,6 +91,7 @@ mod conformance {
         shadow_limiters_count_but_never_deny,
         refunds_give_back_what_a_check_charged,
         calendar_windows_follow_the_zones_days,
+        concurrency_leases_bound_what_is_in_flight,
         store_answers_ping,
     );
 }

@@ -31,6 +31,9 @@ pub enum Reason {
     StoreUnavailable,
     /// The cost is larger than some rule's limit: it can never be admitted.
     CostExceedsLimit,
+    /// Every rule that denied is a concurrency limit: as many requests as it allows are in
+    /// flight.
+    ConcurrencyLimited,
 }
 
 impl Reason {
@@ -43,6 +46,7 @@ impl Reason {
             Reason::Bypassed => "bypassed",
             Reason::StoreUnavailable => "store_unavailable",
             Reason::CostExceedsLimit => "cost_exceeds_limit",
+            Reason::ConcurrencyLimited => "concurrency_limited",
         }
     }
 }

@@ -241,6 +241,89 @@ impl<S: Store> Tollgate<S> {
         Ok(())
     }
 
+    /// Ends the leases the check of `receipt` took in `policy`'s concurrency limiters (see
+    /// [`Limiter::concurrent`]): their slots are free at once. Its rate quota stays spent.
+    /// Releasing twice, or after the lease ran out, changes nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Reason, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let exports = Policy::builder("export")
+    ///     .limiter(Limiter::concurrent(Dimension::UserId, 1, Duration::from_secs(300))?)
+    ///     .build()?;
+    /// let who = Identity::new().with_user_id("u1");
+    ///
+    /// let running = gate.check(&exports, &who, 1).await?;
+    /// let busy = gate.check(&exports, &who, 1).await?;
+    /// assert_eq!(busy.reason(), Reason::ConcurrencyLimited);
+    /// // The first lease ends in 5 minutes at the latest.
+    /// assert!(busy.retry_after() <= Some(Duration::from_secs(300)));
+    ///
+    /// gate.release_concurrent(&exports, &who, running.receipt().unwrap()).await?;
+    /// assert!(gate.check(&exports, &who, 1).await?.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn release_concurrent(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        receipt: &Receipt,
+    ) -> Result<(), CheckError> {
+        let mut keys = CheckKeys::new();
+        self.limiter_keys(policy, identity, &mut keys)?;
+        let mut all = LimiterRequests::new();
+        keys.requests(&policy.limiters, &mut all, &mut BanKeys::new());
+        let Some((requests, leases)) = concurrent_part(policy, &all, receipt) else {
+            return Ok(());
+        };
+        let request = CheckRequest::new(receipt.units(), true, &requests);
+        self.store.refund(&request, Some(&leases)).await?;
+        Ok(())
+    }
+
+    /// Renews the leases the check of `receipt` took in `policy`'s concurrency limiters: their
+    /// `lease_ttl` counts again from now, for a job that runs longer. Returns the receipt that
+    /// names them now (use it for the next renewal and the release), or `None` if a lease had
+    /// already run out or been released: the slot may be someone else's now.
+    pub async fn extend_concurrent(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        receipt: &Receipt,
+    ) -> Result<Option<Receipt>, CheckError> {
+        let mut keys = CheckKeys::new();
+        self.limiter_keys(policy, identity, &mut keys)?;
+        let mut all = LimiterRequests::new();
+        keys.requests(&policy.limiters, &mut all, &mut BanKeys::new());
+        let Some((requests, leases)) = concurrent_part(policy, &all, receipt) else {
+            return Ok(Some(receipt.clone()));
+        };
+        let request = CheckRequest::new(receipt.units(), true, &requests);
+        let Some(renewed) = self.store.extend(&request, &leases).await? else {
+            return Ok(None);
+        };
+        // The renewed instants in the concurrency limiters' places, the others as they were.
+        let mut next = 0;
+        let at_us = policy.limiters.iter().enumerate().map(|(i, limiter)| {
+            let at = if limiter.is_concurrent() {
+                next += 1;
+                renewed.at_us(next - 1)
+            } else {
+                receipt.at_us(i)
+            };
+            at.unwrap_or(Receipt::NOT_RECORDED)
+        });
+        Ok(Some(Receipt::per_limiter(
+            at_us,
+            receipt.id(),
+            receipt.units(),
+        )))
+    }
+
     /// The seed's group check: all `rules` counted on one key `name`.
     ///
     /// Sliding-log rules share one log, so `10/1m` and `100/1h` on one key cost one entry per
@@ -717,6 +800,33 @@ impl<S: Store> Store for EngineStore<S> {
     forward_store!(Store, this => &this.0.store);
 }
 
+/// The concurrency limiters of `policy` among its limiter requests `all`, and the part of
+/// `receipt` that names their leases; `None` if the policy has none.
+fn concurrent_part<'a>(
+    policy: &Policy,
+    all: &LimiterRequests<'a>,
+    receipt: &Receipt,
+) -> Option<(LimiterRequests<'a>, Receipt)> {
+    let picked: SmallVec<[usize; INLINE_LIMITERS]> = policy
+        .limiters
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_concurrent())
+        .map(|(i, _)| i)
+        .collect();
+    if picked.is_empty() {
+        return None;
+    }
+    let requests = picked.iter().map(|&i| all[i]).collect();
+    let at_us = picked
+        .iter()
+        .map(|&i| receipt.at_us(i).unwrap_or(Receipt::NOT_RECORDED));
+    Some((
+        requests,
+        Receipt::per_limiter(at_us, receipt.id(), receipt.units()),
+    ))
+}
+
 /// The decision from a store's verdict, into `out`.
 fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
     if let Some(left) = verdict.blocked_us {
@@ -747,7 +857,11 @@ fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
         }
     }
     if !verdict.allowed {
-        out.reason = Reason::RateLimited;
+        out.reason = if out.denied_rules().all(|r| r.rule.is_concurrent()) {
+            Reason::ConcurrencyLimited
+        } else {
+            Reason::RateLimited
+        };
         // A ban written by this denial outlasts the rule's own wait.
         out.retry_after = retry_after
             .max(verdict.banned_us)

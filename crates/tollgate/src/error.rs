@@ -170,6 +170,16 @@ pub enum PolicyError {
         /// The rule.
         rule: String,
     },
+    /// A concurrency limit shares its limiter with other rules, or was given an algorithm.
+    #[error(
+        "limiter {limiter:?}: {rule} is a concurrency limit; it is its limiter's only rule, counted by its leases (give other rules a limiter of their own)"
+    )]
+    ConcurrentNotAlone {
+        /// The limiter's name.
+        limiter: String,
+        /// The rule.
+        rule: String,
+    },
     /// A calendar window (`N/1d@Zone`) is counted as a fixed window, not another algorithm.
     #[error(
         "limiter {limiter:?}: rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"

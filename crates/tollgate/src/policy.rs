@@ -118,6 +118,41 @@ impl Limiter {
         self.shadow
     }
 
+    /// A concurrency limiter: at most `max_in_flight` requests of each `dimension` value at
+    /// once (see [`Rule::concurrent`]). An admission takes a slot until
+    /// [`Tollgate::release_concurrent`](crate::Tollgate::release_concurrent), or for
+    /// `lease_ttl` if its holder never says (a crashed process leaks nothing);
+    /// [`Tollgate::extend_concurrent`](crate::Tollgate::extend_concurrent) renews it. In a policy
+    /// beside rate limiters, all are checked at once: a request a rate rule denies takes no
+    /// slot, and one refused for lack of a slot spends no rate quota.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Dimension, Limiter, Policy};
+    ///
+    /// let exports = Policy::builder("export")
+    ///     .limiter(Limiter::concurrent(Dimension::UserId, 3, Duration::from_secs(300))?)
+    ///     .limiter(Limiter::new(Dimension::UserId, ["20/1h".parse()?]))
+    ///     .build()?;
+    /// assert!(exports.limiters()[0].is_concurrent());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn concurrent(
+        dimension: Dimension,
+        max_in_flight: u64,
+        lease_ttl: std::time::Duration,
+    ) -> Result<Limiter, crate::RuleError> {
+        Ok(Limiter::new(
+            dimension,
+            [Rule::concurrent(max_in_flight, lease_ttl)?],
+        ))
+    }
+
+    /// Whether this is a concurrency limiter (its one rule is a [`Rule::concurrent`]).
+    pub fn is_concurrent(&self) -> bool {
+        self.rules.iter().any(Rule::is_concurrent)
+    }
+
     /// Bans the offender's IP and user id when this limiter denies (see [`BanRule`]).
     #[must_use]
     pub fn with_blocklist(mut self, ban: BanRule) -> Limiter {
@@ -335,6 +370,14 @@ impl PolicyBuilder {
                         > u128::from(crate::algorithm::MAX_SLIDING_WINDOW_PRODUCT)
                 {
                     return Err(PolicyError::SlidingWindowTooLarge {
+                        limiter: limiter.name.to_string(),
+                        rule: rule.to_string(),
+                    });
+                }
+                if rule.is_concurrent()
+                    && (limiter.rules.len() > 1 || rule.algorithm() != Algorithm::SlidingLog)
+                {
+                    return Err(PolicyError::ConcurrentNotAlone {
                         limiter: limiter.name.to_string(),
                         rule: rule.to_string(),
                     });

@@ -93,6 +93,9 @@ pub struct Rule {
     algorithm: Algorithm,
     /// A calendar window (a fixed window): `window_ms` is then its usual length.
     calendar: Option<Calendar>,
+    /// A concurrency limit: `limit` leases at once, each for `window_ms` unless released or
+    /// extended (a log of lease starts, counted over the lease's time to live).
+    concurrent: bool,
 }
 
 impl Rule {
@@ -116,7 +119,34 @@ impl Rule {
             window_ms: window.as_millis() as u64,
             algorithm: Algorithm::SlidingLog,
             calendar: None,
+            concurrent: false,
         })
+    }
+
+    /// A concurrency limit: at most `max_in_flight` requests at once, each holding a lease
+    /// until it ends ([`Tollgate::release`](crate::Tollgate::release_concurrent)) or, if its
+    /// holder vanished, for `lease_ttl` (the slot then comes back by itself). A limiter with a
+    /// concurrency limit holds that one rule ([`Limiter::concurrent`](crate::Limiter::concurrent)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Rule;
+    ///
+    /// let exports = Rule::concurrent(3, Duration::from_secs(300))?;
+    /// assert!(exports.is_concurrent());
+    /// assert_eq!(exports.to_string(), "3/5m concurrent");
+    /// assert_eq!("3/5m concurrent".parse::<Rule>()?, exports);
+    /// # Ok::<(), tollgate::RuleError>(())
+    /// ```
+    pub fn concurrent(max_in_flight: u64, lease_ttl: Duration) -> Result<Rule, RuleError> {
+        let mut rule = Rule::new(max_in_flight, lease_ttl)?;
+        rule.concurrent = true;
+        Ok(rule)
+    }
+
+    /// Whether this is a concurrency limit (see [`Rule::concurrent`]).
+    pub fn is_concurrent(&self) -> bool {
+        self.concurrent
     }
 
     /// A fixed-window rule of `limit` per window of `calendar` (`60/1d@Europe/Berlin`): its
@@ -148,6 +178,7 @@ impl Rule {
             window_ms: usual_ms,
             algorithm: Algorithm::FixedWindow,
             calendar: Some(calendar),
+            concurrent: false,
         })
     }
 
@@ -205,9 +236,13 @@ impl Rule {
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.calendar {
-            Some(calendar) => write!(f, "{}/{calendar}", self.limit),
-            None => write!(f, "{}/{}", self.limit, format_duration(self.window())),
+            Some(calendar) => write!(f, "{}/{calendar}", self.limit)?,
+            None => write!(f, "{}/{}", self.limit, format_duration(self.window()))?,
         }
+        if self.concurrent {
+            f.write_str(" concurrent")?;
+        }
+        Ok(())
     }
 }
 
@@ -216,6 +251,19 @@ impl FromStr for Rule {
 
     fn from_str(text: &str) -> Result<Rule, RuleError> {
         let fail = |kind| RuleError::new(text.to_owned(), kind);
+        // `3/5m concurrent`: a concurrency limit.
+        if let Some(rule) = text.trim_end().strip_suffix(" concurrent") {
+            let rule: Rule = rule.parse().map_err(|e: RuleError| fail(e.kind))?;
+            if rule.calendar.is_some() {
+                return Err(fail(RuleErrorKind::Calendar(
+                    "a concurrency limit's lease has a length, not a calendar window".to_owned(),
+                )));
+            }
+            return Ok(Rule {
+                concurrent: true,
+                ..rule
+            });
+        }
         // `60/1d@Europe/Berlin`: a calendar window.
         if let Some((rule, zone)) = text.split_once('@') {
             let (limit, unit) = rule

@@ -221,9 +221,9 @@ impl Verdict {
 /// ```
 /// use tollgate::Receipt;
 ///
-/// let receipt = Receipt::new(1_700_000_000_000_000, 0x1f);
+/// let receipt = Receipt::new(1_700_000_000_000_000, 0x1f, 2);
 /// let text = receipt.to_string();
-/// assert_eq!(text, "000000000000001f.1700000000000000");
+/// assert_eq!(text, "000000000000001f.2.1700000000000000");
 /// assert_eq!(text.parse::<Receipt>(), Ok(receipt));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -231,28 +231,35 @@ pub struct Receipt {
     /// Per limiter in policy order; one value stands for every limiter.
     at_us: SmallVec<[u64; 1]>,
     id: u64,
+    units: u64,
 }
 
 impl Receipt {
     /// Marks a limiter that recorded nothing (see [`per_limiter`](Self::per_limiter)).
     pub const NOT_RECORDED: u64 = u64::MAX;
 
-    /// Every limiter recorded the admission at `at_us`.
-    pub fn new(at_us: u64, id: u64) -> Receipt {
+    /// Every limiter recorded the admission of `units` (the check's cost) at `at_us`.
+    pub fn new(at_us: u64, id: u64, units: u64) -> Receipt {
         Receipt {
             at_us: SmallVec::from_elem(at_us, 1),
             id,
+            units,
         }
     }
 
     /// Each limiter, in policy order, recorded at its own instant
     /// ([`NOT_RECORDED`](Self::NOT_RECORDED) for none).
-    pub fn per_limiter(at_us: impl IntoIterator<Item = u64>, id: u64) -> Receipt {
+    pub fn per_limiter(at_us: impl IntoIterator<Item = u64>, id: u64, units: u64) -> Receipt {
         let mut at_us: SmallVec<[u64; 1]> = at_us.into_iter().collect();
         if at_us.len() > 1 && at_us.iter().all(|&t| t == at_us[0]) {
             at_us.truncate(1);
         }
-        Receipt { at_us, id }
+        Receipt { at_us, id, units }
+    }
+
+    /// The units the check recorded (its cost).
+    pub fn units(&self) -> u64 {
+        self.units
     }
 
     /// When limiter `i` recorded the admission; `None` if it recorded nothing.
@@ -272,7 +279,7 @@ impl Receipt {
 
 impl std::fmt::Display for Receipt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}", self.id)?;
+        write!(f, "{:016x}.{}", self.id, self.units)?;
         for (i, at) in self.at_us.iter().enumerate() {
             let sep = if i == 0 { '.' } else { ',' };
             match *at {
@@ -290,14 +297,16 @@ impl std::str::FromStr for Receipt {
     fn from_str(text: &str) -> Result<Receipt, String> {
         let bad = || {
             format!(
-                "{text:?} is not a receipt (a check's \"receipt\", e.g. \"000000000000001f.1700000000000000\")"
+                "{text:?} is not a receipt (a check's \"receipt\", e.g. \"000000000000001f.1.1700000000000000\")"
             )
         };
-        let (id, times) = text.split_once('.').ok_or_else(bad)?;
+        let (id, rest) = text.split_once('.').ok_or_else(bad)?;
+        let (units, times) = rest.split_once('.').ok_or_else(bad)?;
         if id.len() != 16 {
             return Err(bad());
         }
         let id = u64::from_str_radix(id, 16).map_err(|_| bad())?;
+        let units = units.parse::<u64>().map_err(|_| bad())?;
         let at_us = times
             .split(',')
             .map(|t| match t {
@@ -309,7 +318,7 @@ impl std::str::FromStr for Receipt {
                     .ok_or_else(bad),
             })
             .collect::<Result<SmallVec<[u64; 1]>, String>>()?;
-        Ok(Receipt::per_limiter(at_us, id))
+        Ok(Receipt::per_limiter(at_us, id, units))
     }
 }
 
@@ -365,6 +374,24 @@ pub trait Store: Send + Sync + 'static {
 
     /// Answers when the store is reachable.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Renews the leases the check of `receipt` took in the request's limiters (concurrency
+    /// limits, see [`Rule::concurrent`](crate::Rule::concurrent)): its `units` sliding-log
+    /// entries move to now, so they count for another window. Atomic per limiter; `None` if
+    /// one of them holds them no more (the lease ran out, or was released): the caller lost its
+    /// slot. The new receipt names the entries where they are now. The default answers that the
+    /// store cannot extend.
+    fn extend(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: &Receipt,
+    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send {
+        let _ = (request, receipt);
+        std::future::ready(Err(StoreError::new(
+            crate::StoreErrorKind::Protocol,
+            "this store cannot extend leases",
+        )))
+    }
 
     /// Gives back `request.cost` units to every rule of the request's limiters (a refund),
     /// never below empty, against the store's now:
@@ -498,6 +525,11 @@ trait DynStore: Send + Sync + 'static {
         request: &'a CheckRequest<'a>,
         receipt: Option<&'a Receipt>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn extend<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<Option<Receipt>, StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
     fn lock_acquire<'a>(
@@ -566,6 +598,14 @@ impl<S: Store> DynStore for S {
         receipt: Option<&'a Receipt>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::refund(self, request, receipt))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+        receipt: &'a Receipt,
+    ) -> BoxFuture<'a, Result<Option<Receipt>, StoreError>> {
+        Box::pin(Store::extend(self, request, receipt))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -703,6 +743,15 @@ macro_rules! forward_store {
         ) -> Result<(), $crate::StoreError> {
             let $inner = self;
             $trait::refund($to, request, receipt).await
+        }
+
+        async fn extend(
+            &self,
+            request: &$crate::CheckRequest<'_>,
+            receipt: &$crate::Receipt,
+        ) -> Result<Option<$crate::Receipt>, $crate::StoreError> {
+            let $inner = self;
+            $trait::extend($to, request, receipt).await
         }
 
         async fn ping(&self) -> Result<(), $crate::StoreError> {

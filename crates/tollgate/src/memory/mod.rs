@@ -71,6 +71,8 @@ struct Inner {
     max_keys_per_shard: usize,
     /// The latest end of any ban ever written: before it, checks must look at ban keys.
     ban_horizon: AtomicU64,
+    /// The id of the next check that takes a lease (see `RuleStates::record`).
+    next_id: AtomicU64,
     /// Keys evicted to make room.
     evictions: AtomicU64,
 }
@@ -193,6 +195,7 @@ impl MemoryStoreBuilder {
             clock: self.clock,
             max_keys_per_shard: (self.max_keys / self.shards).max(1),
             ban_horizon: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
             evictions: AtomicU64::new(0),
         });
         if let Some(interval) = self.purge_interval {
@@ -335,6 +338,17 @@ impl Inner {
 
         if request.consume && cost > 0 {
             self.make_room_for(limiter_hashes, &found, &mut locked, now)?;
+            // Leases of concurrency limits are named by the check's id (one atomic add, only
+            // for checks that take one).
+            let check_id = if request
+                .limiters
+                .iter()
+                .any(|l| l.rules.iter().any(crate::Rule::is_concurrent))
+            {
+                self.next_id.fetch_add(1, Ordering::Relaxed)
+            } else {
+                0
+            };
             let mut first = 0;
             for (i, ((l, &hash), id)) in request
                 .limiters
@@ -357,13 +371,13 @@ impl Inner {
                         limited,
                         ..
                     }) => {
-                        let until = states.record(l.rules, outcomes, now, cost);
+                        let until = states.record(l.rules, outcomes, now, cost, check_id);
                         *expires_at = (*expires_at).max(until);
                         *limited = used_up;
                     }
                     _ => {
                         let mut states = RuleStates::default();
-                        let expires_at = states.record(l.rules, outcomes, now, cost);
+                        let expires_at = states.record(l.rules, outcomes, now, cost, check_id);
                         let mut entry = Entry::new(State::Rules(states), expires_at);
                         entry.limited = used_up;
                         shard.insert(hash, l.key, entry);
@@ -374,9 +388,9 @@ impl Inner {
                 let at = shadow_denied
                     .iter()
                     .map(|&skipped| if skipped { Receipt::NOT_RECORDED } else { now });
-                Receipt::per_limiter(at, 0)
+                Receipt::per_limiter(at, check_id, cost)
             } else {
-                Receipt::new(now, 0)
+                Receipt::new(now, check_id, cost)
             });
         }
         verdict.allowed = true;
@@ -453,6 +467,47 @@ impl Inner {
         }
     }
 
+    /// Renews a check's leases (see `Store::extend`): all or none.
+    fn extend(&self, request: &CheckRequest<'_>, receipt: &Receipt) -> Option<Receipt> {
+        let hashes: SmallVec<[u64; 8]> = request
+            .limiters
+            .iter()
+            .map(|l| self.shards.hash(l.key))
+            .collect();
+        let mut locked = self.shards.lock(&hashes);
+        let now = self.clock.now_us();
+        let units = receipt.units();
+        // First every limiter must still hold them; then they move.
+        for (i, (limiter, &hash)) in request.limiters.iter().zip(&hashes).enumerate() {
+            let Some(at) = receipt.at_us(i) else { continue };
+            match locked.shard(hash).live(hash, limiter.key, now) {
+                Some(Entry {
+                    state: State::Rules(states),
+                    ..
+                }) if states.holds(limiter.rules, now, at, units, receipt.id()) => {}
+                _ => return None,
+            }
+        }
+        let mut at_us: SmallVec<[u64; 4]> = SmallVec::new();
+        for (i, (limiter, &hash)) in request.limiters.iter().zip(&hashes).enumerate() {
+            let Some(at) = receipt.at_us(i) else {
+                at_us.push(Receipt::NOT_RECORDED);
+                continue;
+            };
+            if let Some(Entry {
+                state: State::Rules(states),
+                expires_at,
+                ..
+            }) = locked.shard(hash).live(hash, limiter.key, now)
+            {
+                let until = states.renew(limiter.rules, now, at, units, receipt.id());
+                *expires_at = (*expires_at).max(until);
+            }
+            at_us.push(now);
+        }
+        Some(Receipt::per_limiter(at_us, receipt.id(), units))
+    }
+
     /// A refund (see `Store::refund`), one limiter at a time.
     fn refund(&self, request: &CheckRequest<'_>, receipt: Option<&Receipt>) {
         let now = self.clock.now_us();
@@ -473,7 +528,13 @@ impl Inner {
             }) = shard.live(hash, limiter.key, now)
             {
                 if *expires_at > now {
-                    states.refund(limiter.rules, now, at, request.cost);
+                    states.refund(
+                        limiter.rules,
+                        now,
+                        at,
+                        request.cost,
+                        receipt.map_or(0, Receipt::id),
+                    );
                 }
             }
         }
@@ -511,6 +572,14 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.refund(request, receipt);
         std::future::ready(Ok(()))
+    }
+
+    fn extend(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: &Receipt,
+    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send {
+        std::future::ready(Ok(self.inner.extend(request, receipt)))
     }
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {

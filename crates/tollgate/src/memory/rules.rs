@@ -64,6 +64,15 @@ impl RuleId {
         }
     }
 
+    /// A lease of a concurrency limit (`a` its start, `b` the check's id): the log holds its
+    /// units, this names whose they are, so that a release or a renewal finds its own.
+    fn lease_of(rule: &Rule) -> RuleId {
+        RuleId {
+            limit: rule.limit(),
+            window_and_algorithm: rule.window_ms() | 8 << 56,
+        }
+    }
+
     /// The counter of a sliding-window rule's previous window.
     fn previous_of(rule: &Rule) -> RuleId {
         RuleId {
@@ -90,6 +99,8 @@ impl Counter {
             5 => self.a + CalendarUnit::Day.longest_ms() * 1000,
             6 => self.a + CalendarUnit::Week.longest_ms() * 1000,
             7 => self.a + CalendarUnit::Month.longest_ms() * 1000,
+            // A lease counts for its window (the lease's time to live) from its start.
+            8 => self.a + self.rule.window_us(),
             // A sliding window's count fades over the window after it.
             3 | 4 => self.a + 2 * self.rule.window_us(),
             _ => self.a,
@@ -129,6 +140,15 @@ fn sliding(counters: &[Counter], rule: &Rule) -> Option<SlidingWindowState> {
 /// The theoretical arrival time of GCRA `rule` among a limiter's counters.
 fn tat(counters: &[Counter], rule: &Rule) -> Option<u64> {
     counter(counters, rule).map(|c| c.a)
+}
+
+/// The longest sliding-log window of `rules` (µs), if any rule is a sliding log.
+fn log_window(rules: &[Rule]) -> Option<u64> {
+    rules
+        .iter()
+        .filter(|r| r.algorithm() == Algorithm::SlidingLog)
+        .map(Rule::window_us)
+        .max()
 }
 
 /// What `rule` says about `cost` more units at `now`, over a limiter's log and counters.
@@ -199,15 +219,11 @@ impl RuleStates {
         outcomes: &[RuleOutcome],
         now: u64,
         cost: u64,
+        id: u64,
     ) -> u64 {
         self.counters.retain(|c| c.expires_at() > now);
         let mut expires_at = now;
-        let log_window = rules
-            .iter()
-            .filter(|r| r.algorithm() == Algorithm::SlidingLog)
-            .map(Rule::window_us)
-            .max();
-        if let Some(window) = log_window {
+        if let Some(window) = log_window(rules) {
             let log = self.log.get_or_insert_default();
             if let Some(edge) = now.checked_sub(window) {
                 while log.front().is_some_and(|&t| t <= edge) {
@@ -229,6 +245,14 @@ impl RuleStates {
         }
         for (rule, outcome) in rules.iter().zip(outcomes) {
             let (a, b) = match rule.algorithm() {
+                Algorithm::SlidingLog if rule.is_concurrent() => {
+                    self.counters.push(Counter {
+                        rule: RuleId::lease_of(rule),
+                        a: now,
+                        b: id,
+                    });
+                    continue;
+                }
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
                     let state = window(&self.counters, rule);
@@ -263,7 +287,22 @@ impl RuleStates {
     /// Gives back `cost` units to every rule at `now` (see `Store::refund`): the log's entries
     /// recorded at `at` (or its newest), the count of `at`'s window (or the current one), the
     /// GCRA arrival time; never below empty.
-    pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64) {
+    pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64, id: u64) {
+        // A lease is given back once: the log's units at its start are its own only while it
+        // is named here (another check's units may share that instant).
+        if let (Some(rule), Some(at)) = (rules.iter().find(|r| r.is_concurrent()), at) {
+            let lease = RuleId::lease_of(rule);
+            match self
+                .counters
+                .iter()
+                .position(|c| c.rule == lease && c.a == at && c.b == id)
+            {
+                Some(i) => {
+                    self.counters.remove(i);
+                }
+                None => return,
+            }
+        }
         if let Some(log) = &mut self.log {
             if rules.iter().any(|r| r.algorithm() == Algorithm::SlidingLog) {
                 match at {
@@ -318,6 +357,54 @@ impl RuleStates {
                 }
             }
         }
+    }
+
+    /// Whether the log holds `units` entries recorded at `at` that still count at `now` (the
+    /// leases of a check: see `Store::extend`).
+    pub(super) fn holds(&self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> bool {
+        let Some(window) = log_window(rules) else {
+            return false;
+        };
+        if let Some(rule) = rules.iter().find(|r| r.is_concurrent()) {
+            let lease = RuleId::lease_of(rule);
+            if !self
+                .counters
+                .iter()
+                .any(|c| c.rule == lease && c.a == at && c.b == id)
+            {
+                return false;
+            }
+        }
+        let Some(log) = &self.log else { return false };
+        let live = now.checked_sub(window).is_none_or(|edge| at > edge);
+        let first = log.partition_point(|&t| t < at);
+        let last = log.partition_point(|&t| t <= at);
+        live && (last - first) as u64 >= units
+    }
+
+    /// Moves `units` log entries recorded at `at` to `now` (a check's leases, renewed: see
+    /// [`holds`](Self::holds), which must be true); returns until when the log counts.
+    pub(super) fn renew(&mut self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> u64 {
+        let window = log_window(rules).unwrap_or(0);
+        if let Some(rule) = rules.iter().find(|r| r.is_concurrent()) {
+            let lease = RuleId::lease_of(rule);
+            if let Some(c) = self
+                .counters
+                .iter_mut()
+                .find(|c| c.rule == lease && c.a == at && c.b == id)
+            {
+                c.a = now;
+            }
+        }
+        let log = self.log.get_or_insert_default();
+        let first = log.partition_point(|&t| t < at);
+        let n = usize::try_from(units).unwrap_or(usize::MAX);
+        log.drain(first..first + n);
+        let at = log.partition_point(|&t| t <= now);
+        for _ in 0..n {
+            log.insert(at, now);
+        }
+        now.saturating_add(window)
     }
 
     /// Sets the counter `id` (adding it if need be); returns until when it counts.
