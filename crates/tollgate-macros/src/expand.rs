@@ -338,7 +338,8 @@ fn rate_limit_check(
         let __tollgate_args: ::std::vec::Vec<(&'static str, ::std::string::String)> =
             ::std::vec![#(#args),*];
     };
-    let Some(count) = count else {
+    let concurrent = limits.iter().any(|l| l.concurrent);
+    if count.is_none() && !concurrent {
         return Ok((
             quote! {
                 {
@@ -352,13 +353,18 @@ fn rate_limit_check(
             },
             false,
         ));
+    }
+    // 0: every call counts; 1: failures only; 2: successes only.
+    let mode: u8 = match count.map(syn::LitStr::value).as_deref() {
+        Some("failures") => 1,
+        Some("successes") => 2,
+        _ => 0,
     };
-    let failures = count.value() == "failures";
     Ok((
         quote! {
             let __tollgate_charge = {
                 #policy
-                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #failures).await {
+                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #mode).await {
                     ::core::result::Result::Ok(charge) => charge,
                     ::core::result::Result::Err(__tollgate_rejection) => {
                         return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));

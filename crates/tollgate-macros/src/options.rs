@@ -24,6 +24,8 @@ pub(crate) struct RateLimit {
     pub(crate) shadow: bool,
     /// `count = "failures"` or `"successes"` (`"all"`, the default, is `None`).
     pub(crate) count: Option<LitStr>,
+    /// `concurrent = N`: a concurrency limiter (its rule is in `rules`).
+    pub(crate) concurrent: bool,
 }
 
 impl RateLimit {
@@ -45,7 +47,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, count";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, count, concurrent, lease_ttl";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -134,6 +136,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     let (mut ipv4_prefix, mut ipv6_prefix) = (None::<LitInt>, None::<LitInt>);
     let mut shadow = None::<LitBool>;
     let mut count = None::<LitStr>;
+    let (mut concurrent, mut lease_ttl) = (None::<LitInt>, None::<LitStr>);
     let parser = syn::meta::parser(|meta| {
         let key = meta
             .path
@@ -192,6 +195,18 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
                 "shadow",
             ),
             "count" => set(&mut count, meta.value()?.parse::<LitStr>()?, &meta, "count"),
+            "concurrent" => set(
+                &mut concurrent,
+                meta.value()?.parse::<LitInt>()?,
+                &meta,
+                "concurrent",
+            ),
+            "lease_ttl" => set(
+                &mut lease_ttl,
+                meta.value()?.parse::<LitStr>()?,
+                &meta,
+                "lease_ttl",
+            ),
             _ => Err(meta.error(format!(
                 "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
             ))),
@@ -202,12 +217,47 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     let by: LitStr =
         by.ok_or_else(|| syn::Error::new(span, "#[rate_limit] needs `by`, e.g. by = \"ip\""))?;
     let dimension = Dimension::from_str(&by.value()).map_err(|e| syn::Error::new(by.span(), e))?;
-    let rules: Vec<LitStr> = rules.ok_or_else(|| {
-        syn::Error::new(
-            span,
-            "#[rate_limit] needs `rules`, e.g. rules = [\"1/1m\", \"10/1h\"]",
-        )
-    })?;
+    // `concurrent = N` (with `lease_ttl`, default 5m) is the rule `N/TTL concurrent`.
+    let is_concurrent = concurrent.is_some();
+    let rules: Vec<LitStr> = match (rules, concurrent) {
+        (Some(_), Some(n)) => {
+            return Err(syn::Error::new(
+                n.span(),
+                "a concurrency limiter (`concurrent`) has no `rules`: give rate rules a #[rate_limit] of their own",
+            ));
+        }
+        (Some(rules), None) => {
+            if let Some(ttl) = &lease_ttl {
+                return Err(syn::Error::new(
+                    ttl.span(),
+                    "`lease_ttl` goes with `concurrent = N`",
+                ));
+            }
+            rules
+        }
+        (None, Some(n)) => {
+            if let Some(a) = &algorithm {
+                return Err(syn::Error::new(
+                    a.span(),
+                    "a concurrency limiter counts leases: it takes no `algorithm`",
+                ));
+            }
+            let ttl = lease_ttl
+                .as_ref()
+                .map_or_else(|| "5m".to_owned(), LitStr::value);
+            let at = lease_ttl.as_ref().map_or(n.span(), LitStr::span);
+            vec![LitStr::new(
+                &format!("{}/{ttl} concurrent", n.base10_digits()),
+                at,
+            )]
+        }
+        (None, None) => {
+            return Err(syn::Error::new(
+                span,
+                "#[rate_limit] needs `rules`, e.g. rules = [\"1/1m\", \"10/1h\"] (or `concurrent = N`)",
+            ));
+        }
+    };
     if rules.is_empty() {
         return Err(syn::Error::new(
             span,
@@ -284,6 +334,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         ipv6_prefix,
         shadow: shadow.is_some_and(|b| b.value),
         count,
+        concurrent: is_concurrent,
     })
 }
 

@@ -36,6 +36,8 @@ pin_project! {
     pub struct GateBody<B> {
         #[pin]
         kind: Kind<B>,
+        // What the response holds until its body ends or is dropped (a concurrency slot).
+        held: Option<Box<dyn Send>>,
     }
 }
 
@@ -53,6 +55,7 @@ impl<B> GateBody<B> {
     pub fn new(body: B) -> GateBody<B> {
         GateBody {
             kind: Kind::Inner { body },
+            held: None,
         }
     }
 
@@ -63,6 +66,7 @@ impl<B> GateBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            held: None,
         }
     }
 
@@ -70,6 +74,7 @@ impl<B> GateBody<B> {
     pub fn empty() -> GateBody<B> {
         GateBody {
             kind: Kind::Full { data: None },
+            held: None,
         }
     }
 
@@ -83,6 +88,7 @@ impl<B> GateBody<B> {
             kind: Kind::Boxed {
                 body: body.map_err(Into::into).boxed_unsync(),
             },
+            held: None,
         }
     }
 }
@@ -92,7 +98,15 @@ impl<B> GateBody<B> {
     pub(crate) fn from_box(body: UnsyncBoxBody<Bytes, BoxError>) -> GateBody<B> {
         GateBody {
             kind: Kind::Boxed { body },
+            held: None,
         }
+    }
+
+    /// The same body, holding `guard` until it ends (its last frame, or an error) or is
+    /// dropped: a streamed response keeps what the request holds while it streams.
+    pub(crate) fn holding(mut self, guard: Box<dyn Send>) -> GateBody<B> {
+        self.held = Some(guard);
+        self
     }
 }
 
@@ -114,11 +128,17 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let polled = match this.kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Boxed { body } => Pin::new(body).poll_frame(cx),
+        };
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            // The body is over: what it held is let go now, not when it is dropped.
+            *this.held = None;
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -92,12 +92,13 @@ pub async fn check(policy: &Policy, args: Vec<(&'static str, String)>) -> Result
     Ok(())
 }
 
-/// Checks `policy` as [`check`] does, keeping what a refund needs: for a function with
-/// `count = "failures"` (`failures`) or `count = "successes"`.
+/// Checks `policy` as [`check`] does, keeping what the call's end needs: a refund for a
+/// function with `count = "failures"` (`mode` 1) or `"successes"` (2), the release of its
+/// concurrency slots if the policy has concurrency limiters.
 pub async fn check_charged(
     policy: &'static Policy,
     args: Vec<(&'static str, String)>,
-    failures: bool,
+    mode: u8,
 ) -> Result<Charged, Rejection> {
     let context = Context::current().ok_or(Rejection::NoContext)?;
     let mut identity = context.identity.clone();
@@ -118,49 +119,91 @@ pub async fn check_charged(
         policy,
         identity,
         receipt: decision.receipt().cloned(),
-        failures,
+        mode,
+        concurrent: policy.limiters().iter().any(Limiter::is_concurrent),
         armed: true,
     })
 }
 
-/// An admitted call's charge, until its outcome says whether it counts. Dropped armed (the
-/// function panicked or its future was dropped), it is a failure: kept when only failures
-/// count, refunded in the background when only successes do.
+/// An admitted call's charge and slots, until its outcome is known. Dropped armed (the
+/// function panicked or its future was dropped), it is a failure: the charge is kept when only
+/// failures count, refunded in the background when only successes do; the concurrency slots
+/// are released either way.
 pub struct Charged {
     gate: SharedGate,
     policy: &'static Policy,
     identity: tollgate::Identity,
     receipt: Option<tollgate::Receipt>,
-    failures: bool,
+    mode: u8,
+    concurrent: bool,
     armed: bool,
 }
 
+/// What ends a call: give back its charge (which frees its slots too), free its slots, or
+/// nothing.
+#[derive(Clone, Copy)]
+enum End {
+    Refund,
+    Release,
+    Keep,
+}
+
 impl Charged {
-    /// Records the call's outcome: refunds the charge if the outcome does not count.
+    fn end(&self, succeeded: bool) -> End {
+        match (self.mode, succeeded) {
+            (1, true) | (2, false) => End::Refund,
+            _ if self.concurrent => End::Release,
+            _ => End::Keep,
+        }
+    }
+
+    /// Records the call's outcome: refunds the charge if the outcome does not count, and frees
+    /// the call's concurrency slots.
     pub async fn finish(mut self, succeeded: bool) {
         self.armed = false;
-        if succeeded != self.failures {
+        let Some(receipt) = self.receipt.take() else {
             return;
-        }
-        // A failed refund keeps the charge: the safe side.
-        let _ = self
-            .gate
-            .refund(self.policy, &self.identity, 1, self.receipt.as_ref())
-            .await;
+        };
+        // A failed refund or release keeps the charge, or the slot until its lease runs out:
+        // the safe side.
+        let _ = match self.end(succeeded) {
+            End::Refund => {
+                self.gate
+                    .refund(self.policy, &self.identity, 1, Some(&receipt))
+                    .await
+            }
+            End::Release => {
+                self.gate
+                    .release_concurrent(self.policy, &self.identity, &receipt)
+                    .await
+            }
+            End::Keep => Ok(()),
+        };
     }
 }
 
 impl Drop for Charged {
     fn drop(&mut self) {
-        if !self.armed || self.failures {
+        if !self.armed {
             return;
         }
+        let end = self.end(false);
+        if matches!(end, End::Keep) {
+            return;
+        }
+        let Some(receipt) = self.receipt.take() else {
+            return;
+        };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (gate, policy) = (self.gate.clone(), self.policy);
             let identity = std::mem::take(&mut self.identity);
-            let receipt = self.receipt.take();
             runtime.spawn(async move {
-                let _ = gate.refund(policy, &identity, 1, receipt.as_ref()).await;
+                let _ = match end {
+                    End::Refund => gate.refund(policy, &identity, 1, Some(&receipt)).await,
+                    End::Release | End::Keep => {
+                        gate.release_concurrent(policy, &identity, &receipt).await
+                    }
+                };
             });
         }
     }

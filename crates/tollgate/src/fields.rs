@@ -166,7 +166,13 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// appended where two rules of a limiter share a window. Problem documents name violated
 /// policies by these too.
 pub fn policy_names(rules: &[RuleDecision]) -> Vec<String> {
-    let base = |r: &RuleDecision| format!("{}-{}", r.limiter, format_duration(r.rule.window()));
+    let base = |r: &RuleDecision| {
+        if r.rule.is_concurrent() {
+            format!("{}-concurrent", r.limiter)
+        } else {
+            format!("{}-{}", r.limiter, format_duration(r.rule.window()))
+        }
+    };
     let mut names: Vec<String> = Vec::with_capacity(rules.len());
     for (i, rule) in rules.iter().enumerate() {
         let mut name = base(rule);
@@ -203,6 +209,12 @@ fn sf_string(text: &str) -> String {
 /// The `RateLimit-Policy` items of `rules`, named `names` (quoted).
 fn write_policy(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[String]) {
     for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
+        if rule.rule.is_concurrent() {
+            // A quota of requests at once, not per window: the draft's quota unit says so.
+            write_item(out, i, name, ["q"], [rule.rule.limit()]);
+            let _ = out.write_str(";qu=\"concurrent-requests\"");
+            continue;
+        }
         let (q, w) = (rule.rule.limit(), ceil_secs(rule.rule.window()));
         write_item(out, i, name, ["q", "w"], [q, w]);
     }
@@ -218,7 +230,13 @@ fn write_limits(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[Stri
 
 /// One list item, `name;a=1;b=2`, after a separator unless it is the first (`i == 0`). Numbers
 /// are written with `itoa`: the formatting machinery costs more than the rest of the field.
-fn write_item(out: &mut impl fmt::Write, i: usize, name: &str, keys: [&str; 2], values: [u64; 2]) {
+fn write_item<const N: usize>(
+    out: &mut impl fmt::Write,
+    i: usize,
+    name: &str,
+    keys: [&str; N],
+    values: [u64; N],
+) {
     let mut digits = itoa::Buffer::new();
     if i > 0 {
         let _ = out.write_str(", ");
@@ -412,6 +430,28 @@ mod tests {
         assert_eq!(
             names,
             ["ip-1m", "ip-1h-10", "ip-1h-5", "user_id-1d", "ip-500ms"]
+        );
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_a_quota_of_concurrent_requests() {
+        let rules = [
+            rule("jobs", "3/5m concurrent", 1, 300),
+            rule("ip", "100/1m", 99, 60),
+        ];
+        assert_eq!(
+            collect(HeaderStyle::Draft, &rules),
+            [
+                (
+                    RATELIMIT_POLICY,
+                    r#""jobs-concurrent";q=3;qu="concurrent-requests", "ip-1m";q=100;w=60"#
+                        .to_owned()
+                ),
+                (
+                    RATELIMIT,
+                    r#""jobs-concurrent";r=1;t=300, "ip-1m";r=99;t=60"#.to_owned()
+                ),
+            ]
         );
     }
 

@@ -156,3 +156,39 @@ impl Drop for Charge {
         }
     }
 }
+
+/// The concurrency slots an admitted request holds (its policy's concurrency limiters): freed
+/// when dropped, which the layer arranges for when the response body ends or is dropped, or
+/// when the handler panics or its future is dropped. The release runs in the background.
+pub(crate) struct Slot {
+    config: Arc<Config>,
+    identity: Identity,
+    receipt: Receipt,
+}
+
+impl Slot {
+    pub(crate) fn new(config: Arc<Config>, identity: Identity, receipt: Receipt) -> Slot {
+        Slot {
+            config,
+            identity,
+            receipt,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Without a runtime (dropped during shutdown) the lease runs out by itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let config = self.config.clone();
+            let identity = std::mem::take(&mut self.identity);
+            let receipt = self.receipt.clone();
+            runtime.spawn(async move {
+                let _ = config
+                    .gate
+                    .release_concurrent(&config.policy, &identity, &receipt)
+                    .await;
+            });
+        }
+    }
+}

@@ -10,7 +10,11 @@ use pin_project_lite::pin_project;
 use tollgate::{CheckError, Decision, Identity};
 use tower_service::Service;
 
-use super::{count::Charge, layer::Config};
+use super::{
+    Count,
+    count::{Charge, Slot},
+    layer::Config,
+};
 use crate::{body::GateBody, engine::BoxFuture, headers::HeaderStyle, rejection::Rejection};
 
 pin_project! {
@@ -45,10 +49,12 @@ pin_project! {
             future: F,
             decision: Option<Decision>,
             charge: Option<Charge>,
+            slot: Option<Slot>,
         },
         Refunding {
             refund: BoxFuture<'static, ()>,
             output: Option<Result<Response<GateBody<R>>, E>>,
+            slot: Option<Slot>,
         },
     }
 }
@@ -104,20 +110,33 @@ where
                         unreachable!("the inner call is taken once");
                     };
                     let future = inner.call(request);
-                    let charge = identity.take().map(|identity| {
-                        Charge::new(this.config.clone(), identity, decision.receipt().cloned())
-                    });
+                    let slot = match (this.config.concurrent, decision.receipt(), &*identity) {
+                        (true, Some(receipt), Some(identity)) => Some(Slot::new(
+                            this.config.clone(),
+                            identity.clone(),
+                            receipt.clone(),
+                        )),
+                        _ => None,
+                    };
+                    let charge = identity
+                        .take()
+                        .filter(|_| !matches!(this.config.count, Count::All))
+                        .map(|identity| {
+                            Charge::new(this.config.clone(), identity, decision.receipt().cloned())
+                        });
                     let decision = (this.config.style != HeaderStyle::None).then_some(decision);
                     this.state.set(State::Calling {
                         future,
                         decision,
                         charge,
+                        slot,
                     });
                 }
                 StateProj::Calling {
                     future,
                     decision,
                     charge,
+                    slot,
                 } => {
                     let output = ready!(future.poll(cx)).map(|response| {
                         let mut response = response.map(GateBody::new);
@@ -129,29 +148,47 @@ where
                         }
                         response
                     });
+                    let slot = slot.take();
                     let Some(charge) = charge.take() else {
-                        return Poll::Ready(output);
+                        return Poll::Ready(hold(output, slot));
                     };
                     let status = output.as_ref().ok().map(Response::status);
                     if charge.keeps(status) {
                         charge.settle();
-                        return Poll::Ready(output);
+                        return Poll::Ready(hold(output, slot));
                     }
                     // Refunded before the response goes out: the client's next request sees it.
                     this.state.set(State::Refunding {
                         refund: Box::pin(charge.refund()),
                         output: Some(output),
+                        slot,
                     });
                 }
-                StateProj::Refunding { refund, output } => {
+                StateProj::Refunding {
+                    refund,
+                    output,
+                    slot,
+                } => {
                     ready!(refund.as_mut().poll(cx));
                     let Some(output) = output.take() else {
                         unreachable!("a refunded response is returned once");
                     };
-                    return Poll::Ready(output);
+                    return Poll::Ready(hold(output, slot.take()));
                 }
             }
         }
+    }
+}
+
+/// The response, its body holding the request's concurrency slots until it ends (an error of
+/// the inner service lets them go at once).
+fn hold<B, E>(
+    output: Result<Response<GateBody<B>>, E>,
+    slot: Option<Slot>,
+) -> Result<Response<GateBody<B>>, E> {
+    match (output, slot) {
+        (Ok(response), Some(slot)) => Ok(response.map(|body| body.holding(Box::new(slot)))),
+        (output, _) => output,
     }
 }
 

@@ -56,6 +56,9 @@ pub(crate) struct Config {
     pub(crate) fields: Arc<PolicyFields>,
     pub(crate) cost: u64,
     pub(crate) count: Count,
+    /// The policy has concurrency limiters: an admitted request holds its slots until its
+    /// response body ends.
+    pub(crate) concurrent: bool,
     pub(crate) on_rejection: Option<OnRejection>,
 }
 
@@ -70,6 +73,10 @@ impl RateLimitLayer {
                 _ => None,
             })
             .collect();
+        let concurrent = policy
+            .limiters()
+            .iter()
+            .any(tollgate::Limiter::is_concurrent);
         RateLimitLayer {
             config: Arc::new(Config {
                 gate: erase(gate),
@@ -80,6 +87,7 @@ impl RateLimitLayer {
                 style: HeaderStyle::Draft,
                 cost: 1,
                 count: Count::All,
+                concurrent,
                 on_rejection: None,
             }),
         }

@@ -40,7 +40,8 @@ where
         let grpc = is_grpc(request.headers());
         let config = self.config.clone();
         // A refund needs the identity again, once the response is known.
-        let kept = (!matches!(config.count, Count::All)).then(|| identity.clone());
+        let kept =
+            (!matches!(config.count, Count::All) || config.concurrent).then(|| identity.clone());
         let check = Box::pin(async move {
             config
                 .gate

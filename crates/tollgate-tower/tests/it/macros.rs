@@ -554,3 +554,49 @@ async fn a_calendar_window_through_the_macro() {
         })
         .await;
 }
+
+#[rate_limit(by = "user_id", concurrent = 1, lease_ttl = "1m")]
+#[rate_limit(by = "user_id", name = "hourly", rules = ["10/1h"])]
+async fn export_job(done: Arc<Notify>) -> Result<(), Rejection> {
+    done.notified().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_through_the_macro() {
+    let (gate, _) = gate();
+    let context = Context::new(gate, Identity::new().with_user_id("u1"));
+    let done = Arc::new(Notify::new());
+    let running = tokio::spawn(context.clone().scope(export_job(done.clone())));
+    context
+        .clone()
+        .scope(async {
+            // Wait (bounded) until the first job holds its slot: then a second is refused.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let refusal = loop {
+                let other = Arc::new(Notify::new());
+                other.notify_one();
+                match export_job(other).await {
+                    Err(Rejection::RateLimited(decision)) => break decision,
+                    Ok(()) => {
+                        assert!(tokio::time::Instant::now() < deadline, "never running");
+                        tokio::task::yield_now().await;
+                    }
+                    Err(other) => panic!("{other:?}"),
+                }
+            };
+            assert_eq!(refusal.reason(), Reason::ConcurrencyLimited);
+            assert!(refusal.retry_after() <= Some(Duration::from_secs(60)));
+        })
+        .await;
+    // The first job ends: its slot is free as soon as it returns.
+    done.notify_one();
+    running.await.unwrap().unwrap();
+    context
+        .scope(async {
+            let free = Arc::new(Notify::new());
+            free.notify_one();
+            export_job(free).await.expect("the slot is free");
+        })
+        .await;
+}

@@ -295,6 +295,96 @@ async fn count_successes_refunds_failures_errors_and_panics() {
 }
 
 #[tokio::test]
+async fn a_concurrency_slot_is_held_while_the_response_streams() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("download")
+        .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(300)).unwrap())
+        .build()
+        .unwrap();
+    // Each request streams what the test sends through the channel it hands out.
+    let (senders, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    let app = Router::new().route(
+        "/download",
+        get(move || {
+            let senders = senders.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
+                senders.send(tx).unwrap();
+                axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            }
+        })
+        .layer(RateLimitLayer::new(gate, policy)),
+    );
+    let server = Server::start(app).await;
+    let http = client();
+
+    let streaming = http.get(server.at("/download")).send().await.unwrap();
+    assert_eq!(streaming.status(), 200);
+    assert_eq!(
+        header(&streaming, "ratelimit-policy").as_deref(),
+        Some(r#""ip-concurrent";q=1;qu="concurrent-requests""#)
+    );
+    let stream = handed.recv().await.unwrap();
+    // While the first response streams, its slot is taken.
+    let busy = http.get(server.at("/download")).send().await.unwrap();
+    assert_eq!(busy.status(), 429);
+    assert!(header(&busy, "retry-after").is_some());
+    let body: serde_json::Value = busy.json().await.unwrap();
+    assert_eq!(body["reason"], "concurrency_limited", "{body}");
+
+    // The stream ends: the slot comes back (released in the background).
+    stream.send(Ok("part".to_owned())).await.unwrap();
+    drop(stream);
+    assert_eq!(streaming.text().await.unwrap(), "part");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let next = http.get(server.at("/download")).send().await.unwrap();
+        if next.status() == 200 {
+            break;
+        }
+        assert_eq!(next.status(), 429);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
+    use tower::ServiceExt as _;
+
+    let (gate, _) = gate();
+    let policy = Policy::builder("job")
+        .limiter(Limiter::concurrent(Dimension::Global, 1, Duration::from_secs(300)).unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate.clone(), policy.clone());
+    let panicking = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(|_: http::Request<String>| async move {
+            if true {
+                panic!("the job fails");
+            }
+            Ok::<http::Response<String>, std::convert::Infallible>(http::Response::new(
+                String::new(),
+            ))
+        }));
+    let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
+    assert!(panicked.unwrap_err().is_panic());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let who = tollgate::Identity::new();
+    while !gate.peek(&policy, &who, 1).await.unwrap().allowed() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
 async fn the_limiter_message_and_a_custom_response() {
     let (gate, _) = gate();
     let policy = Policy::builder("api")
