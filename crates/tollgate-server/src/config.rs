@@ -590,7 +590,11 @@ struct RawPolicy {
 #[serde(deny_unknown_fields)]
 struct RawLimiter {
     by: Dimension,
+    #[serde(default)]
     rules: RuleList,
+    /// A concurrency limiter: at most this many in flight (instead of `rules`).
+    concurrent: Option<Spanned<u64>>,
+    lease_ttl: Option<Spanned<DurationText>>,
     algorithm: Option<Algorithm>,
     name: Option<Spanned<String>>,
     message: Option<String>,
@@ -1045,13 +1049,49 @@ impl RawPolicy {
         for (i, raw) in self.limiters.into_iter().enumerate() {
             let span = raw.span();
             let here = format!("{field}.limiters[{i}]");
-            let raw = raw.into_inner();
-            if raw.rules.0.is_empty() {
-                return Err(errors.at(
-                    Some(span),
-                    format!("{here}.rules"),
-                    "a limiter needs at least one rule, e.g. [\"10/1m\"]",
-                ));
+            let mut raw = raw.into_inner();
+            // `concurrent = N` (with `lease_ttl`, default 5m) is the rule `N/TTL concurrent`.
+            match (&raw.concurrent, raw.rules.0.is_empty()) {
+                (Some(n), true) => {
+                    let ttl = raw
+                        .lease_ttl
+                        .as_ref()
+                        .map_or(Duration::from_secs(300), |t| t.get_ref().0);
+                    let rule = Rule::concurrent(*n.get_ref(), ttl).map_err(|e| {
+                        errors.at(Some(n.span()), format!("{here}.concurrent"), e.to_string())
+                    })?;
+                    if let Some(a) = raw.algorithm {
+                        return Err(errors.at(
+                            Some(span),
+                            format!("{here}.algorithm"),
+                            format!("a concurrency limiter counts leases: it takes no algorithm (not {a})"),
+                        ));
+                    }
+                    raw.rules.0.push(rule);
+                }
+                (Some(n), false) => {
+                    return Err(errors.at(
+                        Some(n.span()),
+                        format!("{here}.concurrent"),
+                        "a concurrency limiter has no `rules`: give rate rules a limiter of their own",
+                    ));
+                }
+                (None, true) => {
+                    return Err(errors.at(
+                        Some(span),
+                        format!("{here}.rules"),
+                        "a limiter needs at least one rule, e.g. [\"10/1m\"] (or `concurrent = N`)",
+                    ));
+                }
+                (None, false) => {
+                    if let Some(ttl) = &raw.lease_ttl {
+                        return Err(errors.at(
+                            Some(ttl.span()),
+                            format!("{here}.lease_ttl"),
+                            "lease_ttl goes with `concurrent = N`",
+                        ));
+                    }
+                }
             }
             let mut limiter_name = raw.by.to_string();
             if let Some(n) = &raw.name {

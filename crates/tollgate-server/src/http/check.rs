@@ -19,8 +19,8 @@ use tollgate::{CheckError, Decision, Identity, fields};
 use super::{
     error::{ApiError, ApiJson, JsonBody, check_error, parse_json},
     json::{
-        BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, RefundRequest, decision_size_hint,
-        write_decision,
+        BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, LeaseRequest, RefundRequest,
+        decision_size_hint, write_decision,
     },
 };
 use crate::{
@@ -145,6 +145,95 @@ fn record(
         app.record_store_call("peek", decision.reason(), started);
     }
     Ok(decision)
+}
+
+/// `/v1/acquire`: `/v1/check` for a policy with a concurrency limiter; an admission's
+/// `"lease"` names the slot it holds, for `/v1/release` and `/v1/extend`.
+pub(crate) async fn acquire(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+    let req: CheckRequest<'_> = match parse_json(&body) {
+        Ok(req) => req,
+        Err(e) => return e.into_response(),
+    };
+    let concurrent = app.config().policies.get(&*req.policy).map(|entry| {
+        entry
+            .policy
+            .limiters()
+            .iter()
+            .any(tollgate::Limiter::is_concurrent)
+    });
+    if concurrent == Some(false) {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "policy {:?} has no concurrency limiter (a limiter with `concurrent = N`): use /v1/check",
+                req.policy
+            ),
+        )
+        .with_code("not_concurrent")
+        .into_response();
+    }
+    decide(&app, req, true)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The lease of a `/v1/release` or `/v1/extend` body, parsed.
+fn lease(req: &LeaseRequest) -> Result<tollgate::Receipt, ApiError> {
+    req.lease.parse().map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, format!("lease: {e}")).with_code("invalid_request")
+    })
+}
+
+/// `/v1/release`: ends a lease of `/v1/acquire` (its slots are free at once; its rate quota
+/// stays spent). Releasing twice, or after the lease ran out, changes nothing.
+pub(crate) async fn release(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<LeaseRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let lease = lease(&req)?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let result = app
+        .gate
+        .release_concurrent(&entry.policy, &identity, &lease)
+        .await;
+    app.metrics.store_call(
+        "release",
+        started.elapsed(),
+        matches!(result, Err(CheckError::Store(_))),
+    );
+    result.map_err(check_error)?;
+    Ok(Json(serde_json::json!({ "released": true })))
+}
+
+/// `/v1/extend`: renews a lease of `/v1/acquire` (its TTL counts again from now); answers the
+/// lease that names it now, or `409` (`lease_lost`) if it had run out or been released.
+pub(crate) async fn extend(
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<LeaseRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let lease = lease(&req)?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let result = app
+        .gate
+        .extend_concurrent(&entry.policy, &identity, &lease)
+        .await;
+    app.metrics.store_call(
+        "extend",
+        started.elapsed(),
+        matches!(result, Err(CheckError::Store(_))),
+    );
+    match result.map_err(check_error)? {
+        Some(renewed) => Ok(Json(serde_json::json!({ "lease": renewed.to_string() }))),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the lease ran out or was released: its slot may be someone else's; acquire again",
+        )
+        .with_code("lease_lost")),
+    }
 }
 
 /// `/v1/refund`: gives back `cost` units (default 1) to every rule of the policy for the

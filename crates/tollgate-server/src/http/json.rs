@@ -59,6 +59,16 @@ pub(crate) struct CheckRequest<'a> {
     pub(crate) cost: Option<u64>,
 }
 
+/// `/v1/release` and `/v1/extend`: the lease `/v1/acquire` answered.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LeaseRequest {
+    pub(crate) policy: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+    pub(crate) lease: String,
+}
+
 /// `/v1/refund`: units to give back, with the check's receipt when the caller kept it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,6 +168,10 @@ pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]
         use std::io::Write as _;
         // Writing into a Vec cannot fail.
         let _ = write!(out, ",\"receipt\":\"{receipt}\"");
+        // A concurrency limit's slot: the same text names the lease.
+        if d.rules().iter().any(|r| r.rule.is_concurrent()) {
+            let _ = write!(out, ",\"lease\":\"{receipt}\"");
+        }
     }
     out.push(b'}');
 }

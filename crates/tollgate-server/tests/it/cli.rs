@@ -88,6 +88,14 @@ fn check_config_names_file_line_field_and_expectation() {
             "[policies.a]\nlimiters = [{ by = \"ip\", rules = [\"60/1d@UTC\"], algorithm = \"gcra\" }]\n",
             r#"error: DIR/tollgate.toml:2: policies.a.limiters[0].algorithm: rule 60/1d@UTC is a calendar window, counted as a fixed window; it cannot be gcra"#,
         ),
+        (
+            "[policies.a]\nlimiters = [{ by = \"ip\", concurrent = 3, rules = [\"1/1m\"] }]\n",
+            "error: DIR/tollgate.toml:2: policies.a.limiters[0].concurrent: a concurrency limiter has no `rules`: give rate rules a limiter of their own",
+        ),
+        (
+            "[policies.a]\nlimiters = [{ by = \"ip\", concurrent = 0 }]\n",
+            "error: DIR/tollgate.toml:2: policies.a.limiters[0].concurrent: ",
+        ),
         ("[server\n", "error: DIR/tollgate.toml:1: "),
     ];
     for (text, expected) in cases {

@@ -17,6 +17,7 @@ mod grpc;
 mod grpc_health;
 mod headers;
 mod http_api;
+mod leases;
 mod redis;
 mod refund;
 mod reload;
