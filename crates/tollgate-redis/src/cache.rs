@@ -51,6 +51,13 @@ pub(crate) const LIMITER_SLOTS: usize = 4096;
 /// Ban entries kept at most.
 pub(crate) const BAN_SLOTS: usize = 1024;
 
+/// Whether `plan` holds a concurrency limit.
+fn has_leases(plan: &CheckRequest<'_>) -> bool {
+    plan.limiters
+        .iter()
+        .any(|l| l.rules.iter().any(tollgate::Rule::is_concurrent))
+}
+
 /// How long before a remembered denial ends the cache stops answering for it: 1 ms plus
 /// 0.1 % of its length, for clock rates that differ between this host and Redis's.
 pub(crate) fn margin_us(length_us: u64) -> u64 {
@@ -130,8 +137,9 @@ impl LocalCache {
                 return Some(Verdict::blocked(ban.until_us - now_us));
             }
         }
-        // A check that may write a ban goes to Redis, which writes it.
-        if plan.may_ban() || plan.limiters.is_empty() {
+        // A check that may write a ban goes to Redis, which writes it; so does one with a
+        // concurrency limit (see `learn`).
+        if plan.may_ban() || plan.limiters.is_empty() || has_leases(plan) {
             return None;
         }
         let mut outcomes = Vec::with_capacity(plan.rule_count());
@@ -174,6 +182,11 @@ impl LocalCache {
             if plan.consume && plan.cost > 0 {
                 self.forget_limiters(plan);
             }
+            return;
+        }
+        // A concurrency limit's refusal lasts until some holder releases its slot, which may be
+        // any moment (its retry_after only bounds it): nothing to remember.
+        if has_leases(plan) && verdict.blocked_us.is_none() {
             return;
         }
         if let Some(left) = verdict.blocked_us {

@@ -12,6 +12,7 @@ mod failover;
 mod failure;
 mod guards;
 mod layout;
+mod leases;
 mod local_cache;
 mod parity;
 mod redis_time;

@@ -1,0 +1,215 @@
+//! Concurrency leases across processes: three processes of hundreds of tasks each hold leases
+//! of one concurrency limit for random times; an independent count of the holders, kept in a
+//! Redis set apart from tollgate's keys and sampled throughout, never passes the limit.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::Duration,
+};
+
+use redis::AsyncCommands;
+use tollgate::{Dimension, Identity, Limiter, Policy, Tollgate};
+use tollgate_redis::RedisStore;
+use tollgate_testkit::RedisServer;
+
+use crate::support::raw;
+
+/// Set in a child process: the Redis URL it works against.
+const WORKER_ENV: &str = "TOLLGATE_LEASE_TEST_WORKER_URL";
+const WORKER_TEST: &str = "leases::lease_worker";
+const MAX_IN_FLIGHT: u64 = 5;
+const TASKS_PER_PROCESS: usize = 200;
+const LEASES_PER_TASK: usize = 3;
+/// The independent count: who holds a lease now, one member per holder.
+const LIVE: &str = "leases-test:live";
+
+fn policy() -> Policy {
+    Policy::builder("lease_test")
+        .limiter(
+            Limiter::concurrent(Dimension::Global, MAX_IN_FLIGHT, Duration::from_secs(60)).unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn three_processes_never_hold_more_leases_than_the_limit() {
+    let server = RedisServer::start();
+    let exe = std::env::current_exe().unwrap();
+    let (tx, lines) = mpsc::channel::<(usize, String)>();
+    let mut children = Vec::new();
+    for i in 0..3 {
+        let mut child = Command::new(&exe)
+            .args([WORKER_TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(WORKER_ENV, server.url())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                if tx.send((i, line)).is_err() {
+                    return;
+                }
+            }
+        });
+        children.push(child);
+    }
+    let workers = children.len();
+    let wait_for = |what: &str| -> Vec<String> {
+        let mut found = vec![None; workers];
+        while found.iter().any(Option::is_none) {
+            let (i, line) = lines
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("a worker never said {what:?}"));
+            if let Some(at) = line.find(what) {
+                found[i] = Some(line[at + what.len()..].trim().to_owned());
+            }
+        }
+        found.into_iter().flatten().collect()
+    };
+    wait_for("lease-worker ready");
+
+    // The sampler: SCARD of the holders, as often as Redis answers, until the workers end.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        let server_url = server.url();
+        rt.spawn(async move {
+            let client = redis::Client::open(server_url).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let (mut samples, mut most) = (0u64, 0u64);
+            while !done.load(Ordering::Acquire) {
+                let live: u64 = conn.scard(LIVE).await.unwrap();
+                samples += 1;
+                most = most.max(live);
+            }
+            (samples, most)
+        })
+    };
+    for child in &mut children {
+        child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    }
+    let held: Vec<usize> = wait_for("lease-worker held=")
+        .iter()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    done.store(true, Ordering::Release);
+    let (samples, most) = rt.block_on(sampler).unwrap();
+    println!("leases held per process: {held:?}; {samples} samples, at most {most} at once");
+    assert_eq!(
+        held.iter().sum::<usize>(),
+        3 * TASKS_PER_PROCESS * LEASES_PER_TASK,
+        "every task got its leases in the end (released slots come back)"
+    );
+    assert!(
+        samples > 100,
+        "the count was sampled throughout ({samples} samples)"
+    );
+    assert!(
+        most <= MAX_IN_FLIGHT,
+        "{most} holders at once, the limit is {MAX_IN_FLIGHT}"
+    );
+    assert!(most >= 1, "nobody was ever seen holding a lease");
+    // Every lease was released: the limit admits its whole width again.
+    rt.block_on(async {
+        let gate = Tollgate::new(RedisStore::builder(&server.url()).build().await.unwrap());
+        let live: u64 = raw(&server).await.scard(LIVE).await.unwrap();
+        assert_eq!(live, 0);
+        for _ in 0..MAX_IN_FLIGHT {
+            assert!(
+                gate.check(&policy(), &Identity::new(), 1)
+                    .await
+                    .unwrap()
+                    .allowed()
+            );
+        }
+        assert!(
+            !gate
+                .check(&policy(), &Identity::new(), 1)
+                .await
+                .unwrap()
+                .allowed()
+        );
+    });
+}
+
+/// Not a test of its own: the body of one worker process of the test above, which runs this
+/// binary again with [`WORKER_ENV`] set. Without it, there is nothing to do.
+#[test]
+fn lease_worker() {
+    let Ok(url) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = RedisStore::builder(&url)
+            .timeout(Duration::from_secs(20))
+            .build()
+            .await
+            .unwrap();
+        let gate = Arc::new(Tollgate::new(store));
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let conn = client.get_multiplexed_async_connection().await.unwrap();
+        println!("lease-worker ready");
+        std::io::stdout().flush().unwrap();
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+        let tasks: Vec<_> = (0..TASKS_PER_PROCESS)
+            .map(|task| {
+                let (gate, mut conn) = (gate.clone(), conn.clone());
+                tokio::spawn(async move {
+                    let (policy, who) = (policy(), Identity::new());
+                    let mut held = 0;
+                    while held < LEASES_PER_TASK {
+                        let decision = gate.check(&policy, &who, 1).await.unwrap();
+                        if !decision.allowed() {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            continue;
+                        }
+                        // Counted only while surely held: after the admission, before the
+                        // release.
+                        let me = format!("{}:{task}:{held}", std::process::id());
+                        let _: u64 = conn.sadd(LIVE, &me).await.unwrap();
+                        let hold = rand::random::<u64>() % 3;
+                        tokio::time::sleep(Duration::from_millis(hold)).await;
+                        let _: u64 = conn.srem(LIVE, &me).await.unwrap();
+                        gate.release_concurrent(&policy, &who, decision.receipt().unwrap())
+                            .await
+                            .unwrap();
+                        held += 1;
+                    }
+                    held
+                })
+            })
+            .collect();
+        let mut held = 0;
+        for task in tasks {
+            held += task.await.unwrap();
+        }
+        println!("lease-worker held={held}");
+        std::io::stdout().flush().unwrap();
+    });
+}
