@@ -20,8 +20,11 @@
 //!   throughput (`gcra_1rule_throughput/*`).
 //! - `middleware`: an axum route bare, behind `RateLimitLayer` and behind tower_governor's
 //!   `GovernorLayer` (`middleware/gcra_1rule`).
+//! - `kinds`: the limit kinds beside the rate rules, each beside the plain check it extends
+//!   (`limit_kinds/admit`): calendar windows, shadow limiters, concurrency leases, refunds.
 
 mod clock;
+mod kinds;
 mod middleware;
 mod support;
 mod threads;
@@ -39,6 +42,6 @@ criterion_group! {
     name = benches;
     config = config();
     targets = vs_governor::gcra_one_rule, vs_governor::sliding_log, vs_limitador::fixed_windows,
-        threads::gcra_threads, middleware::middleware, clock::clock_read
+        threads::gcra_threads, middleware::middleware, clock::clock_read, kinds::limit_kinds
 }
 criterion_main!(benches);
