@@ -46,7 +46,11 @@ pub(crate) fn limit_kinds(c: &mut Criterion) {
         };
         bench_tollgate(g, name, checks, true, |_| {}, || {});
     };
-    plain(&mut g, "fixed_window_1rule", &policy(&[fixed("100000000/1d")]));
+    plain(
+        &mut g,
+        "fixed_window_1rule",
+        &policy(&[fixed("100000000/1d")]),
+    );
     plain(
         &mut g,
         "calendar_day_1rule",
@@ -65,7 +69,11 @@ pub(crate) fn limit_kinds(c: &mut Criterion) {
             .build()
             .expect("a valid policy")
     };
-    plain(&mut g, "gcra_1rule_plus_shadow", &shadowed(gcra("1000000/1s")));
+    plain(
+        &mut g,
+        "gcra_1rule_plus_shadow",
+        &shadowed(gcra("1000000/1s")),
+    );
     // The shadow limiter denies every check (each key used once first): it is settled, not
     // recorded.
     let denying = shadowed(gcra("1/1h"));

@@ -86,10 +86,11 @@ async fn a_nonce_collision_never_undercounts() {
     let mut conn = raw(&server).await;
     let now = 1_800_000_000_000_000;
     let first = check_with_nonce(&mut conn, "s:{n}:l", 3, 10, b"samebyte", now).await;
-    assert_eq!(first, [1, -1, -1, 1, 7, 3_600_000_000, -1]);
+    // Admitted and recorded: the reply ends with the instant it was recorded at.
+    assert_eq!(first, [1, -1, -1, 1, 7, 3_600_000_000, -1, now as i64]);
     // Same nonce, same instant: the members collide, and the script must add others.
     let second = check_with_nonce(&mut conn, "s:{n}:l", 3, 10, b"samebyte", now).await;
-    assert_eq!(second, [1, -1, -1, 1, 4, 3_600_000_000, -1]);
+    assert_eq!(second, [1, -1, -1, 1, 4, 3_600_000_000, -1, now as i64]);
     let count: u64 = conn.zcard("s:{n}:l").await.unwrap();
     assert_eq!(count, 6);
     let third = check_with_nonce(&mut conn, "s:{n}:l", 5, 10, b"samebyte", now).await;
