@@ -440,6 +440,24 @@ impl DomainsBuilder {
             }
             let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.0.len());
             for (j, rule) in raw.rules.0.iter().enumerate() {
+                if rule.is_concurrent() {
+                    return fail(
+                        &format!(".rules[{j}]"),
+                        format!(
+                            "{rule} is a concurrency limit; Envoy's rate-limit API has no release, so a descriptor takes rate rules only"
+                        ),
+                    );
+                }
+                if rule.calendar_window().is_some()
+                    && raw
+                        .algorithm
+                        .is_some_and(|a| a != tollgate::Algorithm::FixedWindow)
+                {
+                    return fail(
+                        ".algorithm",
+                        format!("rule {rule} is a calendar window, counted as a fixed window"),
+                    );
+                }
                 let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
                 if rules.contains(&rule) {
                     return fail(

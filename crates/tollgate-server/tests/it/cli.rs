@@ -96,6 +96,10 @@ fn check_config_names_file_line_field_and_expectation() {
             "[policies.a]\nlimiters = [{ by = \"ip\", concurrent = 0 }]\n",
             "error: DIR/tollgate.toml:2: policies.a.limiters[0].concurrent: ",
         ),
+        (
+            "[[envoy.domains]]\nname = \"edge\"\ndescriptors = [{ key = \"a\", rules = [\"3/1m concurrent\"] }]\n",
+            "error: DIR/tollgate.toml:3: envoy.domains[0].descriptors[0].rules[0]: 3/1m concurrent is a concurrency limit; Envoy's rate-limit API has no release",
+        ),
         ("[server\n", "error: DIR/tollgate.toml:1: "),
     ];
     for (text, expected) in cases {

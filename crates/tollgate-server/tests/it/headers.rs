@@ -171,3 +171,48 @@ descriptors = [{ key = "tenant", rules = ["2/1h"], algorithm = "sliding_window" 
     let r = should_rate_limit(&mut rls, "edge", tenant(), 0).await;
     assert_eq!(r.overall_code, 2, "OVER_LIMIT");
 }
+
+/// A calendar window on an Envoy descriptor: the zone's day, its status resetting at the
+/// zone's midnight.
+#[tokio::test]
+async fn calendar_windows_serve_envoy_descriptors() {
+    let server = Server::start(
+        r#"
+[[envoy.domains]]
+name = "edge"
+descriptors = [{ key = "tenant", rules = ["2/1d@Pacific/Auckland"] }]
+"#,
+    );
+    let mut rls = server.grpc_client().await;
+    let tenant = || vec![descriptor(&[("tenant", "t1")])];
+    let now_us = || {
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_micros(),
+        )
+        .unwrap()
+    };
+    let auckland =
+        tollgate::Calendar::new(tollgate::CalendarUnit::Day, "Pacific/Auckland").unwrap();
+    let before = now_us();
+    let r = should_rate_limit(&mut rls, "edge", tenant(), 0).await;
+    let after = now_us();
+    assert_eq!(r.overall_code, 1, "OK");
+    let reset = r.statuses[0].duration_until_reset.as_ref().unwrap();
+    let reset_us = u64::try_from(reset.seconds).unwrap() * 1_000_000
+        + u64::try_from(reset.nanos).unwrap() / 1_000;
+    let (_, end_before) = auckland.window_at(before);
+    let (_, end_after) = auckland.window_at(after);
+    // The day's end as seen on either side of the call (a midnight may pass in between),
+    // within Envoy's whole seconds.
+    assert!(
+        (end_before.saturating_sub(after + 1_000_000)..=end_after - before).contains(&reset_us),
+        "resets in {reset_us} µs, the day ends {} µs after the call",
+        end_before - before
+    );
+    should_rate_limit(&mut rls, "edge", tenant(), 0).await;
+    let r = should_rate_limit(&mut rls, "edge", tenant(), 0).await;
+    assert_eq!(r.overall_code, 2, "OVER_LIMIT");
+}

@@ -226,6 +226,66 @@ async fn count_failures_refunds_successes_before_answering() {
 }
 
 #[tokio::test]
+async fn count_failures_never_over_admits_while_requests_are_in_flight() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("login")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m"])))
+        .build()
+        .unwrap();
+    // Every request waits in the handler until the test lets them all go: they are in flight
+    // together, and all will succeed (and be refunded) in the end.
+    let gate_open = Arc::new(tokio::sync::Semaphore::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let (open, seen) = (gate_open.clone(), inside.clone());
+    let app = Router::new().route(
+        "/login",
+        get(move || {
+            let (open, seen) = (open.clone(), seen.clone());
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                open.acquire().await.unwrap().forget();
+                StatusCode::OK
+            }
+        })
+        .layer(RateLimitLayer::new(gate, policy).count(Count::failures())),
+    );
+    let server = Server::start(app).await;
+    let http = client();
+    let waiting: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(http.get(server.at("/login")).send()))
+        .collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while inside.load(Ordering::SeqCst) < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never in flight");
+        tokio::task::yield_now().await;
+    }
+    // Charged on admission: while two are in flight, a third is refused.
+    for _ in 0..3 {
+        assert_eq!(
+            http.get(server.at("/login")).send().await.unwrap().status(),
+            429
+        );
+    }
+    assert_eq!(inside.load(Ordering::SeqCst), 2);
+    gate_open.add_permits(2);
+    for request in waiting {
+        assert_eq!(request.await.unwrap().unwrap().status(), 200);
+    }
+    // Both succeeded: refunded, the quota is whole again.
+    let (opened, done) = (gate_open.clone(), inside.clone());
+    let after = tokio::spawn(http.get(server.at("/login")).send());
+    while done.load(Ordering::SeqCst) < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never admitted again"
+        );
+        tokio::task::yield_now().await;
+    }
+    opened.add_permits(1);
+    assert_eq!(after.await.unwrap().unwrap().status(), 200);
+}
+
+#[tokio::test]
 async fn count_successes_refunds_failures_errors_and_panics() {
     use tower::ServiceExt as _;
 
