@@ -278,13 +278,23 @@ impl Receipt {
 }
 
 impl std::fmt::Display for Receipt {
+    /// `id.units.at[,at...]`: the id in 16 hex digits, `-` for a limiter that recorded
+    /// nothing. Written without the formatting machinery: the server writes one per admission.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:016x}.{}", self.id, self.units)?;
-        for (i, at) in self.at_us.iter().enumerate() {
-            let sep = if i == 0 { '.' } else { ',' };
-            match *at {
-                Self::NOT_RECORDED => write!(f, "{sep}-")?,
-                at => write!(f, "{sep}{at}")?,
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut id = [0u8; 16];
+        for (i, digit) in id.iter_mut().enumerate() {
+            *digit = HEX[((self.id >> (60 - 4 * i)) & 0xf) as usize];
+        }
+        f.write_str(std::str::from_utf8(&id).map_err(|_| std::fmt::Error)?)?;
+        let mut digits = itoa::Buffer::new();
+        f.write_str(".")?;
+        f.write_str(digits.format(self.units))?;
+        for (i, &at) in self.at_us.iter().enumerate() {
+            f.write_str(if i == 0 { "." } else { "," })?;
+            match at {
+                Self::NOT_RECORDED => f.write_str("-")?,
+                at => f.write_str(digits.format(at))?,
             }
         }
         Ok(())
@@ -840,4 +850,41 @@ impl<S: Store> Store for Arc<S> {
 
 impl Store for AnyStore {
     forward_store!(DynStore, this => &*this.0);
+}
+
+#[cfg(test)]
+mod receipt_tests {
+    use super::Receipt;
+
+    #[test]
+    fn receipts_round_trip_as_text_and_name_what_each_limiter_recorded() {
+        let one = Receipt::new(1_700_000_000_000_000, u64::MAX, 3);
+        assert_eq!(one.to_string(), "ffffffffffffffff.3.1700000000000000");
+        assert_eq!(one.at_us(0), Some(1_700_000_000_000_000));
+        assert_eq!(
+            one.at_us(7),
+            Some(1_700_000_000_000_000),
+            "one instant stands for all"
+        );
+        let mixed = Receipt::per_limiter([5, Receipt::NOT_RECORDED, 7], 0xab, 1);
+        assert_eq!(mixed.to_string(), "00000000000000ab.1.5,-,7");
+        assert_eq!(mixed.to_string().parse::<Receipt>(), Ok(mixed.clone()));
+        assert_eq!(
+            (mixed.at_us(1), mixed.at_us(2), mixed.at_us(3)),
+            (None, Some(7), None)
+        );
+        let same = Receipt::per_limiter([9, 9], 1, 1);
+        assert_eq!(same.to_string(), "0000000000000001.1.9");
+        for bad in [
+            "",
+            "x",
+            "00ab.1.5",
+            "00000000000000ab.one.5",
+            "00000000000000ab.1",
+            "00000000000000ab.1.5,x",
+        ] {
+            let e = bad.parse::<Receipt>().unwrap_err();
+            assert!(e.contains("is not a receipt"), "{bad:?}: {e}");
+        }
+    }
 }
