@@ -1260,6 +1260,11 @@ pub async fn concurrency_leases_bound_what_is_in_flight<S: Store>(s: Subject<S>)
         .await
         .expect("release");
     expect_remaining(&s.check(&p, &who, 1).await, true, &[0, 0]);
+    // A refund without a receipt gives rate units back, never a slot (a slot is its lease's).
+    gate.refund(&p, &who, 1, None).await.expect("refund");
+    let busy = s.check(&p, &who, 1).await;
+    expect_remaining(&busy, false, &[0, 1]);
+    assert_eq!(busy.reason(), Reason::ConcurrencyLimited);
 
     // A rate refusal takes no slot.
     let q = policy(

@@ -197,8 +197,10 @@ impl<S: Store> Tollgate<S> {
     /// failures count; a job that did not run). With the [`receipt`](Decision::receipt) of the
     /// check that charged them, the refund is exact on every algorithm (a sliding log removes
     /// that check's own entries; a window that has ended since is left alone); without one, it
-    /// returns the newest units of the current window. Refund at most what the check charged:
-    /// a larger cost gives back units other requests spent. See [`Store::refund`].
+    /// returns the newest units of the current window and leaves concurrency limits alone (a
+    /// slot is freed by its lease: [`release_concurrent`](Self::release_concurrent)). Refund at
+    /// most what the check charged: a larger cost gives back units other requests spent. See
+    /// [`Store::refund`].
     ///
     /// ```
     /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
@@ -235,6 +237,10 @@ impl<S: Store> Tollgate<S> {
         self.limiter_keys(policy, identity, &mut keys)?;
         let mut limiters = LimiterRequests::new();
         keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
+        if receipt.is_none() {
+            // Without a lease, a slot is nobody's to free.
+            limiters.retain(|l| !l.rules.iter().any(Rule::is_concurrent));
+        }
         self.store
             .refund(&CheckRequest::new(cost, true, &limiters), receipt)
             .await?;

@@ -132,7 +132,7 @@ impl Limiter {
     ///
     /// let exports = Policy::builder("export")
     ///     .limiter(Limiter::concurrent(Dimension::UserId, 3, Duration::from_secs(300))?)
-    ///     .limiter(Limiter::new(Dimension::UserId, ["20/1h".parse()?]))
+    ///     .limiter(Limiter::new(Dimension::UserId, ["20/1h".parse()?]).with_name("hourly"))
     ///     .build()?;
     /// assert!(exports.limiters()[0].is_concurrent());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
