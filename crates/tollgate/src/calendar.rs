@@ -83,10 +83,13 @@ pub struct Calendar {
     zone: u16,
 }
 
-/// A time zone a calendar names, looked up once per process.
+/// A time zone a calendar names, looked up once per process, with the last window of each unit
+/// it computed (most checks fall in the window the one before them did).
 struct Zone {
     name: &'static str,
     tz: TimeZone,
+    /// Per unit (day, week, month): the last window's start and end, `(0, 0)` for none yet.
+    last: [RwLock<(u64, u64)>; 3],
 }
 
 /// Every time zone a calendar of this process names: rules stay `Copy` by holding an index.
@@ -116,7 +119,11 @@ impl Calendar {
                 }
                 // A zone name lives as long as the process: there are a few hundred at most.
                 let name: &'static str = Box::leak(zone.to_owned().into_boxed_str());
-                zones.push(Zone { name, tz });
+                zones.push(Zone {
+                    name,
+                    tz,
+                    last: Default::default(),
+                });
                 zones.len() - 1
             }
         };
@@ -145,13 +152,25 @@ impl Calendar {
     /// The window holding the instant `at_us` (µs since the Unix epoch): its start and its end
     /// (the next window's start), in µs since the epoch.
     pub fn window_at(self, at_us: u64) -> (u64, u64) {
-        let tz = zones().read()[usize::from(self.zone)].tz.clone();
-        self.window_in(&tz, at_us).unwrap_or_else(|| {
-            // Outside the calendar's range (before 1970 or after 9999): a plain day.
-            let day = 86_400_000_000;
-            let start = at_us - at_us % day;
-            (start, start + day)
-        })
+        let zones = zones().read();
+        let zone = &zones[usize::from(self.zone)];
+        let last = &zone.last[self.unit as usize];
+        let (start, end) = *last.read();
+        if start <= at_us && at_us < end {
+            return (start, end);
+        }
+        match self.window_in(&zone.tz, at_us) {
+            Some(window) => {
+                *last.write() = window;
+                window
+            }
+            None => {
+                // Outside the calendar's range (before 1970 or after 9999): a plain day.
+                let day = 86_400_000_000;
+                let start = at_us - at_us % day;
+                (start, start + day)
+            }
+        }
     }
 
     fn window_in(self, tz: &TimeZone, at_us: u64) -> Option<(u64, u64)> {
