@@ -75,6 +75,15 @@ pub fn guard(scope: &str, by: &str, ttl: &str, global: bool) -> DuplicateGuard {
 
 /// Checks `policy` for the current context's identity, plus the `arg:<name>` values.
 pub async fn check(policy: &Policy, args: Vec<(&'static str, String)>) -> Result<(), Rejection> {
+    admit(policy, args).await.map(drop)
+}
+
+/// The admission of `policy` for the current context's identity and `args`: the context, the
+/// identity checked and the decision, recorded for the response's fields; or the refusal.
+async fn admit(
+    policy: &Policy,
+    args: Vec<(&'static str, String)>,
+) -> Result<(Context, tollgate::Identity, tollgate::Decision), Rejection> {
     let context = Context::current().ok_or(Rejection::NoContext)?;
     let mut identity = context.identity.clone();
     for (name, value) in args {
@@ -89,7 +98,7 @@ pub async fn check(policy: &Policy, args: Vec<(&'static str, String)>) -> Result
         return Err(Rejection::denied(decision));
     }
     context.record(&decision);
-    Ok(())
+    Ok((context, identity, decision))
 }
 
 /// Checks `policy` as [`check`] does, keeping what the call's end needs: a refund for a
@@ -100,20 +109,7 @@ pub async fn check_charged(
     args: Vec<(&'static str, String)>,
     mode: u8,
 ) -> Result<Charged, Rejection> {
-    let context = Context::current().ok_or(Rejection::NoContext)?;
-    let mut identity = context.identity.clone();
-    for (name, value) in args {
-        identity = identity.with_arg(name, value);
-    }
-    let decision = context
-        .gate
-        .check(policy, &identity, 1)
-        .await
-        .map_err(Rejection::from_check_error)?;
-    if !decision.allowed() {
-        return Err(Rejection::denied(decision));
-    }
-    context.record(&decision);
+    let (context, identity, decision) = admit(policy, args).await?;
     Ok(Charged {
         gate: context.gate.clone(),
         policy,

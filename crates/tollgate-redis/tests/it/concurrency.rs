@@ -1,20 +1,14 @@
 //! Never over-admit (invariant 1): many tasks on one client, and several processes on one
 //! Redis, admit exactly the limit.
 
-use std::{
-    io::{BufRead, BufReader, Write},
-    process::{Command, Stdio},
-    sync::{Arc, mpsc},
-    thread,
-    time::Duration,
-};
+use std::{io::Write, sync::Arc, time::Duration};
 
 use tokio::sync::Barrier;
 use tollgate::Algorithm;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::{CheckPlan, PlanExt, limiter, plan, raw, rule, store};
+use crate::support::{CheckPlan, PlanExt, Workers, limiter, plan, raw, rule, store};
 
 /// Set in a child process: the Redis URL it works against.
 const WORKER_ENV: &str = "TOLLGATE_REDIS_TEST_WORKER_URL";
@@ -76,56 +70,16 @@ async fn five_hundred_concurrent_checks_admit_exactly_one_hundred() {
 #[test]
 fn three_processes_sharing_one_redis_admit_exactly_one_hundred() {
     let server = RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
-    let (tx, lines) = mpsc::channel::<(usize, String)>();
-    let mut children = Vec::new();
-    for i in 0..3 {
-        let mut child = Command::new(&exe)
-            .args([WORKER_TEST, "--exact", "--nocapture", "--test-threads=1"])
-            .env(WORKER_ENV, server.url())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let tx = tx.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send((i, line)).is_err() {
-                    return;
-                }
-            }
-        });
-        children.push(child);
-    }
-    // Every worker's last line matching `what`, within a generous bound (hang detector).
-    let workers = children.len();
-    let wait_for = |what: &str| -> Vec<String> {
-        let mut found = vec![None; workers];
-        while found.iter().any(Option::is_none) {
-            let (i, line) = lines
-                .recv_timeout(Duration::from_secs(60))
-                .unwrap_or_else(|_| panic!("a worker never said {what:?}"));
-            if let Some(at) = line.find(what) {
-                found[i] = Some(line[at + what.len()..].trim().to_owned());
-            }
-        }
-        found.into_iter().flatten().collect()
-    };
-
-    wait_for("tollgate-worker ready");
+    let mut workers = Workers::start(3, WORKER_TEST, WORKER_ENV, &server.url());
+    workers.wait_for("tollgate-worker ready");
     // All connected: release them together, so their checks overlap on the server.
-    for child in &mut children {
-        child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    }
-    let admitted: Vec<usize> = wait_for("tollgate-worker admitted=")
+    workers.go();
+    let admitted: Vec<usize> = workers
+        .wait_for("tollgate-worker admitted=")
         .iter()
         .map(|n| n.parse().unwrap())
         .collect();
-    for mut child in children {
-        assert!(child.wait().unwrap().success());
-    }
+    workers.finish();
     println!("admitted per process: {admitted:?}");
     assert_eq!(admitted.iter().sum::<usize>(), 100, "{admitted:?}");
 }

@@ -3,14 +3,11 @@
 //! Redis set apart from tollgate's keys and sampled throughout, never passes the limit.
 
 use std::{
-    io::{BufRead, BufReader, Write},
-    process::{Command, Stdio},
+    io::Write,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc,
     },
-    thread,
     time::Duration,
 };
 
@@ -19,7 +16,7 @@ use tollgate::{Dimension, Identity, Limiter, Policy, Tollgate};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::raw;
+use crate::support::{Workers, raw};
 
 /// Set in a child process: the Redis URL it works against.
 const WORKER_ENV: &str = "TOLLGATE_LEASE_TEST_WORKER_URL";
@@ -42,43 +39,8 @@ fn policy() -> Policy {
 #[test]
 fn three_processes_never_hold_more_leases_than_the_limit() {
     let server = RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
-    let (tx, lines) = mpsc::channel::<(usize, String)>();
-    let mut children = Vec::new();
-    for i in 0..3 {
-        let mut child = Command::new(&exe)
-            .args([WORKER_TEST, "--exact", "--nocapture", "--test-threads=1"])
-            .env(WORKER_ENV, server.url())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let tx = tx.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { return };
-                if tx.send((i, line)).is_err() {
-                    return;
-                }
-            }
-        });
-        children.push(child);
-    }
-    let workers = children.len();
-    let wait_for = |what: &str| -> Vec<String> {
-        let mut found = vec![None; workers];
-        while found.iter().any(Option::is_none) {
-            let (i, line) = lines
-                .recv_timeout(Duration::from_secs(120))
-                .unwrap_or_else(|_| panic!("a worker never said {what:?}"));
-            if let Some(at) = line.find(what) {
-                found[i] = Some(line[at + what.len()..].trim().to_owned());
-            }
-        }
-        found.into_iter().flatten().collect()
-    };
-    wait_for("lease-worker ready");
+    let mut workers = Workers::start(3, WORKER_TEST, WORKER_ENV, &server.url());
+    workers.wait_for("lease-worker ready");
 
     // The sampler: SCARD of the holders, as often as Redis answers, until the workers end.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -102,16 +64,13 @@ fn three_processes_never_hold_more_leases_than_the_limit() {
             (samples, most)
         })
     };
-    for child in &mut children {
-        child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    }
-    let held: Vec<usize> = wait_for("lease-worker held=")
+    workers.go();
+    let held: Vec<usize> = workers
+        .wait_for("lease-worker held=")
         .iter()
         .map(|n| n.parse().unwrap())
         .collect();
-    for mut child in children {
-        assert!(child.wait().unwrap().success());
-    }
+    workers.finish();
     done.store(true, Ordering::Release);
     let (samples, most) = rt.block_on(sampler).unwrap();
     println!("leases held per process: {held:?}; {samples} samples, at most {most} at once");

@@ -41,3 +41,74 @@ pub(crate) async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnecti
         .await
         .unwrap()
 }
+
+/// Worker processes: this test binary run again, `count` times, on one test (`worker_test`)
+/// with `env` set to `value` (the worker does nothing without it). Each prints lines the
+/// parent waits for, and starts its work on "go".
+pub(crate) struct Workers {
+    children: Vec<std::process::Child>,
+    lines: std::sync::mpsc::Receiver<(usize, String)>,
+}
+
+impl Workers {
+    pub(crate) fn start(count: usize, worker_test: &str, env: &str, value: &str) -> Workers {
+        use std::io::BufRead as _;
+
+        let exe = std::env::current_exe().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel::<(usize, String)>();
+        let mut children = Vec::new();
+        for i in 0..count {
+            let mut child = std::process::Command::new(&exe)
+                .args([worker_test, "--exact", "--nocapture", "--test-threads=1"])
+                .env(env, value)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let stdout = child.stdout.take().unwrap();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { return };
+                    if tx.send((i, line)).is_err() {
+                        return;
+                    }
+                }
+            });
+            children.push(child);
+        }
+        Workers { children, lines }
+    }
+
+    /// What follows `what` in every worker's first line holding it, in worker order, within a
+    /// generous bound (a hang detector).
+    pub(crate) fn wait_for(&self, what: &str) -> Vec<String> {
+        let mut found = vec![None; self.children.len()];
+        while found.iter().any(Option::is_none) {
+            let (i, line) = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("a worker never said {what:?}"));
+            if let Some(at) = line.find(what) {
+                found[i] = Some(line[at + what.len()..].trim().to_owned());
+            }
+        }
+        found.into_iter().flatten().collect()
+    }
+
+    /// Lets every worker start at once, so their work overlaps on the server.
+    pub(crate) fn go(&mut self) {
+        use std::io::Write as _;
+
+        for child in &mut self.children {
+            child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        }
+    }
+
+    /// Waits for every worker to exit; each must succeed.
+    pub(crate) fn finish(self) {
+        for mut child in self.children {
+            assert!(child.wait().unwrap().success());
+        }
+    }
+}

@@ -193,17 +193,10 @@ pub(crate) async fn release(
     let entry = policy(&app, &req.policy)?;
     let lease = lease(&req)?;
     let identity = req.identity.into_identity();
-    let started = Instant::now();
-    let result = app
+    let release = app
         .gate
-        .release_concurrent(&entry.policy, &identity, &lease)
-        .await;
-    app.metrics.store_call(
-        "release",
-        started.elapsed(),
-        matches!(result, Err(CheckError::Store(_))),
-    );
-    result.map_err(check_error)?;
+        .release_concurrent(&entry.policy, &identity, &lease);
+    timed(&app, "release", release).await?;
     Ok(Json(serde_json::json!({ "released": true })))
 }
 
@@ -216,17 +209,8 @@ pub(crate) async fn extend(
     let entry = policy(&app, &req.policy)?;
     let lease = lease(&req)?;
     let identity = req.identity.into_identity();
-    let started = Instant::now();
-    let result = app
-        .gate
-        .extend_concurrent(&entry.policy, &identity, &lease)
-        .await;
-    app.metrics.store_call(
-        "extend",
-        started.elapsed(),
-        matches!(result, Err(CheckError::Store(_))),
-    );
-    match result.map_err(check_error)? {
+    let extend = app.gate.extend_concurrent(&entry.policy, &identity, &lease);
+    match timed(&app, "extend", extend).await? {
         Some(renewed) => Ok(Json(serde_json::json!({ "lease": renewed.to_string() }))),
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -254,18 +238,28 @@ pub(crate) async fn refund(
         })?;
     let identity = req.identity.into_identity();
     let cost = req.cost.unwrap_or(1);
-    let started = Instant::now();
-    let result = app
+    let refund = app
         .gate
-        .refund(&entry.policy, &identity, cost, receipt.as_ref())
-        .await;
+        .refund(&entry.policy, &identity, cost, receipt.as_ref());
+    timed(&app, "refund", refund).await?;
+    Ok(Json(serde_json::json!({ "refunded": cost })))
+}
+
+/// A store operation `op` of the lease and refund endpoints, timed in the metrics; a failure
+/// is the API's error.
+async fn timed<T>(
+    app: &App,
+    op: &'static str,
+    call: impl std::future::Future<Output = Result<T, CheckError>>,
+) -> Result<T, ApiError> {
+    let started = Instant::now();
+    let result = call.await;
     app.metrics.store_call(
-        "refund",
+        op,
         started.elapsed(),
         matches!(result, Err(CheckError::Store(_))),
     );
-    result.map_err(check_error)?;
-    Ok(Json(serde_json::json!({ "refunded": cost })))
+    result.map_err(check_error)
 }
 
 /// Counts and logs each shadow limiter that would have denied an admitted check.

@@ -5,7 +5,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use reqwest::Method;
 use serde_json::json;
 
-use crate::support::{Server, descriptor, should_rate_limit};
+use crate::support::{Server, descriptor, now_us, should_rate_limit};
 
 fn config(style: Option<&str>) -> String {
     let server = style.map_or(String::new(), |s| {
@@ -185,15 +185,6 @@ descriptors = [{ key = "tenant", rules = ["2/1d@Pacific/Auckland"] }]
     );
     let mut rls = server.grpc_client().await;
     let tenant = || vec![descriptor(&[("tenant", "t1")])];
-    let now_us = || {
-        u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_micros(),
-        )
-        .unwrap()
-    };
     let auckland =
         tollgate::Calendar::new(tollgate::CalendarUnit::Day, "Pacific/Auckland").unwrap();
     let before = now_us();

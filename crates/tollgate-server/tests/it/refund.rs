@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::support::{Server, assert_problem};
+use crate::support::{Server, assert_problem, now_us};
 
 const CONFIG: &str = r#"
 [policies.login]
@@ -80,15 +80,6 @@ async fn a_calendar_window_resets_at_the_zones_midnight() {
 limiters = [{ by = "ip", rules = ["1/1d@Asia/Tokyo"] }]
 "#,
     );
-    let now_us = || {
-        u64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_micros(),
-        )
-        .unwrap()
-    };
     let before = now_us();
     let first = server.check("daily", json!({ "ip": "192.0.2.1" })).await;
     let after = now_us();

@@ -25,6 +25,17 @@ pub(crate) const ADMIN_TOKEN: &str = "test-admin-token";
 /// How long anything may take before a test calls it a hang.
 pub(crate) const HANG: Duration = Duration::from_secs(20);
 
+/// This machine's clock, µs since the Unix epoch (what the server's own clock reads).
+pub(crate) fn now_us() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros(),
+    )
+    .unwrap()
+}
+
 pub(crate) fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_tollgate")
 }
