@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     app::App,
-    config::{Config, PolicyEntry, RuleText},
+    config::{Config, PolicyEntry},
 };
 
 /// The policy `name` of the configuration in force.
@@ -83,6 +83,7 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Respo
         .ok_or_else(|| unknown_policy(&req.policy))?;
     let identity = req.identity.into_identity();
     let cost = req.cost.unwrap_or(1);
+    let receipt = req.receipt;
     let started = Instant::now();
     let decision = if consume {
         app.gate.check(&entry.policy, &identity, cost).await
@@ -99,7 +100,7 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Respo
         started,
     )?;
     let mut body = Vec::with_capacity(decision_size_hint(&decision));
-    write_decision(&mut body, &decision, &entry.rule_texts);
+    write_decision(&mut body, &decision, &entry.rule_texts, receipt);
     let mut response = json_bytes(body);
     let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
@@ -354,7 +355,7 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
                             started,
                         );
                         if i == written {
-                            write_answer(&mut body, i, answer.as_ref(), &item.entry.rule_texts);
+                            write_answer(&mut body, i, answer.as_ref(), item);
                             *slot = Slot::Written;
                             written += 1;
                         } else {
@@ -367,9 +368,14 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
             if i == written {
                 match (&*slot, item) {
                     (Slot::Answered(answer), Ok(item)) => {
-                        write_answer(&mut body, i, answer.as_ref(), &item.entry.rule_texts);
+                        write_answer(&mut body, i, answer.as_ref(), item);
                     }
-                    (Slot::Refused, Err(e)) => write_answer(&mut body, i, Err(e), &[]),
+                    (Slot::Refused, Err(e)) => {
+                        if i > 0 {
+                            body.push(b',');
+                        }
+                        let _ = serde_json::to_writer(&mut body, &ItemErrorJson(e));
+                    }
                     _ => continue,
                 }
                 *slot = Slot::Written;
@@ -387,18 +393,13 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
     json_bytes(body)
 }
 
-/// Writes the `i`th answer of a batch: its decision, or its error and status.
-fn write_answer(
-    body: &mut Vec<u8>,
-    i: usize,
-    answer: Result<&Decision, &ApiError>,
-    texts: &[RuleText],
-) {
+/// Writes the `i`th answer of a batch, of `item`: its decision, or its error and status.
+fn write_answer(body: &mut Vec<u8>, i: usize, answer: Result<&Decision, &ApiError>, item: &Item) {
     if i > 0 {
         body.push(b',');
     }
     match answer {
-        Ok(decision) => write_decision(body, decision, texts),
+        Ok(decision) => write_decision(body, decision, &item.entry.rule_texts, item.receipt),
         // Writing an error's text into a Vec cannot fail.
         Err(e) => {
             let _ = serde_json::to_writer(&mut *body, &ItemErrorJson(e));
@@ -412,6 +413,8 @@ struct Item<'c, 'b> {
     policy: Cow<'b, str>,
     identity: Identity,
     cost: u64,
+    /// The answer carries the receipt.
+    receipt: bool,
 }
 
 /// A check of a batch: asking the store (timed from its first poll), answered (waiting for
@@ -437,6 +440,7 @@ fn item<'c, 'b>(config: &'c Config, req: CheckRequest<'b>) -> Result<Item<'c, 'b
         policy: req.policy,
         identity: req.identity.into_identity(),
         cost: req.cost.unwrap_or(1),
+        receipt: req.receipt,
     })
 }
 

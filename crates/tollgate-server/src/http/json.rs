@@ -57,6 +57,9 @@ pub(crate) struct CheckRequest<'a> {
     #[serde(default)]
     pub(crate) identity: IdentityJson,
     pub(crate) cost: Option<u64>,
+    /// Answer the admission's receipt, for `/v1/refund` (a lease is always answered).
+    #[serde(default)]
+    pub(crate) receipt: bool,
 }
 
 /// `/v1/release` and `/v1/extend`: the lease `/v1/acquire` answered.
@@ -92,12 +95,13 @@ pub(crate) struct ResetRequest {
 /// "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit", "remaining",
 /// "reset_after_ms"}]}`; a shadow limiter's rules add `"shadow": true` and `"would_deny"`, and
 /// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names; a
-/// recorded admission adds `"receipt"`, for `/v1/refund`.
+/// recorded admission adds `"receipt"` when asked (`receipt`), for `/v1/refund`, and always
+/// `"lease"` (and the receipt) when it holds a concurrency slot.
 ///
 /// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
 /// rules are some of them, in the same order, so each is found by walking them once. A rule
 /// that is not there (none is) is formatted instead.
-pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]) {
+pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText], receipt: bool) {
     out.extend_from_slice(if d.allowed() {
         b"{\"allowed\":true,\"reason\":\""
     } else {
@@ -164,13 +168,16 @@ pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]
         }
         out.push(b']');
     }
-    if let Some(receipt) = d.receipt() {
+    if let Some(text) = d.receipt() {
         use std::io::Write as _;
+        // A concurrency limit's slot: the receipt names the lease, always answered.
+        let lease = d.rules().iter().any(|r| r.rule.is_concurrent());
         // Writing into a Vec cannot fail.
-        let _ = write!(out, ",\"receipt\":\"{receipt}\"");
-        // A concurrency limit's slot: the same text names the lease.
-        if d.rules().iter().any(|r| r.rule.is_concurrent()) {
-            let _ = write!(out, ",\"lease\":\"{receipt}\"");
+        if receipt || lease {
+            let _ = write!(out, ",\"receipt\":\"{text}\"");
+        }
+        if lease {
+            let _ = write!(out, ",\"lease\":\"{text}\"");
         }
     }
     out.push(b'}');
@@ -320,7 +327,7 @@ mod tests {
             .map(|&cost| {
                 let d = rt.block_on(gate.check(&entry.policy, &who, cost)).unwrap();
                 let mut out = Vec::new();
-                write_decision(&mut out, &d, &entry.rule_texts);
+                write_decision(&mut out, &d, &entry.rule_texts, true);
                 assert!(out.len() <= decision_size_hint(&d), "{}", out.len());
                 String::from_utf8(out).unwrap()
             })

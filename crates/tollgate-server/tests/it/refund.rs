@@ -13,13 +13,25 @@ limiters = [{ by = "ip", rules = ["2/1m"] }]
 async fn a_refund_gives_back_what_the_check_charged() {
     let server = Server::start(CONFIG);
     let who = json!({ "ip": "192.0.2.9" });
-    let first = server.check("login", who.clone()).await;
+    let (_, first) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": who, "receipt": true }),
+        )
+        .await;
     let receipt = first["receipt"]
         .as_str()
-        .expect("an admission carries a receipt");
+        .expect("an admission asked for carries a receipt")
+        .to_owned();
     let second = server.check("login", who.clone()).await;
     assert_eq!(second["allowed"], true);
-    let third = server.check("login", who.clone()).await;
+    assert_eq!(second.get("receipt"), None, "only when asked: {second}");
+    let (_, third) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": who, "receipt": true }),
+        )
+        .await;
     assert_eq!(third["allowed"], false);
     assert_eq!(
         third.get("receipt"),
