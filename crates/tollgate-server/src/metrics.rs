@@ -313,7 +313,7 @@ impl Metrics {
 /// resolved from the metric family on first use. A policy's entry holds them, so a reload,
 /// which builds new entries, resolves them again: the series themselves carry on.
 #[derive(Debug, Default)]
-pub(crate) struct DecisionHandles([OnceLock<Counter>; 12]);
+pub(crate) struct DecisionHandles([OnceLock<Counter>; 14]);
 
 impl DecisionHandles {
     fn slot(reason: tollgate::Reason, allowed: bool) -> Option<usize> {
@@ -325,6 +325,7 @@ impl DecisionHandles {
             Reason::Bypassed => 3,
             Reason::StoreUnavailable => 4,
             Reason::CostExceedsLimit => 5,
+            Reason::ConcurrencyLimited => 6,
             _ => return None,
         };
         Some(r * 2 + usize::from(allowed))
@@ -336,6 +337,33 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::*;
+
+    #[test]
+    fn every_reason_has_a_decision_handle_of_its_own() {
+        use tollgate::Reason;
+        let reasons = [
+            Reason::Ok,
+            Reason::RateLimited,
+            Reason::Blocked,
+            Reason::Bypassed,
+            Reason::StoreUnavailable,
+            Reason::CostExceedsLimit,
+            Reason::ConcurrencyLimited,
+        ];
+        let mut slots: Vec<usize> = reasons
+            .iter()
+            .flat_map(|&r| [true, false].map(|allowed| DecisionHandles::slot(r, allowed)))
+            .map(|slot| slot.expect("a cached handle"))
+            .collect();
+        assert!(
+            slots
+                .iter()
+                .all(|&s| s < DecisionHandles::default().0.len())
+        );
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), 2 * reasons.len(), "two reasons share a handle");
+    }
 
     #[tokio::test]
     async fn memory_store_evictions_are_counted() {

@@ -144,7 +144,12 @@ impl Dashboard {
         identity: &Identity,
         decision: &Decision,
     ) {
-        if self.enabled && decision.reason() == Reason::RateLimited {
+        if self.enabled
+            && matches!(
+                decision.reason(),
+                Reason::RateLimited | Reason::ConcurrencyLimited
+            )
+        {
             self.limited(name, policy, identity, decision);
         }
     }
