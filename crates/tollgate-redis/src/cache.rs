@@ -44,7 +44,7 @@ use std::{
     },
 };
 
-use tollgate::{CheckRequest, Rule, Verdict, algorithm::RuleOutcome};
+use tollgate::{CheckRequest, LimiterRequest, Rule, Verdict, algorithm::RuleOutcome};
 
 /// Limiter entries kept at most.
 pub(crate) const LIMITER_SLOTS: usize = 4096;
@@ -53,9 +53,7 @@ pub(crate) const BAN_SLOTS: usize = 1024;
 
 /// Whether `plan` holds a concurrency limit.
 fn has_leases(plan: &CheckRequest<'_>) -> bool {
-    plan.limiters
-        .iter()
-        .any(|l| l.rules.iter().any(tollgate::Rule::is_concurrent))
+    plan.limiters.iter().any(LimiterRequest::is_concurrent)
 }
 
 /// How long before a remembered denial ends the cache stops answering for it: 1 ms plus

@@ -239,7 +239,7 @@ impl<S: Store> Tollgate<S> {
         keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
         if receipt.is_none() {
             // Without a lease, a slot is nobody's to free.
-            limiters.retain(|l| !l.rules.iter().any(Rule::is_concurrent));
+            limiters.retain(|l| !l.is_concurrent());
         }
         self.store
             .refund(&CheckRequest::new(cost, true, &limiters), receipt)

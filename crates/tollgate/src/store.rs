@@ -111,6 +111,12 @@ pub struct LimiterRequest<'a> {
 }
 
 impl LimiterRequest<'_> {
+    /// Whether this limiter is a concurrency limit (its rule is a
+    /// [`Rule::concurrent`](crate::Rule::concurrent)).
+    pub fn is_concurrent(&self) -> bool {
+        self.rules.iter().any(Rule::is_concurrent)
+    }
+
     /// Whether a denial by this limiter bans the identity: it has a ban rule and is enforced.
     pub fn bans(&self) -> bool {
         self.ban.is_some() && !self.shadow

@@ -32,7 +32,7 @@ use crate::{
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::{StoreError, StoreErrorKind},
-    store::{CheckRequest, LockReply, Receipt, Store, Verdict},
+    store::{CheckRequest, LimiterRequest, LockReply, Receipt, Store, Verdict},
 };
 
 /// An in-process store: exact and atomic within one process, nothing shared across processes.
@@ -340,11 +340,7 @@ impl Inner {
             self.make_room_for(limiter_hashes, &found, &mut locked, now)?;
             // Leases of concurrency limits are named by the check's id (one atomic add, only
             // for checks that take one).
-            let check_id = if request
-                .limiters
-                .iter()
-                .any(|l| l.rules.iter().any(crate::Rule::is_concurrent))
-            {
+            let check_id = if request.limiters.iter().any(LimiterRequest::is_concurrent) {
                 self.next_id.fetch_add(1, Ordering::Relaxed)
             } else {
                 0

@@ -142,6 +142,16 @@ fn tat(counters: &[Counter], rule: &Rule) -> Option<u64> {
     counter(counters, rule).map(|c| c.a)
 }
 
+/// A check's lease among a limiter's counters (see `RuleStates::lease`).
+enum Lease {
+    /// The limiter is no concurrency limit: there is no lease to look for.
+    NotConcurrent,
+    /// The lease, at this place among the counters.
+    Held(usize),
+    /// Released, run out or never taken.
+    Gone,
+}
+
 /// The longest sliding-log window of `rules` (µs), if any rule is a sliding log.
 fn log_window(rules: &[Rule]) -> Option<u64> {
     rules
@@ -290,17 +300,13 @@ impl RuleStates {
     pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64, id: u64) {
         // A lease is given back once: the log's units at its start are its own only while it
         // is named here (another check's units may share that instant).
-        if let (Some(rule), Some(at)) = (rules.iter().find(|r| r.is_concurrent()), at) {
-            let lease = RuleId::lease_of(rule);
-            match self
-                .counters
-                .iter()
-                .position(|c| c.rule == lease && c.a == at && c.b == id)
-            {
-                Some(i) => {
+        if let Some(at) = at {
+            match self.lease(rules, at, id) {
+                Lease::Held(i) => {
                     self.counters.remove(i);
                 }
-                None => return,
+                Lease::Gone => return,
+                Lease::NotConcurrent => {}
             }
         }
         if let Some(log) = &mut self.log {
@@ -359,21 +365,30 @@ impl RuleStates {
         }
     }
 
+    /// The lease check `id` took at `at`, if `rules` are a concurrency limit's.
+    fn lease(&self, rules: &[Rule], at: u64, id: u64) -> Lease {
+        let Some(rule) = rules.iter().find(|r| r.is_concurrent()) else {
+            return Lease::NotConcurrent;
+        };
+        let lease = RuleId::lease_of(rule);
+        match self
+            .counters
+            .iter()
+            .position(|c| c.rule == lease && c.a == at && c.b == id)
+        {
+            Some(i) => Lease::Held(i),
+            None => Lease::Gone,
+        }
+    }
+
     /// Whether the log holds `units` entries recorded at `at` that still count at `now` (the
     /// leases of a check: see `Store::extend`).
     pub(super) fn holds(&self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> bool {
         let Some(window) = log_window(rules) else {
             return false;
         };
-        if let Some(rule) = rules.iter().find(|r| r.is_concurrent()) {
-            let lease = RuleId::lease_of(rule);
-            if !self
-                .counters
-                .iter()
-                .any(|c| c.rule == lease && c.a == at && c.b == id)
-            {
-                return false;
-            }
+        if let Lease::Gone = self.lease(rules, at, id) {
+            return false;
         }
         let Some(log) = &self.log else { return false };
         let live = now.checked_sub(window).is_none_or(|edge| at > edge);
@@ -386,15 +401,8 @@ impl RuleStates {
     /// [`holds`](Self::holds), which must be true); returns until when the log counts.
     pub(super) fn renew(&mut self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> u64 {
         let window = log_window(rules).unwrap_or(0);
-        if let Some(rule) = rules.iter().find(|r| r.is_concurrent()) {
-            let lease = RuleId::lease_of(rule);
-            if let Some(c) = self
-                .counters
-                .iter_mut()
-                .find(|c| c.rule == lease && c.a == at && c.b == id)
-            {
-                c.a = now;
-            }
+        if let Lease::Held(i) = self.lease(rules, at, id) {
+            self.counters[i].a = now;
         }
         let log = self.log.get_or_insert_default();
         let first = log.partition_point(|&t| t < at);
