@@ -141,10 +141,23 @@ struct SlotCall<'a> {
     limiters: Vec<usize>,
 }
 
-impl SlotCall<'_> {
+impl<'a> SlotCall<'a> {
     /// The slot's own check.
     fn request(&self, whole: &CheckRequest<'_>) -> CheckRequest<'_> {
         CheckRequest::new(whole.cost, whole.consume, &self.requests)
+    }
+
+    /// Each limiter of the slot: its index in the plan, its request, and its slice of
+    /// `outcomes` (the slot's, one per rule, in call order).
+    fn per_limiter<'o>(
+        &'o self,
+        outcomes: &'o [RuleOutcome],
+    ) -> impl Iterator<Item = (usize, &'o LimiterRequest<'a>, &'o [RuleOutcome])> {
+        self.limiters
+            .iter()
+            .zip(&self.requests)
+            .zip(script::per_limiter(&self.requests, outcomes))
+            .map(|((&i, limiter), mine)| (i, limiter, mine))
     }
 }
 
@@ -277,11 +290,8 @@ fn receipt(plan: &CheckRequest<'_>, answers: &[SlotAnswer<'_>], nonce: [u8; 8]) 
         let reply = answer.reply.as_ref()?;
         let record = reply.record.as_ref()?;
         let now = u64::try_from(record.now).ok()?;
-        let mut outcomes = reply.verdict.rules.as_slice();
-        for &i in &answer.call.limiters {
-            let (mine, rest) = outcomes.split_at(plan.limiters[i].rules.len().min(outcomes.len()));
-            outcomes = rest;
-            if !script::shadow_denies(&plan.limiters[i], mine) {
+        for (i, limiter, mine) in answer.call.per_limiter(&reply.verdict.rules) {
+            if !script::shadow_denies(limiter, mine) {
                 at[i] = now;
             }
         }
@@ -303,9 +313,8 @@ fn assemble(plan: &CheckRequest<'_>, answers: Vec<SlotAnswer<'_>>, allowed: bool
             (false, Some(zero)) => zero,
             _ => reply.verdict.rules,
         };
-        let mut outcomes = outcomes.into_iter();
-        for &i in &answer.call.limiters {
-            per_limiter[i].extend(outcomes.by_ref().take(plan.limiters[i].rules.len()));
+        for (i, _, mine) in answer.call.per_limiter(&outcomes) {
+            per_limiter[i].extend_from_slice(mine);
         }
     }
     Verdict::new(allowed, per_limiter.into_iter().flatten())
@@ -329,11 +338,7 @@ async fn undo(
     // (key, op, a, b), each key once: a limiter's sliding-log rules share one log.
     let mut ops: Vec<(String, u8, i64, i64)> = Vec::new();
     let mut writes = record.writes.iter();
-    let mut outcomes = reply.verdict.rules.as_slice();
-    for &i in &call.limiters {
-        let limiter = &plan.limiters[i];
-        let (mine, rest) = outcomes.split_at(limiter.rules.len().min(outcomes.len()));
-        outcomes = rest;
+    for (_, limiter, mine) in call.per_limiter(&reply.verdict.rules) {
         let writes = writes.by_ref().take(limiter.rules.len());
         if script::shadow_denies(limiter, mine) {
             // A shadow limiter that would deny wrote nothing.
@@ -376,11 +381,8 @@ async fn offend(
     let mut denied: HashMap<usize, bool> = HashMap::new();
     for answer in answers {
         let Some(reply) = &answer.reply else { continue };
-        let mut outcomes = reply.verdict.rules.iter();
-        for &i in &answer.call.limiters {
-            let n = plan.limiters[i].rules.len();
-            let denies = outcomes.by_ref().take(n).any(|o| !o.allowed);
-            denied.insert(i, denies);
+        for (i, _, mine) in answer.call.per_limiter(&reply.verdict.rules) {
+            denied.insert(i, mine.iter().any(|o| !o.allowed));
         }
     }
     let bans: Vec<_> = plan

@@ -424,7 +424,7 @@ pub(crate) fn verdict(
     let enforced_admit = plan
         .limiters
         .iter()
-        .zip(per_limiter(plan, &outcomes))
+        .zip(per_limiter(plan.limiters, &outcomes))
         .all(|(l, outcomes)| l.shadow || outcomes.iter().all(|o| o.allowed));
     if allowed != enforced_admit {
         return Err(bad("the overall flag disagrees with the rules"));
@@ -436,7 +436,7 @@ pub(crate) fn verdict(
         if !allowed {
             return Err(bad("a record time without an admission"));
         }
-        let at = per_limiter(plan, &verdict.rules)
+        let at = per_limiter(plan.limiters, &verdict.rules)
             .zip(plan.limiters)
             .map(|(mine, l)| {
                 if shadow_denies(l, mine) {
@@ -450,13 +450,13 @@ pub(crate) fn verdict(
     Ok(verdict)
 }
 
-/// Each limiter's slice of `outcomes` (one per rule, limiters in plan order).
+/// Each limiter's slice of `outcomes` (one per rule, `limiters` in order).
 pub(crate) fn per_limiter<'o>(
-    plan: &CheckRequest<'_>,
+    limiters: &'o [LimiterRequest<'_>],
     outcomes: &'o [RuleOutcome],
 ) -> impl Iterator<Item = &'o [RuleOutcome]> {
     let mut rest = outcomes;
-    plan.limiters.iter().map(move |l| {
+    limiters.iter().map(move |l| {
         let (mine, others) = rest.split_at(l.rules.len().min(rest.len()));
         rest = others;
         mine
@@ -546,7 +546,7 @@ fn zero_from_record(
     let rules = plan
         .limiters
         .iter()
-        .zip(per_limiter(plan, outcomes))
+        .zip(per_limiter(plan.limiters, outcomes))
         .flat_map(|(l, mine)| {
             let skipped = shadow_denies(l, mine);
             l.rules.iter().map(move |rule| (rule, skipped))

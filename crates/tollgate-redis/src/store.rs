@@ -124,6 +124,15 @@ impl RedisStore {
 
     /// The whole plan as one check of check.lua: every key must live on `lane` (one slot,
     /// or the one server). Sent with the other checks of its lane when batching is on.
+    /// The plan's limiters, one group per call of a per-slot script: by hash slot on a
+    /// Cluster, all together on one server.
+    fn slot_groups(&self, plan: &CheckRequest<'_>) -> Result<Vec<Vec<usize>>, StoreError> {
+        match &self.backend().conn {
+            Conn::Cluster(_) => cluster::slot_members(plan),
+            Conn::Standalone(_) | Conn::Sentinel(_) => Ok(vec![(0..plan.limiters.len()).collect()]),
+        }
+    }
+
     async fn check_one_call(
         &self,
         plan: &CheckRequest<'_>,
@@ -194,12 +203,7 @@ impl Store for RedisStore {
             cache.forget_limiters(plan);
         }
         let backend = self.backend();
-        // One call per slot (one call on a standalone server).
-        let groups: Vec<Vec<usize>> = match &backend.conn {
-            Conn::Cluster(_) => cluster::slot_members(plan)?,
-            Conn::Standalone(_) | Conn::Sentinel(_) => vec![(0..plan.limiters.len()).collect()],
-        };
-        for members in groups {
+        for members in self.slot_groups(plan)? {
             let mut call = backend.scripts.refund.call();
             if !script::prepare_refund(
                 &mut call,
@@ -223,20 +227,16 @@ impl Store for RedisStore {
         receipt: &Receipt,
     ) -> Result<Option<Receipt>, StoreError> {
         let backend = self.backend();
-        let groups: Vec<Vec<usize>> = match &backend.conn {
-            Conn::Cluster(_) => cluster::slot_members(plan)?,
-            Conn::Standalone(_) | Conn::Sentinel(_) => vec![(0..plan.limiters.len()).collect()],
-        };
+        // The receipt's units, in each of the request's limiters.
+        let leases = CheckRequest::new(receipt.units(), true, plan.limiters);
         let mut at_us = vec![Receipt::NOT_RECORDED; plan.limiters.len()];
         let mut lost = false;
-        for members in groups {
+        for members in self.slot_groups(plan)? {
             let mut call = backend.scripts.refund.call();
-            let extend = CheckRequest::new(receipt.units(), true, plan.limiters);
-            let concerned = members.clone();
             if !script::prepare_refund(
                 &mut call,
-                &extend,
-                members,
+                &leases,
+                members.iter().copied(),
                 Some(receipt),
                 backend.test_now(),
                 true,
@@ -252,7 +252,7 @@ impl Store for RedisStore {
                 lost = true;
                 break;
             }
-            for i in concerned {
+            for i in members {
                 if receipt.at_us(i).is_some() {
                     at_us[i] = u64::try_from(now)
                         .map_err(|_| script::protocol("extend", "a negative time"))?;
@@ -262,7 +262,6 @@ impl Store for RedisStore {
         if lost {
             // A lease is gone: the caller lost its slot; give back whatever other slots still
             // hold (a Cluster renews slot by slot) rather than keep them until they run out.
-            let release = CheckRequest::new(receipt.units(), true, plan.limiters);
             let renewed = Receipt::per_limiter(
                 (0..plan.limiters.len()).map(|i| match at_us[i] {
                     Receipt::NOT_RECORDED => receipt.at_us(i).unwrap_or(Receipt::NOT_RECORDED),
@@ -271,7 +270,7 @@ impl Store for RedisStore {
                 receipt.id(),
                 receipt.units(),
             );
-            let _ = Store::refund(self, &release, Some(&renewed)).await;
+            let _ = Store::refund(self, &leases, Some(&renewed)).await;
             return Ok(None);
         }
         Ok(Some(Receipt::per_limiter(
