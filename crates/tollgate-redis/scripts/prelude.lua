@@ -20,3 +20,14 @@ end
 local function int(x)
   return format('%d', x)
 end
+
+-- Sets `key` to `value`, keeping its TTL (KEEPTTL needs Redis 6; PTTL keeps older servers
+-- working).
+local function keep_ttl(key, value)
+  local ttl = redis.call('PTTL', key)
+  if ttl > 0 then
+    redis.call('SET', key, value, 'PX', ttl)
+  else
+    redis.call('SET', key, value)
+  end
+end

@@ -22,15 +22,9 @@ local extend = ARGV[4] == '1'
 local changed = 0
 local keyi, argi = 0, 4
 
--- Sets `key` to `value`, keeping its TTL (KEEPTTL needs Redis 6; PTTL keeps older servers
--- working).
+-- Sets `key` to `value`, keeping its TTL; one more key changed.
 local function keep(key, value)
-  local ttl = redis.call('PTTL', key)
-  if ttl > 0 then
-    redis.call('SET', key, value, 'PX', ttl)
-  else
-    redis.call('SET', key, value)
-  end
+  keep_ttl(key, value)
   changed = changed + 1
 end
 

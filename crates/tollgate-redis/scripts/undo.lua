@@ -45,14 +45,7 @@ for i, key in ipairs(KEYS) do
       local sep = string.find(value, ':', 1, true)
       if sep and tonumber(string.sub(value, 1, sep - 1)) == a then
         local count = tonumber(string.sub(value, sep + 1)) or 0
-        -- KEEPTTL needs Redis 6; PTTL keeps older servers working.
-        local ttl = redis.call('PTTL', key)
-        local left = math.max(0, count - cost)
-        if ttl > 0 then
-          redis.call('SET', key, int(a) .. ':' .. int(left), 'PX', ttl)
-        else
-          redis.call('SET', key, int(a) .. ':' .. int(left))
-        end
+        keep_ttl(key, int(a) .. ':' .. int(math.max(0, count - cost)))
         changed = changed + 1
       end
     end
@@ -76,13 +69,7 @@ for i, key in ipairs(KEYS) do
       if s2 and tonumber(string.sub(value, 1, s1 - 1)) == start then
         local previous = string.sub(value, s1 + 1, s2 - 1)
         local count = tonumber(string.sub(value, s2 + 1)) or 0
-        local ttl = redis.call('PTTL', key)
-        local left = int(start) .. ':' .. previous .. ':' .. int(math.max(0, count - cost))
-        if ttl > 0 then
-          redis.call('SET', key, left, 'PX', ttl)
-        else
-          redis.call('SET', key, left)
-        end
+        keep_ttl(key, int(start) .. ':' .. previous .. ':' .. int(math.max(0, count - cost)))
         changed = changed + 1
       end
     end
