@@ -14,6 +14,15 @@ pub(crate) fn erase<S: Store>(gate: Arc<Tollgate<S>>) -> SharedGate {
     Arc::new(gate.erase())
 }
 
+/// Runs `work` on the current runtime without waiting for it: what a guard dropped before its
+/// outcome was known (a panic, a cancelled future) still owes the store. Without a runtime
+/// (dropped during shutdown) it does not run, and what it would have undone expires by itself.
+pub(crate) fn in_background(work: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
+    }
+}
+
 /// Holds a duplicate-guard lease until the outcome is known.
 ///
 /// Dropped while armed (the handler's future was cancelled because the client went away, or it
@@ -75,12 +84,9 @@ impl Drop for LeaseGuard {
         let Some(lease) = self.lease.take() else {
             return;
         };
-        // Without a runtime (dropped during shutdown) the lock simply expires with its TTL.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let gate = self.gate.clone();
-            runtime.spawn(async move {
-                let _ = gate.release(&lease).await;
-            });
-        }
+        let gate = self.gate.clone();
+        in_background(async move {
+            let _ = gate.release(&lease).await;
+        });
     }
 }

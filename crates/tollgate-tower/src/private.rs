@@ -9,7 +9,7 @@ pub use tollgate::{DuplicateGuard, Limiter, Policy};
 
 use crate::{
     context::Context,
-    engine::{LeaseGuard, SharedGate},
+    engine::{LeaseGuard, SharedGate, in_background},
     rejection::Rejection,
 };
 
@@ -156,51 +156,37 @@ impl Charged {
     /// Records the call's outcome: refunds the charge if the outcome does not count, and frees
     /// the call's concurrency slots.
     pub async fn finish(mut self, succeeded: bool) {
+        if let Some(work) = self.settle(succeeded) {
+            work.await;
+        }
+    }
+
+    /// What the outcome owes the store, disarmed (so that dropping it owes nothing more); `None`
+    /// if nothing. A failed refund or release keeps the charge, or the slot until its lease runs
+    /// out: the safe side.
+    fn settle(&mut self, succeeded: bool) -> Option<impl Future<Output = ()> + Send + 'static> {
         self.armed = false;
-        let Some(receipt) = self.receipt.take() else {
-            return;
-        };
-        // A failed refund or release keeps the charge, or the slot until its lease runs out:
-        // the safe side.
-        let _ = match self.end(succeeded) {
-            End::Refund => {
-                self.gate
-                    .refund(self.policy, &self.identity, 1, Some(&receipt))
-                    .await
-            }
-            End::Release => {
-                self.gate
-                    .release_concurrent(self.policy, &self.identity, &receipt)
-                    .await
-            }
-            End::Keep => Ok(()),
-        };
+        let end = self.end(succeeded);
+        let receipt = self.receipt.take().filter(|_| !matches!(end, End::Keep))?;
+        let (gate, policy) = (self.gate.clone(), self.policy);
+        let identity = std::mem::take(&mut self.identity);
+        Some(async move {
+            let _ = match end {
+                End::Refund => gate.refund(policy, &identity, 1, Some(&receipt)).await,
+                End::Release | End::Keep => {
+                    gate.release_concurrent(policy, &identity, &receipt).await
+                }
+            };
+        })
     }
 }
 
 impl Drop for Charged {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let end = self.end(false);
-        if matches!(end, End::Keep) {
-            return;
-        }
-        let Some(receipt) = self.receipt.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (gate, policy) = (self.gate.clone(), self.policy);
-            let identity = std::mem::take(&mut self.identity);
-            runtime.spawn(async move {
-                let _ = match end {
-                    End::Refund => gate.refund(policy, &identity, 1, Some(&receipt)).await,
-                    End::Release | End::Keep => {
-                        gate.release_concurrent(policy, &identity, &receipt).await
-                    }
-                };
-            });
+        if self.armed {
+            if let Some(work) = self.settle(false) {
+                in_background(work);
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ use http::StatusCode;
 use tollgate::{Identity, Receipt};
 
 use super::layer::Config;
+use crate::engine::in_background;
 
 /// Which admitted requests keep the units they were charged; see
 /// [`RateLimitLayer::count`](crate::RateLimitLayer::count).
@@ -117,42 +118,34 @@ impl Charge {
 
     /// Gives the request's units back now.
     pub(crate) async fn refund(mut self) {
-        self.armed = false;
-        let config = &self.config;
-        // A failed refund keeps the charge: the safe side.
-        let _ = config
-            .gate
-            .refund(
-                &config.policy,
-                &self.identity,
-                config.cost,
-                self.receipt.as_ref(),
-            )
-            .await;
+        self.refund_work().await;
     }
 
     /// The outcome kept the charge: nothing to do on drop.
     pub(crate) fn settle(mut self) {
         self.armed = false;
     }
+
+    /// The refund of this charge, disarmed (so that dropping it owes nothing more). A failed
+    /// refund keeps the charge: the safe side.
+    fn refund_work(&mut self) -> impl Future<Output = ()> + Send + 'static {
+        self.armed = false;
+        let config = self.config.clone();
+        let identity = std::mem::take(&mut self.identity);
+        let receipt = self.receipt.take();
+        async move {
+            let _ = config
+                .gate
+                .refund(&config.policy, &identity, config.cost, receipt.as_ref())
+                .await;
+        }
+    }
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        if !self.armed || !matches!(self.config.count, Count::Successes(_)) {
-            return;
-        }
-        // Without a runtime (dropped during shutdown) the charge stays.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let config = self.config.clone();
-            let identity = std::mem::take(&mut self.identity);
-            let receipt = self.receipt.take();
-            runtime.spawn(async move {
-                let _ = config
-                    .gate
-                    .refund(&config.policy, &identity, config.cost, receipt.as_ref())
-                    .await;
-            });
+        if self.armed && matches!(self.config.count, Count::Successes(_)) {
+            in_background(self.refund_work());
         }
     }
 }
@@ -178,17 +171,14 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // Without a runtime (dropped during shutdown) the lease runs out by itself.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let config = self.config.clone();
-            let identity = std::mem::take(&mut self.identity);
-            let receipt = self.receipt.clone();
-            runtime.spawn(async move {
-                let _ = config
-                    .gate
-                    .release_concurrent(&config.policy, &identity, &receipt)
-                    .await;
-            });
-        }
+        let config = self.config.clone();
+        let identity = std::mem::take(&mut self.identity);
+        let receipt = self.receipt.clone();
+        in_background(async move {
+            let _ = config
+                .gate
+                .release_concurrent(&config.policy, &identity, &receipt)
+                .await;
+        });
     }
 }
