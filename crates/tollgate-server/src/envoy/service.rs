@@ -294,18 +294,21 @@ struct Checked {
     cost: u64,
     /// The check recorded what it admitted (else it only looked: see `status`).
     consumed: bool,
-    /// Per checked counter, where its outcomes start in the verdict; `None` if not checked.
-    starts: SmallVec<[Option<usize>; 4]>,
+    /// Per counter, where its outcomes start in the verdict.
+    starts: SmallVec<[usize; 4]>,
 }
 
 impl Checked {
     /// The outcomes of counter `c`'s rules (empty when there are none to report).
     fn outcomes<'a>(&'a self, c: usize, node: &Node) -> &'a [RuleOutcome] {
-        match (&self.answer, self.starts[c]) {
-            (Answer::Verdict { verdict, .. }, Some(start)) => verdict
-                .rules
-                .get(start..start + node.rules.len())
-                .unwrap_or(&[]),
+        match &self.answer {
+            Answer::Verdict { verdict, .. } => {
+                let start = self.starts[c];
+                verdict
+                    .rules
+                    .get(start..start + node.rules.len())
+                    .unwrap_or(&[])
+            }
             _ => &[],
         }
     }
@@ -314,7 +317,7 @@ impl Checked {
     fn denied_by(&self, c: usize, node: &Node) -> bool {
         match self.answer {
             Answer::Verdict { .. } => self.outcomes(c, node).iter().any(|o| !o.allowed),
-            Answer::CostExceeded => self.starts[c].is_some() && node.max_cost < self.cost,
+            Answer::CostExceeded => node.max_cost < self.cost,
             Answer::Unavailable { .. } => false,
         }
     }
@@ -347,7 +350,7 @@ impl Checked {
                     )
                 })
                 .collect(),
-            Answer::CostExceeded if self.starts[c].is_some() => node
+            Answer::CostExceeded => node
                 .rules
                 .iter()
                 .enumerate()
@@ -652,7 +655,7 @@ impl RateLimiter {
         let mut starts = SmallVec::new();
         let mut next = 0;
         for counter in counters {
-            starts.push(Some(next));
+            starts.push(next);
             next += counter.node.rules.len();
             if !counter.node.shadow {
                 max_cost = max_cost.min(counter.node.max_cost);

@@ -178,11 +178,16 @@ pub(crate) async fn acquire(State(app): State<Arc<App>>, JsonBody(body): JsonBod
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// The lease of a `/v1/release` or `/v1/extend` body, parsed.
-fn lease(req: &LeaseRequest) -> Result<tollgate::Receipt, ApiError> {
-    req.lease.parse().map_err(|e| {
+/// The policy, lease and identity a `/v1/release` or `/v1/extend` body names.
+fn lease(
+    app: &App,
+    req: LeaseRequest,
+) -> Result<(PolicyEntry, tollgate::Receipt, Identity), ApiError> {
+    let entry = policy(app, &req.policy)?;
+    let lease = req.lease.parse().map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, format!("lease: {e}")).with_code("invalid_request")
-    })
+    })?;
+    Ok((entry, lease, req.identity.into_identity()))
 }
 
 /// `/v1/release`: ends a lease of `/v1/acquire` (its slots are free at once; its rate quota
@@ -191,9 +196,7 @@ pub(crate) async fn release(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<LeaseRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let entry = policy(&app, &req.policy)?;
-    let lease = lease(&req)?;
-    let identity = req.identity.into_identity();
+    let (entry, lease, identity) = lease(&app, req)?;
     let release = app
         .gate
         .release_concurrent(&entry.policy, &identity, &lease);
@@ -207,9 +210,7 @@ pub(crate) async fn extend(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<LeaseRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let entry = policy(&app, &req.policy)?;
-    let lease = lease(&req)?;
-    let identity = req.identity.into_identity();
+    let (entry, lease, identity) = lease(&app, req)?;
     let extend = app.gate.extend_concurrent(&entry.policy, &identity, &lease);
     match timed(&app, "extend", extend).await? {
         Some(renewed) => Ok(Json(serde_json::json!({ "lease": renewed.to_string() }))),
