@@ -1,14 +1,14 @@
 //! Never over-admit (invariant 1): many tasks on one client, and several processes on one
 //! Redis, admit exactly the limit.
 
-use std::{io::Write, sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use tokio::sync::Barrier;
 use tollgate::Algorithm;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::{CheckPlan, PlanExt, Workers, limiter, plan, raw, rule, store};
+use crate::support::{CheckPlan, PlanExt, Workers, limiter, plan, raw, rule, run_worker, store};
 
 /// Set in a child process: the Redis URL it works against.
 const WORKER_ENV: &str = "TOLLGATE_REDIS_TEST_WORKER_URL";
@@ -88,26 +88,8 @@ fn three_processes_sharing_one_redis_admit_exactly_one_hundred() {
 /// binary again with [`WORKER_ENV`] set. Without it, there is nothing to do.
 #[test]
 fn process_worker() {
-    let Ok(url) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let store = RedisStore::builder(&url)
-            .timeout(Duration::from_secs(10))
-            .build()
-            .await
-            .unwrap();
-        println!("tollgate-worker ready");
-        std::io::stdout().flush().unwrap();
-        let mut go = String::new();
-        std::io::stdin().read_line(&mut go).unwrap();
+    run_worker(WORKER_ENV, "tollgate-worker", |_, store| async move {
         let admitted = fire(&store, &shared_plan(), CHECKS_PER_PROCESS).await;
-        println!("tollgate-worker admitted={admitted}");
-        std::io::stdout().flush().unwrap();
+        format!("admitted={admitted}")
     });
 }

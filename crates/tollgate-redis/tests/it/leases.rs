@@ -3,7 +3,6 @@
 //! Redis set apart from tollgate's keys and sampled throughout, never passes the limit.
 
 use std::{
-    io::Write,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -16,7 +15,7 @@ use tollgate::{Dimension, Identity, Limiter, Policy, Tollgate};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisServer;
 
-use crate::support::{Workers, raw};
+use crate::support::{Workers, raw, run_worker};
 
 /// Set in a child process: the Redis URL it works against.
 const WORKER_ENV: &str = "TOLLGATE_LEASE_TEST_WORKER_URL";
@@ -115,27 +114,10 @@ fn three_processes_never_hold_more_leases_than_the_limit() {
 /// binary again with [`WORKER_ENV`] set. Without it, there is nothing to do.
 #[test]
 fn lease_worker() {
-    let Ok(url) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let store = RedisStore::builder(&url)
-            .timeout(Duration::from_secs(20))
-            .build()
-            .await
-            .unwrap();
+    run_worker(WORKER_ENV, "lease-worker", |url, store| async move {
         let gate = Arc::new(Tollgate::new(store));
         let client = redis::Client::open(url.as_str()).unwrap();
         let conn = client.get_multiplexed_async_connection().await.unwrap();
-        println!("lease-worker ready");
-        std::io::stdout().flush().unwrap();
-        let mut go = String::new();
-        std::io::stdin().read_line(&mut go).unwrap();
         let tasks: Vec<_> = (0..TASKS_PER_PROCESS)
             .map(|task| {
                 let (gate, mut conn) = (gate.clone(), conn.clone());
@@ -168,7 +150,6 @@ fn lease_worker() {
         for task in tasks {
             held += task.await.unwrap();
         }
-        println!("lease-worker held={held}");
-        std::io::stdout().flush().unwrap();
+        format!("held={held}")
     });
 }

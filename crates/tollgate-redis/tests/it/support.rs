@@ -112,3 +112,38 @@ impl Workers {
         }
     }
 }
+
+/// The body of one worker process of [`Workers`], in the test `Workers::start` names: with
+/// `env` set (to the Redis URL), connects a store, says "`name` ready", waits for "go", runs
+/// `work` and says "`name` " followed by what it answered. Without `env`, it does nothing: the
+/// test run that is not a worker passes it by.
+pub(crate) fn run_worker<F, Fut>(env: &str, name: &str, work: F)
+where
+    F: FnOnce(String, RedisStore) -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    use std::io::Write as _;
+
+    let Ok(url) = std::env::var(env) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = RedisStore::builder(&url)
+            .timeout(Duration::from_secs(20))
+            .build()
+            .await
+            .unwrap();
+        println!("{name} ready");
+        std::io::stdout().flush().unwrap();
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+        let said = work(url, store).await;
+        println!("{name} {said}");
+        std::io::stdout().flush().unwrap();
+    });
+}
