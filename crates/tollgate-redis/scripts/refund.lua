@@ -56,7 +56,9 @@ if extend then
   end
   for _, l in ipairs(logs) do
     local log, longest, at = l[1], l[2], l[3]
-    if at < 0 or at <= now - longest then
+    -- A log shorter than the units cannot hold them all (and a caller's cost never makes this
+    -- loop longer than the log).
+    if at < 0 or at <= now - longest or redis.call('ZCARD', log) < cost then
       return { 0, now }
     end
     for u = 1, cost do
@@ -87,8 +89,9 @@ while argi < #ARGV do
     local log = KEYS[keyi]
     local removed = 0
     if at >= 0 and id ~= '' then
-      -- The check's own members: id .. unit, scored with its instant.
-      for u = 1, cost do
+      -- The check's own members: id .. unit, scored with its instant; no more of them than
+      -- the log holds, whatever cost the caller names.
+      for u = 1, math.min(cost, redis.call('ZCARD', log)) do
         local member = id .. int(u)
         local score = redis.call('ZSCORE', log, member)
         if score and tonumber(score) == at then

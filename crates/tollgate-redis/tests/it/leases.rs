@@ -153,3 +153,53 @@ fn lease_worker() {
         format!("held={held}")
     });
 }
+
+/// A refund, release or renewal naming more units than any check could have charged costs
+/// Redis no more than the log it reads: answered well within the store's timeout (a loop over
+/// the units named would not end for days).
+#[tokio::test]
+async fn a_huge_cost_named_by_a_caller_costs_redis_no_scan() {
+    let server = RedisServer::start();
+    let gate = Tollgate::new(
+        RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap(),
+    );
+    let p = Policy::builder("huge")
+        .limiter(Limiter::new(Dimension::Global, ["3/1m".parse().unwrap()]))
+        .build()
+        .unwrap();
+    let who = Identity::new();
+    let d = gate.check(&p, &who, 1).await.unwrap();
+    let receipt = d.receipt().unwrap().to_string();
+    // The same receipt, claiming 10^15 units.
+    let (id, rest) = receipt.split_once('.').unwrap();
+    let (_, at) = rest.split_once('.').unwrap();
+    let forged: tollgate::Receipt = format!("{id}.1000000000000000.{at}").parse().unwrap();
+    gate.refund(&p, &who, 1_000_000_000_000_000, Some(&forged))
+        .await
+        .expect("answered, not timed out");
+    let leases = policy();
+    let held = gate.check(&leases, &who, 1).await.unwrap();
+    let (id, rest) = held
+        .receipt()
+        .unwrap()
+        .to_string()
+        .split_once('.')
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .unwrap();
+    let (_, at) = rest.split_once('.').unwrap();
+    let forged: tollgate::Receipt = format!("{id}.1000000000000000.{at}").parse().unwrap();
+    assert_eq!(
+        gate.extend_concurrent(&leases, &who, &forged)
+            .await
+            .expect("answered"),
+        None,
+        "a log of one lease holds no 10^15 units"
+    );
+    gate.release_concurrent(&leases, &who, &forged)
+        .await
+        .expect("answered, not timed out");
+}
