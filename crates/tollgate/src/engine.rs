@@ -891,7 +891,11 @@ fn new_token() -> String {
 fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
     out.reset(false, Reason::CostExceedsLimit);
     for limiter in limiters.iter().filter(|l| !l.shadow) {
-        for rule in limiter.rules.iter().filter(|r| r.limit() < cost) {
+        for rule in limiter
+            .rules
+            .iter()
+            .filter(|r| crate::policy::cost_too_large(r, cost))
+        {
             if out.message.is_none() {
                 out.message.clone_from(&limiter.message);
             }
@@ -945,5 +949,45 @@ mod tests {
         shared_state(Tollgate::new(memory())).await;
         shared_state(Tollgate::new(AnyStore::new(memory()))).await;
         shared_state(Tollgate::new(Arc::new(memory()))).await;
+    }
+
+    /// A log's entries are written one per unit: one check writes at most `MAX_LOG_COST`,
+    /// whatever the rule's limit, so its work and memory stay bounded.
+    #[tokio::test]
+    async fn a_log_takes_bounded_cost_per_check() {
+        let gate = Tollgate::new(MemoryStore::new());
+        let policy = Policy::builder("export")
+            .limiter(Limiter::new(
+                Dimension::Global,
+                ["1000000/1h".parse().unwrap()],
+            ))
+            .build()
+            .unwrap();
+        let who = Identity::new();
+        let refused = gate
+            .check(&policy, &who, crate::MAX_LOG_COST + 1)
+            .await
+            .unwrap();
+        assert_eq!(refused.reason(), Reason::CostExceedsLimit);
+        assert_eq!(refused.rules().len(), 1, "the rule is named");
+        let peek = gate.peek(&policy, &who, 1).await.unwrap();
+        assert_eq!(peek.rules()[0].remaining, 999_999, "nothing was recorded");
+        let admitted = gate
+            .check(&policy, &who, crate::MAX_LOG_COST)
+            .await
+            .unwrap();
+        assert!(admitted.allowed());
+        // A rule that keeps one number takes any cost up to its limit.
+        let gcra = Policy::builder("export_gcra")
+            .limiter(Limiter::new(
+                Dimension::Global,
+                ["1000000/1h"
+                    .parse::<crate::Rule>()
+                    .unwrap()
+                    .with_algorithm(crate::Algorithm::Gcra)],
+            ))
+            .build()
+            .unwrap();
+        assert!(gate.check(&gcra, &who, 500_000).await.unwrap().allowed());
     }
 }

@@ -17,6 +17,12 @@ use crate::{
 /// `fixed_window` or `gcra`, whose state is one or two numbers.
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 
+/// The largest cost one check may charge a sliding-log rule: each unit is an entry written by
+/// the check, so this bounds a check's work and memory whatever the limit. A check of a larger
+/// cost is refused with [`Reason::CostExceedsLimit`](crate::Reason::CostExceedsLimit); costly
+/// units take `gcra`, `fixed_window` or `sliding_window`, whose cost is one number.
+pub const MAX_LOG_COST: u64 = 1_000;
+
 /// What to do when the store cannot answer; see [`PolicyBuilder::on_error`]. A decision made
 /// this way has reason [`Reason::StoreUnavailable`](crate::Reason::StoreUnavailable).
 ///
@@ -421,15 +427,28 @@ impl PolicyBuilder {
 }
 
 /// The largest cost `limiters` can ever admit: the smallest limit of their enforced rules
-/// (`u64::MAX` when every one is shadow: a shadow rule never denies).
+/// (`u64::MAX` when every one is shadow: a shadow rule never denies), and at most
+/// [`MAX_LOG_COST`] where any rule keeps a log.
 pub(crate) fn max_cost(limiters: &[Limiter]) -> u64 {
-    limiters
+    let rules = || limiters.iter().flat_map(|l| l.rules.iter());
+    let smallest = limiters
         .iter()
         .filter(|l| !l.shadow)
         .flat_map(|l| l.rules.iter())
         .map(Rule::limit)
         .min()
-        .unwrap_or(u64::MAX)
+        .unwrap_or(u64::MAX);
+    if rules().any(|r| r.algorithm() == Algorithm::SlidingLog) {
+        smallest.min(MAX_LOG_COST)
+    } else {
+        smallest
+    }
+}
+
+/// Whether `rule` refuses a check of `cost` before any state is read: more than its limit, or
+/// more entries than one check may write to a log.
+pub(crate) fn cost_too_large(rule: &Rule, cost: u64) -> bool {
+    rule.limit() < cost || (rule.algorithm() == Algorithm::SlidingLog && cost > MAX_LOG_COST)
 }
 
 #[cfg(test)]

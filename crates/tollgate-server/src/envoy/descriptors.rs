@@ -182,7 +182,7 @@ impl Node {
     fn new(path: Arc<str>, rules: Box<[Rule]>, shadow: bool, children: Level) -> Node {
         Node {
             path,
-            max_cost: rules.iter().map(Rule::limit).min().unwrap_or(0),
+            max_cost: rules.iter().map(max_cost).min().unwrap_or(0),
             rules,
             shadow,
             kind: NodeKind::Rules,
@@ -383,6 +383,7 @@ impl DomainsBuilder {
                         let rule = Rule::new(u64::from(n), std::time::Duration::from_millis(ms))
                             .map_err(|e| format!("descriptor {path}: {e}"))?
                             .with_algorithm(algorithm);
+                        log_fits(&rule).map_err(|e| format!("descriptor {path}: {e}"))?;
                         let _ = write!(self.summary, ": {rule} {}", rule.algorithm());
                         (vec![rule], NodeKind::Rules)
                     }
@@ -459,6 +460,9 @@ impl DomainsBuilder {
                     );
                 }
                 let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
+                if let Err(why) = log_fits(&rule) {
+                    return fail(&format!(".rules[{j}]"), why);
+                }
                 if rules.contains(&rule) {
                     return fail(
                         &format!(".rules[{j}]"),
@@ -862,4 +866,25 @@ descriptors = [
             "{e}"
         );
     }
+}
+
+/// The largest cost a descriptor's rule admits in one request: its limit, and no more entries
+/// than one check may write to a log.
+fn max_cost(rule: &Rule) -> u64 {
+    match rule.algorithm() {
+        tollgate::Algorithm::SlidingLog => rule.limit().min(tollgate::MAX_LOG_COST),
+        _ => rule.limit(),
+    }
+}
+
+/// A sliding-log rule keeps an entry per admitted unit: its limit is bounded as a policy's is.
+fn log_fits(rule: &Rule) -> Result<(), String> {
+    if rule.algorithm() == tollgate::Algorithm::SlidingLog && rule.limit() > tollgate::MAX_LOG_LIMIT
+    {
+        return Err(format!(
+            "rule {rule} keeps a log of more than {} entries per client; use algorithm \"gcra\" or \"fixed_window\"",
+            tollgate::MAX_LOG_LIMIT
+        ));
+    }
+    Ok(())
 }

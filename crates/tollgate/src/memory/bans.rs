@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use super::{
     Inner,
-    map::{Entry, Locked, State},
+    map::{Entry, Kind, Locked, Shard, State},
 };
 use crate::{
     algorithm::RuleOutcome,
@@ -93,11 +93,11 @@ impl Inner {
                 until,
                 strikes,
             });
-            // Bans are written even past the key cap: forgetting an offender is worse.
             let expires_at = until.saturating_add(super::micros(memory));
-            shard.insert(hash, ban.key, Entry::new(state, expires_at));
-            self.ban_horizon.fetch_max(until, Ordering::AcqRel);
-            longest = longest.max(Some(until - now));
+            if self.put_ban(shard, hash, ban.key, Entry::new(state, expires_at), now) {
+                self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+                longest = longest.max(Some(until - now));
+            }
         }
         longest
     }
@@ -135,8 +135,20 @@ impl Inner {
             until,
             strikes,
         });
-        shard.insert(hash, &key, Entry::new(state, expires_at));
-        self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+        if self.put_ban(&mut shard, hash, &key, Entry::new(state, expires_at), now) {
+            self.ban_horizon.fetch_max(until, Ordering::AcqRel);
+        }
+    }
+
+    /// Writes a ban within the ban budget: a new one takes the place of the ban nearest its end
+    /// when the budget is full. False (and counted) if no ban could go.
+    fn put_ban(&self, shard: &mut Shard, hash: u64, key: &str, entry: Entry, now: u64) -> bool {
+        if shard.find(hash, key).is_none() && !self.make_room(shard, Kind::Ban, 1, now, &[]) {
+            self.dropped_bans.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        shard.insert(hash, key, entry);
+        true
     }
 
     pub(super) fn unban(&self, prefix: &str, target: &BanTarget) -> bool {

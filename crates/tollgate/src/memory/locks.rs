@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{
     Inner,
-    map::{Entry, State},
+    map::{Entry, Kind, State},
 };
 use crate::{
     error::{StoreError, StoreErrorKind},
@@ -42,10 +42,13 @@ impl Inner {
                 response: lock.response.clone(),
             }));
         }
-        if shard.find(hash, key).is_none() && !self.make_room(&mut shard, 1, now, &[]) {
+        if shard.find(hash, key).is_none() && !self.make_room(&mut shard, Kind::Lock, 1, now, &[]) {
             return Err(StoreError::new(
                 StoreErrorKind::Capacity,
-                "memory store shard is full of bans and locks",
+                format!(
+                    "the duplicate-guard lock budget is full ({} live locks in this key's shard)",
+                    self.budget.locks
+                ),
             ));
         }
         let lock = LockState {
@@ -77,28 +80,50 @@ impl Inner {
         holds
     }
 
+    /// Completes the lock `token` holds, storing `response`; false if it holds none. A
+    /// response that does not fit the shard's response budget is refused.
     pub(super) fn lock_complete(
         &self,
         key: &str,
         token: &str,
         response: &[u8],
         keep_for: Duration,
-    ) -> bool {
+    ) -> Result<bool, StoreError> {
         let hash = self.shards.hash(key);
         let mut shard = self.shards.lock_one(hash);
         let now = self.clock.now_us();
+        let room = self
+            .budget
+            .response_bytes
+            .saturating_sub(shard.usage().response_bytes);
         match shard.live(hash, key, now) {
             Some(Entry {
                 state: State::Lock(lock),
                 expires_at,
                 ..
             }) if lock.token == token && !lock.completed => {
+                if response.len() > room {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Capacity,
+                        format!(
+                            "the stored-response budget is full ({} bytes in this key's shard)",
+                            self.budget.response_bytes
+                        ),
+                    ));
+                }
                 lock.completed = true;
                 lock.response = Some(response.to_vec());
                 *expires_at = now.saturating_add(super::micros(keep_for));
-                true
             }
-            _ => false,
+            _ => return Ok(false),
         }
+        shard.add_response_bytes(response.len() as isize);
+        Ok(true)
+    }
+}
+
+impl LockState {
+    pub(super) fn response_bytes(&self) -> usize {
+        self.response.as_ref().map_or(0, Vec::len)
     }
 }

@@ -1,7 +1,9 @@
 //! The sharded map: each key hashed once, found by its hash, compared whole (invariant 7).
 //!
 //! A shard keeps its entries in a slab (`slots`) and a hash table of slot indices, so that a
-//! full shard can sample random entries and evict the least recently used one.
+//! full shard can sample random entries and evict the least recently used one. It counts what
+//! it holds of each kind (counters, bans, locks, stored response bytes), so that each kind is
+//! held to its own budget and no kind can crowd out another.
 
 use std::hash::BuildHasher;
 
@@ -18,6 +20,67 @@ pub(super) enum State {
     Rules(RuleStates),
     Ban(BanState),
     Lock(Box<LockState>),
+}
+
+/// The kinds of entry, each with its own budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Counter,
+    Ban,
+    Lock,
+}
+
+impl State {
+    pub(super) fn kind(&self) -> Kind {
+        match self {
+            State::Rules(_) => Kind::Counter,
+            State::Ban(_) => Kind::Ban,
+            State::Lock(_) => Kind::Lock,
+        }
+    }
+
+    /// The bytes of a stored response it holds.
+    fn response_bytes(&self) -> usize {
+        match self {
+            State::Lock(lock) => lock.response_bytes(),
+            _ => 0,
+        }
+    }
+}
+
+/// What a shard holds, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Usage {
+    pub(super) counters: usize,
+    pub(super) bans: usize,
+    pub(super) locks: usize,
+    pub(super) response_bytes: usize,
+}
+
+impl Usage {
+    pub(super) fn of(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Counter => self.counters,
+            Kind::Ban => self.bans,
+            Kind::Lock => self.locks,
+        }
+    }
+
+    fn count(&mut self, state: &State, added: bool) {
+        let count = match state.kind() {
+            Kind::Counter => &mut self.counters,
+            Kind::Ban => &mut self.bans,
+            Kind::Lock => &mut self.locks,
+        };
+        let bytes = state.response_bytes();
+        if added {
+            *count += 1;
+            self.response_bytes += bytes;
+        } else {
+            *count -= 1;
+            self.response_bytes -= bytes;
+        }
+    }
 }
 
 pub(super) struct Entry {
@@ -40,17 +103,25 @@ impl Entry {
         }
     }
 
-    /// How much eviction spares this entry: expired first, then live keys within their
-    /// limits, then keys over their limits; bans and duplicate-guard locks never.
-    fn keep_rank(&self, now: u64) -> Option<u8> {
+    /// How much eviction spares this entry, lowest first, and among equals which goes first
+    /// (lowest first): expired entries; then counters within their limits, least recently used
+    /// first, then counters over their limits; bans nearest their end; live locks never.
+    fn keep_rank(&self, now: u64, age: u32) -> Option<(u8, u64)> {
         if self.expires_at <= now {
-            return Some(0);
+            return Some((0, 0));
         }
         match self.state {
-            State::Rules(_) => Some(1 + u8::from(self.limited)),
-            State::Ban(_) | State::Lock(_) => None,
+            State::Rules(_) => Some((1 + u8::from(self.limited), u64::from(u32::MAX - age))),
+            State::Ban(_) => Some((1, self.expires_at)),
+            State::Lock(_) => None,
         }
     }
+}
+
+/// An entry evicted to make room, with the hash of its key.
+pub(super) struct Evicted {
+    pub(super) hash: u64,
+    pub(super) entry: Entry,
 }
 
 struct Slot {
@@ -70,6 +141,10 @@ pub(super) struct Shard {
     sample: u64,
     /// Counts touches: the recency of entries.
     tick: u32,
+    usage: Usage,
+    /// Evicted limiter keys that were at their limits: the hash of each key and the instant
+    /// (µs) until which it stays denied (see `owe`).
+    owed: HashTable<(u64, u64)>,
 }
 
 /// Where an entry lives in its shard; valid while the shard stays locked and the entry is not
@@ -85,11 +160,64 @@ impl Shard {
             free: Vec::new(),
             sample: 0,
             tick: 0,
+            usage: Usage::default(),
+            owed: HashTable::new(),
         }
     }
 
     pub(super) fn len(&self) -> usize {
         self.table.len()
+    }
+
+    pub(super) fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// A stored response of `bytes` was added to (or, negative, taken from) an entry in place.
+    pub(super) fn add_response_bytes(&mut self, bytes: isize) {
+        self.usage.response_bytes = self.usage.response_bytes.saturating_add_signed(bytes);
+    }
+
+    /// Remembers that the limiter key of `hash` was evicted at its limit and must stay denied
+    /// until `until`, holding at most `cap` such records: past it, the record nearest its end
+    /// among a few sampled goes first.
+    pub(super) fn owe(&mut self, hash: u64, until: u64, now: u64, cap: usize) {
+        if let Some((_, at)) = self.owed.find_mut(hash, |&(h, _)| h == hash) {
+            *at = (*at).max(until);
+            return;
+        }
+        if self.owed.len() >= cap {
+            self.owed.retain(|&mut (_, at)| at > now);
+        }
+        if self.owed.len() >= cap {
+            let nearest = self
+                .owed
+                .iter()
+                .take(16)
+                .min_by_key(|&&(_, at)| at)
+                .copied();
+            if let Some((h, _)) = nearest {
+                if let Ok(found) = self.owed.find_entry(h, |&(k, _)| k == h) {
+                    found.remove();
+                }
+            }
+        }
+        self.owed.insert_unique(hash, (hash, until), |&(h, _)| h);
+    }
+
+    /// Until when the evicted limiter key of `hash` stays denied, if it was evicted at its
+    /// limit and that time has not come (a record that ended is dropped).
+    pub(super) fn owed(&mut self, hash: u64, now: u64) -> Option<u64> {
+        if self.owed.is_empty() {
+            return None;
+        }
+        let found = self.owed.find_entry(hash, |&(h, _)| h == hash).ok()?;
+        let until = found.get().1;
+        if until > now {
+            return Some(until);
+        }
+        found.remove();
+        None
     }
 
     /// The slot holding `key`.
@@ -129,8 +257,10 @@ impl Shard {
     pub(super) fn insert(&mut self, hash: u64, key: &str, mut entry: Entry) -> SlotId {
         self.tick = self.tick.wrapping_add(1);
         entry.used = self.tick;
+        self.usage.count(&entry.state, true);
         if let Some(id) = self.find(hash, key) {
-            *self.entry(id) = entry;
+            let old = std::mem::replace(self.entry(id), entry);
+            self.usage.count(&old.state, false);
             return id;
         }
         let slot = Slot {
@@ -167,6 +297,9 @@ impl Shard {
         let slot = &mut self.slots[id as usize];
         slot.key = Box::default();
         let entry = slot.entry.take();
+        if let Some(entry) = &entry {
+            self.usage.count(&entry.state, false);
+        }
         self.free.push(id);
         entry
     }
@@ -174,7 +307,12 @@ impl Shard {
     /// Drops every expired entry but those in `keep`.
     pub(super) fn purge(&mut self, now: u64, keep: &[SlotId]) {
         let Shard {
-            table, slots, free, ..
+            table,
+            slots,
+            free,
+            usage,
+            owed,
+            ..
         } = self;
         table.retain(|&mut id| {
             let slot = &mut slots[id as usize];
@@ -182,11 +320,14 @@ impl Shard {
             let keep = live || keep.contains(&id);
             if !keep {
                 slot.key = Box::default();
-                slot.entry = None;
+                if let Some(entry) = slot.entry.take() {
+                    usage.count(&entry.state, false);
+                }
                 free.push(id);
             }
             keep
         });
+        owed.retain(|&mut (_, until)| until > now);
         if self.table.is_empty() {
             // Nothing left: give the slab's memory back.
             self.slots = Vec::new();
@@ -194,44 +335,49 @@ impl Shard {
         }
     }
 
-    /// Evicts one entry to make room, sampling a few at random: an expired one if found, else
-    /// the least recently used within its limits, else the least recently used over its
-    /// limits; never a ban, a lock, or one of `keep`. False if the sample found nothing to
-    /// evict.
-    pub(super) fn evict_one(&mut self, now: u64, keep: &[SlotId]) -> bool {
+    /// Evicts one entry of `kind` to make room, sampling a few at random and taking the one
+    /// eviction spares least (see `Entry::keep_rank`); never a live lock or one of `keep`. When
+    /// the sample holds none of `kind` (it is rare in this shard), counters and bans are looked
+    /// for in the whole shard, locks are not. `None` if nothing can go.
+    pub(super) fn evict_one(&mut self, kind: Kind, now: u64, keep: &[SlotId]) -> Option<Evicted> {
         const SAMPLES: usize = 16;
-        if self.slots.is_empty() {
-            return false;
+        if self.slots.is_empty() || self.usage.of(kind) == 0 {
+            return None;
         }
-        let mut best: Option<(u8, u32, SlotId)> = None;
+        let tick = self.tick;
+        let rank = |id: SlotId, slot: &Slot| -> Option<(u8, u64)> {
+            let entry = slot.entry.as_ref()?;
+            if entry.state.kind() != kind || keep.contains(&id) {
+                return None;
+            }
+            // Ages, not ticks, so that wrapping counts right.
+            entry.keep_rank(now, tick.wrapping_sub(entry.used))
+        };
+        let mut best: Option<((u8, u64), SlotId)> = None;
         for _ in 0..SAMPLES * 2 {
             let id = (self.next_random() % self.slots.len() as u64) as SlotId;
-            let slot = &self.slots[id as usize];
-            let Some(entry) = &slot.entry else { continue };
-            if keep.contains(&id) {
-                continue;
-            }
-            let Some(rank) = entry.keep_rank(now) else {
+            let Some(r) = rank(id, &self.slots[id as usize]) else {
                 continue;
             };
-            // Ages, not ticks, so that wrapping counts right.
-            let age = self.tick.wrapping_sub(entry.used);
-            if best.is_none_or(|(r, oldest, _)| (rank, u32::MAX - age) < (r, u32::MAX - oldest)) {
-                best = Some((rank, age, id));
+            if best.is_none_or(|(b, _)| r < b) {
+                best = Some((r, id));
             }
-            if rank == 0 {
+            if r.0 == 0 {
                 break;
             }
         }
-        let Some((_, _, id)) = best else {
-            return false;
-        };
+        if best.is_none() && kind != Kind::Lock {
+            best = (0..self.slots.len() as SlotId)
+                .filter_map(|id| Some((rank(id, &self.slots[id as usize])?, id)))
+                .min();
+        }
+        let (_, id) = best?;
         let hash = self.hasher.hash_one(&*self.slots[id as usize].key);
         if let Ok(found) = self.table.find_entry(hash, |&i| i == id) {
             found.remove();
         }
-        self.release(id);
-        true
+        let entry = self.release(id)?;
+        Some(Evicted { hash, entry })
     }
 
     fn next_random(&mut self) -> u64 {

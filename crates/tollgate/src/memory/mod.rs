@@ -24,14 +24,14 @@ use std::{
 use smallvec::SmallVec;
 
 use self::{
-    map::{Entry, Locked, Shard, Shards, SlotId, State},
+    map::{Entry, Kind, Locked, Shard, Shards, SlotId, State},
     rules::RuleStates,
 };
 use crate::{
     algorithm::RuleOutcome,
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
-    error::{StoreError, StoreErrorKind},
+    error::StoreError,
     store::{CheckRequest, LimiterRequest, LockReply, Receipt, Store, Verdict},
 };
 
@@ -43,14 +43,29 @@ use crate::{
 /// cannot deadlock) and holds them while it evaluates and records, which makes a
 /// multi-limiter check atomic.
 ///
-/// Memory is bounded by the key cap ([`MemoryStoreBuilder::max_keys`]), split evenly over the
-/// shards. A check that needs a new key in a full shard **evicts** one: sampling a few entries
-/// at random, it drops an expired one if it finds one, else the least recently used key that
-/// is within its limits, and a key whose last check was denied only when the sample holds
-/// nothing else. Bans and duplicate-guard locks are never evicted. An evicted key forgets its
-/// count, so a flood of new keys can only make the store forget its quietest clients; it can
-/// never leave a new client unlimited ([`MemoryStore::evictions`] counts them). Expired keys are
-/// also emptied when touched and dropped by a background sweep.
+/// Memory is bounded by budgets, one per kind of entry, each split evenly over the shards:
+/// limiter keys ([`MemoryStoreBuilder::max_keys`]), bans ([`max_bans`]), duplicate-guard locks
+/// ([`max_locks`]) and the bytes of their stored responses ([`max_response_bytes`]). No kind
+/// can take another's room, so a flood of locks or bans never makes a rate-limit check fail.
+///
+/// A check that needs a new key in a full shard **evicts** one: sampling a few limiter keys at
+/// random, it drops an expired one if it finds one, else the least recently used key that is
+/// within its limits, and a key at its limit only when the sample holds nothing else. A check
+/// always finds room. An evicted key at its limit is remembered in a compact record (its hash
+/// and the instant its state would have ended, 16 bytes; at most [`max_keys`] of them, the one
+/// nearest its end forgotten first past that): until then it is denied as if it had not been
+/// evicted, so eviction never gives an at-limit client its quota back early (it may wait up to
+/// its longest window instead of its exact retry moment). A flood of new keys can only make
+/// the store forget its quietest clients; it never leaves a new client unlimited
+/// ([`MemoryStore::evictions`] counts them). A full ban budget drops the ban nearest its end; a
+/// full lock or response budget refuses the new lock or response with a
+/// [`Capacity`](crate::StoreErrorKind::Capacity) error. Expired keys are also emptied when
+/// touched and dropped by a background sweep.
+///
+/// [`max_keys`]: MemoryStoreBuilder::max_keys
+/// [`max_bans`]: MemoryStoreBuilder::max_bans
+/// [`max_locks`]: MemoryStoreBuilder::max_locks
+/// [`max_response_bytes`]: MemoryStoreBuilder::max_response_bytes
 ///
 /// ```
 /// use std::time::Duration;
@@ -68,13 +83,34 @@ pub struct MemoryStore {
 struct Inner {
     shards: Shards,
     clock: Arc<dyn Clock>,
-    max_keys_per_shard: usize,
+    /// Each kind's budget per shard.
+    budget: Budget,
     /// The latest end of any ban ever written: before it, checks must look at ban keys.
     ban_horizon: AtomicU64,
     /// The id of the next check that takes a lease (see `RuleStates::record`).
     next_id: AtomicU64,
     /// Keys evicted to make room.
     evictions: AtomicU64,
+    /// Bans not written because the ban budget was full and none could be evicted.
+    dropped_bans: AtomicU64,
+}
+
+/// What one shard may hold of each kind.
+struct Budget {
+    counters: usize,
+    bans: usize,
+    locks: usize,
+    response_bytes: usize,
+}
+
+impl Budget {
+    fn of(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Counter => self.counters,
+            Kind::Ban => self.bans,
+            Kind::Lock => self.locks,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -90,6 +126,9 @@ impl MemoryStore {
             clock: Arc::new(SystemClock),
             shards: 64,
             max_keys: 1_000_000,
+            max_bans: 100_000,
+            max_locks: 100_000,
+            max_response_bytes: 64 << 20,
             purge_interval: Some(Duration::from_secs(5)),
         }
     }
@@ -107,6 +146,20 @@ impl MemoryStore {
     /// How many keys were evicted to make room for new ones since the store was built.
     pub fn evictions(&self) -> u64 {
         self.inner.evictions.load(Ordering::Relaxed)
+    }
+
+    /// What the store holds of each kind now, expired entries included until they are swept.
+    pub fn usage(&self) -> MemoryUsage {
+        let mut usage = MemoryUsage::default();
+        for shard in self.inner.shards.iter() {
+            let u = shard.lock().usage();
+            usage.limiter_keys += u.counters;
+            usage.bans += u.bans;
+            usage.locks += u.locks;
+            usage.response_bytes += u.response_bytes;
+        }
+        usage.dropped_bans = self.inner.dropped_bans.load(Ordering::Relaxed);
+        usage
     }
 
     /// Drops every expired key now (the background sweep does this periodically).
@@ -140,6 +193,23 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
+/// What a [`MemoryStore`] holds, by kind (see [`MemoryStore::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryUsage {
+    /// Limiter keys (one per identity of a limiter).
+    pub limiter_keys: usize,
+    /// Bans.
+    pub bans: usize,
+    /// Duplicate-guard locks.
+    pub locks: usize,
+    /// Bytes of the responses stored with completed locks.
+    pub response_bytes: usize,
+    /// Bans not written since the store was built: the ban budget was full of bans none of
+    /// which could go.
+    pub dropped_bans: u64,
+}
+
 /// Configures a [`MemoryStore`].
 ///
 /// ```
@@ -158,6 +228,9 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     shards: usize,
     max_keys: usize,
+    max_bans: usize,
+    max_locks: usize,
+    max_response_bytes: usize,
     purge_interval: Option<Duration>,
 }
 
@@ -174,10 +247,33 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The most keys the store holds (default one million), split evenly over the shards;
-    /// past it, new keys evict old ones (see [`MemoryStore`]).
+    /// The most limiter keys the store holds (default one million), split evenly over the
+    /// shards; past it, new keys evict old ones (see [`MemoryStore`]).
     pub fn max_keys(mut self, max_keys: usize) -> MemoryStoreBuilder {
         self.max_keys = max_keys;
+        self
+    }
+
+    /// The most bans the store holds (default 100,000), split evenly over the shards; past it,
+    /// a new ban takes the place of the one nearest its end.
+    pub fn max_bans(mut self, max_bans: usize) -> MemoryStoreBuilder {
+        self.max_bans = max_bans;
+        self
+    }
+
+    /// The most duplicate-guard locks the store holds (default 100,000), split evenly over the
+    /// shards; past it, a new lock is refused with a
+    /// [`Capacity`](crate::StoreErrorKind::Capacity) error until one ends.
+    pub fn max_locks(mut self, max_locks: usize) -> MemoryStoreBuilder {
+        self.max_locks = max_locks;
+        self
+    }
+
+    /// The most bytes of stored responses the store holds (default 64 MiB), split evenly over
+    /// the shards; past it, completing a lock with a response is refused with a
+    /// [`Capacity`](crate::StoreErrorKind::Capacity) error.
+    pub fn max_response_bytes(mut self, bytes: usize) -> MemoryStoreBuilder {
+        self.max_response_bytes = bytes;
         self
     }
 
@@ -193,10 +289,16 @@ impl MemoryStoreBuilder {
         let inner = Arc::new(Inner {
             shards: Shards::new(self.shards),
             clock: self.clock,
-            max_keys_per_shard: (self.max_keys / self.shards).max(1),
+            budget: Budget {
+                counters: (self.max_keys / self.shards).max(1),
+                bans: (self.max_bans / self.shards).max(1),
+                locks: (self.max_locks / self.shards).max(1),
+                response_bytes: self.max_response_bytes / self.shards,
+            },
             ban_horizon: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
             evictions: AtomicU64::new(0),
+            dropped_bans: AtomicU64::new(0),
         });
         if let Some(interval) = self.purge_interval {
             spawn_sweeper(Arc::downgrade(&inner), interval);
@@ -228,6 +330,21 @@ fn micros(d: Duration) -> u64 {
 
 /// Per limiter of a check: where its entry is, if it has one.
 type Found = SmallVec<[Option<SlotId>; 4]>;
+
+/// The outcomes of a limiter key evicted at its limit that owes `wait_us` more: every rule
+/// denies (a peek of cost 0 is told nothing is left). Returns whether it admits.
+fn owed(wait_us: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
+    let admits = cost == 0;
+    for o in out.iter_mut() {
+        *o = RuleOutcome {
+            allowed: admits,
+            remaining: 0,
+            reset_after_us: wait_us,
+            retry_after_us: (!admits).then_some(wait_us),
+        };
+    }
+    admits
+}
 
 impl Inner {
     /// Whether a ban may be live now (false until a ban was ever written, without a clock read).
@@ -291,7 +408,10 @@ impl Inner {
                 // A new key (or, never in practice, a key of another kind, replaced).
                 _ => {
                     found.push(None);
-                    RuleStates::default().evaluate(l.rules, now, cost, out)
+                    match shard.owed(hash, now) {
+                        Some(until) => owed(until - now, cost, out),
+                        None => RuleStates::default().evaluate(l.rules, now, cost, out),
+                    }
                 }
             };
             shadow_denied.push(l.shadow && !admits);
@@ -337,7 +457,7 @@ impl Inner {
         }
 
         if request.consume && cost > 0 {
-            self.make_room_for(limiter_hashes, &found, &mut locked, now)?;
+            self.make_room_for(limiter_hashes, &found, &mut locked, now);
             // Leases of concurrency limits are named by the check's id (one atomic add, only
             // for checks that take one).
             let check_id = if request.limiters.iter().any(LimiterRequest::is_concurrent) {
@@ -393,16 +513,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Before anything is written: room in every shard for the keys this admission creates,
-    /// evicting where a shard is full. Fails only when a shard is full of what is never
-    /// evicted (bans and locks).
-    fn make_room_for(
-        &self,
-        hashes: &[u64],
-        found: &Found,
-        locked: &mut Locked<'_>,
-        now: u64,
-    ) -> Result<(), StoreError> {
+    /// Before anything is written: room in every shard for the limiter keys this admission
+    /// creates, evicting where a shard is full. A shard whose every limiter key belongs to this
+    /// check goes over its budget by those: a check always finds room.
+    fn make_room_for(&self, hashes: &[u64], found: &Found, locked: &mut Locked<'_>, now: u64) {
         let new = || {
             hashes
                 .iter()
@@ -423,34 +537,32 @@ impl Inner {
                 .filter(|(h, _)| shard_of(**h) == shard_of(hash))
                 .filter_map(|(_, id)| *id)
                 .collect();
-            let shard = locked.shard(hash);
-            if !self.make_room(shard, wanted, now, &keep) {
-                return Err(StoreError::new(
-                    StoreErrorKind::Capacity,
-                    format!(
-                        "memory store shard holds {} keys, its cap is {}, and none can be evicted",
-                        shard.len(),
-                        self.max_keys_per_shard
-                    ),
-                ));
-            }
+            self.make_room(locked.shard(hash), Kind::Counter, wanted, now, &keep);
         }
-        Ok(())
     }
 
-    /// Makes room in `shard` for `wanted` new keys, sparing the slots in `keep`.
-    fn make_room(&self, shard: &mut Shard, wanted: usize, now: u64, keep: &[SlotId]) -> bool {
-        let cap = self.max_keys_per_shard;
-        let mut swept = false;
-        while shard.len() + wanted > cap {
-            if shard.evict_one(now, keep) {
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-            } else if !swept {
-                // The sample found only bans and locks: sweep what expired, once.
-                shard.purge(now, keep);
-                swept = true;
-            } else {
+    /// Makes room in `shard` for `wanted` new entries of `kind`, sparing the slots in `keep`;
+    /// false if its budget stays full. An evicted limiter key at its limit is remembered as
+    /// owing until its state would have ended.
+    fn make_room(
+        &self,
+        shard: &mut Shard,
+        kind: Kind,
+        wanted: usize,
+        now: u64,
+        keep: &[SlotId],
+    ) -> bool {
+        let cap = self.budget.of(kind);
+        while shard.usage().of(kind) + wanted > cap {
+            let Some(evicted) = shard.evict_one(kind, now, keep) else {
                 return false;
+            };
+            let entry = evicted.entry;
+            if kind == Kind::Counter {
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                if entry.limited && entry.expires_at > now {
+                    shard.owe(evicted.hash, entry.expires_at, now, self.budget.counters);
+                }
             }
         }
         true
@@ -611,7 +723,7 @@ impl Store for MemoryStore {
         response: &[u8],
         keep_for: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        std::future::ready(Ok(self.inner.lock_complete(key, token, response, keep_for)))
+        std::future::ready(self.inner.lock_complete(key, token, response, keep_for))
     }
 
     fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {

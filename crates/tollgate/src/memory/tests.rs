@@ -46,47 +46,143 @@ fn a_full_shard_evicts_the_least_recently_used_key() {
     );
 }
 
+/// Quiet keys go before a key at its limit; when the key at its limit goes too, it stays
+/// denied until its state would have ended (eviction gives no quota back early).
 #[test]
-fn eviction_spares_keys_over_their_limits_bans_and_locks() {
+fn eviction_spares_keys_at_their_limits_and_never_gives_their_quota_back() {
     let clock = ManualClock::new(Duration::from_secs(1_000));
     let store = MemoryStore::builder()
         .clock(clock.clone())
         .shards(1)
-        .max_keys(3)
+        .max_keys(2)
         .purge_interval(None)
         .build();
-    // The oldest key is over its limit; a lock and a ban fill the rest.
     assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
     assert!(!check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
-    clock.advance(Duration::from_millis(1));
-    store
-        .inner
-        .lock_acquire("lock", "t", "f", Duration::from_secs(60))
-        .unwrap();
-    store.inner.ban(
-        "tg",
-        &BanTarget::UserId("u".into()),
-        Duration::from_secs(60),
-    );
-    clock.advance(Duration::from_millis(1));
-    // Only `hot` can go; it goes, since nothing else can.
-    assert!(check(&store, "new", &["1/1h"], 1).unwrap().allowed);
-    assert_eq!(store.evictions(), 1);
-    // With a quiet key beside it, the quiet one goes first.
     for round in 0..20 {
         clock.advance(Duration::from_millis(1));
         let quiet = format!("quiet{round}");
-        assert!(check(&store, &quiet, &["1/1h"], 1).unwrap().allowed);
-        clock.advance(Duration::from_millis(1));
-        assert!(!check(&store, &quiet, &["1/1h"], 1).unwrap().allowed || round > 0);
+        assert!(check(&store, &quiet, &["5/1h"], 1).unwrap().allowed);
     }
-    assert_eq!(store.inner.bans("tg").len(), 1);
-    assert!(matches!(
+    assert_eq!(
+        store.evictions(),
+        19,
+        "each quiet key made room by evicting the last"
+    );
+    assert!(!check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
+
+    // Keys at their limits only: `hot`, the least recently used of them, is evicted.
+    for round in 0..2 {
+        clock.advance(Duration::from_millis(1));
+        let full = format!("full{round}");
+        assert!(check(&store, &full, &["1/1h"], 1).unwrap().allowed);
+    }
+    assert_eq!(store.usage().limiter_keys, 2);
+    clock.advance(Duration::from_secs(60));
+    let verdict = check(&store, "hot", &["1/1h"], 1).unwrap();
+    assert!(
+        !verdict.allowed,
+        "an evicted key at its limit got its quota back"
+    );
+    let waited = Duration::from_millis(22) + Duration::from_secs(60);
+    assert_eq!(
+        verdict.rules[0].retry_after_us,
+        Some((Duration::from_secs(3600) - waited).as_micros() as u64)
+    );
+    // A peek is told nothing is left, and admits nothing.
+    let peek = check(&store, "hot", &["1/1h"], 0).unwrap();
+    assert_eq!(peek.rules[0].remaining, 0);
+    // Once the hour has passed, `hot` starts afresh.
+    clock.advance(Duration::from_secs(3600) - waited);
+    assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
+}
+
+/// Locks and bans have budgets of their own: a flood of either, kept for years, never makes a
+/// rate-limit check fail, and a full budget refuses the new lock or drops the ban nearest its
+/// end.
+#[test]
+fn a_lock_or_ban_flood_never_reaches_a_check() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(4)
+        .max_locks(8)
+        .max_bans(8)
+        .purge_interval(None)
+        .build();
+    let decade = Duration::from_secs(3650 * 86_400);
+    for i in 0..8 {
+        let reply = store
+            .inner
+            .lock_acquire(&format!("lock{i}"), "t", "f", decade);
+        assert!(matches!(reply, Ok(LockReply::Acquired)));
+    }
+    let refused = store
+        .inner
+        .lock_acquire("lock8", "t", "f", decade)
+        .unwrap_err();
+    assert!(refused.is_capacity(), "{refused}");
+    for i in 0..20u64 {
+        let target = BanTarget::UserId(format!("u{i}"));
         store
             .inner
-            .lock_acquire("lock", "t2", "f", Duration::from_secs(60)),
-        Ok(LockReply::Held(_))
-    ));
+            .ban("tg", &target, decade + Duration::from_secs(i));
+    }
+    let usage = store.usage();
+    assert_eq!((usage.locks, usage.bans, usage.dropped_bans), (8, 8, 0));
+    // The bans nearest their ends went first: the last eight written stay.
+    let kept: Vec<_> = store
+        .inner
+        .bans("tg")
+        .into_iter()
+        .map(|b| b.target)
+        .collect();
+    let last: Vec<_> = (12..20)
+        .map(|i| BanTarget::UserId(format!("u{i}")))
+        .collect();
+    assert_eq!(kept.len(), 8);
+    assert!(last.iter().all(|t| kept.contains(t)), "{kept:?}");
+
+    for i in 0..50 {
+        let client = format!("client{i}");
+        assert!(check(&store, &client, &["1/1m"], 1).unwrap().allowed);
+        assert!(!check(&store, &client, &["1/1m"], 1).unwrap().allowed);
+    }
+    assert_eq!(store.usage().limiter_keys, 4);
+}
+
+/// Stored responses have a budget in bytes; a response past it is refused, and the room comes
+/// back when the lock ends.
+#[test]
+fn stored_responses_have_a_byte_budget() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_response_bytes(1_000)
+        .purge_interval(None)
+        .build();
+    let ttl = Duration::from_secs(60);
+    for key in ["a", "b"] {
+        store.inner.lock_acquire(key, "t", "f", ttl).unwrap();
+    }
+    assert!(store.inner.lock_complete("a", "t", &[7; 600], ttl).unwrap());
+    let refused = store
+        .inner
+        .lock_complete("b", "t", &[7; 600], ttl)
+        .unwrap_err();
+    assert!(refused.is_capacity(), "{refused}");
+    assert_eq!(store.usage().response_bytes, 600);
+    // A lock that holds nothing completes as before.
+    assert!(!store.inner.lock_complete("c", "t", &[7; 600], ttl).unwrap());
+
+    clock.advance(ttl);
+    store.purge_expired();
+    assert_eq!(store.usage().response_bytes, 0);
+    store.inner.lock_acquire("b", "t", "f", ttl).unwrap();
+    assert!(store.inner.lock_complete("b", "t", &[7; 600], ttl).unwrap());
+    assert_eq!(store.usage().response_bytes, 600);
 }
 
 /// A flood of new keys, three times the cap, while one client is over its limit: that
