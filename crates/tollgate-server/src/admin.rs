@@ -42,6 +42,9 @@ pub(crate) struct AdminAuth {
     limit: Rule,
 }
 
+/// The global failure budget is this many addresses' worth.
+const GLOBAL_FACTOR: u64 = 20;
+
 impl AdminAuth {
     /// Admin endpoints guarded by `token` (none: disabled), allowing `failure_limit` failed
     /// attempts per client address.
@@ -54,8 +57,16 @@ impl AdminAuth {
         let failures = Tollgate::new(store)
             .with_blocklist(false)
             .with_on_error(OnError::Allow);
+        // Beside each address's budget, one for all of them: rotating addresses (or a whole
+        // IPv6 network's /64s) buys no more guesses than GLOBAL_FACTOR addresses would.
+        let all = Rule::new(
+            failure_limit.limit().saturating_mul(GLOBAL_FACTOR),
+            failure_limit.window(),
+        )
+        .unwrap_or(failure_limit);
         let policy = Policy::builder("tollgate_admin_auth")
             .limiter(Limiter::new(Dimension::Ip, [failure_limit]).with_name("failures"))
+            .limiter(Limiter::new(Dimension::Global, [all]).with_name("all_failures"))
             .build()
             .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
         AdminAuth {
@@ -238,6 +249,35 @@ mod tests {
             auth.authenticate(Some("guess"), b, "/v1/reset").await,
             Err(Refusal::Wrong)
         );
+    }
+
+    /// Guesses from ever new addresses (one per /64 of an IPv6 network) meet a budget for all
+    /// addresses together: 20 addresses' worth.
+    #[tokio::test]
+    async fn rotating_addresses_meets_a_global_budget() {
+        let auth = AdminAuth::new(Some("t0ken"), "2/1m".parse().unwrap());
+        let mut wrong = 0;
+        for i in 0..100u16 {
+            let client = Some(IpAddr::from([0x2001, 0xdb8, i, 0, 0, 0, 0, 1]));
+            match auth.authenticate(Some("guess"), client, "/v1/reset").await {
+                Err(Refusal::Wrong) => wrong += 1,
+                Err(Refusal::TooManyFailures(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(wrong, 2 * GLOBAL_FACTOR, "guesses allowed in the window");
+        // Two addresses of one /64 share a budget.
+        let auth = AdminAuth::new(Some("t0ken"), "1/1m".parse().unwrap());
+        let a = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]));
+        let b = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]));
+        assert_eq!(
+            auth.authenticate(Some("guess"), a, "/").await,
+            Err(Refusal::Wrong)
+        );
+        assert!(matches!(
+            auth.authenticate(Some("guess"), b, "/").await,
+            Err(Refusal::TooManyFailures(_))
+        ));
     }
 
     #[tokio::test]

@@ -25,7 +25,7 @@ mod envoy_env;
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain, yaml},
     metrics::DecisionHandles,
-    store::StoreSettings,
+    store::{MemoryBudgets, StoreSettings},
 };
 
 /// Default HTTP listen address.
@@ -92,6 +92,16 @@ pub(crate) struct ServerSettings {
     pub(crate) admin_failure_limit: Rule,
     /// The most checks one `/v1/checks` request holds.
     pub(crate) max_batch: usize,
+    /// The most units one `/v1/checks` request charges, all items together.
+    pub(crate) max_batch_cost: u64,
+    /// The most descriptors one Envoy `ShouldRateLimit` request holds.
+    pub(crate) max_descriptors: usize,
+    /// The most entries one Envoy descriptor holds.
+    pub(crate) max_descriptor_entries: usize,
+    /// The longest a duplicate guard's completed response is kept (`keep_for`).
+    pub(crate) max_keep_for: Duration,
+    /// The largest response a duplicate guard stores, in bytes.
+    pub(crate) max_stored_response: usize,
     /// `server.dashboard`; unset: on when the HTTP listener is on a loopback address.
     pub(crate) dashboard: Option<bool>,
     /// The rate-limit fields of `/v1/check` and `/v1/peek` answers.
@@ -119,6 +129,16 @@ const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 1000;
 const DEFAULT_MAX_BATCH: usize = 100;
 /// Default `server.admin_failure_limit`.
 const DEFAULT_ADMIN_FAILURE_LIMIT: &str = "5/1m";
+/// Default `server.max_batch_cost`.
+const DEFAULT_MAX_BATCH_COST: u64 = 10_000;
+/// Default `server.max_descriptors`: Envoy sends one per rate-limit action of a route.
+const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+/// Default `server.max_descriptor_entries`.
+const DEFAULT_MAX_DESCRIPTOR_ENTRIES: usize = 16;
+/// Default `server.max_keep_for`.
+const DEFAULT_MAX_KEEP_FOR: Duration = Duration::from_secs(3600);
+/// Default `server.max_stored_response`: 64 KiB.
+const DEFAULT_MAX_STORED_RESPONSE: usize = 64 << 10;
 
 /// One `[policies.<name>]`: the policy and its optional duplicate guard.
 #[derive(Debug, Clone)]
@@ -558,6 +578,11 @@ struct RawServer {
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
     max_batch: Option<Spanned<u32>>,
+    max_batch_cost: Option<Spanned<u32>>,
+    max_descriptors: Option<Spanned<u32>>,
+    max_descriptor_entries: Option<Spanned<u32>>,
+    max_keep_for: Option<Spanned<DurationText>>,
+    max_stored_response: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
     dashboard: Option<bool>,
     headers: Option<HeaderStyle>,
@@ -573,6 +598,10 @@ struct RawStore {
     tls_ca_file: Option<Spanned<String>>,
     tls_cert_file: Option<Spanned<String>>,
     tls_key_file: Option<Spanned<String>>,
+    max_keys: Option<Spanned<u32>>,
+    max_bans: Option<Spanned<u32>>,
+    max_locks: Option<Spanned<u32>>,
+    max_response_bytes: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -916,6 +945,28 @@ impl RawServer {
         .unwrap_or(DEFAULT_GRPC_MAX_CONCURRENT_STREAMS);
         let max_batch = at_least_one(self.max_batch, "max_batch", "the batch size limit")?
             .map_or(DEFAULT_MAX_BATCH, |n| n as usize);
+        let max_batch_cost = at_least_one(
+            self.max_batch_cost,
+            "max_batch_cost",
+            "the batch cost limit",
+        )?
+        .map_or(DEFAULT_MAX_BATCH_COST, u64::from);
+        let max_descriptors = at_least_one(
+            self.max_descriptors,
+            "max_descriptors",
+            "the descriptor limit",
+        )?
+        .map_or(DEFAULT_MAX_DESCRIPTORS, |n| n as usize);
+        let max_descriptor_entries = at_least_one(
+            self.max_descriptor_entries,
+            "max_descriptor_entries",
+            "the entry limit",
+        )?
+        .map_or(DEFAULT_MAX_DESCRIPTOR_ENTRIES, |n| n as usize);
+        let max_keep_for = timeout(self.max_keep_for, "max_keep_for", DEFAULT_MAX_KEEP_FOR)?;
+        let max_stored_response = self
+            .max_stored_response
+            .map_or(DEFAULT_MAX_STORED_RESPONSE, |n| n.into_inner() as usize);
         let admin_failure_limit = match self.admin_failure_limit {
             Some(rule) => rule,
             None => DEFAULT_ADMIN_FAILURE_LIMIT
@@ -933,6 +984,11 @@ impl RawServer {
             grpc_max_concurrent_streams,
             admin_failure_limit,
             max_batch,
+            max_batch_cost,
+            max_descriptors,
+            max_descriptor_entries,
+            max_keep_for,
+            max_stored_response,
             dashboard: self.dashboard,
             headers: self.headers.unwrap_or_default(),
         })
@@ -1015,6 +1071,12 @@ impl RawStore {
                 ));
             }
         };
+        let memory = MemoryBudgets {
+            max_keys: self.max_keys.map(|n| n.into_inner() as usize),
+            max_bans: self.max_bans.map(|n| n.into_inner() as usize),
+            max_locks: self.max_locks.map(|n| n.into_inner() as usize),
+            max_response_bytes: self.max_response_bytes.map(|n| n.into_inner() as usize),
+        };
         Ok(StoreSettings {
             url,
             on_error: self.on_error.unwrap_or_default(),
@@ -1022,6 +1084,7 @@ impl RawStore {
             prefix,
             tls_ca_file,
             tls_client_cert,
+            memory,
         })
     }
 }

@@ -36,7 +36,9 @@ impl InProcess {
         let (store, opened) = store::open(&config.store).await?;
         let gate = Tollgate::new(store)
             .with_prefix(&config.store.prefix)
-            .with_on_error(config.store.on_error);
+            .with_on_error(config.store.on_error)
+            .with_max_stored_response(config.server.max_stored_response)
+            .with_max_keep_for(config.server.max_keep_for);
         let metrics = Metrics::new();
         if let store::Opened::Memory(memory) = &opened {
             metrics.watch_memory_store(memory.clone());

@@ -22,6 +22,9 @@ pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The shortest admin token the server starts with: a short one is guessed.
+const MIN_ADMIN_TOKEN: usize = 16;
+
 /// Runs the server until SIGTERM or Ctrl-C, then drains in-flight requests.
 ///
 /// Errors (invalid configuration, unreachable store, address in use) are returned before
@@ -76,10 +79,18 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     }
     let gate = Tollgate::new(store)
         .with_prefix(&config.store.prefix)
-        .with_on_error(config.store.on_error);
+        .with_on_error(config.store.on_error)
+        .with_max_stored_response(config.server.max_stored_response)
+        .with_max_keep_for(config.server.max_keep_for);
     let admin_token = match &config.server.admin_token_env {
         Some(var) => match std::env::var(var) {
-            Ok(token) if !token.trim().is_empty() => Some(token.trim().to_owned()),
+            Ok(token) if token.trim().len() >= MIN_ADMIN_TOKEN => Some(token.trim().to_owned()),
+            Ok(token) if !token.trim().is_empty() => {
+                return Err(format!(
+                    "the admin token in {var} (server.admin_token_env) is {} bytes; use at least {MIN_ADMIN_TOKEN} (e.g. `openssl rand -hex 16`)",
+                    token.trim().len()
+                ));
+            }
             _ => {
                 tracing::warn!(
                     "environment variable {var} (server.admin_token_env) is not set; admin endpoints answer 401"

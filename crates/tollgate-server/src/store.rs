@@ -16,26 +16,60 @@ pub(crate) struct StoreSettings {
     pub(crate) tls_ca_file: Option<PathBuf>,
     /// `tls_cert_file` and `tls_key_file`, both or neither, resolved likewise.
     pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
+    /// The memory store's budgets (`max_keys`, `max_bans`, ...): unset, the library's defaults.
+    pub(crate) memory: MemoryBudgets,
+}
+
+/// `[store] max_keys`, `max_bans`, `max_locks`, `max_response_bytes`: the memory store's
+/// budgets (see `tollgate::MemoryStore`). On Redis, `maxmemory` bounds the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct MemoryBudgets {
+    pub(crate) max_keys: Option<usize>,
+    pub(crate) max_bans: Option<usize>,
+    pub(crate) max_locks: Option<usize>,
+    pub(crate) max_response_bytes: Option<usize>,
+}
+
+impl MemoryBudgets {
+    fn build(&self) -> MemoryStore {
+        let mut builder = MemoryStore::builder();
+        if let Some(n) = self.max_keys {
+            builder = builder.max_keys(n);
+        }
+        if let Some(n) = self.max_bans {
+            builder = builder.max_bans(n);
+        }
+        if let Some(n) = self.max_locks {
+            builder = builder.max_locks(n);
+        }
+        if let Some(n) = self.max_response_bytes {
+            builder = builder.max_response_bytes(n);
+        }
+        builder.build()
+    }
 }
 
 /// Checks a store URL's scheme at configuration time, so `check-config` catches it.
 pub(crate) fn check_url(url: &str) -> Result<(), String> {
     match scheme(url) {
         Some("memory") if url == "memory://" => Ok(()),
-        Some("memory") => Err(format!(
-            "{url:?}: the memory store takes no options; use memory://"
-        )),
+        Some("memory") => {
+            Err("the memory store takes no options in its URL; use memory://".to_owned())
+        }
         // tollgate-redis checks the rest when the server opens the store.
         Some(
             "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
             | "rediss+sentinel",
         ) => Ok(()),
+        // The URL itself is not repeated: it may hold a password this function cannot find.
         Some(other) => Err(format!(
-            "{url:?}: unknown store scheme {other:?} (use memory://, redis://host:6379, rediss://, redis+cluster://, redis+sentinel://)"
+            "unknown store scheme {:?} (use memory://, redis://host:6379, rediss://, redis+cluster://, redis+sentinel://)",
+            other.chars().take(32).collect::<String>()
         )),
-        None => Err(format!(
-            "{url:?}: a store URL starts with a scheme: memory://, redis://host:6379 or rediss://host:6380"
-        )),
+        None => Err(
+            "a store URL starts with a scheme: memory://, redis://host:6379 or rediss://host:6380"
+                .to_owned(),
+        ),
     }
 }
 
@@ -54,7 +88,7 @@ pub(crate) enum Opened {
 pub(crate) async fn open(settings: &StoreSettings) -> Result<(AnyStore, Opened), String> {
     check_url(&settings.url)?;
     if scheme(&settings.url) == Some("memory") {
-        let memory = MemoryStore::new();
+        let memory = settings.memory.build();
         return Ok((AnyStore::new(memory.clone()), Opened::Memory(memory)));
     }
     let mut builder = RedisStore::builder(&settings.url).timeout(settings.timeout);
@@ -98,6 +132,16 @@ mod tests {
                 .unwrap_err()
                 .contains("starts with a scheme")
         );
+        // A mistyped URL's error does not repeat it: it may hold a password.
+        for url in [
+            "mysql://u:hunter2@h",
+            "redis:/u:hunter2@h",
+            "u:hunter2@h:6379",
+            "memory://u:hunter2@h",
+        ] {
+            let e = check_url(url).unwrap_err();
+            assert!(!e.contains("hunter2"), "{url}: {e}");
+        }
         assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact("redis://u:pw@h"), "redis://u:***@h");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");

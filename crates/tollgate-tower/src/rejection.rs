@@ -257,6 +257,15 @@ impl Rejection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
+    /// What the client is told: the [`Display`](std::fmt::Display) text, but for a store
+    /// failure, whose detail (addresses, the store's own words) stays with the application.
+    fn client_detail(&self) -> String {
+        match self {
+            Rejection::Store(_) => "the duplicate-guard store is unavailable".to_owned(),
+            other => other.to_string(),
+        }
+    }
+
     pub fn problem(&self) -> Value {
         let status = self.status();
         let kind = match self {
@@ -267,7 +276,7 @@ impl Rejection {
             "type": kind,
             "title": status.canonical_reason().unwrap_or("Error"),
             "status": status.as_u16(),
-            "detail": self.to_string(),
+            "detail": self.client_detail(),
             "reason": self.reason(),
         });
         if let Some(retry_after) = self.retry_after() {
@@ -368,7 +377,7 @@ impl Rejection {
                 HeaderValue::from_static("application/grpc"),
             );
             headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));
-            let message = grpc_message(&self.to_string());
+            let message = grpc_message(&self.client_detail());
             if let Ok(value) = HeaderValue::from_str(&message) {
                 headers.insert("grpc-message", value);
             }

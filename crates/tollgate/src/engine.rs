@@ -60,6 +60,7 @@ pub struct Tollgate<S> {
     blocklist: bool,
     ban_index: Arc<str>,
     max_stored_response: usize,
+    max_keep_for: Duration,
     /// The fallback of `OnError::Local`, shared with every engine [`erase`](Self::erase)d from
     /// this one.
     local: Arc<OnceLock<MemoryStore>>,
@@ -75,7 +76,8 @@ impl<S: Store> Tollgate<S> {
             on_error: OnError::Allow,
             blocklist: true,
             ban_index: ban_index_key("tg").into(),
-            max_stored_response: 1 << 20,
+            max_stored_response: 64 << 10,
+            max_keep_for: Duration::from_secs(86_400),
             local: Arc::default(),
         }
     }
@@ -88,10 +90,19 @@ impl<S: Store> Tollgate<S> {
         self
     }
 
-    /// The largest response [`complete`](Self::complete) stores for replay (default 1 MiB).
+    /// The largest response [`complete`](Self::complete) stores for replay (default 64 KiB);
+    /// a larger one is refused with [`CheckError::ResponseTooLarge`].
     #[must_use]
     pub fn with_max_stored_response(mut self, bytes: usize) -> Tollgate<S> {
         self.max_stored_response = bytes;
+        self
+    }
+
+    /// The longest [`complete`](Self::complete) keeps a response for replay (default 24 h); a
+    /// longer `keep_for` is cut to it, so that no caller can hold store memory for years.
+    #[must_use]
+    pub fn with_max_keep_for(mut self, keep_for: Duration) -> Tollgate<S> {
+        self.max_keep_for = keep_for;
         self
     }
 
@@ -130,6 +141,7 @@ impl<S: Store> Tollgate<S> {
             blocklist: self.blocklist,
             ban_index: self.ban_index.clone(),
             max_stored_response: self.max_stored_response,
+            max_keep_for: self.max_keep_for,
             local: self.local.clone(),
         }
     }
@@ -199,8 +211,8 @@ impl<S: Store> Tollgate<S> {
     /// that check's own entries; a window that has ended since is left alone); without one, it
     /// returns the newest units of the current window and leaves concurrency limits alone (a
     /// slot is freed by its lease: [`release_concurrent`](Self::release_concurrent)). Refund at
-    /// most what the check charged: a larger cost gives back units other requests spent. See
-    /// [`Store::refund`].
+    /// most what the check charged: with a receipt, `cost` is cut to the units it names; without
+    /// one, a larger cost gives back units other requests spent. See [`Store::refund`].
     ///
     /// ```
     /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
@@ -230,6 +242,8 @@ impl<S: Store> Tollgate<S> {
         cost: u64,
         receipt: Option<&Receipt>,
     ) -> Result<(), CheckError> {
+        // A refund gives back at most what its check charged.
+        let cost = receipt.map_or(cost, |r| cost.min(r.units()));
         if cost == 0 {
             return Ok(());
         }
@@ -458,8 +472,9 @@ impl<S: Store> Tollgate<S> {
         self.store.lock_release(&lease.key, &lease.token).await
     }
 
-    /// Records the submission's outcome: for `keep_for`, duplicates are answered with
-    /// `response` (replay). False if the lease no longer holds the lock.
+    /// Records the submission's outcome: for `keep_for` (at most the engine's
+    /// [`with_max_keep_for`](Self::with_max_keep_for)), duplicates are answered with `response`
+    /// (replay). False if the lease no longer holds the lock.
     pub async fn complete(
         &self,
         lease: &Lease,
@@ -474,7 +489,12 @@ impl<S: Store> Tollgate<S> {
         }
         Ok(self
             .store
-            .lock_complete(&lease.key, &lease.token, response, keep_for)
+            .lock_complete(
+                &lease.key,
+                &lease.token,
+                response,
+                keep_for.min(self.max_keep_for),
+            )
             .await?)
     }
 

@@ -38,7 +38,12 @@
 //! # }).unwrap();
 //! ```
 
-use std::{fmt, str::FromStr, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    str::FromStr,
+    time::Duration,
+};
 
 use smallvec::SmallVec;
 
@@ -173,14 +178,23 @@ pub fn policy_names(rules: &[RuleDecision]) -> Vec<String> {
             format!("{}-{}", r.limiter, format_duration(r.rule.window()))
         }
     };
+    // Linear in the rules: each base name is written once and counted in a map.
+    let bases: Vec<String> = rules.iter().map(base).collect();
+    let mut shared: HashMap<&str, usize> = HashMap::with_capacity(bases.len());
+    for b in &bases {
+        *shared.entry(b.as_str()).or_default() += 1;
+    }
+    let mut taken: HashSet<String> = HashSet::with_capacity(rules.len());
     let mut names: Vec<String> = Vec::with_capacity(rules.len());
-    for (i, rule) in rules.iter().enumerate() {
-        let mut name = base(rule);
-        if rules.iter().filter(|r| base(r) == name).count() > 1 {
-            name = format!("{name}-{}", rule.rule.limit());
-        }
-        if names.contains(&name) {
+    for (i, (rule, b)) in rules.iter().zip(&bases).enumerate() {
+        let mut name = if shared[b.as_str()] > 1 {
+            format!("{b}-{}", rule.rule.limit())
+        } else {
+            b.clone()
+        };
+        if !taken.insert(name.clone()) {
             name = format!("{name}-{i}");
+            taken.insert(name.clone());
         }
         names.push(name);
     }

@@ -241,7 +241,7 @@ prefix = "file"
             (
                 "TOLLGATE_STORE_URL",
                 "mysql://h",
-                r#"TOLLGATE_STORE_URL: store.url: "mysql://h": unknown store scheme "mysql" (use memory://, redis://host:6379, rediss://, redis+cluster://, redis+sentinel://)"#,
+                r#"TOLLGATE_STORE_URL: store.url: unknown store scheme "mysql" (use memory://, redis://host:6379, rediss://, redis+cluster://, redis+sentinel://)"#,
             ),
             (
                 "TOLLGATE_STORE_PREFIX",

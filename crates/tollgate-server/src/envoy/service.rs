@@ -7,7 +7,9 @@
 //! once (the memory store), as the engine does.
 
 use std::{
+    collections::HashMap,
     fmt::Write as _,
+    hash::BuildHasher as _,
     ops::Range,
     sync::{Arc, OnceLock},
     time::{Duration, Instant},
@@ -71,6 +73,26 @@ impl RateLimitService for RateLimiter {
             return Err(tonic::Status::invalid_argument(
                 "rate limit descriptor list must not be empty",
             ));
+        }
+        // A request's work grows with its size, and its size is bounded here.
+        let server = &self.app.config().server;
+        let (max, max_entries) = (server.max_descriptors, server.max_descriptor_entries);
+        if request.descriptors.len() > max {
+            return Err(tonic::Status::invalid_argument(format!(
+                "a request holds at most {max} descriptors (server.max_descriptors); this one has {}",
+                request.descriptors.len()
+            )));
+        }
+        if let Some((i, d)) = request
+            .descriptors
+            .iter()
+            .enumerate()
+            .find(|(_, d)| d.entries.len() > max_entries)
+        {
+            return Err(tonic::Status::invalid_argument(format!(
+                "descriptor {i} has {} entries; a descriptor holds at most {max_entries} (server.max_descriptor_entries)",
+                d.entries.len()
+            )));
         }
         // The domain outlives a reload that happens while this request is in flight.
         let domain = self.app.config().envoy.get(&request.domain).cloned();
@@ -413,6 +435,10 @@ impl RateLimiter {
         // `counter_name`), written again for each descriptor.
         let mut keys = String::new();
         let mut name = String::new();
+        // Where each counter is, by its group and the hash of its key: one look-up per
+        // descriptor, not a scan of the counters before it.
+        let mut seen: HashMap<(usize, u64), usize> = HashMap::new();
+        let hasher = std::hash::RandomState::new();
         for (i, descriptor) in request.descriptors.iter().enumerate() {
             let Some(found) = &matched[i] else {
                 continue;
@@ -474,11 +500,18 @@ impl RateLimiter {
             keys.reserve(prefix.len() + domain.scope.len() * 3 + name.len() * 3 + 8);
             domain.push_key(&mut keys, prefix, &name);
             let group = &mut groups[g];
-            let c = match group
-                .counters
-                .iter()
-                .position(|c| keys[c.key.clone()] == keys[start..])
-            {
+            let hash = hasher.hash_one(&keys[start..]);
+            let same = |c: &Counter| keys[c.key.clone()] == keys[start..];
+            let c = match seen
+                .get(&(g, hash))
+                .copied()
+                .filter(|&c| same(&group.counters[c]))
+                // Two keys of one hash: found by a scan (never in practice).
+                .or_else(|| {
+                    seen.contains_key(&(g, hash))
+                        .then(|| group.counters.iter().position(same))
+                        .flatten()
+                }) {
                 Some(c) => {
                     keys.truncate(start);
                     c
@@ -488,6 +521,7 @@ impl RateLimiter {
                         key: start..keys.len(),
                         node,
                     });
+                    seen.entry((g, hash)).or_insert(group.counters.len() - 1);
                     group.counters.len() - 1
                 }
             };

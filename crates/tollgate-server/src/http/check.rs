@@ -9,14 +9,15 @@ use std::{borrow::Cow, pin::Pin, sync::Arc, task::Poll, time::Instant};
 
 use axum::{
     Json,
-    extract::State,
-    http::{HeaderName, HeaderValue, StatusCode, header},
+    extract::{FromRequestParts, State},
+    http::{HeaderName, HeaderValue, StatusCode, header, request::Parts},
     response::{IntoResponse, Response},
 };
 use serde_json::value::RawValue;
 use tollgate::{CheckError, Decision, Identity, fields};
 
 use super::{
+    admin::Admin,
     error::{ApiError, ApiJson, JsonBody, check_error, parse_json},
     json::{
         BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, LeaseRequest, RefundRequest,
@@ -222,12 +223,18 @@ pub(crate) async fn extend(
     }
 }
 
-/// `/v1/refund`: gives back `cost` units (default 1) to every rule of the policy for the
-/// identity, exactly those of the check whose `receipt` it names (see `Tollgate::refund`).
+/// `/v1/refund`: gives back `cost` units (default 1, at most what the receipt charged) to
+/// every rule of the policy for the identity, exactly those of the check whose `receipt` it
+/// names (see `Tollgate::refund`). A refund without a receipt undoes any caller's checks: it
+/// takes the admin token.
 pub(crate) async fn refund(
     State(app): State<Arc<App>>,
+    mut parts: Parts,
     ApiJson(req): ApiJson<RefundRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    if req.receipt.is_none() {
+        Admin::from_request_parts(&mut parts, &app).await?;
+    }
     let entry = policy(&app, &req.policy)?;
     let receipt = req
         .receipt
@@ -239,7 +246,9 @@ pub(crate) async fn refund(
                 .with_code("invalid_request")
         })?;
     let identity = req.identity.into_identity();
-    let cost = req.cost.unwrap_or(1);
+    let cost = receipt.as_ref().map_or(req.cost.unwrap_or(1), |r| {
+        req.cost.unwrap_or(1).min(r.units())
+    });
     let refund = app
         .gate
         .refund(&entry.policy, &identity, cost, receipt.as_ref());
@@ -314,6 +323,22 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
             ),
         )
         .with_code("batch_too_large")
+        .into_response();
+    }
+    // All the units a batch charges together are bounded too: each is charged to the store.
+    let max_cost = config.server.max_batch_cost;
+    let cost = requests
+        .iter()
+        .flatten()
+        .fold(0u64, |sum, r| sum.saturating_add(r.cost.unwrap_or(1)));
+    if cost > max_cost {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "a batch charges at most {max_cost} units (server.max_batch_cost); this one charges {cost}"
+            ),
+        )
+        .with_code("batch_too_costly")
         .into_response();
     }
     // What each check needs, or the error that answers it.

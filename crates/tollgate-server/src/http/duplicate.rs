@@ -85,19 +85,22 @@ pub(crate) async fn complete(
         ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}"))
             .with_code("malformed_lease")
     })?;
+    let max = app.config().server.max_keep_for;
     let keep_for = match &req.keep_for {
         Some(text) => bounded_duration(text)
             .ok()
-            .filter(|d| !d.is_zero())
+            .filter(|d| !d.is_zero() && *d <= max)
             .ok_or_else(|| {
                 ApiError::new(
                     StatusCode::BAD_REQUEST,
                     format!(
-                        "keep_for {text:?}: expected e.g. \"1m\" (units ms, s, m, h, d; at most 3650d)"
+                        "keep_for {text:?}: expected e.g. \"1m\" (units ms, s, m, h, d; at most {}, server.max_keep_for)",
+                        tollgate::format_duration(max)
                     ),
                 )
+                .with_code("invalid_keep_for")
             })?,
-        None => Duration::from_secs(60),
+        None => Duration::from_secs(60).min(max),
     };
     let mut body = String::new();
     canonical_json(&req.response, &mut body);

@@ -12,7 +12,7 @@ use axum::{
 };
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::error::Category;
-use tollgate::{CheckError, StoreError};
+use tollgate::{CheckError, StoreError, StoreErrorKind};
 
 use crate::listen::BodyTimedOut;
 
@@ -46,8 +46,21 @@ impl ApiError {
     }
 
     pub(crate) fn store(op: &str, e: &StoreError) -> ApiError {
+        // The store's own words name its addresses: they go to the log, not to the caller.
         tracing::warn!(error = %e, op, "store failed");
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        let (code, what) = match e.kind() {
+            StoreErrorKind::Capacity => (
+                "store_full",
+                "the store's budget for this kind of entry is full; retry later",
+            ),
+            StoreErrorKind::Timeout => ("store_unavailable", "the store timed out"),
+            _ => ("store_unavailable", "the store is unavailable"),
+        };
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{what} (the server's log has the details)"),
+        )
+        .with_code(code)
     }
 
     /// The problem document's members.

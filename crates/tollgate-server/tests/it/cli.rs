@@ -73,8 +73,8 @@ fn check_config_names_file_line_field_and_expectation() {
             "error: DIR/tollgate.toml:2: server.http: \"localhost\": invalid socket address syntax",
         ),
         (
-            "[store]\nurl = \"mysql://db\"\n",
-            r#"error: DIR/tollgate.toml:2: store.url: "mysql://db": unknown store scheme "mysql""#,
+            "[store]\nurl = \"mysql://admin:hunter2@db\"\n",
+            r#"error: DIR/tollgate.toml:2: store.url: unknown store scheme "mysql""#,
         ),
         (
             "[[envoy.domains]]\nname = \"edge\"\ndescriptors = [{ key = \"a\", rules = [\"1/1m\"], shadw = true }]\n",
@@ -109,6 +109,8 @@ fn check_config_names_file_line_field_and_expectation() {
             stderr.starts_with(expected),
             "{text}\nexpected: {expected}\ngot:      {stderr}"
         );
+        // A store URL's password is never printed, however mistyped the URL.
+        assert!(!stderr.contains("hunter2"), "{stderr}");
     }
 }
 

@@ -1150,10 +1150,25 @@ async fn keeping_a_response_longer_than_the_store_clock_is_refused_not_a_panic()
     )
     .await;
     assert_eq!(status, 400, "{body}");
+    // Past server.max_keep_for (1h by default): refused, naming the bound.
     let (status, body) = post(
         &server,
         "/v1/duplicate/complete",
         json!({ "lease": lease, "keep_for": "3650d" }),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("server.max_keep_for"),
+        "{body}"
+    );
+    let (status, body) = post(
+        &server,
+        "/v1/duplicate/complete",
+        json!({ "lease": lease, "keep_for": "1h" }),
     )
     .await;
     assert_eq!((status, &body["completed"]), (200, &json!(true)), "{body}");

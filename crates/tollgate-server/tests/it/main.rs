@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_auth;
+mod attacks;
 mod batch;
 mod blocklist;
 mod cli;

@@ -5,6 +5,9 @@ use serde_json::json;
 use crate::support::{Server, assert_problem, now_us};
 
 const CONFIG: &str = r#"
+[server]
+admin_token_env = "TG_TEST_ADMIN"
+
 [policies.login]
 limiters = [{ by = "ip", rules = ["2/1m"] }]
 "#;
@@ -50,9 +53,40 @@ async fn a_refund_gives_back_what_the_check_charged() {
     assert_eq!(fourth["allowed"], true, "{fourth}");
     assert_eq!(server.check("login", who.clone()).await["allowed"], false);
 
-    // Without a receipt: the newest unit.
+    // A receipt of one unit refunds one, whatever cost is asked.
+    let (_, fifth) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": {"ip": "192.0.2.10"}, "receipt": true }),
+        )
+        .await;
+    let one = fifth["receipt"].as_str().unwrap();
+    server.check("login", json!({ "ip": "192.0.2.10" })).await;
+    let (status, body) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "login", "identity": {"ip": "192.0.2.10"}, "receipt": one, "cost": 100 }),
+        )
+        .await;
+    assert_eq!((status, &body), (200, &json!({ "refunded": 1 })));
+    let after = server.check("login", json!({ "ip": "192.0.2.10" })).await;
+    assert_eq!(after["allowed"], true, "{after}");
+    assert_eq!(
+        server.check("login", json!({ "ip": "192.0.2.10" })).await["allowed"],
+        false
+    );
+
+    // Without a receipt a refund undoes anyone's checks: it takes the admin token.
+    let (status, body) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "login", "identity": who, "cost": u64::MAX }),
+        )
+        .await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(server.check("login", who.clone()).await["allowed"], false);
     let (status, _) = server
-        .post("/v1/refund", json!({ "policy": "login", "identity": who }))
+        .post_admin("/v1/refund", json!({ "policy": "login", "identity": who }))
         .await;
     assert_eq!(status, 200);
     assert_eq!(server.check("login", who.clone()).await["allowed"], true);
@@ -72,7 +106,7 @@ async fn a_refund_gives_back_what_the_check_charged() {
         "{body}"
     );
     let (status, body) = server
-        .post("/v1/refund", json!({ "policy": "nope", "identity": who }))
+        .post_admin("/v1/refund", json!({ "policy": "nope", "identity": who }))
         .await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["code"], "unknown_policy", "{body}");

@@ -99,7 +99,8 @@ impl DuplicateLayer {
     /// `Idempotency-Key` header), `args`, or a dimension (`ip`, `user_id`, `user_name`,
     /// `header:<name>`).
     ///
-    /// Defaults: a lock TTL of 1 s (the seed's), replays kept for 24 h, bodies up to 1 MiB.
+    /// Defaults: a lock TTL of 1 s (the seed's), replays kept for 24 h, bodies up to 1 MiB,
+    /// responses stored up to 64 KiB.
     pub fn new<S: Store>(gate: Arc<Tollgate<S>>, scope: &str, by: DuplicateBy) -> DuplicateLayer {
         let mode = match &by {
             DuplicateBy::Args => Mode::Args,
@@ -116,7 +117,7 @@ impl DuplicateLayer {
             ttl: Duration::from_secs(1),
             replay_for: Duration::from_secs(24 * 3600),
             max_body: 1 << 20,
-            max_response: 1 << 20,
+            max_response: 64 << 10,
             require_key: true,
             resolver: IdentityResolver::new(),
             on_rejection: None,
@@ -168,7 +169,7 @@ impl DuplicateLayer {
         self.edit(|c| c.max_body = bytes)
     }
 
-    /// The largest response stored for replay (default 1 MiB; the engine's
+    /// The largest response stored for replay (default 64 KiB; the engine's
     /// `with_max_stored_response` must allow it too). A larger response is streamed to the
     /// client as usual, and repeats of its key get 429 instead of a replay.
     #[must_use]

@@ -1,0 +1,208 @@
+//! Invariant 9 from outside: what a caller with only the API ports tries, with small budgets so
+//! each attack runs in seconds. Each test fails where the attack switches limiting off.
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as Rls;
+use serde_json::{Value, json};
+use tonic::Code;
+
+use crate::support::{Server, descriptor, error_message};
+
+const CONFIG: &str = r#"
+[store]
+max_keys = 256
+max_bans = 64
+max_locks = 64
+
+[policies.sms]
+limiters = [{ by = "ip", rules = ["1/1m"] }]
+
+[policies.login]
+limiters = [{ by = "ip", rules = ["1/1m"], blocklist = "1h" }]
+
+[policies.submit]
+limiters = [{ by = "ip", rules = ["1000/1m"] }]
+duplicate = { by = "args", ttl = "1h" }
+
+[[envoy.domains]]
+name = "edge"
+descriptors = [{ key = "remote_address", rules = ["1/1m"] }]
+"#;
+
+fn ip(i: usize) -> Value {
+    json!({ "ip": format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255) })
+}
+
+/// New clients on a 1/1m policy: each gets exactly one.
+async fn new_clients_are_limited(server: &Server, from: usize) {
+    for i in from..from + 20 {
+        let first = server.check("sms", ip(i)).await;
+        assert_eq!(first["allowed"], true, "{first}");
+        let (_, second) = server
+            .post("/v1/check", json!({ "policy": "sms", "identity": ip(i) }))
+            .await;
+        assert_eq!(
+            second["allowed"], false,
+            "client {i} was not limited: {second}"
+        );
+        assert_eq!(second["reason"], "rate_limited", "{second}");
+    }
+}
+
+/// Locks kept for ten years, then more than the lock budget holds: the new lock is refused with
+/// a clear 503, and new clients stay limited.
+#[tokio::test]
+async fn a_lock_flood_never_turns_limiting_off() {
+    let server = Server::start(CONFIG);
+    let acquire = |i: usize| json!({ "policy": "submit", "identity": ip(1), "args": { "n": i } });
+    let (status, first) = server.post("/v1/duplicate/acquire", acquire(0)).await;
+    assert_eq!(status, 200, "{first}");
+    let lease = first["lease"].as_str().unwrap();
+    let (status, body) = server
+        .post(
+            "/v1/duplicate/complete",
+            json!({ "lease": lease, "response": "ok", "keep_for": "3650d" }),
+        )
+        .await;
+    let detail = error_message(status, &body, 400);
+    assert!(
+        detail.contains("at most 1h") && detail.contains("server.max_keep_for"),
+        "{detail}"
+    );
+
+    let mut refused = None;
+    for i in 1..400 {
+        let (status, body) = server.post("/v1/duplicate/acquire", acquire(i)).await;
+        if status == 503 {
+            refused = Some(body);
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+    }
+    let refused = refused.expect("the lock budget (64) refused a lock within 400");
+    assert_eq!(refused["code"], "store_full", "{refused}");
+    new_clients_are_limited(&server, 1_000).await;
+}
+
+/// A response larger than `server.max_stored_response` is refused, not kept.
+#[tokio::test]
+async fn a_large_response_is_not_stored() {
+    let server = Server::start(CONFIG);
+    let (_, first) = server
+        .post(
+            "/v1/duplicate/acquire",
+            json!({ "policy": "submit", "identity": ip(1), "args": {} }),
+        )
+        .await;
+    let lease = first["lease"].as_str().unwrap();
+    let big = "x".repeat(100 << 10);
+    let (status, body) = server
+        .post(
+            "/v1/duplicate/complete",
+            json!({ "lease": lease, "response": big, "keep_for": "1h" }),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
+}
+
+/// Batches that earn bans, ten times the ban budget: bans are bounded, and new clients stay
+/// limited (a full ban budget never makes a check fail).
+#[tokio::test]
+async fn a_ban_flood_never_turns_limiting_off() {
+    let server = Server::start(CONFIG);
+    for round in 0..7 {
+        let checks: Vec<Value> = (0..100)
+            .flat_map(|i| {
+                let who = ip(round * 100 + i);
+                [
+                    json!({ "policy": "login", "identity": who }),
+                    json!({ "policy": "login", "identity": who }),
+                ]
+            })
+            .take(100)
+            .collect();
+        let (status, body) = server.post("/v1/checks", json!({ "checks": checks })).await;
+        assert_eq!(status, 200, "{body}");
+        let results = body["results"].as_array().unwrap();
+        assert!(
+            results.iter().all(|r| r.get("error").is_none()),
+            "no check fails: {body}"
+        );
+    }
+    new_clients_are_limited(&server, 2_000).await;
+}
+
+/// A batch's total cost is bounded: one request cannot write 100 x 1,000 log entries.
+#[tokio::test]
+async fn a_costly_batch_is_refused_whole() {
+    let server = Server::start(CONFIG);
+    let checks: Vec<Value> = (0..100)
+        .map(|i| json!({ "policy": "submit", "identity": ip(i), "cost": 1000 }))
+        .collect();
+    let (status, body) = server.post("/v1/checks", json!({ "checks": checks })).await;
+    let detail = error_message(status, &body, 413);
+    assert!(detail.contains("server.max_batch_cost"), "{detail}");
+    assert_eq!(body["code"], "batch_too_costly");
+    // Nothing was charged.
+    let decision = server.check("submit", ip(0)).await;
+    assert_eq!(decision["rules"][0]["remaining"], 999, "{decision}");
+}
+
+/// An Envoy request of many descriptors, or of long ones, is refused before any work.
+#[tokio::test]
+async fn envoy_requests_are_bounded() {
+    let server = Server::start(CONFIG);
+    let mut rls = server.grpc_client().await;
+    let many: Vec<_> = (0..16_000)
+        .map(|i| descriptor(&[("remote_address", &format!("192.0.2.{}", i % 250))]))
+        .collect();
+    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: many,
+        hits_addend: 0,
+    };
+    let status = rls.should_rate_limit(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("server.max_descriptors"),
+        "{status:?}"
+    );
+
+    let long: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
+    let long: Vec<(&str, &str)> = long.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor(&long)],
+        hits_addend: 0,
+    };
+    let status = rls.should_rate_limit(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("server.max_descriptor_entries"),
+        "{status:?}"
+    );
+
+    // 64 descriptors, most of them the same counter: answered, the second time over the limit.
+    let over: Vec<_> = (0..64)
+        .map(|i| descriptor(&[("remote_address", &format!("198.51.100.{}", i % 4))]))
+        .collect();
+    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: over,
+        hits_addend: 0,
+    };
+    let first = rls
+        .should_rate_limit(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.overall_code, Rls::Ok as i32, "{first:?}");
+    let second = rls.should_rate_limit(request).await.unwrap().into_inner();
+    assert_eq!(second.statuses.len(), 64);
+    assert_eq!(second.overall_code, Rls::OverLimit as i32, "{second:?}");
+    assert!(
+        second
+            .statuses
+            .iter()
+            .all(|s| s.code == Rls::OverLimit as i32)
+    );
+}
