@@ -1,5 +1,11 @@
-//! Admin authentication: the bearer token compared in constant time, and failed attempts
-//! rate limited per client address by tollgate itself.
+//! Authentication by scope: bearer tokens compared in constant time, and failed attempts rate
+//! limited per client address (and for all addresses together) by tollgate itself.
+//!
+//! Three scopes, each optionally behind its own token: `check` (check, peek, batches,
+//! acquire), `refund` (refund, release, extend, the duplicate guard) and `admin` (reset, the
+//! blocklist, who is limited). A scope's token is also accepted by the scopes below it: the
+//! admin token opens everything. A scope without a token is open, but for admin, which is then
+//! off.
 //!
 //! A client address gets `server.admin_failure_limit` failed attempts (missing or wrong
 //! token); after that every admin request from it is refused with 429 until the window
@@ -32,11 +38,27 @@ pub(crate) enum Refusal {
     TooManyFailures(Duration),
 }
 
-/// The admin token and the failed-attempt limiter.
+/// What a caller may do; see the module's documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Scope {
+    Check,
+    Refund,
+    Admin,
+}
+
+/// The tokens of the three scopes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tokens {
+    pub(crate) check: Option<String>,
+    pub(crate) refund: Option<String>,
+    pub(crate) admin: Option<String>,
+}
+
+/// The scopes' tokens and the failed-attempt limiter.
 pub(crate) struct AdminAuth {
-    /// SHA-256 of the token: comparing fixed-length digests leaks neither the token's bytes
-    /// nor its length through timing.
-    digest: Option<[u8; 32]>,
+    /// SHA-256 of each scope's token (check, refund, admin): comparing fixed-length digests
+    /// leaks neither the token's bytes nor its length through timing.
+    digests: [Option<[u8; 32]>; 3],
     failures: Tollgate<MemoryStore>,
     policy: Policy,
     limit: Rule,
@@ -48,7 +70,7 @@ const GLOBAL_FACTOR: u64 = 20;
 impl AdminAuth {
     /// Admin endpoints guarded by `token` (none: disabled), allowing `failure_limit` failed
     /// attempts per client address.
-    pub(crate) fn new(token: Option<&str>, failure_limit: Rule) -> AdminAuth {
+    pub(crate) fn new(tokens: &Tokens, failure_limit: Rule) -> AdminAuth {
         let store = MemoryStore::builder()
             .max_keys(MAX_TRACKED_ADDRESSES)
             .build();
@@ -70,7 +92,8 @@ impl AdminAuth {
             .build()
             .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
         AdminAuth {
-            digest: token.map(digest),
+            digests: [&tokens.check, &tokens.refund, &tokens.admin]
+                .map(|t| t.as_deref().map(digest)),
             failures,
             policy,
             limit: failure_limit,
@@ -79,20 +102,32 @@ impl AdminAuth {
 
     /// A token is configured: admin endpoints are on.
     pub(crate) fn enabled(&self) -> bool {
-        self.digest.is_some()
+        self.digests[Scope::Admin as usize].is_some()
     }
 
-    /// Admits `offered` from `client` for `path`, or says why not. Failures are logged (the
-    /// address and path, never the offered token) and counted against the address.
-    pub(crate) async fn authenticate(
+    /// Whether `scope` asks for a token.
+    pub(crate) fn guarded(&self, scope: Scope) -> bool {
+        self.digests[scope as usize].is_some()
+    }
+
+    /// Admits `offered` from `client` for `path` in `scope`: at once where the scope has no
+    /// token (admin: refused, it is off), else when it is the scope's token or a higher one's.
+    /// Failures are logged (the address and path, never the offered token) and counted
+    /// against the address and against all addresses.
+    pub(crate) async fn authorize(
         &self,
+        scope: Scope,
         offered: Option<&str>,
         client: Option<IpAddr>,
         path: &str,
     ) -> Result<(), Refusal> {
-        let Some(expected) = &self.digest else {
-            return Err(Refusal::Disabled);
-        };
+        if self.digests[scope as usize].is_none() {
+            return match scope {
+                Scope::Admin => Err(Refusal::Disabled),
+                _ => Ok(()),
+            };
+        }
+        let accepted = &self.digests[scope as usize..];
         // Requests that did not come through the listener (none in production) share one
         // budget rather than escaping it.
         let ip = client.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
@@ -102,7 +137,9 @@ impl AdminAuth {
             return Err(Refusal::TooManyFailures(retry_after));
         }
         let refusal = match offered {
-            Some(token) if token_matches(expected, token) => return Ok(()),
+            Some(token) if accepted.iter().flatten().any(|d| token_matches(d, token)) => {
+                return Ok(());
+            }
             Some(_) => Refusal::Wrong,
             None => Refusal::Missing,
         };
@@ -203,6 +240,36 @@ fn token_matches(expected: &[u8; 32], offered: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn admin(token: &str) -> Tokens {
+        Tokens {
+            admin: Some(token.into()),
+            ..Tokens::default()
+        }
+    }
+
+    /// A scope's token opens it and the scopes below; an open scope asks for nothing.
+    #[tokio::test]
+    async fn scopes_take_their_token_or_a_higher_one() {
+        let tokens = Tokens {
+            check: None,
+            refund: Some("refund-token".into()),
+            admin: Some("admin-token".into()),
+        };
+        let auth = AdminAuth::new(&tokens, "100/1m".parse().unwrap());
+        let at = Some(IpAddr::from([192, 0, 2, 1]));
+        let ask = |scope, token| auth.authorize(scope, token, at, "/");
+        assert_eq!(ask(Scope::Check, None).await, Ok(()));
+        assert_eq!(ask(Scope::Refund, None).await, Err(Refusal::Missing));
+        assert_eq!(ask(Scope::Refund, Some("refund-token")).await, Ok(()));
+        assert_eq!(ask(Scope::Refund, Some("admin-token")).await, Ok(()));
+        assert_eq!(ask(Scope::Refund, Some("guess")).await, Err(Refusal::Wrong));
+        assert_eq!(
+            ask(Scope::Admin, Some("refund-token")).await,
+            Err(Refusal::Wrong)
+        );
+        assert_eq!(ask(Scope::Admin, Some("admin-token")).await, Ok(()));
+    }
+
     #[test]
     fn tokens_compare_exactly() {
         let matches = |a: &str, b: &str| token_matches(&digest(a), b);
@@ -215,25 +282,27 @@ mod tests {
 
     #[tokio::test]
     async fn failures_are_limited_per_address_and_successes_are_free() {
-        let auth = AdminAuth::new(Some("t0ken"), "2/1m".parse().unwrap());
+        let auth = AdminAuth::new(&admin("t0ken"), "2/1m".parse().unwrap());
         let a = Some(IpAddr::from([192, 0, 2, 1]));
         let b = Some(IpAddr::from([192, 0, 2, 2]));
         for _ in 0..5 {
             assert_eq!(
-                auth.authenticate(Some("t0ken"), a, "/v1/reset").await,
+                auth.authorize(Scope::Admin, Some("t0ken"), a, "/v1/reset")
+                    .await,
                 Ok(())
             );
         }
         assert_eq!(
-            auth.authenticate(Some("guess"), a, "/v1/reset").await,
+            auth.authorize(Scope::Admin, Some("guess"), a, "/v1/reset")
+                .await,
             Err(Refusal::Wrong)
         );
         assert_eq!(
-            auth.authenticate(None, a, "/v1/reset").await,
+            auth.authorize(Scope::Admin, None, a, "/v1/reset").await,
             Err(Refusal::Missing)
         );
         for token in [Some("guess"), Some("t0ken"), None] {
-            match auth.authenticate(token, a, "/v1/reset").await {
+            match auth.authorize(Scope::Admin, token, a, "/v1/reset").await {
                 Err(Refusal::TooManyFailures(d)) => {
                     assert!(d > Duration::ZERO && d <= Duration::from_secs(60), "{d:?}");
                 }
@@ -242,11 +311,13 @@ mod tests {
         }
         // Another address is not affected.
         assert_eq!(
-            auth.authenticate(Some("t0ken"), b, "/v1/reset").await,
+            auth.authorize(Scope::Admin, Some("t0ken"), b, "/v1/reset")
+                .await,
             Ok(())
         );
         assert_eq!(
-            auth.authenticate(Some("guess"), b, "/v1/reset").await,
+            auth.authorize(Scope::Admin, Some("guess"), b, "/v1/reset")
+                .await,
             Err(Refusal::Wrong)
         );
     }
@@ -255,11 +326,14 @@ mod tests {
     /// addresses together: 20 addresses' worth.
     #[tokio::test]
     async fn rotating_addresses_meets_a_global_budget() {
-        let auth = AdminAuth::new(Some("t0ken"), "2/1m".parse().unwrap());
+        let auth = AdminAuth::new(&admin("t0ken"), "2/1m".parse().unwrap());
         let mut wrong = 0;
         for i in 0..100u16 {
             let client = Some(IpAddr::from([0x2001, 0xdb8, i, 0, 0, 0, 0, 1]));
-            match auth.authenticate(Some("guess"), client, "/v1/reset").await {
+            match auth
+                .authorize(Scope::Admin, Some("guess"), client, "/v1/reset")
+                .await
+            {
                 Err(Refusal::Wrong) => wrong += 1,
                 Err(Refusal::TooManyFailures(_)) => {}
                 other => panic!("{other:?}"),
@@ -267,25 +341,26 @@ mod tests {
         }
         assert_eq!(wrong, 2 * GLOBAL_FACTOR, "guesses allowed in the window");
         // Two addresses of one /64 share a budget.
-        let auth = AdminAuth::new(Some("t0ken"), "1/1m".parse().unwrap());
+        let auth = AdminAuth::new(&admin("t0ken"), "1/1m".parse().unwrap());
         let a = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]));
         let b = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]));
         assert_eq!(
-            auth.authenticate(Some("guess"), a, "/").await,
+            auth.authorize(Scope::Admin, Some("guess"), a, "/").await,
             Err(Refusal::Wrong)
         );
         assert!(matches!(
-            auth.authenticate(Some("guess"), b, "/").await,
+            auth.authorize(Scope::Admin, Some("guess"), b, "/").await,
             Err(Refusal::TooManyFailures(_))
         ));
     }
 
     #[tokio::test]
     async fn without_a_token_admin_is_disabled() {
-        let auth = AdminAuth::new(None, "1/1m".parse().unwrap());
+        let auth = AdminAuth::new(&Tokens::default(), "1/1m".parse().unwrap());
         for _ in 0..3 {
             assert_eq!(
-                auth.authenticate(Some("x"), None, "/v1/reset").await,
+                auth.authorize(Scope::Admin, Some("x"), None, "/v1/reset")
+                    .await,
                 Err(Refusal::Disabled)
             );
         }

@@ -12,10 +12,11 @@ use arc_swap::{ArcSwap, Guard};
 use tollgate::{AnyStore, Reason, Tollgate};
 
 use crate::{
-    admin::AdminAuth,
+    admin::{AdminAuth, Tokens},
     config::{Config, ConfigError, Source},
     dashboard::Dashboard,
     metrics::{DecisionHandles, Metrics},
+    receipt::ReceiptKey,
 };
 
 /// What every handler shares: the engine (and so the store, kept across reloads), the
@@ -25,6 +26,8 @@ pub(crate) struct App {
     config: ArcSwap<Config>,
     pub(crate) metrics: Metrics,
     pub(crate) admin: AdminAuth,
+    /// Seals the receipts and leases callers are given.
+    pub(crate) receipts: ReceiptKey,
     pub(crate) dashboard: Dashboard,
     source: Source,
     /// Shutdown has begun: `/healthcheck` fails so load balancers stop sending.
@@ -36,16 +39,18 @@ impl App {
         gate: Tollgate<AnyStore>,
         config: Config,
         metrics: Metrics,
-        admin_token: Option<String>,
+        tokens: &Tokens,
+        receipts: ReceiptKey,
         source: Source,
     ) -> App {
-        let admin = AdminAuth::new(admin_token.as_deref(), config.server.admin_failure_limit);
+        let admin = AdminAuth::new(tokens, config.server.admin_failure_limit);
         let dashboard = Dashboard::new(config.server.dashboard_enabled());
         App {
             gate,
             config: ArcSwap::from_pointee(config),
             metrics,
             admin,
+            receipts,
             dashboard,
             source,
             draining: AtomicBool::new(false),

@@ -77,6 +77,12 @@ pub(crate) struct ServerSettings {
     pub(crate) http: SocketAddr,
     pub(crate) grpc: SocketAddr,
     pub(crate) admin_token_env: Option<String>,
+    /// The variable holding the check scope's token (check, peek, batches, acquire).
+    pub(crate) check_token_env: Option<String>,
+    /// The variable holding the refund scope's token (refund, release, extend, duplicate).
+    pub(crate) refund_token_env: Option<String>,
+    /// The variable holding the key that seals receipts and leases (shared by a fleet).
+    pub(crate) receipt_key_env: Option<String>,
     /// How long an HTTP client has to send a request's head (and an idle keep-alive
     /// connection to start its next request) before the connection is closed.
     pub(crate) header_read_timeout: Duration,
@@ -572,6 +578,9 @@ struct RawServer {
     http: Option<Parsed<SocketAddr>>,
     grpc: Option<Parsed<SocketAddr>>,
     admin_token_env: Option<Spanned<String>>,
+    check_token_env: Option<Spanned<String>>,
+    refund_token_env: Option<Spanned<String>>,
+    receipt_key_env: Option<Spanned<String>>,
     header_read_timeout: Option<Spanned<DurationText>>,
     body_read_timeout: Option<Spanned<DurationText>>,
     max_connections: Option<Spanned<u32>>,
@@ -887,16 +896,18 @@ impl RawConfig {
 impl RawServer {
     fn validate(self, errors: &Errors<'_>) -> Result<ServerSettings, ConfigError> {
         let default = |s: &str| s.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
-        let admin_token_env = match self.admin_token_env {
-            Some(name) if name.get_ref().is_empty() => {
-                return Err(errors.at(
-                    Some(name.span()),
-                    "server.admin_token_env",
-                    "name an environment variable, or leave the field out to disable admin endpoints",
-                ));
-            }
-            other => other.map(Spanned::into_inner),
+        let var = |raw: Option<Spanned<String>>, field: &str| match raw {
+            Some(name) if name.get_ref().is_empty() => Err(errors.at(
+                Some(name.span()),
+                format!("server.{field}"),
+                "name an environment variable, or leave the field out",
+            )),
+            other => Ok(other.map(Spanned::into_inner)),
         };
+        let admin_token_env = var(self.admin_token_env, "admin_token_env")?;
+        let check_token_env = var(self.check_token_env, "check_token_env")?;
+        let refund_token_env = var(self.refund_token_env, "refund_token_env")?;
+        let receipt_key_env = var(self.receipt_key_env, "receipt_key_env")?;
         let timeout = |raw: Option<Spanned<DurationText>>, field: &str, default: Duration| match raw
         {
             Some(t) if t.get_ref().0.is_zero() => Err(errors.at(
@@ -977,6 +988,9 @@ impl RawServer {
             http: self.http.map_or_else(|| default(DEFAULT_HTTP), |p| p.0),
             grpc: self.grpc.map_or_else(|| default(DEFAULT_GRPC), |p| p.0),
             admin_token_env,
+            check_token_env,
+            refund_token_env,
+            receipt_key_env,
             header_read_timeout,
             body_read_timeout,
             max_connections,

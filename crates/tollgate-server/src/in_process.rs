@@ -43,11 +43,16 @@ impl InProcess {
         if let store::Opened::Memory(memory) = &opened {
             metrics.watch_memory_store(memory.clone());
         }
+        let tokens = crate::admin::Tokens {
+            admin: admin_token,
+            ..Default::default()
+        };
         let app = Arc::new(App::new(
             gate,
             config,
             metrics,
-            admin_token,
+            &tokens,
+            crate::receipt::ReceiptKey::random(),
             Source::default(),
         ));
         app.dashboard.watch_store(&opened);

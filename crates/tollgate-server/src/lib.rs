@@ -54,6 +54,7 @@ mod http;
 mod in_process;
 mod listen;
 mod metrics;
+mod receipt;
 mod server;
 mod store;
 mod trace;

@@ -7,11 +7,13 @@ use tokio::{net::TcpListener, sync::watch};
 use tollgate::Tollgate;
 
 use crate::{
+    admin::Tokens,
     app::App,
     cli::{CheckConfigArgs, EnvoyRatelimitArgs, ServeArgs},
     config::{Config, Source},
     envoy, grpc, health, http, listen,
     metrics::Metrics,
+    receipt::ReceiptKey,
     store, trace,
 };
 
@@ -22,8 +24,25 @@ pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The shortest admin token the server starts with: a short one is guessed.
+/// The shortest token (and receipt key) the server starts with: a short one is guessed.
 const MIN_ADMIN_TOKEN: usize = 16;
+
+/// The token in the environment variable `var` names (`server.<field>`): none when the field
+/// is unset or the variable empty; an error when it is too short to resist guessing.
+fn token(var: Option<&str>, field: &str) -> Result<Option<String>, String> {
+    let Some(var) = var else { return Ok(None) };
+    match std::env::var(var) {
+        Ok(token) if token.trim().len() >= MIN_ADMIN_TOKEN => Ok(Some(token.trim().to_owned())),
+        Ok(token) if !token.trim().is_empty() => Err(format!(
+            "the token in {var} (server.{field}) is {} bytes; use at least {MIN_ADMIN_TOKEN} (e.g. `openssl rand -hex 16`)",
+            token.trim().len()
+        )),
+        _ => {
+            tracing::warn!("environment variable {var} (server.{field}) is not set or empty");
+            Ok(None)
+        }
+    }
+}
 
 /// Runs the server until SIGTERM or Ctrl-C, then drains in-flight requests.
 ///
@@ -82,26 +101,34 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         .with_on_error(config.store.on_error)
         .with_max_stored_response(config.server.max_stored_response)
         .with_max_keep_for(config.server.max_keep_for);
-    let admin_token = match &config.server.admin_token_env {
+    let tokens = Tokens {
+        check: token(config.server.check_token_env.as_deref(), "check_token_env")?,
+        refund: token(
+            config.server.refund_token_env.as_deref(),
+            "refund_token_env",
+        )?,
+        admin: token(config.server.admin_token_env.as_deref(), "admin_token_env")?,
+    };
+    if tokens.admin.is_none() {
+        tracing::info!("no admin token (server.admin_token_env): admin endpoints answer 401");
+    }
+    for (scope, set) in [("check", &tokens.check), ("refund", &tokens.refund)] {
+        if set.is_none() && !config.server.http.ip().is_loopback() {
+            tracing::warn!(
+                "the {scope} scope has no token (server.{scope}_token_env) and the HTTP port is not on loopback: any client that reaches it may use it"
+            );
+        }
+    }
+    let receipts = match &config.server.receipt_key_env {
         Some(var) => match std::env::var(var) {
-            Ok(token) if token.trim().len() >= MIN_ADMIN_TOKEN => Some(token.trim().to_owned()),
-            Ok(token) if !token.trim().is_empty() => {
+            Ok(key) if key.trim().len() >= MIN_ADMIN_TOKEN => ReceiptKey::from_secret(key.trim()),
+            _ => {
                 return Err(format!(
-                    "the admin token in {var} (server.admin_token_env) is {} bytes; use at least {MIN_ADMIN_TOKEN} (e.g. `openssl rand -hex 16`)",
-                    token.trim().len()
+                    "environment variable {var} (server.receipt_key_env) must hold a secret of at least {MIN_ADMIN_TOKEN} bytes"
                 ));
             }
-            _ => {
-                tracing::warn!(
-                    "environment variable {var} (server.admin_token_env) is not set; admin endpoints answer 401"
-                );
-                None
-            }
         },
-        None => {
-            tracing::info!("server.admin_token_env is not set; admin endpoints answer 401");
-            None
-        }
+        None => ReceiptKey::random(),
     };
     let http_listener = TcpListener::bind(config.server.http)
         .await
@@ -120,7 +147,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             .as_deref()
             .map_or("the environment".into(), |p| p.display().to_string())
     );
-    let app = Arc::new(App::new(gate, config, metrics, admin_token, source));
+    let app = Arc::new(App::new(gate, config, metrics, &tokens, receipts, source));
     app.dashboard.watch_store(&opened);
     crate::dashboard::spawn_sampler(&app);
 

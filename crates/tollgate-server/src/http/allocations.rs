@@ -47,7 +47,8 @@ fn router() -> Router {
         gate,
         config,
         Metrics::new(),
-        None,
+        &crate::admin::Tokens::default(),
+        crate::receipt::ReceiptKey::random(),
         crate::config::Source::default(),
     );
     super::router(Arc::new(app))

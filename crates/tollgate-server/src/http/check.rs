@@ -17,11 +17,11 @@ use serde_json::value::RawValue;
 use tollgate::{CheckError, Decision, Identity, fields};
 
 use super::{
-    admin::Admin,
+    admin::{Admin, CheckCaller, RefundCaller},
     error::{ApiError, ApiJson, JsonBody, check_error, parse_json},
     json::{
         BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, LeaseRequest, RefundRequest,
-        decision_size_hint, write_decision,
+        decision_size_hint, sealed_receipt, write_decision,
     },
 };
 use crate::{
@@ -43,7 +43,11 @@ fn unknown_policy(name: &str) -> ApiError {
         .with_code("unknown_policy")
 }
 
-pub(crate) async fn check(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+pub(crate) async fn check(
+    State(app): State<Arc<App>>,
+    _: CheckCaller,
+    JsonBody(body): JsonBody,
+) -> Response {
     match parse_json(&body) {
         Ok(req) => decide(&app, req, true)
             .await
@@ -52,7 +56,11 @@ pub(crate) async fn check(State(app): State<Arc<App>>, JsonBody(body): JsonBody)
     }
 }
 
-pub(crate) async fn peek(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+pub(crate) async fn peek(
+    State(app): State<Arc<App>>,
+    _: CheckCaller,
+    JsonBody(body): JsonBody,
+) -> Response {
     match parse_json(&body) {
         Ok(req) => decide(&app, req, false)
             .await
@@ -101,7 +109,8 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Respo
         started,
     )?;
     let mut body = Vec::with_capacity(decision_size_hint(&decision));
-    write_decision(&mut body, &decision, &entry.rule_texts, receipt);
+    let receipt = sealed_receipt(app, &entry.policy, &identity, &decision, receipt);
+    write_decision(&mut body, &decision, &entry.rule_texts, receipt.as_deref());
     let mut response = json_bytes(body);
     let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
@@ -151,7 +160,11 @@ fn record(
 
 /// `/v1/acquire`: `/v1/check` for a policy with a concurrency limiter; an admission's
 /// `"lease"` names the slot it holds, for `/v1/release` and `/v1/extend`.
-pub(crate) async fn acquire(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+pub(crate) async fn acquire(
+    State(app): State<Arc<App>>,
+    _: CheckCaller,
+    JsonBody(body): JsonBody,
+) -> Response {
     let req: CheckRequest<'_> = match parse_json(&body) {
         Ok(req) => req,
         Err(e) => return e.into_response(),
@@ -185,16 +198,33 @@ fn lease(
     req: LeaseRequest,
 ) -> Result<(PolicyEntry, tollgate::Receipt, Identity), ApiError> {
     let entry = policy(app, &req.policy)?;
-    let lease = req.lease.parse().map_err(|e| {
-        ApiError::new(StatusCode::BAD_REQUEST, format!("lease: {e}")).with_code("invalid_request")
-    })?;
-    Ok((entry, lease, req.identity.into_identity()))
+    let identity = req.identity.into_identity();
+    let (lease, _) = open(app, &entry, &identity, "lease", &req.lease)?;
+    Ok((entry, lease, identity))
+}
+
+/// The receipt (or lease) a caller sent back, if this server sealed it for this policy and
+/// identity, with its tag; else a 400 saying what is wrong.
+fn open(
+    app: &App,
+    entry: &PolicyEntry,
+    identity: &Identity,
+    what: &str,
+    sealed: &str,
+) -> Result<(tollgate::Receipt, [u8; 16]), ApiError> {
+    app.receipts
+        .open(&entry.policy, identity, sealed)
+        .map_err(|e| {
+            ApiError::new(StatusCode::BAD_REQUEST, format!("{what}: {e}"))
+                .with_code("invalid_request")
+        })
 }
 
 /// `/v1/release`: ends a lease of `/v1/acquire` (its slots are free at once; its rate quota
 /// stays spent). Releasing twice, or after the lease ran out, changes nothing.
 pub(crate) async fn release(
     State(app): State<Arc<App>>,
+    _: RefundCaller,
     ApiJson(req): ApiJson<LeaseRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (entry, lease, identity) = lease(&app, req)?;
@@ -209,12 +239,16 @@ pub(crate) async fn release(
 /// lease that names it now, or `409` (`lease_lost`) if it had run out or been released.
 pub(crate) async fn extend(
     State(app): State<Arc<App>>,
+    _: RefundCaller,
     ApiJson(req): ApiJson<LeaseRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (entry, lease, identity) = lease(&app, req)?;
     let extend = app.gate.extend_concurrent(&entry.policy, &identity, &lease);
     match timed(&app, "extend", extend).await? {
-        Some(renewed) => Ok(Json(serde_json::json!({ "lease": renewed.to_string() }))),
+        Some(renewed) => {
+            let sealed = app.receipts.seal(&entry.policy, &identity, &renewed);
+            Ok(Json(serde_json::json!({ "lease": sealed })))
+        }
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
             "the lease ran out or was released: its slot may be someone else's; acquire again",
@@ -225,10 +259,11 @@ pub(crate) async fn extend(
 
 /// `/v1/refund`: gives back `cost` units (default 1, at most what the receipt charged) to
 /// every rule of the policy for the identity, exactly those of the check whose `receipt` it
-/// names (see `Tollgate::refund`). A refund without a receipt undoes any caller's checks: it
-/// takes the admin token.
+/// names (see `Tollgate::refund`). A receipt is spent once: a second refund of it is `409`. A
+/// refund without a receipt undoes any caller's checks: it takes the admin token.
 pub(crate) async fn refund(
     State(app): State<Arc<App>>,
+    _: RefundCaller,
     mut parts: Parts,
     ApiJson(req): ApiJson<RefundRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -236,16 +271,22 @@ pub(crate) async fn refund(
         Admin::from_request_parts(&mut parts, &app).await?;
     }
     let entry = policy(&app, &req.policy)?;
-    let receipt = req
-        .receipt
-        .as_deref()
-        .map(str::parse::<tollgate::Receipt>)
-        .transpose()
-        .map_err(|e| {
-            ApiError::new(StatusCode::BAD_REQUEST, format!("receipt: {e}"))
-                .with_code("invalid_request")
-        })?;
     let identity = req.identity.into_identity();
+    let receipt = match &req.receipt {
+        Some(sealed) => {
+            let (receipt, tag) = open(&app, &entry, &identity, "receipt", sealed)?;
+            let spend = crate::receipt::spend(&app.gate, &entry.policy, &tag);
+            if !timed(&app, "refund", spend).await? {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "this receipt was refunded already: a receipt gives back its units once",
+                )
+                .with_code("already_refunded"));
+            }
+            Some(receipt)
+        }
+        None => None,
+    };
     let cost = receipt.as_ref().map_or(req.cost.unwrap_or(1), |r| {
         req.cost.unwrap_or(1).min(r.units())
     });
@@ -293,7 +334,11 @@ fn shadow_denied(app: &App, policy: &str, decision: &Decision) {
 /// started in order and polled together: on the memory store each is decided in its first
 /// poll, one after the other; on Redis their scripts go out together (the store batches the
 /// checks in flight). The answer is written into one buffer.
-pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody) -> Response {
+pub(crate) async fn checks(
+    State(app): State<Arc<App>>,
+    _: CheckCaller,
+    JsonBody(body): JsonBody,
+) -> Response {
     // Most batches hold only well-formed checks: parsed in one pass. Otherwise each check's
     // text is kept and parsed on its own, so that a malformed one fails alone.
     let parsed: Result<Vec<Result<CheckRequest<'_>, ApiError>>, ApiError> =
@@ -381,7 +426,7 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
                             started,
                         );
                         if i == written {
-                            write_answer(&mut body, i, answer.as_ref(), item);
+                            write_answer(app, &mut body, i, answer.as_ref(), item);
                             *slot = Slot::Written;
                             written += 1;
                         } else {
@@ -394,7 +439,7 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
             if i == written {
                 match (&*slot, item) {
                     (Slot::Answered(answer), Ok(item)) => {
-                        write_answer(&mut body, i, answer.as_ref(), item);
+                        write_answer(app, &mut body, i, answer.as_ref(), item);
                     }
                     (Slot::Refused, Err(e)) => {
                         if i > 0 {
@@ -420,12 +465,27 @@ pub(crate) async fn checks(State(app): State<Arc<App>>, JsonBody(body): JsonBody
 }
 
 /// Writes the `i`th answer of a batch, of `item`: its decision, or its error and status.
-fn write_answer(body: &mut Vec<u8>, i: usize, answer: Result<&Decision, &ApiError>, item: &Item) {
+fn write_answer(
+    app: &App,
+    body: &mut Vec<u8>,
+    i: usize,
+    answer: Result<&Decision, &ApiError>,
+    item: &Item,
+) {
     if i > 0 {
         body.push(b',');
     }
     match answer {
-        Ok(decision) => write_decision(body, decision, &item.entry.rule_texts, item.receipt),
+        Ok(decision) => {
+            let receipt = sealed_receipt(
+                app,
+                &item.entry.policy,
+                &item.identity,
+                decision,
+                item.receipt,
+            );
+            write_decision(body, decision, &item.entry.rule_texts, receipt.as_deref());
+        }
         // Writing an error's text into a Vec cannot fail.
         Err(e) => {
             let _ = serde_json::to_writer(&mut *body, &ItemErrorJson(e));

@@ -10,6 +10,7 @@ use serde_json::Value;
 use tollgate::{Acquire, CheckError, Fingerprint, Lease};
 
 use super::{
+    admin::RefundCaller,
     check::policy,
     error::{ApiError, ApiJson, check_error},
     json::{AcquireJson, AcquireRequest, CompleteRequest, ReleaseRequest, canonical_json, ceil_ms},
@@ -18,6 +19,7 @@ use crate::{app::App, config::bounded_duration};
 
 pub(crate) async fn acquire(
     State(app): State<Arc<App>>,
+    _: RefundCaller,
     ApiJson(req): ApiJson<AcquireRequest>,
 ) -> Result<Json<AcquireJson>, ApiError> {
     let entry = policy(&app, &req.policy)?;
@@ -79,6 +81,7 @@ pub(crate) async fn acquire(
 
 pub(crate) async fn complete(
     State(app): State<Arc<App>>,
+    _: RefundCaller,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let lease: Lease = req.lease.parse().map_err(|e| {
@@ -117,6 +120,7 @@ pub(crate) async fn complete(
 
 pub(crate) async fn release(
     State(app): State<Arc<App>>,
+    _: RefundCaller,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let lease: Lease = req.lease.parse().map_err(|e| {

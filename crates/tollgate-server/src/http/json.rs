@@ -4,9 +4,9 @@ use std::{borrow::Cow, collections::BTreeMap, net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Value, value::RawValue};
-use tollgate::{Decision, DuplicateState, Identity};
+use tollgate::{Decision, DuplicateState, Identity, Policy};
 
-use crate::config::RuleText;
+use crate::{app::App, config::RuleText};
 
 /// The request's identity as JSON.
 #[derive(Debug, Default, Deserialize)]
@@ -95,13 +95,18 @@ pub(crate) struct ResetRequest {
 /// "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit", "remaining",
 /// "reset_after_ms"}]}`; a shadow limiter's rules add `"shadow": true` and `"would_deny"`, and
 /// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names; a
-/// recorded admission adds `"receipt"` when asked (`receipt`), for `/v1/refund`, and always
-/// `"lease"` (and the receipt) when it holds a concurrency slot.
+/// recorded admission adds `"receipt"`, sealed (see [`sealed_receipt`]), and `"lease"` when it
+/// holds a concurrency slot.
 ///
 /// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
 /// rules are some of them, in the same order, so each is found by walking them once. A rule
 /// that is not there (none is) is formatted instead.
-pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText], receipt: bool) {
+pub(crate) fn write_decision(
+    out: &mut Vec<u8>,
+    d: &Decision,
+    texts: &[RuleText],
+    receipt: Option<&str>,
+) {
     out.extend_from_slice(if d.allowed() {
         b"{\"allowed\":true,\"reason\":\""
     } else {
@@ -168,24 +173,43 @@ pub(crate) fn write_decision(out: &mut Vec<u8>, d: &Decision, texts: &[RuleText]
         }
         out.push(b']');
     }
-    if let Some(text) = d.receipt() {
-        use std::io::Write as _;
-        // A concurrency limit's slot: the receipt names the lease, always answered.
-        let lease = d.rules().iter().any(|r| r.rule.is_concurrent());
-        // Writing into a Vec cannot fail.
-        if receipt || lease {
-            let _ = write!(out, ",\"receipt\":\"{text}\"");
-        }
-        if lease {
-            let _ = write!(out, ",\"lease\":\"{text}\"");
+    if let Some(text) = receipt {
+        // A receipt's text is ASCII without quotes: written as it is.
+        out.extend_from_slice(b",\"receipt\":\"");
+        out.extend_from_slice(text.as_bytes());
+        out.push(b'"');
+        if is_lease(d) {
+            out.extend_from_slice(b",\"lease\":\"");
+            out.extend_from_slice(text.as_bytes());
+            out.push(b'"');
         }
     }
     out.push(b'}');
 }
 
+/// A concurrency limit's slot: the receipt names the lease.
+fn is_lease(d: &Decision) -> bool {
+    d.rules().iter().any(|r| r.rule.is_concurrent())
+}
+
+/// The receipt an answer carries, sealed for its policy and identity: when the caller asked
+/// (`asked`) or when it names a lease (always answered); none for an admission that recorded
+/// nothing.
+pub(crate) fn sealed_receipt(
+    app: &App,
+    policy: &Policy,
+    identity: &Identity,
+    d: &Decision,
+    asked: bool,
+) -> Option<String> {
+    let receipt = d.receipt()?;
+    (asked || is_lease(d)).then(|| app.receipts.seal(policy, identity, receipt))
+}
+
 /// Room for a decision's JSON, so that writing it takes one allocation.
 pub(crate) fn decision_size_hint(d: &Decision) -> usize {
-    128 + 128 * d.rules().len() + d.message().map_or(0, str::len)
+    // A sealed receipt (and lease) takes about 100 bytes per limiter.
+    256 + 128 * d.rules().len() + d.message().map_or(0, str::len)
 }
 
 fn write_u64(out: &mut Vec<u8>, n: u64) {
@@ -327,7 +351,8 @@ mod tests {
             .map(|&cost| {
                 let d = rt.block_on(gate.check(&entry.policy, &who, cost)).unwrap();
                 let mut out = Vec::new();
-                write_decision(&mut out, &d, &entry.rule_texts, true);
+                let receipt = d.receipt().map(|r| r.to_string());
+                write_decision(&mut out, &d, &entry.rule_texts, receipt.as_deref());
                 assert!(out.len() <= decision_size_hint(&d), "{}", out.len());
                 String::from_utf8(out).unwrap()
             })

@@ -206,3 +206,153 @@ async fn envoy_requests_are_bounded() {
             .all(|s| s.code == Rls::OverLimit as i32)
     );
 }
+
+const LEASES: &str = r#"
+[policies.export]
+limiters = [{ by = "user_id", concurrent = 1, lease_ttl = "5m" }]
+
+[policies.login]
+limiters = [{ by = "ip", rules = ["1/1m"] }]
+"#;
+
+/// Receipts and leases are sealed: a guessed, edited or borrowed one is refused, and a receipt
+/// gives its units back once.
+#[tokio::test]
+async fn receipts_and_leases_cannot_be_forged_or_reused() {
+    let server = Server::start(LEASES);
+    let alice = json!({ "user_id": "alice" });
+    let bob = json!({ "user_id": "bob" });
+    let (_, held) = server
+        .post(
+            "/v1/acquire",
+            json!({ "policy": "export", "identity": alice }),
+        )
+        .await;
+    let lease = held["lease"].as_str().unwrap().to_owned();
+
+    // Bob cannot free Alice's slot with her lease, nor with one made up from it.
+    let (status, body) = server
+        .post(
+            "/v1/release",
+            json!({ "policy": "export", "identity": bob, "lease": lease }),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (unsealed, _) = lease.rsplit_once('.').unwrap();
+    for forged in [
+        unsealed.to_owned(),
+        format!("{unsealed}.{}", "0".repeat(32)),
+    ] {
+        let (status, body) = server
+            .post(
+                "/v1/release",
+                json!({ "policy": "export", "identity": alice, "lease": forged }),
+            )
+            .await;
+        assert_eq!(status, 400, "{forged}: {body}");
+    }
+    let (_, busy) = server
+        .post(
+            "/v1/acquire",
+            json!({ "policy": "export", "identity": alice }),
+        )
+        .await;
+    assert_eq!(busy["allowed"], false, "the slot is still held: {busy}");
+
+    // One receipt, one refund, never more than it charged.
+    let who = json!({ "ip": "192.0.2.7" });
+    let (_, first) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "login", "identity": who, "receipt": true }),
+        )
+        .await;
+    let receipt = first["receipt"].as_str().unwrap().to_owned();
+    let edited = receipt.replacen(".1.", ".100.", 1);
+    let (status, body) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "login", "identity": who, "receipt": edited }),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let refund = json!({ "policy": "login", "identity": who, "receipt": receipt, "cost": 100 });
+    let (status, body) = server.post("/v1/refund", refund.clone()).await;
+    assert_eq!((status, &body), (200, &json!({ "refunded": 1 })));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let (status, body) = server.post("/v1/refund", refund.clone()).await;
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["code"], "already_refunded");
+        if server.check("login", who.clone()).await["allowed"] == true {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 1, "one refund gave back one unit");
+}
+
+/// With scope tokens, each group of endpoints takes its token (or a higher one).
+#[tokio::test]
+async fn scopes_guard_their_endpoints() {
+    let config = format!(
+        "[server]\ncheck_token_env = \"TG_CHECK\"\nrefund_token_env = \"TG_REFUND\"\nadmin_token_env = \"TG_TEST_ADMIN\"\n{LEASES}"
+    );
+    let server = Server::start_with_env(
+        &config,
+        &[
+            ("TG_CHECK", "check-token-0123456789"),
+            ("TG_REFUND", "refund-token-0123456789"),
+        ],
+    );
+    let call = |path: &str, token: Option<&str>, body: Value| {
+        let mut request = server.request(reqwest::Method::POST, path).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        server.send(request)
+    };
+    let check = json!({ "policy": "login", "identity": { "ip": "192.0.2.8" }, "receipt": true });
+    assert_eq!(call("/v1/check", None, check.clone()).await.0, 401);
+    let (status, first) = call("/v1/check", Some("check-token-0123456789"), check.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let refund = json!({ "policy": "login", "identity": { "ip": "192.0.2.8" }, "receipt": first["receipt"] });
+    assert_eq!(
+        call("/v1/refund", Some("check-token-0123456789"), refund.clone())
+            .await
+            .0,
+        401
+    );
+    let (status, body) = call("/v1/refund", Some("refund-token-0123456789"), refund).await;
+    assert_eq!(status, 200, "{body}");
+    // The admin token opens every scope; a lower one never opens admin.
+    let (status, _) = call("/v1/check", Some(crate::support::ADMIN_TOKEN), check).await;
+    assert_eq!(status, 200);
+    let reset = json!({ "policy": "login", "identity": { "ip": "192.0.2.8" } });
+    assert_eq!(
+        call("/v1/reset", Some("refund-token-0123456789"), reset)
+            .await
+            .0,
+        401
+    );
+}
+
+/// A token too short to resist guessing stops the server at start.
+#[test]
+fn a_short_token_is_refused_at_start() {
+    let dir = crate::support::TempDir::new();
+    let path = dir.write(
+        "tollgate.toml",
+        "[server]\nadmin_token_env = \"TG_SHORT\"\n[policies.p]\nlimiters = [{ by = \"ip\", rules = [\"1/1m\"] }]\n",
+    );
+    let out = std::process::Command::new(crate::support::binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .env("TG_SHORT", "s3cret")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("at least 16"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
