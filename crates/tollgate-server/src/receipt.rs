@@ -60,7 +60,7 @@ impl ReceiptKey {
         if !bool::from(expected.ct_eq(&offered)) {
             return Err("not a receipt this server gave for this policy and identity".to_owned());
         }
-        let receipt = text.parse().map_err(|e| format!("{e}"))?;
+        let receipt: Receipt = text.parse()?;
         Ok((receipt, expected))
     }
 

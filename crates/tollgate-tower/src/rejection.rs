@@ -232,6 +232,15 @@ impl Rejection {
         }
     }
 
+    /// What the client is told: the [`Display`](std::fmt::Display) text, but for a store
+    /// failure, whose detail (addresses, the store's own words) stays with the application.
+    fn client_detail(&self) -> String {
+        match self {
+            Rejection::Store(_) => "the duplicate-guard store is unavailable".to_owned(),
+            other => other.to_string(),
+        }
+    }
+
     /// The RFC 9457 problem document: `type` (the draft's [`QUOTA_EXCEEDED`] for a rate
     /// limit, `about:blank` otherwise), `title`, `status`, `detail`, `reason`; `retry_after`
     /// (seconds) where waiting helps; for a rate limit, `violated-policies` (the names of the
@@ -257,15 +266,6 @@ impl Rejection {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
-    /// What the client is told: the [`Display`](std::fmt::Display) text, but for a store
-    /// failure, whose detail (addresses, the store's own words) stays with the application.
-    fn client_detail(&self) -> String {
-        match self {
-            Rejection::Store(_) => "the duplicate-guard store is unavailable".to_owned(),
-            other => other.to_string(),
-        }
-    }
-
     pub fn problem(&self) -> Value {
         let status = self.status();
         let kind = match self {
