@@ -705,6 +705,27 @@ pub(crate) fn current_limit(rule: &Rule, name: &str) -> RateLimit {
     }
 }
 
+/// The largest cost a descriptor's rule admits in one request: its limit, and no more entries
+/// than one check may write to a log.
+fn max_cost(rule: &Rule) -> u64 {
+    match rule.algorithm() {
+        tollgate::Algorithm::SlidingLog => rule.limit().min(tollgate::MAX_LOG_COST),
+        _ => rule.limit(),
+    }
+}
+
+/// A sliding-log rule keeps an entry per admitted unit: its limit is bounded as a policy's is.
+fn log_fits(rule: &Rule) -> Result<(), String> {
+    if rule.algorithm() == tollgate::Algorithm::SlidingLog && rule.limit() > tollgate::MAX_LOG_LIMIT
+    {
+        return Err(format!(
+            "rule {rule} keeps a log of more than {} entries per client; use algorithm \"gcra\" or \"fixed_window\"",
+            tollgate::MAX_LOG_LIMIT
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -866,25 +887,4 @@ descriptors = [
             "{e}"
         );
     }
-}
-
-/// The largest cost a descriptor's rule admits in one request: its limit, and no more entries
-/// than one check may write to a log.
-fn max_cost(rule: &Rule) -> u64 {
-    match rule.algorithm() {
-        tollgate::Algorithm::SlidingLog => rule.limit().min(tollgate::MAX_LOG_COST),
-        _ => rule.limit(),
-    }
-}
-
-/// A sliding-log rule keeps an entry per admitted unit: its limit is bounded as a policy's is.
-fn log_fits(rule: &Rule) -> Result<(), String> {
-    if rule.algorithm() == tollgate::Algorithm::SlidingLog && rule.limit() > tollgate::MAX_LOG_LIMIT
-    {
-        return Err(format!(
-            "rule {rule} keeps a log of more than {} entries per client; use algorithm \"gcra\" or \"fixed_window\"",
-            tollgate::MAX_LOG_LIMIT
-        ));
-    }
-    Ok(())
 }
