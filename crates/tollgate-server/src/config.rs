@@ -90,6 +90,16 @@ pub(crate) struct ServerSettings {
     pub(crate) body_read_timeout: Duration,
     /// The most connections served at once, per listener; more wait to be accepted.
     pub(crate) max_connections: usize,
+    /// The most connections one client address (an IPv6 /64) holds at once, per listener;
+    /// more are closed as they are accepted.
+    pub(crate) max_connections_per_ip: usize,
+    /// How long a gRPC connection may send nothing before it is closed.
+    pub(crate) idle_timeout: Duration,
+    /// How long a response write may make no progress (a client that does not read) before
+    /// the connection is closed.
+    pub(crate) write_timeout: Duration,
+    /// The most `grpc.health.v1` Watch streams open at once.
+    pub(crate) max_health_watches: usize,
     /// The largest gRPC message decoded or encoded, in bytes.
     pub(crate) grpc_max_message_bytes: usize,
     /// The most gRPC calls in flight on one HTTP/2 connection.
@@ -127,6 +137,14 @@ const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `server.max_connections`.
 const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default `server.max_connections_per_ip`.
+const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
+/// Default `server.idle_timeout`.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default `server.write_timeout`.
+const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `server.max_health_watches`.
+const DEFAULT_MAX_HEALTH_WATCHES: usize = 1_000;
 /// Default `server.grpc_max_message_bytes`: 1 MiB, far above any real rate-limit request.
 const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Default `server.grpc_max_concurrent_streams`.
@@ -584,6 +602,10 @@ struct RawServer {
     header_read_timeout: Option<Spanned<DurationText>>,
     body_read_timeout: Option<Spanned<DurationText>>,
     max_connections: Option<Spanned<u32>>,
+    max_connections_per_ip: Option<Spanned<u32>>,
+    idle_timeout: Option<Spanned<DurationText>>,
+    write_timeout: Option<Spanned<DurationText>>,
+    max_health_watches: Option<Spanned<u32>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
     max_batch: Option<Spanned<u32>>,
@@ -942,6 +964,20 @@ impl RawServer {
             "the connection limit",
         )?
         .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize);
+        let max_connections_per_ip = at_least_one(
+            self.max_connections_per_ip,
+            "max_connections_per_ip",
+            "the per-address connection limit",
+        )?
+        .map_or(DEFAULT_MAX_CONNECTIONS_PER_IP, |n| n as usize);
+        let idle_timeout = timeout(self.idle_timeout, "idle_timeout", DEFAULT_IDLE_TIMEOUT)?;
+        let write_timeout = timeout(self.write_timeout, "write_timeout", DEFAULT_WRITE_TIMEOUT)?;
+        let max_health_watches = at_least_one(
+            self.max_health_watches,
+            "max_health_watches",
+            "the health Watch limit",
+        )?
+        .map_or(DEFAULT_MAX_HEALTH_WATCHES, |n| n as usize);
         let grpc_max_message_bytes = at_least_one(
             self.grpc_max_message_bytes,
             "grpc_max_message_bytes",
@@ -994,6 +1030,10 @@ impl RawServer {
             header_read_timeout,
             body_read_timeout,
             max_connections,
+            max_connections_per_ip,
+            idle_timeout,
+            write_timeout,
+            max_health_watches,
             grpc_max_message_bytes,
             grpc_max_concurrent_streams,
             admin_failure_limit,

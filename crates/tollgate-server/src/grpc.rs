@@ -2,17 +2,25 @@
 //!
 //! Two services share the port: Envoy's `RateLimitService` and `grpc.health.v1.Health`. A
 //! general router (tonic's `Routes`) matches the path through a route table and converts every
-//! body on the way; this picks one of two services with one prefix comparison.
+//! body on the way; this picks one of two services with one prefix comparison. Health `Watch`
+//! streams, which never end on their own, are bounded (`server.max_health_watches`).
 
 use std::{
     convert::Infallible,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
 use futures_util::future::Either;
 use hyper::{Request, Response};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{body::Body, server::NamedService};
 use tower::Service;
+
+/// The path of the health service's streaming method.
+const WATCH: &str = "/grpc.health.v1.Health/Watch";
 
 /// Sends a request whose path names `E`'s service to `envoy`, every other request to `health`
 /// (which answers `UNIMPLEMENTED` for a path it does not serve, as a router would).
@@ -20,11 +28,17 @@ use tower::Service;
 pub(crate) struct GrpcServices<E, H> {
     envoy: E,
     health: H,
+    /// One permit per Watch stream that may be open.
+    watches: Arc<Semaphore>,
 }
 
 impl<E: NamedService, H> GrpcServices<E, H> {
-    pub(crate) fn new(envoy: E, health: H) -> GrpcServices<E, H> {
-        GrpcServices { envoy, health }
+    pub(crate) fn new(envoy: E, health: H, max_watches: usize) -> GrpcServices<E, H> {
+        GrpcServices {
+            envoy,
+            health,
+            watches: Arc::new(Semaphore::new(max_watches)),
+        }
     }
 
     /// Whether `path` (`/package.Service/Method`) names the Envoy service.
@@ -35,14 +49,19 @@ impl<E: NamedService, H> GrpcServices<E, H> {
     }
 }
 
+/// A health answer: at once (a refused Watch), or the health service's, holding a Watch's
+/// permit in its body.
+type HealthFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
 impl<E, H, B> Service<Request<B>> for GrpcServices<E, H>
 where
     E: Service<Request<B>, Response = Response<Body>, Error = Infallible> + NamedService,
     H: Service<Request<B>, Response = Response<Body>, Error = Infallible>,
+    H::Future: Send + 'static,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Either<E::Future, H::Future>;
+    type Future = Either<E::Future, HealthFuture>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // tonic's generated services are always ready; ask both all the same.
@@ -54,10 +73,53 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         if Self::is_envoy(request.uri().path()) {
-            Either::Left(self.envoy.call(request))
-        } else {
-            Either::Right(self.health.call(request))
+            return Either::Left(self.envoy.call(request));
         }
+        if request.uri().path() != WATCH {
+            return Either::Right(Box::pin(self.health.call(request)));
+        }
+        let Ok(permit) = self.watches.clone().try_acquire_owned() else {
+            let refused = tonic::Status::resource_exhausted(
+                "too many health Watch streams are open (server.max_health_watches); use Check",
+            );
+            return Either::Right(Box::pin(std::future::ready(Ok(refused.into_http()))));
+        };
+        let answer = self.health.call(request);
+        Either::Right(Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| {
+                Body::new(Held {
+                    body,
+                    _permit: permit,
+                })
+            }))
+        }))
+    }
+}
+
+/// A response body that holds a permit until it is dropped.
+struct Held {
+    body: Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Held {
+    type Data = <Body as http_body::Body>::Data;
+    type Error = <Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -1,19 +1,24 @@
 //! The listeners' defences against slow and greedy clients.
 //!
+//! - Both ports: at most `max_connections` are served at once (further connections wait in
+//!   the kernel's accept queue until one closes), at most `max_connections_per_ip` from one
+//!   client address (an IPv6 /64 counts as one address; more are closed as they are accepted),
+//!   and a response write that makes no progress for `write_timeout` (a client that does not
+//!   read) closes its connection.
 //! - HTTP: a connection has `header_read_timeout` to send a request head (and, kept alive, to
 //!   start its next request), and each request `body_read_timeout` from the end of its head to
-//!   deliver its body (else 408). At most `max_connections` are served at once; further
-//!   connections wait in the kernel's accept queue until one closes.
-//! - gRPC: the same cap on connections, and a connection that has not sent the HTTP/2 preface
-//!   within `header_read_timeout` is closed. `serve_grpc` serves the gRPC service on hyper's
-//!   HTTP/2 server directly.
+//!   deliver its body (else 408).
+//! - gRPC: a connection that has not sent the HTTP/2 preface within `header_read_timeout`, or
+//!   that sends nothing for `idle_timeout`, is closed. `serve_grpc` serves the gRPC service on
+//!   hyper's HTTP/2 server directly.
 
 use std::{
+    collections::HashMap,
     future::Future,
     io,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -46,7 +51,80 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) struct HttpLimits {
     pub(crate) header_read_timeout: Duration,
     pub(crate) body_read_timeout: Duration,
+    pub(crate) connections: ConnLimits,
+}
+
+/// What any one listener allows its connections (from `[server]`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnLimits {
     pub(crate) max_connections: usize,
+    pub(crate) max_per_ip: usize,
+    pub(crate) write_timeout: Duration,
+}
+
+/// The connections each client address holds on one listener.
+pub(crate) struct PerIp {
+    max: usize,
+    held: Mutex<HashMap<u128, usize>>,
+}
+
+impl PerIp {
+    pub(crate) fn new(max: usize) -> Arc<PerIp> {
+        Arc::new(PerIp {
+            max,
+            held: Mutex::default(),
+        })
+    }
+
+    /// A ticket for one more connection of `ip`, or `None` if it holds its share.
+    fn enter(self: &Arc<Self>, ip: IpAddr) -> Option<IpTicket> {
+        let key = ip_key(ip);
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = held.entry(key).or_default();
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(IpTicket {
+            per_ip: self.clone(),
+            key,
+        })
+    }
+}
+
+/// An address's share of the connections: an IPv4 address, or an IPv6 address's /64 (one
+/// client holds a whole /64). IPv4 keys have bit 32 set, IPv6 keys none of their low 64 bits:
+/// no two collide.
+fn ip_key(ip: IpAddr) -> u128 {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => (1 << 32) | u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6) & !u128::from(u64::MAX),
+    }
+}
+
+/// One connection counted against its address, until dropped.
+pub(crate) struct IpTicket {
+    per_ip: Arc<PerIp>,
+    key: u128,
+}
+
+impl Drop for IpTicket {
+    fn drop(&mut self) {
+        let mut held = self
+            .per_ip
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Serves `router` on `listener` over HTTP/1.1 until `stop` completes, then stops accepting
@@ -60,7 +138,8 @@ pub(crate) async fn serve_http(
     limits: HttpLimits,
     stop: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let permits = Arc::new(Semaphore::new(limits.connections.max_connections));
+    let per_ip = PerIp::new(limits.connections.max_per_ip);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -88,8 +167,13 @@ pub(crate) async fn serve_http(
             },
             () = &mut stop => break,
         };
+        let Some(ticket) = per_ip.enter(peer.ip()) else {
+            tracing::debug!(%peer, "HTTP connection refused: its address holds server.max_connections_per_ip");
+            continue;
+        };
         // Small request/response pairs: Nagle's delay would dominate their latency.
         let _ = tcp.set_nodelay(true);
+        let io = Guarded::new(tcp, permit, Some(ticket), limits.connections.write_timeout);
         let router = router.clone();
         let body_timeout = limits.body_read_timeout;
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
@@ -98,14 +182,13 @@ pub(crate) async fn serve_http(
             let body = Body::new(TimedBody::new(body, body_timeout));
             router.clone().oneshot(Request::from_parts(parts, body))
         });
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(tcp), service));
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
-            // Errors here are the client's doing (reset, header timeout, malformed request);
-            // hyper has answered what deserved an answer.
+            // Errors here are the client's doing (reset, header timeout, malformed request,
+            // unread response); hyper has answered what deserved an answer.
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, error = %e, "HTTP connection ended");
             }
-            drop(permit);
         });
     }
     drop(listener);
@@ -287,77 +370,159 @@ async fn woken_last<F: Future>(connection: F) -> F::Output {
 /// The bytes an HTTP/2 client sends first: the 24-byte preface and a SETTINGS frame header.
 const H2_OPENING: usize = 24 + 9;
 
-/// Limits the gRPC listener's `incoming` connections to `max_connections` at once (further
-/// ones wait in the accept queue) and closes a connection that has not sent its HTTP/2
-/// opening within `handshake_timeout`.
+/// Limits the gRPC listener's `incoming` connections to `limits` (further ones wait in the
+/// accept queue; one past its address's share is closed), and closes a connection that has not
+/// sent its HTTP/2 opening within `handshake_timeout` or sends nothing for `idle_timeout`.
 pub(crate) fn limit_grpc<S, T>(
     incoming: S,
-    max_connections: usize,
+    limits: ConnLimits,
     handshake_timeout: Duration,
-) -> impl Stream<Item = io::Result<Limited<T>>>
+    idle_timeout: Duration,
+    peer: impl Fn(&T) -> Option<IpAddr> + Copy,
+) -> impl Stream<Item = io::Result<Guarded<T>>>
 where
     S: Stream<Item = io::Result<T>> + Unpin,
 {
-    let permits = Arc::new(Semaphore::new(max_connections));
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let per_ip = PerIp::new(limits.max_per_ip);
     futures_util::stream::unfold(
-        (incoming, permits),
-        move |(mut incoming, permits)| async move {
-            let permit = permits.clone().acquire_owned().await.ok()?;
-            let next = incoming.next().await?;
-            let item = next.map(|io| Limited {
-                io,
-                _permit: permit,
-                opening: Some((0, Box::pin(tokio::time::sleep(handshake_timeout)))),
-            });
-            Some((item, (incoming, permits)))
+        (incoming, permits, per_ip),
+        move |(mut incoming, permits, per_ip)| async move {
+            loop {
+                let permit = permits.clone().acquire_owned().await.ok()?;
+                let io = match incoming.next().await? {
+                    Ok(io) => io,
+                    Err(e) => return Some((Err(e), (incoming, permits, per_ip))),
+                };
+                let ticket = match peer(&io) {
+                    Some(ip) => match per_ip.enter(ip) {
+                        Some(ticket) => Some(ticket),
+                        None => {
+                            tracing::debug!(%ip, "gRPC connection refused: its address holds server.max_connections_per_ip");
+                            continue;
+                        }
+                    },
+                    None => None,
+                };
+                let mut io = Guarded::new(io, permit, ticket, limits.write_timeout);
+                io.opening = Some((0, Box::pin(tokio::time::sleep(handshake_timeout))));
+                io.idle = Some((idle_timeout, Box::pin(tokio::time::sleep(idle_timeout))));
+                return Some((Ok(io), (incoming, permits, per_ip)));
+            }
         },
     )
 }
 
-/// A gRPC connection holding its share of the connection cap until it is dropped.
-pub(crate) struct Limited<T> {
+/// A connection holding its share of the connection caps until it is dropped, closed (with
+/// `TimedOut`) when its client stalls: no HTTP/2 opening in time, nothing sent for the idle
+/// timeout (where set), or a write that makes no progress for the write timeout.
+pub(crate) struct Guarded<T> {
     io: T,
     _permit: OwnedSemaphorePermit,
+    _ticket: Option<IpTicket>,
     /// Bytes read so far and the deadline, until the HTTP/2 opening has been read.
     opening: Option<(usize, Pin<Box<Sleep>>)>,
+    /// How long the client may send nothing, and when that ends now.
+    idle: Option<(Duration, Pin<Box<Sleep>>)>,
+    write_timeout: Duration,
+    /// Since a write first found the socket full: when the connection gives up.
+    stalled: Option<Pin<Box<Sleep>>>,
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Limited<T> {
+impl<T> Guarded<T> {
+    fn new(
+        io: T,
+        permit: OwnedSemaphorePermit,
+        ticket: Option<IpTicket>,
+        write_timeout: Duration,
+    ) -> Guarded<T> {
+        Guarded {
+            io,
+            _permit: permit,
+            _ticket: ticket,
+            opening: None,
+            idle: None,
+            write_timeout,
+            stalled: None,
+        }
+    }
+
+    /// A write's outcome, with the stall deadline kept: started when a write first waits,
+    /// cleared when one goes through, an error once it has passed.
+    fn written<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stalled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing for server.write_timeout",
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some((read, deadline)) = &mut this.opening {
-            // Checked before every read, so the deadline holds even while bytes keep coming.
+        // Checked before every read, so the deadlines hold even while bytes keep coming.
+        if let Some((_, deadline)) = &mut this.opening {
             if deadline.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "no HTTP/2 preface within server.header_read_timeout",
                 )));
             }
-            let before = buf.filled().len();
-            let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-            if let Poll::Ready(Ok(())) = polled {
-                *read += buf.filled().len() - before;
-                if *read >= H2_OPENING {
+        }
+        if let Some((_, deadline)) = &mut this.idle {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent nothing for server.idle_timeout",
+                )));
+            }
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if let (Poll::Ready(Ok(())), true) = (&polled, read > 0) {
+            if let Some((bytes, _)) = &mut this.opening {
+                *bytes += read;
+                if *bytes >= H2_OPENING {
                     this.opening = None;
                 }
             }
-            return polled;
+            if let Some((timeout, deadline)) = &mut this.idle {
+                deadline.as_mut().reset(Instant::now() + *timeout);
+            }
         }
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        polled
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Limited<T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.written(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -365,7 +530,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Limited<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.written(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -373,7 +540,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Limited<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        this.written(cx, polled)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -381,7 +550,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Limited<T> {
     }
 }
 
-impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Limited<T> {
+impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Guarded<T> {
     type ConnectInfo = T::ConnectInfo;
 
     fn connect_info(&self) -> T::ConnectInfo {

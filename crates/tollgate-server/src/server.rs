@@ -168,6 +168,11 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     ));
 
     let limits = app.config().server.clone();
+    let connections = listen::ConnLimits {
+        max_connections: limits.max_connections,
+        max_per_ip: limits.max_connections_per_ip,
+        write_timeout: limits.write_timeout,
+    };
     let router = trace::http(http::router(app.clone()));
     let http = listen::serve_http(
         http_listener,
@@ -175,14 +180,16 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         listen::HttpLimits {
             header_read_timeout: limits.header_read_timeout,
             body_read_timeout: limits.body_read_timeout,
-            max_connections: limits.max_connections,
+            connections,
         },
         stopped(stop_rx.clone()),
     );
     let grpc_incoming = listen::limit_grpc(
         tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-        limits.max_connections,
+        connections,
         limits.header_read_timeout,
+        limits.idle_timeout,
+        |tcp: &tokio::net::TcpStream| tcp.peer_addr().ok().map(|a| a.ip()),
     );
     let health = health::service(app.clone(), stop_rx.clone()).await;
     // The Envoy service and the health service, picked by path, with request spans when asked
@@ -192,6 +199,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             .max_decoding_message_size(limits.grpc_max_message_bytes)
             .max_encoding_message_size(limits.grpc_max_message_bytes),
         health,
+        limits.max_health_watches,
     );
     let grpc = listen::serve_grpc(
         grpc_incoming,

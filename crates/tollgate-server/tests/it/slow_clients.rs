@@ -74,7 +74,10 @@ fn parse_response(raw: &[u8]) -> (u16, Value) {
 async fn slowloris_connections_are_closed_and_checks_still_answer() {
     const TRICKLERS: usize = 300;
     const HEADER_TIMEOUT: Duration = Duration::from_millis(300);
-    let server = Server::start(&config("header_read_timeout = \"300ms\""));
+    // All from one address: its share of connections is raised to hold them all.
+    let server = Server::start(&config(
+        "header_read_timeout = \"300ms\"\nmax_connections_per_ip = 1000",
+    ));
     let target = addr(&server.http).to_owned();
 
     let attacking = Arc::new(AtomicBool::new(true));
@@ -355,4 +358,171 @@ async fn oversized_grpc_requests_are_refused_with_a_status() {
     )
     .await;
     assert_eq!(response.overall_code, 1, "{response:?}");
+}
+
+/// One address holds at most `max_connections_per_ip` connections on each port: one more is
+/// closed at once, unanswered, and a freed share is taken again.
+#[tokio::test]
+async fn one_address_holds_its_share_of_connections() {
+    let server = Server::start(&config(
+        "max_connections_per_ip = 2\nheader_read_timeout = \"30s\"",
+    ));
+    let request = b"GET /healthz HTTP/1.1\r\nHost: tollgate\r\n\r\n";
+    let served = |mut stream: TcpStream| async move {
+        stream.write_all(request).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(HANG, stream.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        (
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+            stream,
+        )
+    };
+    let (ok, first) = served(TcpStream::connect(addr(&server.http)).await.unwrap()).await;
+    assert!(ok);
+    let (ok, _second) = served(TcpStream::connect(addr(&server.http)).await.unwrap()).await;
+    assert!(ok);
+    let mut third = TcpStream::connect(addr(&server.http)).await.unwrap();
+    let _ = third.write_all(request).await;
+    assert!(
+        read_to_close(&mut third).await.is_empty(),
+        "the third was answered"
+    );
+    drop(first);
+    // The first's share comes back once the server has seen it close.
+    let deadline = Instant::now() + HANG;
+    loop {
+        let (ok, _) = served(TcpStream::connect(addr(&server.http)).await.unwrap()).await;
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed share never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The gRPC port counts its own.
+    let opening = |mut stream: TcpStream| async move {
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        stream.write_all(&bytes).await.unwrap();
+        stream
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = opening(TcpStream::connect(addr(&server.grpc)).await.unwrap()).await;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(HANG, stream.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the server's SETTINGS");
+        held.push(stream);
+    }
+    let mut third = opening(TcpStream::connect(addr(&server.grpc)).await.unwrap()).await;
+    assert!(
+        read_to_close(&mut third).await.is_empty(),
+        "the third was served"
+    );
+}
+
+/// A gRPC connection that sends nothing after its opening is closed after `idle_timeout`.
+#[tokio::test]
+async fn idle_grpc_connections_are_closed() {
+    let server = Server::start(&config("idle_timeout = \"500ms\""));
+    let mut stream = TcpStream::connect(addr(&server.grpc)).await.unwrap();
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    stream.write_all(&bytes).await.unwrap();
+    let opened = Instant::now();
+    read_to_close(&mut stream).await;
+    assert!(
+        opened.elapsed() >= Duration::from_millis(450),
+        "{:?}",
+        opened.elapsed()
+    );
+    // A client that calls is served as always.
+    let mut client = server.grpc_client().await;
+    let response = crate::support::should_rate_limit(
+        &mut client,
+        "edge",
+        vec![descriptor(&[("remote_address", "192.0.2.1")])],
+        1,
+    )
+    .await;
+    assert_eq!(response.overall_code, 1, "{response:?}");
+}
+
+/// A client that sends requests but never reads the answers is closed once the server's
+/// writes have made no progress for `write_timeout`.
+#[tokio::test]
+async fn clients_that_do_not_read_are_closed() {
+    let server = Server::start(&config("write_timeout = \"300ms\""));
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket
+        .connect(addr(&server.http).parse().unwrap())
+        .await
+        .unwrap();
+    let (_reader, mut writer) = stream.into_split();
+    let request = b"GET /metrics HTTP/1.1\r\nHost: tollgate\r\n\r\n".repeat(64);
+    let closed = tokio::time::timeout(HANG, async {
+        loop {
+            if writer.write_all(&request).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "a client that never reads kept its connection"
+    );
+    assert_eq!(server.get("/healthz").await.0, 200);
+}
+
+/// At most `max_health_watches` Watch streams are open at once; Check always answers.
+#[tokio::test]
+async fn health_watch_streams_are_bounded() {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let server = Server::start(&config("max_health_watches = 2"));
+    let mut health = HealthClient::new(
+        tonic::transport::Endpoint::from_shared(server.grpc.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let watch = || HealthCheckRequest {
+        service: String::new(),
+    };
+    let mut first = health.watch(watch()).await.unwrap().into_inner();
+    first.message().await.unwrap().expect("a status");
+    let mut second = health.watch(watch()).await.unwrap().into_inner();
+    second.message().await.unwrap().expect("a status");
+    let refused = match health.watch(watch()).await {
+        Ok(response) => response.into_inner().message().await.unwrap_err(),
+        Err(status) => status,
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(health.check(watch()).await.is_ok());
+    drop(first);
+    let deadline = Instant::now() + HANG;
+    loop {
+        if let Ok(response) = health.watch(watch()).await {
+            if response.into_inner().message().await.is_ok() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a closed Watch never gave its place back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
