@@ -100,6 +100,8 @@ pub(crate) struct ServerSettings {
     pub(crate) write_timeout: Duration,
     /// The most `grpc.health.v1` Watch streams open at once.
     pub(crate) max_health_watches: usize,
+    /// `server.allowed_hosts` as written: `None` when unset (see [`Self::allowed_hosts`]).
+    allowed_hosts: Option<Vec<String>>,
     /// The largest gRPC message decoded or encoded, in bytes.
     pub(crate) grpc_max_message_bytes: usize,
     /// The most gRPC calls in flight on one HTTP/2 connection.
@@ -125,6 +127,20 @@ pub(crate) struct ServerSettings {
 }
 
 impl ServerSettings {
+    /// The `Host` names the HTTP port answers: `server.allowed_hosts` (`["*"]`: any); unset,
+    /// the loopback names when the port is on a loopback address (a page elsewhere that
+    /// rebinds its name to 127.0.0.1 is refused), else any.
+    pub(crate) fn allowed_hosts(&self) -> crate::listen::AllowedHosts {
+        match &self.allowed_hosts {
+            Some(hosts) if hosts.iter().any(|h| h == "*") => None,
+            Some(hosts) => Some(hosts.clone().into()),
+            None if self.http.ip().is_loopback() => {
+                Some(["localhost", "127.0.0.1", "::1"].map(String::from).into())
+            }
+            None => None,
+        }
+    }
+
     /// The dashboard (`/`, `/v1/stats`) is served.
     pub(crate) fn dashboard_enabled(&self) -> bool {
         self.dashboard.unwrap_or(self.http.ip().is_loopback())
@@ -606,6 +622,7 @@ struct RawServer {
     idle_timeout: Option<Spanned<DurationText>>,
     write_timeout: Option<Spanned<DurationText>>,
     max_health_watches: Option<Spanned<u32>>,
+    allowed_hosts: Option<Vec<String>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
     max_batch: Option<Spanned<u32>>,
@@ -1034,6 +1051,7 @@ impl RawServer {
             idle_timeout,
             write_timeout,
             max_health_watches,
+            allowed_hosts: self.allowed_hosts,
             grpc_max_message_bytes,
             grpc_max_concurrent_streams,
             admin_failure_limit,

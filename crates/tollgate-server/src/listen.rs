@@ -7,7 +7,8 @@
 //!   read) closes its connection.
 //! - HTTP: a connection has `header_read_timeout` to send a request head (and, kept alive, to
 //!   start its next request), and each request `body_read_timeout` from the end of its head to
-//!   deliver its body (else 408).
+//!   deliver its body (else 408). A request naming a `Host` outside `allowed_hosts` is refused
+//!   with 421 (a web page that rebinds its DNS name to this address cannot reach the API).
 //! - gRPC: a connection that has not sent the HTTP/2 preface within `header_read_timeout`, or
 //!   that sends nothing for `idle_timeout`, is closed. `serve_grpc` serves the gRPC service on
 //!   hyper's HTTP/2 server directly.
@@ -52,6 +53,27 @@ pub(crate) struct HttpLimits {
     pub(crate) header_read_timeout: Duration,
     pub(crate) body_read_timeout: Duration,
     pub(crate) connections: ConnLimits,
+}
+
+/// The host names an HTTP request may name (`server.allowed_hosts`, compared without the port
+/// and case); `None` allows any.
+pub(crate) type AllowedHosts = Option<Arc<[String]>>;
+
+/// Whether the request's `Host` is allowed: one of `allowed` (without its port), or none sent
+/// (a browser always sends one).
+fn host_allowed(allowed: &[String], headers: &axum::http::HeaderMap) -> bool {
+    let Some(host) = headers.get(axum::http::header::HOST) else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    // `[::1]:8080`, `localhost:8080`, `example.com`: the name without the port.
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or(rest, |(name, _)| name),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// What any one listener allows its connections (from `[server]`).
@@ -136,6 +158,7 @@ pub(crate) async fn serve_http(
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
+    hosts: AllowedHosts,
     stop: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.connections.max_connections));
@@ -176,11 +199,21 @@ pub(crate) async fn serve_http(
         let io = Guarded::new(tcp, permit, Some(ticket), limits.connections.write_timeout);
         let router = router.clone();
         let body_timeout = limits.body_read_timeout;
+        let hosts = hosts.clone();
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
             let (mut parts, body) = request.into_parts();
+            let refused = hosts
+                .as_deref()
+                .is_some_and(|allowed| !host_allowed(allowed, &parts.headers));
             parts.extensions.insert(ConnectInfo(peer));
             let body = Body::new(TimedBody::new(body, body_timeout));
-            router.clone().oneshot(Request::from_parts(parts, body))
+            let answer = router.clone().oneshot(Request::from_parts(parts, body));
+            async move {
+                if refused {
+                    return Ok(misdirected());
+                }
+                answer.await
+            }
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
@@ -193,6 +226,18 @@ pub(crate) async fn serve_http(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// The answer to a request for a host this server does not serve.
+#[cold]
+fn misdirected() -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    crate::http::ApiError::new(
+        axum::http::StatusCode::MISDIRECTED_REQUEST,
+        "this server does not serve that Host (server.allowed_hosts)",
+    )
+    .with_code("host_not_allowed")
+    .into_response()
 }
 
 /// Accept errors that concern one connection are ignored; others (out of file descriptors)
@@ -563,4 +608,40 @@ pub(crate) fn peer(extensions: &axum::http::Extensions) -> Option<SocketAddr> {
     extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(addr)| *addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_compared_without_their_port() {
+        let allowed: Vec<String> = ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+        let with = |host: &str| {
+            let mut headers = axum::http::HeaderMap::new();
+            headers.insert(axum::http::header::HOST, host.parse().unwrap());
+            host_allowed(&allowed, &headers)
+        };
+        for ok in [
+            "localhost",
+            "LOCALHOST:8080",
+            "127.0.0.1:8080",
+            "[::1]:8080",
+            "[::1]",
+        ] {
+            assert!(with(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "[::2]",
+        ] {
+            assert!(!with(refused), "{refused}");
+        }
+        assert!(
+            host_allowed(&allowed, &axum::http::HeaderMap::new()),
+            "no Host"
+        );
+    }
 }

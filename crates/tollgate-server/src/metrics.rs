@@ -64,6 +64,39 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone)]
 pub(crate) struct Metrics(Arc<Inner>);
 
+/// A log line that is written once a second at most.
+#[derive(Default)]
+struct OncePerSecond {
+    /// The second of the last line written.
+    logged: AtomicU64,
+    /// Lines not written since.
+    unlogged: AtomicU64,
+}
+
+impl OncePerSecond {
+    /// `Some(lines skipped since the last)` when a line is due now; else counts one skipped.
+    fn due(&self) -> Option<u64> {
+        let second = epoch().as_secs();
+        let last = self.logged.load(Ordering::Relaxed);
+        if last < second
+            && self
+                .logged
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.unlogged.swap(0, Ordering::Relaxed));
+        }
+        self.unlogged.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+fn epoch() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 struct Inner {
     registry: Registry,
     /// The latency series of checks and peeks, resolved once: the hot path skips the label
@@ -73,9 +106,13 @@ struct Inner {
     check_errors: Counter,
     decisions: Family<DecisionLabels, Counter>,
     shadow_denials: Family<ShadowLabels, Counter>,
-    /// The second of the last would-be denial logged, and how many went unlogged since.
-    shadow_logged: AtomicU64,
-    shadow_unlogged: AtomicU64,
+    /// Would-be denials of shadow limiters, logged once a second at most.
+    shadow_log: OncePerSecond,
+    /// Decisions the store could not make (`store_unavailable`), logged once a second at most.
+    unavailable_log: OncePerSecond,
+    unavailable: AtomicU64,
+    /// When the last of them was made (ms since the epoch; 0: never).
+    unavailable_at_ms: AtomicU64,
     store_latency: Family<OpLabels, Histogram, fn() -> Histogram>,
     store_errors: Family<OpLabels, Counter>,
     blocklist_size: Gauge,
@@ -170,8 +207,10 @@ impl Metrics {
             evictions,
             memory: OnceLock::new(),
             shadow_denials,
-            shadow_logged: AtomicU64::new(0),
-            shadow_unlogged: AtomicU64::new(0),
+            shadow_log: OncePerSecond::default(),
+            unavailable_log: OncePerSecond::default(),
+            unavailable: AtomicU64::new(0),
+            unavailable_at_ms: AtomicU64::new(0),
         }))
     }
 
@@ -190,6 +229,45 @@ impl Metrics {
                 .inc(),
             None => self.decision_counter(policy, reason, allowed).inc(),
         };
+        if reason == tollgate::Reason::StoreUnavailable {
+            self.store_unavailable(policy, allowed);
+        }
+    }
+
+    /// A decision the store could not make: counted, and logged once a second at most (failing
+    /// open is never silent).
+    #[cold]
+    fn store_unavailable(&self, policy: &str, allowed: bool) {
+        let now_ms = epoch().as_millis();
+        self.0.unavailable.fetch_add(1, Ordering::Relaxed);
+        self.0
+            .unavailable_at_ms
+            .store(u64::try_from(now_ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+        if let Some(unlogged) = self.0.unavailable_log.due() {
+            let answer = if allowed {
+                "admitted (failed open)"
+            } else {
+                "denied (failed closed)"
+            };
+            tracing::warn!(
+                policy,
+                unlogged,
+                "the store could not decide; on_error {answer}; `unlogged`: others since the last such line"
+            );
+        }
+    }
+
+    /// How many decisions the store could not make since start, and how long ago the last was.
+    pub(crate) fn unavailable(&self) -> (u64, Option<Duration>) {
+        let at = self.0.unavailable_at_ms.load(Ordering::Relaxed);
+        let ago = (at > 0).then(|| {
+            Duration::from_millis(
+                u64::try_from(epoch().as_millis())
+                    .unwrap_or(u64::MAX)
+                    .saturating_sub(at),
+            )
+        });
+        (self.0.unavailable.load(Ordering::Relaxed), ago)
     }
 
     fn decision_counter(&self, policy: &str, reason: tollgate::Reason, allowed: bool) -> Counter {
@@ -213,26 +291,13 @@ impl Metrics {
                 limiter: limiter.to_owned(),
             })
             .inc();
-        let second = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let last = self.0.shadow_logged.load(Ordering::Relaxed);
-        if last < second
-            && self
-                .0
-                .shadow_logged
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let unlogged = self.0.shadow_unlogged.swap(0, Ordering::Relaxed);
+        if let Some(unlogged) = self.0.shadow_log.due() {
             tracing::info!(
                 policy,
                 limiter,
                 unlogged,
                 "shadow limit would have denied a request (admitted); `unlogged`: others since the last such line"
             );
-        } else {
-            self.0.shadow_unlogged.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -182,6 +182,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             body_read_timeout: limits.body_read_timeout,
             connections,
         },
+        limits.allowed_hosts(),
         stopped(stop_rx.clone()),
     );
     let grpc_incoming = listen::limit_grpc(

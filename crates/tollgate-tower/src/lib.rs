@@ -97,7 +97,9 @@ pub use context::{Context, ContextFuture, ContextLayer, ContextService};
 pub use duplicate::{DuplicateFuture, DuplicateLayer, DuplicateService};
 pub use headers::{HeaderStyle, insert_rate_limit_headers};
 pub use identity::{AuthUser, ForwardedHeader, IdentityResolver, PeerAddr};
-pub use rate_limit::{Count, FailureWhen, RateLimitFuture, RateLimitLayer, RateLimitService};
+pub use rate_limit::{
+    Count, FailedOpen, FailureWhen, RateLimitFuture, RateLimitLayer, RateLimitService,
+};
 pub use rejection::{QUOTA_EXCEEDED, Rejection};
 
 #[cfg(feature = "macros")]

@@ -356,3 +356,31 @@ fn a_short_token_is_refused_at_start() {
     assert!(stderr.contains("at least 16"), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
 }
+
+/// On loopback the HTTP port answers loopback names only: a page whose name was rebound to
+/// 127.0.0.1 cannot reach the API from a browser.
+#[tokio::test]
+async fn a_rebound_host_name_is_refused() {
+    let server = Server::start(CONFIG);
+    let with_host = |host: &str| {
+        server.send(
+            server
+                .request(reqwest::Method::GET, "/v1/stats")
+                .header("host", host),
+        )
+    };
+    let (status, body) = with_host("rebound.example:8080").await;
+    let detail = error_message(status, &body, 421);
+    assert!(detail.contains("server.allowed_hosts"), "{detail}");
+    assert_eq!(with_host("localhost:8080").await.0, 200);
+    assert_eq!(with_host("[::1]:8080").await.0, 200);
+
+    let open = Server::start(&format!("[server]\nallowed_hosts = [\"*\"]\n{CONFIG}"));
+    let (status, _) = open
+        .send(
+            open.request(reqwest::Method::GET, "/healthz")
+                .header("host", "rebound.example"),
+        )
+        .await;
+    assert_eq!(status, 200);
+}

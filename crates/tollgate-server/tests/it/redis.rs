@@ -24,8 +24,10 @@ limiters = [{{ by = "ip", rules = ["2/1h"] }}]
 "#,
         redis.url()
     );
-    let server = Server::start(&config);
-    assert_eq!(server.get("/readyz").await.0, 200);
+    let mut server = Server::start(&config);
+    let (status, ready) = server.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["store_unavailable"]["decisions"], 0, "{ready}");
     let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;
     assert_eq!(remaining(&d, "ip", "2/1h"), 1);
 
@@ -41,7 +43,22 @@ limiters = [{{ by = "ip", rules = ["2/1h"] }}]
     assert_eq!(d["reason"], "store_unavailable");
     let (status, body) = server.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body["detail"].as_str().unwrap().contains("store"), "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("store"), "{body}");
+    // The store's address stays in the log, away from callers.
+    let port = redis
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    assert!(
+        !detail.contains(&port) && !detail.contains("127.0.0.1"),
+        "{body}"
+    );
+    // Deciding without the store is logged, never silent.
+    server.wait_for_line("the store could not decide", 1);
     let (_, metrics) = server.get_text("/metrics").await;
     assert!(
         metrics.contains(r#"tollgate_store_errors_total{op="check"} 1"#),
@@ -113,7 +130,9 @@ limiters = [{{ by = "ip", rules = ["1/1h"] }}]
         certs.path("client.key")
     );
     let server = Server::start(&config);
-    assert_eq!(server.get("/readyz").await.0, 200);
+    let (status, ready) = server.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["store_unavailable"]["decisions"], 0, "{ready}");
     let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;
     assert_eq!(d["allowed"], true, "{d}");
     let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;

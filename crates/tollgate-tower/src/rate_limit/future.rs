@@ -7,11 +7,11 @@ use std::{
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tollgate::{CheckError, Decision, Identity};
+use tollgate::{CheckError, Decision, Identity, Reason};
 use tower_service::Service;
 
 use super::{
-    Count,
+    Count, FailedOpen,
     count::{Charge, Slot},
     layer::Config,
 };
@@ -50,6 +50,7 @@ pin_project! {
             decision: Option<Decision>,
             charge: Option<Charge>,
             slot: Option<Slot>,
+            failed_open: bool,
         },
         Refunding {
             refund: BoxFuture<'static, ()>,
@@ -106,9 +107,13 @@ where
                         let rejection = Rejection::denied(decision);
                         return Poll::Ready(Ok(reject(this.config, rejection, *this.grpc)));
                     }
-                    let Some((mut inner, request)) = call.take() else {
+                    let Some((mut inner, mut request)) = call.take() else {
                         unreachable!("the inner call is taken once");
                     };
+                    let failed_open = decision.reason() == Reason::StoreUnavailable;
+                    if failed_open {
+                        request.extensions_mut().insert(FailedOpen);
+                    }
                     let future = inner.call(request);
                     let slot = match (this.config.concurrent, decision.receipt(), &*identity) {
                         (true, Some(receipt), Some(identity)) => Some(Slot::new(
@@ -130,6 +135,7 @@ where
                         decision,
                         charge,
                         slot,
+                        failed_open,
                     });
                 }
                 StateProj::Calling {
@@ -137,9 +143,13 @@ where
                     decision,
                     charge,
                     slot,
+                    failed_open,
                 } => {
                     let output = ready!(future.poll(cx)).map(|response| {
                         let mut response = response.map(GateBody::new);
+                        if *failed_open {
+                            response.extensions_mut().insert(FailedOpen);
+                        }
                         if let Some(decision) = decision.take() {
                             let headers = response.headers_mut();
                             this.config

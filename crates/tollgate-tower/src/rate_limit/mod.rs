@@ -39,6 +39,27 @@ mod future;
 mod layer;
 mod service;
 
+/// Marks a request the store could not decide, admitted by the policy's `on_error = allow` (or
+/// `local`): found in the request's extensions (for the handler) and in the response's (for
+/// the layers outside), so that failing open is never silent. Count it, log it, or alert on
+/// it; the decision's reason is [`Reason::StoreUnavailable`](tollgate::Reason::StoreUnavailable).
+///
+/// ```
+/// use axum::{Extension, Router, routing::get};
+/// use tollgate_tower::FailedOpen;
+///
+/// async fn handler(failed_open: Option<Extension<FailedOpen>>) -> &'static str {
+///     if failed_open.is_some() {
+///         // The rate limit could not be checked: e.g. skip the expensive part.
+///     }
+///     "ok"
+/// }
+/// let app: Router = Router::new().route("/", get(handler));
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailedOpen;
+
 pub use count::{Count, FailureWhen};
 pub use future::RateLimitFuture;
 pub use layer::RateLimitLayer;

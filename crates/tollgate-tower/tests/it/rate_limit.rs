@@ -12,7 +12,9 @@ use tollgate::{
     BanRule, Bypass, CheckRequest, Dimension, Limiter, OnError, Policy, Store, StoreError,
     StoreErrorKind, Tollgate, Verdict,
 };
-use tollgate_tower::{Count, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer};
+use tollgate_tower::{
+    Count, FailedOpen, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer,
+};
 
 use crate::support::{Server, client, gate, header, problem};
 
@@ -667,7 +669,29 @@ async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
         "/closed",
         RateLimitLayer::new(gate.clone(), policy(OnError::Deny)),
     );
-    let (open, _) = counted_at("/open", RateLimitLayer::new(gate, policy(OnError::Allow)));
+    // Failing open is never silent: the handler and the layers outside see `FailedOpen`.
+    let open = Router::new()
+        .route(
+            "/open",
+            get(|failed: Option<axum::Extension<FailedOpen>>| async move {
+                if failed.is_some() {
+                    "failed open"
+                } else {
+                    "checked"
+                }
+            })
+            .layer(RateLimitLayer::new(gate, policy(OnError::Allow))),
+        )
+        .layer(axum::middleware::map_response(
+            |mut response: axum::response::Response| async move {
+                if response.extensions().get::<FailedOpen>().is_some() {
+                    response
+                        .headers_mut()
+                        .insert("x-failed-open", "1".parse().unwrap());
+                }
+                response
+            },
+        ));
     let app = closed.merge(open);
     let server = Server::start(app).await;
     let http = client();
@@ -680,6 +704,8 @@ async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
     for _ in 0..3 {
         let admitted = http.get(server.at("/open")).send().await.unwrap();
         assert_eq!(admitted.status(), 200);
+        assert_eq!(header(&admitted, "x-failed-open"), Some("1".to_owned()));
+        assert_eq!(admitted.text().await.unwrap(), "failed open");
     }
 }
 
