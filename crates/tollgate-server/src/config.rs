@@ -965,6 +965,10 @@ impl RawServer {
             )),
             other => Ok(other.map(Spanned::into_inner)),
         };
+        // A count of at least one, or its default.
+        let count = |raw: Option<Spanned<u32>>, field: &str, what: &str, default: usize| {
+            at_least_one(raw, field, what).map(|n| n.map_or(default, |n| n as usize))
+        };
         let header_read_timeout = timeout(
             self.header_read_timeout,
             "header_read_timeout",
@@ -975,58 +979,62 @@ impl RawServer {
             "body_read_timeout",
             DEFAULT_BODY_READ_TIMEOUT,
         )?;
-        let max_connections = at_least_one(
+        let max_connections = count(
             self.max_connections,
             "max_connections",
             "the connection limit",
-        )?
-        .map_or(DEFAULT_MAX_CONNECTIONS, |n| n as usize);
-        let max_connections_per_ip = at_least_one(
+            DEFAULT_MAX_CONNECTIONS,
+        )?;
+        let max_connections_per_ip = count(
             self.max_connections_per_ip,
             "max_connections_per_ip",
             "the per-address connection limit",
-        )?
-        .map_or(DEFAULT_MAX_CONNECTIONS_PER_IP, |n| n as usize);
+            DEFAULT_MAX_CONNECTIONS_PER_IP,
+        )?;
         let idle_timeout = timeout(self.idle_timeout, "idle_timeout", DEFAULT_IDLE_TIMEOUT)?;
         let write_timeout = timeout(self.write_timeout, "write_timeout", DEFAULT_WRITE_TIMEOUT)?;
-        let max_health_watches = at_least_one(
+        let max_health_watches = count(
             self.max_health_watches,
             "max_health_watches",
             "the health Watch limit",
-        )?
-        .map_or(DEFAULT_MAX_HEALTH_WATCHES, |n| n as usize);
-        let grpc_max_message_bytes = at_least_one(
+            DEFAULT_MAX_HEALTH_WATCHES,
+        )?;
+        let grpc_max_message_bytes = count(
             self.grpc_max_message_bytes,
             "grpc_max_message_bytes",
             "the message size limit",
-        )?
-        .map_or(DEFAULT_GRPC_MAX_MESSAGE_BYTES, |n| n as usize);
+            DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+        )?;
         let grpc_max_concurrent_streams = at_least_one(
             self.grpc_max_concurrent_streams,
             "grpc_max_concurrent_streams",
             "the stream limit",
         )?
         .unwrap_or(DEFAULT_GRPC_MAX_CONCURRENT_STREAMS);
-        let max_batch = at_least_one(self.max_batch, "max_batch", "the batch size limit")?
-            .map_or(DEFAULT_MAX_BATCH, |n| n as usize);
+        let max_batch = count(
+            self.max_batch,
+            "max_batch",
+            "the batch size limit",
+            DEFAULT_MAX_BATCH,
+        )?;
         let max_batch_cost = at_least_one(
             self.max_batch_cost,
             "max_batch_cost",
             "the batch cost limit",
         )?
         .map_or(DEFAULT_MAX_BATCH_COST, u64::from);
-        let max_descriptors = at_least_one(
+        let max_descriptors = count(
             self.max_descriptors,
             "max_descriptors",
             "the descriptor limit",
-        )?
-        .map_or(DEFAULT_MAX_DESCRIPTORS, |n| n as usize);
-        let max_descriptor_entries = at_least_one(
+            DEFAULT_MAX_DESCRIPTORS,
+        )?;
+        let max_descriptor_entries = count(
             self.max_descriptor_entries,
             "max_descriptor_entries",
             "the entry limit",
-        )?
-        .map_or(DEFAULT_MAX_DESCRIPTOR_ENTRIES, |n| n as usize);
+            DEFAULT_MAX_DESCRIPTOR_ENTRIES,
+        )?;
         let max_keep_for = timeout(self.max_keep_for, "max_keep_for", DEFAULT_MAX_KEEP_FOR)?;
         let max_stored_response = self
             .max_stored_response

@@ -25,7 +25,10 @@ duplicate = { by = "args", ttl = "1h" }
 
 [[envoy.domains]]
 name = "edge"
-descriptors = [{ key = "remote_address", rules = ["1/1m"] }]
+descriptors = [
+  { key = "remote_address", rules = ["1/1m"] },
+  { key = "tenant", rules = ["1000000/1h"], algorithm = "sliding_log" },
+]
 "#;
 
 fn ip(i: usize) -> Value {
@@ -147,6 +150,19 @@ async fn a_costly_batch_is_refused_whole() {
     assert_eq!(decision["rules"][0]["remaining"], 999, "{decision}");
 }
 
+/// A request of `descriptors` to the `edge` domain.
+fn edge(
+    descriptors: Vec<
+        envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
+    >,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "edge".into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
 /// An Envoy request of many descriptors, or of long ones, is refused before any work.
 #[tokio::test]
 async fn envoy_requests_are_bounded() {
@@ -155,11 +171,7 @@ async fn envoy_requests_are_bounded() {
     let many: Vec<_> = (0..16_000)
         .map(|i| descriptor(&[("remote_address", &format!("192.0.2.{}", i % 250))]))
         .collect();
-    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: many,
-        hits_addend: 0,
-    };
+    let request = edge(many);
     let status = rls.should_rate_limit(request).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
@@ -169,11 +181,7 @@ async fn envoy_requests_are_bounded() {
 
     let long: Vec<(String, String)> = (0..17).map(|i| (format!("k{i}"), "v".into())).collect();
     let long: Vec<(&str, &str)> = long.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![descriptor(&long)],
-        hits_addend: 0,
-    };
+    let request = edge(vec![descriptor(&long)]);
     let status = rls.should_rate_limit(request).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(
@@ -181,15 +189,29 @@ async fn envoy_requests_are_bounded() {
         "{status:?}"
     );
 
+    // A sliding log takes at most MAX_LOG_COST units a request, whatever its limit: a larger
+    // `hits_addend` is over the limit and writes nothing.
+    let mut costly = edge(vec![descriptor(&[("tenant", "t1")])]);
+    costly.hits_addend = 100_000;
+    let response = rls
+        .should_rate_limit(costly.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.overall_code, Rls::OverLimit as i32, "{response:?}");
+    costly.hits_addend = 1;
+    let response = rls.should_rate_limit(costly).await.unwrap().into_inner();
+    assert_eq!(response.overall_code, Rls::Ok as i32, "{response:?}");
+    assert_eq!(
+        response.statuses[0].limit_remaining, 999_999,
+        "{response:?}"
+    );
+
     // 64 descriptors, most of them the same counter: answered, the second time over the limit.
     let over: Vec<_> = (0..64)
         .map(|i| descriptor(&[("remote_address", &format!("198.51.100.{}", i % 4))]))
         .collect();
-    let request = envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: over,
-        hits_addend: 0,
-    };
+    let request = edge(over);
     let first = rls
         .should_rate_limit(request.clone())
         .await

@@ -452,7 +452,13 @@ async fn metrics_and_health() {
     );
     assert_eq!(
         server.get("/readyz").await,
-        (200, json!({ "status": "ready" }))
+        (
+            200,
+            json!({
+                "status": "ready",
+                "store_unavailable": { "decisions": 0, "last_ms_ago": null },
+            })
+        )
     );
 }
 

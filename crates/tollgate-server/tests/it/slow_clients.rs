@@ -52,6 +52,19 @@ async fn read_to_close(stream: &mut TcpStream) -> Vec<u8> {
     }
 }
 
+/// A well-behaved gRPC client is answered.
+async fn envoy_answers(server: &Server) {
+    let mut client = server.grpc_client().await;
+    let response = crate::support::should_rate_limit(
+        &mut client,
+        "edge",
+        vec![descriptor(&[("remote_address", "192.0.2.1")])],
+        1,
+    )
+    .await;
+    assert_eq!(response.overall_code, 1, "{response:?}");
+}
+
 /// Splits a raw HTTP/1.1 response into its status and JSON body.
 fn parse_response(raw: &[u8]) -> (u16, Value) {
     let text = String::from_utf8_lossy(raw);
@@ -94,7 +107,7 @@ async fn slowloris_connections_are_closed_and_checks_still_answer() {
                 // started earlier.
                 let opened = Instant::now();
                 let mut stream = TcpStream::connect(&target).await.unwrap();
-                let head = format!("POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nX-Slow-{i}: ");
+                let head = format!("POST /v1/check HTTP/1.1\r\nHost: localhost\r\nX-Slow-{i}: ");
                 let mut pending = head.as_bytes().iter().copied().cycle();
                 let mut buf = [0u8; 1024];
                 let mut answered = Vec::new();
@@ -220,22 +233,14 @@ async fn silent_connections_are_closed() {
     assert!(sent < opening.len(), "closed only after the whole opening");
     // Well-behaved clients are served on both.
     assert_eq!(server.get("/healthz").await.0, 200);
-    let mut client = server.grpc_client().await;
-    let response = crate::support::should_rate_limit(
-        &mut client,
-        "edge",
-        vec![descriptor(&[("remote_address", "192.0.2.1")])],
-        1,
-    )
-    .await;
-    assert_eq!(response.overall_code, 1, "{response:?}");
+    envoy_answers(&server).await;
 }
 
 /// A body that does not arrive in time, or trickles in, gets 408 with the usual JSON error.
 #[tokio::test]
 async fn late_bodies_get_408_with_a_json_error() {
     let server = Server::start(&config("body_read_timeout = \"300ms\""));
-    let head = "POST /v1/check HTTP/1.1\r\nHost: tollgate\r\nContent-Type: application/json\r\n\
+    let head = "POST /v1/check HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
                 Content-Length: 100\r\n\r\n";
 
     // Part of the body, then nothing.
@@ -287,7 +292,7 @@ async fn connections_over_the_cap_wait_for_a_free_slot() {
     let server = Server::start(&config(
         "max_connections = 1\nheader_read_timeout = \"30s\"",
     ));
-    let request = b"GET /healthz HTTP/1.1\r\nHost: tollgate\r\n\r\n";
+    let request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
     // The first connection is served and stays open (keep-alive), holding the only slot.
     let mut first = TcpStream::connect(addr(&server.http)).await.unwrap();
@@ -367,7 +372,7 @@ async fn one_address_holds_its_share_of_connections() {
     let server = Server::start(&config(
         "max_connections_per_ip = 2\nheader_read_timeout = \"30s\"",
     ));
-    let request = b"GET /healthz HTTP/1.1\r\nHost: tollgate\r\n\r\n";
+    let request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
     let served = |mut stream: TcpStream| async move {
         stream.write_all(request).await.unwrap();
         let mut buf = vec![0u8; 4096];
@@ -443,15 +448,7 @@ async fn idle_grpc_connections_are_closed() {
         opened.elapsed()
     );
     // A client that calls is served as always.
-    let mut client = server.grpc_client().await;
-    let response = crate::support::should_rate_limit(
-        &mut client,
-        "edge",
-        vec![descriptor(&[("remote_address", "192.0.2.1")])],
-        1,
-    )
-    .await;
-    assert_eq!(response.overall_code, 1, "{response:?}");
+    envoy_answers(&server).await;
 }
 
 /// A client that sends requests but never reads the answers is closed once the server's
@@ -466,7 +463,7 @@ async fn clients_that_do_not_read_are_closed() {
         .await
         .unwrap();
     let (_reader, mut writer) = stream.into_split();
-    let request = b"GET /metrics HTTP/1.1\r\nHost: tollgate\r\n\r\n".repeat(64);
+    let request = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(64);
     let closed = tokio::time::timeout(HANG, async {
         loop {
             if writer.write_all(&request).await.is_err() {
