@@ -25,6 +25,7 @@ use super::{
     },
 };
 use crate::{
+    admin::Scope,
     app::App,
     config::{Config, PolicyEntry},
 };
@@ -260,14 +261,17 @@ pub(crate) async fn extend(
 /// `/v1/refund`: gives back `cost` units (default 1, at most what the receipt charged) to
 /// every rule of the policy for the identity, exactly those of the check whose `receipt` it
 /// names (see `Tollgate::refund`). A receipt is spent once: a second refund of it is `409`. A
-/// refund without a receipt undoes any caller's checks: it takes the admin token.
+/// refund without a receipt undoes any caller's checks: it takes the refund scope's token, or
+/// the admin token where that scope has none.
 pub(crate) async fn refund(
     State(app): State<Arc<App>>,
     _: RefundCaller,
     mut parts: Parts,
     ApiJson(req): ApiJson<RefundRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    if req.receipt.is_none() {
+    // Without a receipt, a refund undoes anyone's checks: it takes a token, the refund
+    // scope's (checked above when the scope has one) or else the admin's.
+    if req.receipt.is_none() && !app.admin.guarded(Scope::Refund) {
         Admin::from_request_parts(&mut parts, &app).await?;
     }
     let entry = policy(&app, &req.policy)?;

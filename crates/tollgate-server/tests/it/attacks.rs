@@ -317,7 +317,7 @@ async fn receipts_and_leases_cannot_be_forged_or_reused() {
 #[tokio::test]
 async fn scopes_guard_their_endpoints() {
     let config = format!(
-        "[server]\ncheck_token_env = \"TG_CHECK\"\nrefund_token_env = \"TG_REFUND\"\nadmin_token_env = \"TG_TEST_ADMIN\"\n{LEASES}"
+        "[server]\nadmin_failure_limit = \"100/1m\"\ncheck_token_env = \"TG_CHECK\"\nrefund_token_env = \"TG_REFUND\"\nadmin_token_env = \"TG_TEST_ADMIN\"\n{LEASES}"
     );
     let server = Server::start_with_env(
         &config,
@@ -350,12 +350,14 @@ async fn scopes_guard_their_endpoints() {
     let (status, _) = call("/v1/check", Some(crate::support::ADMIN_TOKEN), check).await;
     assert_eq!(status, 200);
     let reset = json!({ "policy": "login", "identity": { "ip": "192.0.2.8" } });
-    assert_eq!(
-        call("/v1/reset", Some("refund-token-0123456789"), reset)
-            .await
-            .0,
-        401
-    );
+    let refund = "refund-token-0123456789";
+    assert_eq!(call("/v1/reset", Some(refund), reset.clone()).await.0, 401);
+    // A refund without a receipt takes the refund scope's token where it has one.
+    assert_eq!(call("/v1/refund", None, reset.clone()).await.0, 401);
+    let check = "check-token-0123456789";
+    assert_eq!(call("/v1/refund", Some(check), reset.clone()).await.0, 401);
+    let (status, body) = call("/v1/refund", Some(refund), reset).await;
+    assert_eq!(status, 200, "{body}");
 }
 
 /// A token too short to resist guessing stops the server at start.
