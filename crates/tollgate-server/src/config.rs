@@ -67,6 +67,8 @@ pub struct Config {
     pub(crate) require_domains: bool,
     /// The rate-limit fields of Envoy's `response_headers_to_add` (`[envoy] headers`).
     pub(crate) envoy_headers: HeaderStyle,
+    /// The names of the limit, remaining and reset fields of YAML domains' answers.
+    pub(crate) envoy_header_names: Arc<[String; 3]>,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -819,7 +821,8 @@ struct RawEnvoy {
     merge_domains: bool,
     /// How the YAML's rules count (default: a fixed window of the unit, as the reference).
     algorithm: Option<Algorithm>,
-    /// Every YAML descriptor in shadow mode, as the reference's `SHADOW_MODE`.
+    /// The reference's `SHADOW_MODE` for the YAML's domains: each status as it is, the
+    /// overall code OK.
     #[serde(default)]
     shadow: bool,
     /// Skip dotfiles in the directory, as the reference's `RUNTIME_IGNOREDOTFILES`.
@@ -831,6 +834,9 @@ struct RawEnvoy {
     require_domains: bool,
     /// The rate-limit fields of `response_headers_to_add` (default: none on OK answers).
     headers: Option<HeaderStyle>,
+    /// The names of the three fields a YAML domain answers with `headers = "draft6"` (the
+    /// reference's `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+    header_names: Option<[String; 3]>,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
@@ -845,6 +851,7 @@ fn valid_name(name: &str) -> bool {
 impl RawConfig {
     fn validate(self, errors: &Errors<'_>) -> Result<Config, ConfigError> {
         let server = self.server.validate(errors)?;
+        let on_error_set = self.store.on_error.is_some();
         let store = self.store.validate(errors)?;
         let mut policies = BTreeMap::new();
         for (name, raw) in self.policies {
@@ -862,7 +869,7 @@ impl RawConfig {
                 .validate(&name, &field, span, store.on_error, errors)?;
             policies.insert(name, entry);
         }
-        let mut domains = DomainsBuilder::new(store.on_error);
+        let mut domains = DomainsBuilder::new(store.on_error, on_error_set, self.envoy.shadow);
         let mut seen = HashSet::new();
         for (i, domain) in self.envoy.domains.into_iter().enumerate() {
             let span = domain.span();
@@ -906,7 +913,7 @@ impl RawConfig {
                 let algorithm = self.envoy.algorithm.unwrap_or(Algorithm::FixedWindow);
                 for file in &files {
                     domains
-                        .yaml_domain(file, self.envoy.merge_domains, algorithm, self.envoy.shadow)
+                        .yaml_domain(file, self.envoy.merge_domains, algorithm)
                         .map_err(|message| {
                             ConfigError::new(
                                 file.path.display().to_string(),
@@ -927,6 +934,9 @@ impl RawConfig {
             envoy_yaml,
             require_domains: self.envoy.require_domains,
             envoy_headers: self.envoy.headers.unwrap_or(HeaderStyle::None),
+            envoy_header_names: Arc::new(self.envoy.header_names.unwrap_or_else(|| {
+                ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"].map(String::from)
+            })),
             env: Vec::new(),
         })
     }

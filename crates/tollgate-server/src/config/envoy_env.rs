@@ -8,14 +8,16 @@
 //! | `HOST`, `PORT` (`0.0.0.0`, `8080`) | `server.http` |
 //! | `GRPC_HOST`, `GRPC_PORT` (`0.0.0.0`, `8081`) | `server.grpc` |
 //! | `REDIS_URL`, `REDIS_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `store.url` |
+//! | `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY` | `store.tls_ca_file`, `store.tls_cert_file`, `store.tls_key_file` |
 //! | `CACHE_KEY_PREFIX` | `store.prefix` |
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `envoy.ratelimit_config` |
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `envoy.headers = "draft6"` (else `none`) |
+//! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `envoy.header_names` |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
 //!
 //! `LOG_LEVEL` and `LOG_FORMAT` are read where logging starts. A setting with no counterpart
-//! (memcached, xDS, another socket type, custom header names) is refused with the reason.
+//! (memcached, xDS, another socket type) is refused with the reason.
 
 use std::{net::SocketAddr, path::PathBuf};
 
@@ -105,6 +107,49 @@ pub(super) fn apply(
             "not set: give REDIS_URL=host:port (the service's default, a Unix socket, is not supported), or TOLLGATE_STORE_URL=memory:// for one process".into(),
         ));
     }
+    // The reference's Redis TLS files (its roots are the system's plus the CA file; here the
+    // CA file replaces them when given).
+    let file = |path: String| Some(Spanned::new(super::env::FROM_ENV, path));
+    if let Some(ca) = get("REDIS_TLS_CACERT") {
+        raw.store.tls_ca_file = file(ca);
+    }
+    match (get("REDIS_TLS_CLIENT_CERT"), get("REDIS_TLS_CLIENT_KEY")) {
+        (Some(cert), Some(key)) => {
+            raw.store.tls_cert_file = file(cert);
+            raw.store.tls_key_file = file(key);
+        }
+        (None, None) => {}
+        (Some(_), None) => {
+            return Err(error(
+                "REDIS_TLS_CLIENT_KEY",
+                "not set: REDIS_TLS_CLIENT_CERT needs its key".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(error(
+                "REDIS_TLS_CLIENT_CERT",
+                "not set: REDIS_TLS_CLIENT_KEY needs its certificate".into(),
+            ));
+        }
+    }
+    if let Some(text) = get("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
+        if flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", &text)? {
+            return Err(error(
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                "true is not supported: Redis certificates are verified with their host names (give the name they were issued for in REDIS_URL)".into(),
+            ));
+        }
+    }
+    // TLS on the gRPC port is never dropped silently: until tollgate serves it, a setting that
+    // asks for it stops the start.
+    if let Some(text) = get("GRPC_SERVER_USE_TLS") {
+        if flag("GRPC_SERVER_USE_TLS", &text)? {
+            return Err(error(
+                "GRPC_SERVER_USE_TLS",
+                "true is not supported yet: tollgate would serve plaintext; terminate TLS in front of the gRPC port (a sidecar or the mesh) and unset it".into(),
+            ));
+        }
+    }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
         raw.store.prefix = Some(Spanned::new(super::env::FROM_ENV, prefix));
     }
@@ -133,19 +178,19 @@ pub(super) fn apply(
     if let Some(text) = get("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
         raw.envoy.require_domains = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &text)?;
     }
-    for (var, default) in [
+    let vars = [
         ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
         ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
         ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
-    ] {
-        if let Some(name) = get(var) {
-            if !name.eq_ignore_ascii_case(default) {
-                return Err(error(
-                    var,
-                    format!("{name:?}: only the default {default} is supported"),
-                ));
-            }
+    ];
+    let names = vars.map(|(var, default)| get(var).unwrap_or_else(|| default.to_owned()));
+    for ((var, _), name) in vars.iter().zip(&names) {
+        if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(error(var, format!("{name:?}: not a header name")));
         }
+    }
+    if raw.envoy.header_names.is_none() {
+        raw.envoy.header_names = Some(names);
     }
     let headers = match get("LIMIT_RESPONSE_HEADERS_ENABLED") {
         Some(text) => flag("LIMIT_RESPONSE_HEADERS_ENABLED", &text)?,

@@ -77,6 +77,21 @@ impl Domains {
     }
 }
 
+/// How a domain answers: tollgate's way (TOML) or as Envoy's reference service does for its
+/// YAML, field for field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Semantics {
+    /// `current_limit.name` is the descriptor's path, `duration_until_reset` exact, an
+    /// OVER_LIMIT status says what is left, a failing store is answered by `on_error`.
+    Tollgate,
+    /// The reference's: `current_limit.name` is the YAML's `name` (else empty),
+    /// `duration_until_reset` whole seconds to the end of the unit by this server's clock,
+    /// OVER_LIMIT says 0 left, and a failing store fails the call (`UNAVAILABLE`: Envoy's
+    /// `failure_mode_deny` decides) unless `on_error` was set. `shadow` keeps each status and
+    /// makes only the overall code OK (the reference's `SHADOW_MODE`).
+    Reference { fail_call: bool, shadow: bool },
+}
+
 /// One domain: its descriptor tree, and the part of its counters' keys it fixes.
 #[derive(Debug)]
 pub(crate) struct Domain {
@@ -85,6 +100,9 @@ pub(crate) struct Domain {
     /// The scope escaped as a key part, written once here rather than per request.
     scope_part: Box<str>,
     pub(crate) on_error: OnError,
+    /// Configured in the YAML of Envoy's reference service: its answers are the reference's
+    /// (see `Semantics`).
+    pub(crate) semantics: Semantics,
     /// The domain's decision counters.
     pub(crate) metrics: DecisionHandles,
     /// Descriptor keys whose values are an identity, and which (`ip` or `user_id`).
@@ -268,17 +286,25 @@ type IdentityKeys = Vec<(String, &'static str)>;
 /// files of Envoy's reference service.
 pub(crate) struct DomainsBuilder {
     on_error: OnError,
+    /// How YAML domains answer.
+    reference: Semantics,
     /// A descriptor of the domain being built has a blocklist, and the domain no identity.
     bans_without_identity: bool,
     /// Each domain's tree and identity keys, in the order first configured.
-    staged: Vec<(String, Level, IdentityKeys)>,
+    staged: Vec<(String, Level, IdentityKeys, Semantics)>,
     summary: String,
 }
 
 impl DomainsBuilder {
-    pub(crate) fn new(on_error: OnError) -> DomainsBuilder {
+    /// `on_error` for every domain; YAML domains fail the call when the store fails unless it
+    /// was set (`on_error_set`), and are all in shadow mode with `shadow`.
+    pub(crate) fn new(on_error: OnError, on_error_set: bool, shadow: bool) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
+            reference: Semantics::Reference {
+                fail_call: !on_error_set,
+                shadow,
+            },
             bans_without_identity: false,
             staged: Vec::new(),
             summary: String::new(),
@@ -314,20 +340,20 @@ impl DomainsBuilder {
                 "a descriptor with a blocklist needs the keys that name whom to ban, e.g. identity = { remote_address = \"ip\" }".into(),
             ));
         }
-        self.staged.push((raw.name, root, identity));
+        self.staged
+            .push((raw.name, root, identity, Semantics::Tollgate));
         Ok(())
     }
 
     /// Adds the domain of one YAML file (Envoy's reference service), its rules counted by
-    /// `algorithm` (a fixed window of the unit, unless chosen otherwise), every descriptor in
-    /// shadow mode if `shadow`. A domain configured already is an error, unless `merge`: then
-    /// its descriptors join the others (a descriptor configured twice is still an error).
+    /// `algorithm` (a fixed window of the unit, unless chosen otherwise), answering as the
+    /// reference does. A domain configured already is an error, unless `merge`: then its
+    /// descriptors join the others (a descriptor configured twice is still an error).
     pub(crate) fn yaml_domain(
         &mut self,
         file: &YamlFile,
         merge: bool,
         algorithm: Algorithm,
-        shadow: bool,
     ) -> Result<(), String> {
         let name = &file.root.domain;
         let _ = writeln!(
@@ -335,10 +361,12 @@ impl DomainsBuilder {
             "envoy domain {name} (from {})",
             file.path.display()
         );
-        let level = self.yaml_level(&file.root.descriptors.0, "", 1, algorithm, shadow)?;
-        match self.staged.iter_mut().find(|(n, _, _)| n == name) {
-            None => self.staged.push((name.clone(), level, Vec::new())),
-            Some((_, into, _)) if merge => merge_level(into, level)?,
+        let level = self.yaml_level(&file.root.descriptors.0, "", 1, algorithm)?;
+        match self.staged.iter_mut().find(|(n, _, _, _)| n == name) {
+            None => self
+                .staged
+                .push((name.clone(), level, Vec::new(), self.reference)),
+            Some((_, into, _, _)) if merge => merge_level(into, level)?,
             Some(_) => {
                 return Err(format!(
                     "duplicate domain {name:?} (another file or the TOML configures it; set MERGE_DOMAIN_CONFIG=true or envoy.merge_domains = true to merge them)"
@@ -354,7 +382,6 @@ impl DomainsBuilder {
         parent: &str,
         depth: usize,
         algorithm: Algorithm,
-        shadow_all: bool,
     ) -> Result<Level, String> {
         let mut level = Level::default();
         for d in descriptors {
@@ -389,13 +416,12 @@ impl DomainsBuilder {
                     }
                 }
             };
-            let shadow = d.shadow || shadow_all;
+            let shadow = d.shadow;
             if shadow {
                 self.summary.push_str(" (shadow)");
             }
             self.summary.push('\n');
-            let children =
-                self.yaml_level(&d.descriptors.0, &path, depth + 1, algorithm, shadow_all)?;
+            let children = self.yaml_level(&d.descriptors.0, &path, depth + 1, algorithm)?;
             let mut node = Node::new(path.into(), rules.into(), shadow, children);
             node.kind = kind;
             node.name = d.name.as_deref().map(Into::into);
@@ -523,7 +549,7 @@ impl DomainsBuilder {
         let map = self
             .staged
             .into_iter()
-            .map(|(name, root, identity)| {
+            .map(|(name, root, identity, semantics)| {
                 let scope: Arc<str> = format!("envoy:{name}").into();
                 let mut scope_part = String::new();
                 push_part(&mut scope_part, &scope);
@@ -531,6 +557,7 @@ impl DomainsBuilder {
                     scope,
                     scope_part: scope_part.into(),
                     on_error: self.on_error,
+                    semantics,
                     metrics: DecisionHandles::default(),
                     identity: identity.into(),
                     root,

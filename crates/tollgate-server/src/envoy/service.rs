@@ -33,7 +33,8 @@ use tollgate::{
 };
 
 use super::descriptors::{
-    Domain, Found, Node, NodeKind, counter_name, current_limit, override_node, pb_duration, unit_ms,
+    Domain, Found, Node, NodeKind, Semantics, counter_name, current_limit, override_node,
+    pb_duration, unit_ms,
 };
 use crate::app::App;
 
@@ -97,7 +98,7 @@ impl RateLimitService for RateLimiter {
         // The domain outlives a reload that happens while this request is in flight.
         let domain = self.app.config().envoy.get(&request.domain).cloned();
         let response = match domain {
-            Some(domain) => self.decide(&domain, &request).await,
+            Some(domain) => self.decide(&domain, &request).await?,
             None => not_limited(request.descriptors.len()),
         };
         Ok(tonic::Response::new(response))
@@ -148,6 +149,49 @@ fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<He
         });
     });
     headers
+}
+
+/// The reference's response headers: the limit, what is left and the seconds to reset of one
+/// status with a limit, the one with the least left (the first of them), or, when some are
+/// over their limit, the last of those.
+fn reference_headers(names: &[String; 3], statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+    let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+    let mut chosen: Option<&DescriptorStatus> = None;
+    for status in statuses.iter().filter(|s| s.current_limit.is_some()) {
+        chosen = match chosen {
+            Some(c)
+                if !over(status) && (over(c) || c.limit_remaining <= status.limit_remaining) =>
+            {
+                Some(c)
+            }
+            _ => Some(status),
+        };
+    }
+    let Some(status) = chosen else {
+        return Vec::new();
+    };
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit);
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds);
+    let values = [
+        limit.to_string(),
+        status.limit_remaining.to_string(),
+        reset.to_string(),
+    ];
+    names
+        .iter()
+        .zip(values)
+        .map(|(key, value)| HeaderValue {
+            key: key.clone(),
+            value,
+            ..HeaderValue::default()
+        })
+        .collect()
 }
 
 /// The identities a request names: the values of its entries whose keys the domain maps to
@@ -231,6 +275,32 @@ fn blocked_status(node: &Node, unit: Unit) -> DescriptorStatus {
             unit_ms - now_ms % unit_ms,
         ))),
         quota: None,
+    }
+}
+
+/// The statuses of a YAML domain as the reference service writes them: `current_limit.name`
+/// is the YAML's `name` (else empty), an OVER_LIMIT status has 0 left, and
+/// `duration_until_reset` is whole seconds to the end of the limit's unit by this server's
+/// clock (`unit - now % unit`, never 0).
+fn as_reference(statuses: &mut [DescriptorStatus], matched: &[Option<Matched>]) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for (status, found) in statuses.iter_mut().zip(matched) {
+        let Some(limit) = &mut status.current_limit else {
+            continue;
+        };
+        limit.name = found
+            .as_ref()
+            .and_then(|f| f.node().name.as_deref())
+            .unwrap_or_default()
+            .to_owned();
+        if status.code == Code::OverLimit as i32 {
+            status.limit_remaining = 0;
+        }
+        if let Some(unit) = unit_ms(limit.unit).map(|ms| (ms / 1000).max(1)) {
+            status.duration_until_reset = Some(pb_duration(Duration::from_secs(unit - now % unit)));
+        }
     }
 }
 
@@ -413,7 +483,11 @@ impl Checked {
 }
 
 impl RateLimiter {
-    async fn decide(&self, domain: &Domain, request: &RateLimitRequest) -> RateLimitResponse {
+    async fn decide(
+        &self,
+        domain: &Domain,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         let prefix = self.app.gate.prefix();
         let request_addend = u64::from(request.hits_addend.max(1));
         let mut statuses = vec![ok_status(); request.descriptors.len()];
@@ -551,10 +625,12 @@ impl RateLimiter {
             .map(|(key, kind, value)| BanKey { key, kind, value })
             .collect();
         let mut over = blocked;
+        let mut store_failed = false;
         for group in &groups {
-            let mut outcome = self
+            let (mut outcome, failed) = self
                 .check_group(domain, &keys, &group.counters, group.cost, !blocked, &bans)
                 .await;
+            store_failed |= failed;
             // How many descriptors still take each counter's status: the last one takes it,
             // the others a copy.
             let mut uses: SmallVec<[usize; 4]> = SmallVec::from_elem(0, outcome.len());
@@ -578,13 +654,40 @@ impl RateLimiter {
         if over {
             self.show_limited(domain, request, &matched, &statuses);
         }
-        let style = self.app.config().envoy_headers.for_answer(!over);
-        RateLimitResponse {
-            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-            response_headers_to_add: response_headers(style, &statuses),
+        let headers = self.app.config().envoy_headers;
+        let (style, shadow) = match domain.semantics {
+            Semantics::Tollgate => (headers.for_answer(!over), false),
+            Semantics::Reference { fail_call, shadow } => {
+                if fail_call && store_failed {
+                    // As the reference: the call fails, and Envoy's `failure_mode_deny` decides.
+                    return Err(tonic::Status::unavailable(
+                        "the rate-limit store is unavailable",
+                    ));
+                }
+                as_reference(&mut statuses, &matched);
+                (headers, shadow)
+            }
+        };
+        let response_headers_to_add = match domain.semantics {
+            Semantics::Tollgate => response_headers(style, &statuses),
+            // The reference's headers: only when enabled, and then on allowed answers too.
+            Semantics::Reference { .. } if style == HeaderStyle::None => Vec::new(),
+            Semantics::Reference { .. } => {
+                reference_headers(&self.app.config().envoy_header_names, &statuses)
+            }
+        };
+        // The reference's SHADOW_MODE: each status stays, the overall code is OK.
+        let overall = if over && !shadow {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(RateLimitResponse {
+            overall_code: overall as i32,
+            response_headers_to_add,
             statuses,
             ..RateLimitResponse::default()
-        }
+        })
     }
 
     /// Checks the counters together, in one store call; returns one status per counter.
@@ -601,10 +704,11 @@ impl RateLimiter {
         cost: u64,
         consume: bool,
         bans: &[BanKey<'_>],
-    ) -> Statuses {
+    ) -> (Statuses, bool) {
         let checked = self
             .check(domain, keys, counters, (cost, consume), bans)
             .await;
+        let store_failed = checked.answer.reason() == Reason::StoreUnavailable;
         if consume {
             self.record_decision(domain, checked.answer.reason(), checked.answer.allowed());
         }
@@ -632,7 +736,7 @@ impl RateLimiter {
                     .shadow_denied(&domain.scope, &counter.node.path);
             }
         }
-        statuses
+        (statuses, store_failed)
     }
 
     /// Puts the request's descriptors that are over their limit in the dashboard's top list:

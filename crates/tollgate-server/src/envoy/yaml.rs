@@ -354,16 +354,11 @@ mod tests {
     };
 
     fn domains(files: &[&str]) -> Result<Domains, String> {
-        let mut builder = DomainsBuilder::new(OnError::Allow);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false);
         for (i, text) in files.iter().enumerate() {
             let path = PathBuf::from(format!("f{i}.yaml"));
             let root = parse(&path, text).map_err(|e| e.to_string())?;
-            builder.yaml_domain(
-                &YamlFile { path, root },
-                true,
-                Algorithm::FixedWindow,
-                false,
-            )?;
+            builder.yaml_domain(&YamlFile { path, root }, true, Algorithm::FixedWindow)?;
         }
         Ok(builder.build())
     }
@@ -573,16 +568,12 @@ descriptors:
             "{e}"
         );
         // Two files of one domain merge only when asked.
-        let mut builder = DomainsBuilder::new(OnError::Allow);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false);
         for i in 0..2 {
             let path = PathBuf::from(format!("g{i}.yaml"));
             let root = parse(&path, "domain: d\ndescriptors:\n  - key: a\n").unwrap();
-            let result = builder.yaml_domain(
-                &YamlFile { path, root },
-                false,
-                Algorithm::FixedWindow,
-                false,
-            );
+            let result =
+                builder.yaml_domain(&YamlFile { path, root }, false, Algorithm::FixedWindow);
             assert_eq!(result.is_ok(), i == 0, "{result:?}");
         }
     }

@@ -13,6 +13,7 @@ mod dashboard;
 mod env_overrides;
 mod envoy_bans;
 mod envoy_migration;
+mod envoy_reference;
 mod fuzz;
 mod grpc;
 mod grpc_health;

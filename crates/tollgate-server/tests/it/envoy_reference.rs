@@ -1,0 +1,324 @@
+//! `tollgate envoy-ratelimit` answers as Envoy's reference rate-limit service does, field for
+//! field (compared whole, as the reference's own tests compare with `proto.Equal`): the cases of
+//! its service, cache and integration tests for names, remaining counts, durations, unlimited
+//! and unmatched descriptors, shadow modes, response headers and a failing Redis.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::{
+    envoy::{
+        config::core::v3::HeaderValue,
+        service::ratelimit::v3::{
+            RateLimitRequest, RateLimitResponse,
+            rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit},
+        },
+    },
+    google::protobuf::Duration as PbDuration,
+};
+use tollgate_testkit::RedisServer;
+
+use crate::support::{Server, TempDir, descriptor};
+
+const CONFIG: &str = "\
+domain: reference
+descriptors:
+  - key: key1
+    rate_limit:
+      unit: second
+      requests_per_unit: 50
+  - key: named
+    rate_limit:
+      name: key4_rate_limit
+      unit: minute
+      requests_per_unit: 2
+  - key: hourly
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+  - key: unlimited
+    rate_limit:
+      unlimited: true
+  - key: shadowed
+    shadow_mode: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+";
+
+fn start(redis: &RedisServer, env: &[(&str, &str)]) -> Server {
+    let dir = TempDir::new();
+    let config = dir.path().join("current/rl/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("reference.yaml"), CONFIG).unwrap();
+    let root = dir.path().join("current").display().to_string();
+    let url = redis.addr().to_string();
+    let mut vars = vec![
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", url.as_str()),
+        ("RUNTIME_ROOT", root.as_str()),
+        ("RUNTIME_SUBDIRECTORY", "rl"),
+    ];
+    vars.extend_from_slice(env);
+    Server::start_envoy(dir, &vars)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// `ShouldRateLimit` of one descriptor `key=value`, with the Unix second before and after.
+async fn call(
+    server: &Server,
+    key: &str,
+    value: &str,
+) -> (u64, Result<RateLimitResponse, tonic::Status>, u64) {
+    let mut rls = server.grpc_client().await;
+    let before = now();
+    let answer = rls
+        .should_rate_limit(RateLimitRequest {
+            domain: "reference".into(),
+            descriptors: vec![descriptor(&[(key, value)])],
+            hits_addend: 0,
+        })
+        .await
+        .map(tonic::Response::into_inner);
+    (before, answer, now())
+}
+
+/// The reference's status of a limit: the unit's seconds left by the service's clock,
+/// `unit - now % unit`, whole.
+fn status(
+    code: Code,
+    name: &str,
+    per_unit: u32,
+    unit: Unit,
+    remaining: u32,
+    now: u64,
+) -> DescriptorStatus {
+    let secs = match unit {
+        Unit::Second => 1,
+        Unit::Minute => 60,
+        Unit::Hour => 3_600,
+        _ => unreachable!(),
+    };
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(RateLimit {
+            name: name.into(),
+            requests_per_unit: per_unit,
+            unit: unit as i32,
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(PbDuration {
+            seconds: i64::try_from(secs - now % secs).unwrap(),
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+/// `actual` is `expected(now)` for the second before or after the call (a second may turn).
+fn assert_status(
+    actual: &DescriptorStatus,
+    (before, after): (u64, u64),
+    expected: impl Fn(u64) -> DescriptorStatus,
+) {
+    assert!(
+        *actual == expected(before) || *actual == expected(after),
+        "{actual:?}\nexpected {:?}",
+        expected(before)
+    );
+}
+
+#[tokio::test]
+async fn statuses_are_the_references_field_for_field() {
+    let redis = RedisServer::start();
+    let server = start(&redis, &[]);
+
+    // A limit without a name: an empty name, remaining after the request, whole seconds.
+    let (before, r, after) = call(&server, "key1", "a").await;
+    let r = r.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_status(&r.statuses[0], (before, after), |now| {
+        status(Code::Ok, "", 50, Unit::Second, 49, now)
+    });
+    assert!(
+        r.response_headers_to_add.is_empty(),
+        "headers are off by default"
+    );
+
+    // A named limit: its name; exactly at the limit is OK with 0 left; over it, 0 left.
+    for (code, remaining) in [
+        (Code::Ok, 1),
+        (Code::Ok, 0),
+        (Code::OverLimit, 0),
+        (Code::OverLimit, 0),
+    ] {
+        let (before, r, after) = call(&server, "named", "n").await;
+        let r = r.unwrap();
+        assert_eq!(r.overall_code, code as i32, "{r:?}");
+        assert_status(&r.statuses[0], (before, after), |now| {
+            status(code, "key4_rate_limit", 2, Unit::Minute, remaining, now)
+        });
+        // No headers when LIMIT_RESPONSE_HEADERS_ENABLED is off, not even over the limit.
+        assert!(r.response_headers_to_add.is_empty(), "{r:?}");
+    }
+
+    // Over an hourly limit: the seconds to the end of the hour.
+    call(&server, "hourly", "h").await.1.unwrap();
+    let (before, r, after) = call(&server, "hourly", "h").await;
+    assert_status(&r.unwrap().statuses[0], (before, after), |now| {
+        status(Code::OverLimit, "", 1, Unit::Hour, 0, now)
+    });
+
+    // No limit: OK, nothing else. Unlimited: OK, the largest remaining, nothing else.
+    let (_, r, _) = call(&server, "nothing", "x").await;
+    assert_eq!(
+        r.unwrap().statuses[0],
+        DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        }
+    );
+    let (_, r, _) = call(&server, "unlimited", "u").await;
+    assert_eq!(
+        r.unwrap().statuses[0],
+        DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..DescriptorStatus::default()
+        }
+    );
+
+    // A descriptor in shadow mode over its limit: OK, 0 left, its limit and duration kept.
+    call(&server, "shadowed", "s").await.1.unwrap();
+    let (before, r, after) = call(&server, "shadowed", "s").await;
+    let r = r.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_status(&r.statuses[0], (before, after), |now| {
+        status(Code::Ok, "", 1, Unit::Hour, 0, now)
+    });
+}
+
+/// The reference's global SHADOW_MODE keeps each status and makes only the overall code OK;
+/// its response headers, when enabled, come on every answer with a limit, under the names the
+/// environment gives them.
+#[tokio::test]
+async fn global_shadow_mode_and_response_headers() {
+    let redis = RedisServer::start();
+    let server = start(
+        &redis,
+        &[
+            ("SHADOW_MODE", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-RateLimit-Left"),
+        ],
+    );
+    let header = |name: &str, value: String| HeaderValue {
+        key: name.into(),
+        value,
+        ..HeaderValue::default()
+    };
+    let (before, r, after) = call(&server, "hourly", "g").await;
+    let r = r.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let reset = |now: u64| (3_600 - now % 3_600).to_string();
+    let headers = |now: u64, remaining: &str| {
+        vec![
+            header("RateLimit-Limit", "1".into()),
+            header("X-RateLimit-Left", remaining.into()),
+            header("RateLimit-Reset", reset(now)),
+        ]
+    };
+    assert!(
+        r.response_headers_to_add == headers(before, "0")
+            || r.response_headers_to_add == headers(after, "0"),
+        "{:?}",
+        r.response_headers_to_add
+    );
+    let (before, r, after) = call(&server, "hourly", "g").await;
+    let r = r.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32, "SHADOW_MODE: overall OK");
+    assert_status(&r.statuses[0], (before, after), |now| {
+        status(Code::OverLimit, "", 1, Unit::Hour, 0, now)
+    });
+}
+
+/// Redis down: the reference fails the call, and Envoy's `failure_mode_deny` decides; unless
+/// `on_error` is set, when it answers.
+#[tokio::test]
+async fn a_failing_redis_fails_the_call_unless_on_error_is_set() {
+    let mut redis = RedisServer::start();
+    let server = start(&redis, &[("TOLLGATE_STORE_TIMEOUT", "200ms")]);
+    let decided = start(
+        &redis,
+        &[
+            ("TOLLGATE_STORE_TIMEOUT", "200ms"),
+            ("TOLLGATE_STORE_ON_ERROR", "deny"),
+        ],
+    );
+    assert!(call(&server, "key1", "r").await.1.is_ok());
+    redis.kill();
+    let (_, r, _) = call(&server, "key1", "r").await;
+    let status = r.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(!status.message().contains("127.0.0.1"), "{status:?}");
+    let (_, r, _) = call(&decided, "key1", "r").await;
+    assert_eq!(r.unwrap().overall_code, Code::OverLimit as i32);
+}
+
+/// The reference's Redis TLS files: a Redis that wants a client certificate is reached with
+/// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`.
+#[tokio::test]
+async fn redis_tls_files_come_from_the_references_variables() {
+    let certs = tollgate_testkit::TestCerts::new();
+    let (_redis, tls_port) = certs.start_tls_server(true);
+    let dir = TempDir::new();
+    let config = dir.path().join("current/rl/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("reference.yaml"), CONFIG).unwrap();
+    let root = dir.path().join("current").display().to_string();
+    let url = format!("localhost:{tls_port}");
+    let (ca, cert, key) = (
+        certs.path("ca.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key"),
+    );
+    let server = Server::start_envoy(
+        dir,
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &url),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", &ca),
+            ("REDIS_TLS_CLIENT_CERT", &cert),
+            ("REDIS_TLS_CLIENT_KEY", &key),
+            ("TOLLGATE_STORE_ON_ERROR", "deny"),
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+        ],
+    );
+    let (before, r, after) = call(&server, "named", "tls").await;
+    assert_status(&r.unwrap().statuses[0], (before, after), |now| {
+        status(Code::Ok, "key4_rate_limit", 2, Unit::Minute, 1, now)
+    });
+}
+
+/// TLS on the gRPC port is never dropped silently: asked for, the start fails.
+#[test]
+fn grpc_tls_is_refused_rather_than_served_in_plaintext() {
+    let out = std::process::Command::new(crate::support::binary())
+        .arg("envoy-ratelimit")
+        .env("REDIS_URL", "127.0.0.1:1")
+        .env("GRPC_SERVER_USE_TLS", "true")
+        .env("GRPC_SERVER_TLS_CERT", "/nonexistent/cert.pem")
+        .env("GRPC_SERVER_TLS_KEY", "/nonexistent/key.pem")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("GRPC_SERVER_USE_TLS"), "{stderr}");
+}
