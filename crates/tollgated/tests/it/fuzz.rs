@@ -23,7 +23,7 @@ use envoy_types::pb::{
 };
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use tollgate_server::{Config, InProcess};
+use tollgated::{Config, InProcess};
 use tower::ServiceExt as _;
 
 /// `PROPTEST_CASES` when set, else a count small enough for every CI run.
@@ -1220,7 +1220,7 @@ fn a_huge_escalation_factor_bans_for_at_most_ten_years() {
 fn serve_refuses_intervals_past_the_clock() {
     use clap::Parser as _;
     for flag in ["--watch-interval", "--drain-timeout"] {
-        let parsed = tollgate_server::Cli::try_parse_from([
+        let parsed = tollgated::Cli::try_parse_from([
             "tollgate",
             "serve",
             "--config",

@@ -10,7 +10,7 @@
 //!   1000 per 60 s, burst 1000.
 //!
 //! ```text
-//! cargo run --release -p tollgate-server --example grpc_load -- \
+//! cargo run --release -p tollgated --example grpc_load -- \
 //!     http://127.0.0.1:8081 envoy 10 8 16 4096
 //! ```
 

@@ -47,7 +47,7 @@ impl TempDir {
     pub(crate) fn new() -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
         let path = std::env::temp_dir().join(format!(
-            "tollgate-server-test-{}-{}",
+            "tollgated-test-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));

@@ -20,8 +20,8 @@ use crate::{
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let config = tollgate_server::Config::parse("t.toml", "")?;
-/// let server = tollgate_server::InProcess::new(config, None).await?;
+/// let config = tollgated::Config::parse("t.toml", "")?;
+/// let server = tollgated::InProcess::new(config, None).await?;
 /// let _router: axum::Router = server.router();
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();

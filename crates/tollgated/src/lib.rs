@@ -7,7 +7,7 @@
 //! on the embedded memory store or on Redis; a live dashboard at `/`. See `docs/configuration.md` and `docs/api.md`.
 //!
 //! ```
-//! let config = tollgate_server::Config::parse(
+//! let config = tollgated::Config::parse(
 //!     "tollgate.toml",
 //!     r#"
 //! [policies.sms_code]

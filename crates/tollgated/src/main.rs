@@ -1,15 +1,15 @@
-//! The `tollgate` binary; see the `tollgate_server` crate docs.
+//! The `tollgate` binary; see the `tollgated` crate docs.
 
 use std::{io::IsTerminal as _, process::ExitCode};
 
 use clap::Parser as _;
-use tollgate_server::{Cli, Command, LogFormat};
+use tollgated::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig(args) => match tollgate_server::check_config(&args) {
+        Command::CheckConfig(args) => match tollgated::check_config(&args) {
             Ok(summary) => {
                 println!("{}: ok", args.file.display());
                 print!("{summary}");
@@ -37,11 +37,11 @@ fn main() -> ExitCode {
                 _ => args.log_format,
             };
             init_logs_with(format, &level);
-            run(tollgate_server::serve_envoy(args))
+            run(tollgated::serve_envoy(args))
         }
         Command::Serve(args) => {
             init_logs(args.log_format);
-            run(tollgate_server::serve(args))
+            run(tollgated::serve(args))
         }
     }
 }
