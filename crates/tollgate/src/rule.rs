@@ -412,11 +412,11 @@ pub enum DurationError {
     BadNumber(String),
     /// The number has no unit.
     #[error(
-        "duration {0:?} has no unit (use ms, s, m, h, d, w or second, minute, hour, day, week)"
+        "duration {0:?} has no unit (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"
     )]
     MissingUnit(String),
-    /// The unit is not one of ms, s, m, h, d, w or their names.
-    #[error("unknown unit {0:?} (use ms, s, m, h, d, w or second, minute, hour, day, week)")]
+    /// The unit is not one of ms, s, m, h, d, w, their abbreviations or their names.
+    #[error("unknown unit {0:?} (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)")]
     UnknownUnit(String),
     /// The number does not fit.
     #[error("duration {0:?} is too long")]
@@ -424,14 +424,17 @@ pub enum DurationError {
 }
 
 /// Parses `500ms`, `10s`, `1m`, `2h`, `1d`, `1w`: a whole number and a unit, short or named
-/// (`millisecond`, `second`/`sec`, `minute`/`min`, `hour`, `day`, `week`, singular or plural,
-/// any case), with or without a space between.
+/// (`msec`, `sec`/`secs`, `min`/`mins`, `hr`/`hrs`, `wk`/`wks`, or `millisecond`, `second`,
+/// `minute`, `hour`, `day`, `week`, singular or plural; names in any case), with or without a
+/// space between.
 ///
 /// ```
 /// # use std::time::Duration;
 /// assert_eq!(tollgate::parse_duration("500ms"), Ok(Duration::from_millis(500)));
 /// assert_eq!(tollgate::parse_duration("2h"), Ok(Duration::from_secs(7200)));
 /// assert_eq!(tollgate::parse_duration("2 weeks"), Ok(Duration::from_secs(14 * 86_400)));
+/// assert_eq!(tollgate::parse_duration("3 hrs"), Ok(Duration::from_secs(3 * 3600)));
+/// assert_eq!(tollgate::parse_duration("5mins"), Ok(Duration::from_secs(300)));
 /// assert!(tollgate::parse_duration("2 fortnights").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
@@ -460,12 +463,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
         "d" => 86_400_000,
         "w" => 7 * 86_400_000,
         name => match name.to_ascii_lowercase().as_str() {
-            "millisecond" | "milliseconds" => 1,
-            "sec" | "second" | "seconds" => 1_000,
-            "min" | "minute" | "minutes" => 60_000,
-            "hour" | "hours" => 3_600_000,
+            "msec" | "msecs" | "millisecond" | "milliseconds" => 1,
+            "sec" | "secs" | "second" | "seconds" => 1_000,
+            "min" | "mins" | "minute" | "minutes" => 60_000,
+            "hr" | "hrs" | "hour" | "hours" => 3_600_000,
             "day" | "days" => 86_400_000,
-            "week" | "weeks" => 7 * 86_400_000,
+            "wk" | "wks" | "week" | "weeks" => 7 * 86_400_000,
             _ => return Err(DurationError::UnknownUnit(unit.to_owned())),
         },
     };
@@ -525,6 +528,12 @@ mod tests {
             ("1000 per 2 weeks", "1000/14d"),
             ("3/10min", "3/10m"),
             ("7/250 milliseconds", "7/250ms"),
+            ("5/2hrs", "5/2h"),
+            ("5 per hr", "5/1h"),
+            ("3/10mins", "3/10m"),
+            ("3 per 30 secs", "3/30s"),
+            ("2/wk", "2/7d"),
+            ("9/100msec", "9/100ms"),
         ] {
             assert_eq!(rule(text), rule(same), "{text}");
         }
@@ -535,7 +544,7 @@ mod tests {
         assert!("per minute".parse::<Rule>().is_err());
         assert_eq!(
             "10 per fortnight".parse::<Rule>().unwrap_err().to_string(),
-            r#""10 per fortnight": unknown unit "fortnight" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+            r#""10 per fortnight": unknown unit "fortnight" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
         );
     }
 
@@ -567,7 +576,7 @@ mod tests {
         let err = |t: &str| t.parse::<Rule>().unwrap_err().to_string();
         assert_eq!(
             err("10/1x"),
-            r#""10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+            r#""10/1x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
         );
         assert_eq!(
             err("ten/1m"),
@@ -582,7 +591,7 @@ mod tests {
         assert_eq!(err("10/367d"), r#""10/367d": window must be at most 366d"#);
         assert_eq!(
             err("10/5"),
-            r#""10/5": duration "5" has no unit (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+            r#""10/5": duration "5" has no unit (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
         );
         assert_eq!(err("-1/1m"), r#""-1/1m": limit "-1" is not a whole number"#);
     }

@@ -378,7 +378,7 @@ fn on_error_name(on_error: OnError) -> &'static str {
 /// A configuration error: the file, the line (when known), the field and what was expected.
 ///
 /// Displays as `tollgate.toml:14: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit
-/// "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)`.
+/// "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     file: String,
@@ -1367,7 +1367,7 @@ mod tests {
             "[policies.sms]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\", \"10/1x\"] },\n]\n";
         assert_eq!(
             err(text),
-            r#"t.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+            r#"t.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
         );
     }
 
@@ -1490,7 +1490,7 @@ mod tests {
         );
         assert_eq!(
             err("[server]\nbody_read_timeout = \"10x\"\n"),
-            r#"t.toml:2: server.body_read_timeout: "10x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+            r#"t.toml:2: server.body_read_timeout: "10x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
         );
         assert_eq!(
             err("[server]\n\nmax_connections = 0\n"),

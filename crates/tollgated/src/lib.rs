@@ -16,7 +16,7 @@
 //! );
 //! assert_eq!(
 //!     config.unwrap_err().to_string(),
-//!     r#"tollgate.toml:3: policies.sms_code.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#
+//!     r#"tollgate.toml:3: policies.sms_code.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
 //! );
 //! ```
 //!

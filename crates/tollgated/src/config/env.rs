@@ -236,7 +236,7 @@ prefix = "file"
             (
                 "TOLLGATE_STORE_TIMEOUT",
                 "5x",
-                r#"TOLLGATE_STORE_TIMEOUT: store.timeout: "5x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#,
+                r#"TOLLGATE_STORE_TIMEOUT: store.timeout: "5x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#,
             ),
             (
                 "TOLLGATE_STORE_URL",

@@ -46,7 +46,7 @@ fn check_config_names_file_line_field_and_expectation() {
     let cases = [
         (
             "[policies.sms]\nlimiters = [\n  { by = \"ip\", rules = [\"1/1m\", \"10/1x\"] },\n]\n",
-            r#"error: DIR/tollgate.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w or second, minute, hour, day, week)"#,
+            r#"error: DIR/tollgate.toml:3: policies.sms.limiters[0].rules[1]: "10/1x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#,
         ),
         (
             "[store]\nurl = \"memory://\"\non_eror = \"deny\"\n",
