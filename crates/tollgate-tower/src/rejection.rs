@@ -138,6 +138,21 @@ pub enum Rejection {
     },
 }
 
+/// A request without the client's address is the server's set-up, not the client's doing,
+/// and only the client sees its 500: the first one is logged, once per process.
+#[cold]
+fn missing_address() {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!(
+            "a rate limit by IP found no client address, so every such request is answered 500: \
+             serve axum with `into_make_service_with_connect_info::<SocketAddr>()`, insert \
+             `tollgate_tower::PeerAddr` in a hyper stack, or enable the `tonic` feature \
+             (logged once)"
+        );
+    }
+}
+
 impl Rejection {
     /// The rejection for a denied decision; `None` if it allows.
     pub fn from_decision(decision: Decision) -> Option<Rejection> {
@@ -160,6 +175,9 @@ impl Rejection {
     pub(crate) fn from_check_error(error: CheckError) -> Rejection {
         match error {
             CheckError::MissingDimension { limiter, dimension } => {
+                if dimension == "ip" {
+                    missing_address();
+                }
                 Rejection::MissingIdentity { limiter, dimension }
             }
             CheckError::Store(error) => Rejection::Store(error),
@@ -213,8 +231,10 @@ impl Rejection {
         }
     }
 
-    /// The machine-readable reason, the `reason` member of the problem body.
-    pub fn reason(&self) -> &'static str {
+    /// The machine-readable code, the `code` member of the problem body (as in the server's
+    /// problem documents): the decision's reason for a refusal (`rate_limited`, `blocked`,
+    /// ...), else what went wrong (`idempotency_key_reused`, `missing_identity`, ...).
+    pub fn code(&self) -> &'static str {
         match self {
             Rejection::RateLimited(d) | Rejection::Blocked(d) | Rejection::StoreUnavailable(d) => {
                 d.reason().as_str()
@@ -242,7 +262,7 @@ impl Rejection {
     }
 
     /// The RFC 9457 problem document: `type` (the draft's [`QUOTA_EXCEEDED`] for a rate
-    /// limit, `about:blank` otherwise), `title`, `status`, `detail`, `reason`; `retry_after`
+    /// limit, `about:blank` otherwise), `title`, `status`, `detail`, `code`; `retry_after`
     /// (seconds) where waiting helps; for a rate limit, `violated-policies` (the names of the
     /// `RateLimit-Policy` items that denied) and `violated` (each with its limiter, rule,
     /// remaining units and seconds to reset).
@@ -277,7 +297,7 @@ impl Rejection {
             "title": status.canonical_reason().unwrap_or("Error"),
             "status": status.as_u16(),
             "detail": self.client_detail(),
-            "reason": self.reason(),
+            "code": self.code(),
         });
         if let Some(retry_after) = self.retry_after() {
             problem["retry_after"] = json!(ceil_secs(retry_after));

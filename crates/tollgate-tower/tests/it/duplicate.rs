@@ -155,7 +155,7 @@ async fn an_idempotent_repeat_replays_the_first_response_byte_for_byte() {
     // Same key, another payload: 422, and the handler does not run.
     let reused = keyed(&server, "k1", r#"{"item":8}"#).send().await.unwrap();
     assert_eq!(reused.status(), 422);
-    assert_eq!(problem(reused).await["reason"], "idempotency_key_reused");
+    assert_eq!(problem(reused).await["code"], "idempotency_key_reused");
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
 
     // Another key, or the same key from another user, is another order.
@@ -186,7 +186,7 @@ async fn a_missing_or_malformed_key_is_400_unless_keys_are_optional() {
         .await
         .unwrap();
     assert_eq!(missing.status(), 400);
-    assert_eq!(problem(missing).await["reason"], "bad_idempotency_key");
+    assert_eq!(problem(missing).await["code"], "bad_idempotency_key");
     for bad in ["\"\"".to_owned(), "k".repeat(256)] {
         let response = keyed(&server, &bad, "x").send().await.unwrap();
         assert_eq!(response.status(), 400, "{bad}");
@@ -216,7 +216,7 @@ async fn a_repeat_while_the_first_is_in_flight_is_409() {
     let second = keyed(&server, "k", "{}").send().await.unwrap();
     assert_eq!(second.status(), 409);
     assert_eq!(header(&second, "retry-after").as_deref(), Some("30"));
-    assert_eq!(problem(second).await["reason"], "in_progress");
+    assert_eq!(problem(second).await["code"], "in_progress");
 
     handler.hold.store(false, Ordering::SeqCst);
     handler.proceed.notify_one();
@@ -291,7 +291,7 @@ async fn args_mode_refuses_the_same_request_until_the_ttl_ends() {
     assert_eq!(repeat.status(), 429);
     assert_eq!(header(&repeat, "retry-after").as_deref(), Some("5"));
     let body = problem(repeat).await;
-    assert_eq!(body["reason"], "repeated");
+    assert_eq!(body["code"], "repeated");
     assert_eq!(body["detail"], "repeated request");
     // Another body or another query is another submission.
     assert_eq!(post("/orders", "hello!").await.unwrap().status(), 201);
@@ -350,7 +350,7 @@ async fn bodies_over_the_cap_are_413() {
         .await
         .unwrap();
     assert_eq!(big.status(), 413);
-    assert_eq!(problem(big).await["reason"], "payload_too_large");
+    assert_eq!(problem(big).await["code"], "payload_too_large");
     assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
     let fits = keyed(&server, "k", "0123456789abcdef")
         .send()

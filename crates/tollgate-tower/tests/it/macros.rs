@@ -180,7 +180,7 @@ async fn a_guarded_handler_without_a_context_layer_is_a_500_that_says_why() {
         .unwrap();
     assert_eq!(response.status(), 500);
     let body = problem(response).await;
-    assert_eq!(body["reason"], "no_context");
+    assert_eq!(body["code"], "no_context");
     assert!(body["detail"].as_str().unwrap().contains("ContextLayer"));
 }
 
@@ -249,7 +249,7 @@ async fn prevent_duplicate_by_user_is_409_in_flight_then_429() {
     hold.entered.notified().await;
     let in_flight = save(json!({ "name": "B" })).await.unwrap();
     assert_eq!(in_flight.status(), 409);
-    assert_eq!(problem(in_flight).await["reason"], "in_progress");
+    assert_eq!(problem(in_flight).await["code"], "in_progress");
     hold.hold.store(false, Ordering::SeqCst);
     hold.proceed.notify_one();
     assert_eq!(first.await.unwrap().unwrap().status(), 200);

@@ -93,7 +93,7 @@ async fn denied_requests_get_429_retry_after_ratelimit_fields_and_a_problem() {
     );
     assert_eq!(body["title"], "Too Many Requests");
     assert_eq!(body["status"], 429);
-    assert_eq!(body["reason"], "rate_limited");
+    assert_eq!(body["code"], "rate_limited");
     assert_eq!(body["violated-policies"], json!(["ip-1m"]));
     assert_eq!(body["detail"], "rate limit exceeded: ip 2/1m");
     assert_eq!(body["retry_after"], 21);
@@ -392,7 +392,7 @@ async fn a_concurrency_slot_is_held_while_the_response_streams() {
     assert_eq!(busy.status(), 429);
     assert!(header(&busy, "retry-after").is_some());
     let body: serde_json::Value = busy.json().await.unwrap();
-    assert_eq!(body["reason"], "concurrency_limited", "{body}");
+    assert_eq!(body["code"], "concurrency_limited", "{body}");
 
     // The stream ends: the slot comes back (released in the background).
     stream.send(Ok("part".to_owned())).await.unwrap();
@@ -492,7 +492,7 @@ async fn blocked_clients_get_403_with_retry_after_until_the_ban_ends() {
     assert_eq!(blocked.status(), 403);
     assert_eq!(header(&blocked, "retry-after").as_deref(), Some("500"));
     let body = problem(blocked).await;
-    assert_eq!(body["reason"], "blocked");
+    assert_eq!(body["code"], "blocked");
     assert_eq!(body["status"], 403);
 
     clock.advance(Duration::from_secs(500));
@@ -520,7 +520,7 @@ async fn a_user_dimension_without_a_user_is_401() {
     let anonymous = http.get(server.at("/")).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
     let body = problem(anonymous).await;
-    assert_eq!(body["reason"], "missing_identity");
+    assert_eq!(body["code"], "missing_identity");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 
     let known = http
@@ -698,7 +698,7 @@ async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
 
     let denied = http.get(server.at("/closed")).send().await.unwrap();
     assert_eq!(denied.status(), 503);
-    assert_eq!(problem(denied).await["reason"], "store_unavailable");
+    assert_eq!(problem(denied).await["code"], "store_unavailable");
     assert_eq!(closed_calls.load(Ordering::SeqCst), 0);
 
     for _ in 0..3 {
