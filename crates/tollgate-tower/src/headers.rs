@@ -1,4 +1,4 @@
-//! `RateLimit-Policy`, `RateLimit` (draft-ietf-httpapi-ratelimit-headers), the one-rule forms
+//! `RateLimit-Policy`, `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11), the one-rule forms
 //! and `Retry-After` in a `HeaderMap`; the text comes from [`tollgate::fields`].
 
 use std::time::Duration;
@@ -21,9 +21,15 @@ fn insert(headers: &mut HeaderMap) -> impl FnMut(&'static str, &str) + '_ {
     }
 }
 
-/// Writes the fields of `style` for `rules` (of one or several decisions).
-pub(crate) fn insert_fields(style: HeaderStyle, rules: &[RuleDecision], headers: &mut HeaderMap) {
-    fields::write_fields(style, rules, insert(headers));
+/// Writes the fields of `style` for `rules` (of one or several decisions); `wait` is the
+/// `retry_after` of a denial (see [`fields::write_fields`]).
+pub(crate) fn insert_fields(
+    style: HeaderStyle,
+    rules: &[RuleDecision],
+    wait: Option<std::time::Duration>,
+    headers: &mut HeaderMap,
+) {
+    fields::write_fields(style, rules, wait, insert(headers));
 }
 
 /// Whether `headers` already carry the fields of `style` (written by a layer below).
@@ -59,7 +65,12 @@ pub(crate) fn has_fields(style: HeaderStyle, headers: &HeaderMap) -> bool {
 /// # }).unwrap();
 /// ```
 pub fn insert_rate_limit_headers(decision: &Decision, headers: &mut HeaderMap) {
-    insert_fields(HeaderStyle::Draft, decision.rules(), headers);
+    insert_fields(
+        HeaderStyle::Draft,
+        decision.rules(),
+        decision.retry_after(),
+        headers,
+    );
 }
 
 /// The fields of one policy that never change, made once per layer.
@@ -80,21 +91,26 @@ impl PolicyFields {
 
     /// Inserts the fields of `style` for `decision`.
     pub(crate) fn insert(&self, style: HeaderStyle, decision: &Decision, headers: &mut HeaderMap) {
-        self.fields.write(style, decision.rules(), |name, value| {
-            if name == fields::RATELIMIT_POLICY {
-                if let Some(policy) = self
-                    .policy
-                    .as_ref()
-                    .filter(|p| p.as_bytes() == value.as_bytes())
-                {
-                    headers.insert(HeaderName::from_static(name), policy.clone());
-                    return;
+        self.fields.write(
+            style,
+            decision.rules(),
+            decision.retry_after(),
+            |name, value| {
+                if name == fields::RATELIMIT_POLICY {
+                    if let Some(policy) = self
+                        .policy
+                        .as_ref()
+                        .filter(|p| p.as_bytes() == value.as_bytes())
+                    {
+                        headers.insert(HeaderName::from_static(name), policy.clone());
+                        return;
+                    }
                 }
-            }
-            if let Ok(value) = HeaderValue::from_str(value) {
-                headers.insert(HeaderName::from_static(name), value);
-            }
-        });
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    headers.insert(HeaderName::from_static(name), value);
+                }
+            },
+        );
     }
 }
 

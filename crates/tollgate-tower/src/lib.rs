@@ -70,7 +70,7 @@
 //! - `rejection`: [`Rejection`], every refusal and its HTTP response (RFC 9457 problem body)
 //!   or gRPC status.
 //! - `body`: [`GateBody`], the inner service's body or one a layer wrote.
-//! - `headers`: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers) and
+//! - `headers`: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11) and
 //!   `Retry-After`; [`insert_rate_limit_headers`].
 //! - `engine`: the type-erased engine the layers share, and the lease guard that frees a lock
 //!   when a handler is cancelled.
@@ -104,3 +104,8 @@ pub use rejection::{QUOTA_EXCEEDED, Rejection};
 
 #[cfg(feature = "macros")]
 pub use tollgate_macros::{prevent_duplicate, rate_limit};
+
+/// docs/middleware.md's examples, compiled (and the runnable ones run) as doctests.
+#[cfg(all(doctest, feature = "axum", feature = "tonic"))]
+#[doc = include_str!("../../../docs/middleware.md")]
+pub struct MiddlewareGuide;

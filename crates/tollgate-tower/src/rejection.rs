@@ -29,7 +29,7 @@ where
 }
 
 /// The problem type of a request refused for exceeding a quota
-/// (draft-ietf-httpapi-ratelimit-headers).
+/// (draft-ietf-httpapi-ratelimit-headers-11).
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// A request turned away by a rate limit or a duplicate guard, or one that could not be
@@ -389,7 +389,12 @@ impl Rejection {
             }
         }
         if let Rejection::RateLimited(decision) = &self {
-            insert_fields(style.for_answer(false), decision.rules(), headers);
+            insert_fields(
+                style.for_answer(false),
+                decision.rules(),
+                decision.retry_after(),
+                headers,
+            );
         }
         if grpc {
             headers.insert(

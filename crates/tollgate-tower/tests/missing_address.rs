@@ -57,7 +57,9 @@ async fn a_missing_client_address_is_logged_once() {
     }
     let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     assert_eq!(
-        logged.matches("into_make_service_with_connect_info").count(),
+        logged
+            .matches("into_make_service_with_connect_info")
+            .count(),
         1,
         "{logged}"
     );

@@ -1,5 +1,8 @@
-//! The rate-limit header fields of a decision, as text: `RateLimit-Policy` and `RateLimit`
-//! (draft-ietf-httpapi-ratelimit-headers), or the older one-rule forms. Every front end writes
+//! The rate-limit header fields of a decision, as text: `RateLimit-Policy` and `RateLimit` as
+//! draft-ietf-httpapi-ratelimit-headers-11 (2026-05) has them (the same fields as -10: policy
+//! names as strings, `q`, `w`, `qu` and `r`, `t`; a denying rule's `t` is the time until more
+//! quota is available, never later than `Retry-After`), or the older one-rule forms
+//! (`X-RateLimit-*`, and draft-06's `RateLimit-Limit`/`-Remaining`/`-Reset`). Every front end writes
 //! these: the tower layer into its responses, the server into its answers and into Envoy's
 //! `response_headers_to_add`.
 //!
@@ -17,7 +20,7 @@
 //! let decision = gate.check(&policy, &who, 1).await?;
 //!
 //! let mut written = Vec::new();
-//! fields.write(HeaderStyle::Draft, decision.rules(), |name, value| {
+//! fields.write(HeaderStyle::Draft, decision.rules(), decision.retry_after(), |name, value| {
 //!     written.push((name, value.to_owned()))
 //! });
 //! assert_eq!(written, [
@@ -26,7 +29,7 @@
 //! ]);
 //!
 //! written.clear();
-//! fields.write(HeaderStyle::Legacy, decision.rules(), |name, value| {
+//! fields.write(HeaderStyle::Legacy, decision.rules(), decision.retry_after(), |name, value| {
 //!     written.push((name, value.to_owned()))
 //! });
 //! assert_eq!(written, [
@@ -70,7 +73,7 @@ use crate::{INLINE_RULES, LimiterName, Policy, RuleDecision, format_duration};
 )]
 #[non_exhaustive]
 pub enum HeaderStyle {
-    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers), every rule.
+    /// `RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11), every rule.
     #[default]
     Draft,
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` (seconds until the
@@ -234,10 +237,22 @@ fn write_policy(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[Stri
     }
 }
 
-/// The `RateLimit` items of `rules`, named `names` (quoted).
-fn write_limits(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[String]) {
+/// The `RateLimit` items of `rules`, named `names` (quoted). `t` is the time until the quota
+/// is back; for a rule that denied, the time until more of it is available (draft-10 and
+/// later), `wait` (the decision's `retry_after`), so that `Retry-After` is never earlier than
+/// the effective window.
+fn write_limits(
+    out: &mut impl fmt::Write,
+    rules: &[RuleDecision],
+    names: &[String],
+    wait: Option<Duration>,
+) {
     for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
-        let (r, t) = (rule.remaining, ceil_secs(rule.reset_after));
+        let t = match wait {
+            Some(wait) if !rule.allowed => wait,
+            _ => rule.reset_after,
+        };
+        let (r, t) = (rule.remaining, ceil_secs(t));
         write_item(out, i, name, ["r", "t"], [r, t]);
     }
 }
@@ -277,15 +292,24 @@ fn closest(rules: &[RuleDecision]) -> Option<&RuleDecision> {
 ///
 /// Shadow rules (see [`Limiter::with_shadow`](crate::Limiter::with_shadow)) are left out: a
 /// client is told only of the limits that are enforced.
-pub fn write_fields(style: HeaderStyle, rules: &[RuleDecision], f: impl FnMut(&'static str, &str)) {
+///
+/// `wait` is the decision's `retry_after` when it denied: a denying rule's `t` then says when
+/// more quota is available (draft-ietf-httpapi-ratelimit-headers-10 and -11), rather than when
+/// all of it is back.
+pub fn write_fields(
+    style: HeaderStyle,
+    rules: &[RuleDecision],
+    wait: Option<Duration>,
+    f: impl FnMut(&'static str, &str),
+) {
     if let Some(enforced) = without_shadow(rules) {
-        return write_fields(style, &enforced, f);
+        return write_fields(style, &enforced, wait, f);
     }
     if rules.is_empty() {
         return;
     }
     let names: Vec<String> = policy_names(rules).iter().map(|n| sf_string(n)).collect();
-    write_with(style, rules, &names, None, f);
+    write_with(style, rules, &names, None, wait, f);
 }
 
 /// The enforced rules of `rules`, if some of them are shadow.
@@ -301,6 +325,7 @@ fn write_with(
     rules: &[RuleDecision],
     names: &[String],
     policy: Option<&str>,
+    wait: Option<Duration>,
     mut f: impl FnMut(&'static str, &str),
 ) {
     if let Some(fields) = style.single_rule_names() {
@@ -331,7 +356,7 @@ fn write_with(
             text.clear();
         }
     }
-    write_limits(&mut text, rules, names);
+    write_limits(&mut text, rules, names, wait);
     f(RATELIMIT, text.as_str());
 }
 
@@ -385,10 +410,11 @@ impl PolicyFields {
         &self,
         style: HeaderStyle,
         rules: &[RuleDecision],
+        wait: Option<Duration>,
         f: impl FnMut(&'static str, &str),
     ) {
         if let Some(enforced) = without_shadow(rules) {
-            return self.write(style, &enforced, f);
+            return self.write(style, &enforced, wait, f);
         }
         let same = rules.len() == self.rules.len()
             && rules
@@ -396,9 +422,9 @@ impl PolicyFields {
                 .zip(&self.rules)
                 .all(|(a, (limiter, rule))| a.rule == *rule && a.limiter == *limiter);
         if same {
-            write_with(style, rules, &self.names, Some(&self.policy), f);
+            write_with(style, rules, &self.names, Some(&self.policy), wait, f);
         } else {
-            write_fields(style, rules, f);
+            write_fields(style, rules, wait, f);
         }
     }
 }
@@ -420,7 +446,7 @@ mod tests {
 
     fn collect(style: HeaderStyle, rules: &[RuleDecision]) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
-        write_fields(style, rules, |n, v| out.push((n, v.to_owned())));
+        write_fields(style, rules, None, |n, v| out.push((n, v.to_owned())));
         out
     }
 
@@ -466,6 +492,35 @@ mod tests {
                     r#""jobs-concurrent";r=1;t=300, "ip-1m";r=99;t=60"#.to_owned()
                 ),
             ]
+        );
+    }
+
+    /// A denying rule's `t` is the wait for more quota (draft-10 and later), so `Retry-After`
+    /// is never earlier than it; an admitting rule's is the time until all of it is back.
+    #[test]
+    fn a_denying_rules_t_is_the_wait_for_more_quota() {
+        // A sliding log of 10/1m, one request at 0 s and nine at 50 s, asked again at 55 s:
+        // full again in 55 s, one more unit in 5 s.
+        let rules = [rule("ip", "10/1m", 0, 55), rule("ip", "100/1h", 40, 3000)];
+        let mut out = Vec::new();
+        write_fields(
+            HeaderStyle::Draft,
+            &rules,
+            Some(Duration::from_secs(5)),
+            |n, v| {
+                out.push((n, v.to_owned()));
+            },
+        );
+        assert_eq!(
+            out[1],
+            (
+                RATELIMIT,
+                r#""ip-1m";r=0;t=5, "ip-1h";r=40;t=3000"#.to_owned()
+            )
+        );
+        assert_eq!(
+            collect(HeaderStyle::Draft, &rules)[1].1,
+            r#""ip-1m";r=0;t=55, "ip-1h";r=40;t=3000"#
         );
     }
 

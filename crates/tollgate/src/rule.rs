@@ -416,7 +416,9 @@ pub enum DurationError {
     )]
     MissingUnit(String),
     /// The unit is not one of ms, s, m, h, d, w, their abbreviations or their names.
-    #[error("unknown unit {0:?} (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)")]
+    #[error(
+        "unknown unit {0:?} (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"
+    )]
     UnknownUnit(String),
     /// The number does not fit.
     #[error("duration {0:?} is too long")]

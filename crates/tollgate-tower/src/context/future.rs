@@ -52,7 +52,7 @@ where
             let rules =
                 std::mem::take(&mut *admitted.lock().unwrap_or_else(PoisonError::into_inner));
             if !has_fields(*this.style, response.headers()) {
-                insert_fields(*this.style, &rules, response.headers_mut());
+                insert_fields(*this.style, &rules, None, response.headers_mut());
             }
         }
         Poll::Ready(Ok(response))

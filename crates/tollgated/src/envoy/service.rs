@@ -141,7 +141,7 @@ fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<He
         })
         .collect();
     let mut headers = Vec::new();
-    fields::write_fields(style, &rules, |key, value| {
+    fields::write_fields(style, &rules, None, |key, value| {
         headers.push(HeaderValue {
             key: key.to_owned(),
             value: value.to_owned(),

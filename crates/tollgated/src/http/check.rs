@@ -115,15 +115,17 @@ async fn decide(app: &App, req: CheckRequest<'_>, consume: bool) -> Result<Respo
     let mut response = json_bytes(body);
     let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
-    entry.fields.write(style, decision.rules(), |name, value| {
-        let made = entry
-            .policy_field
-            .as_ref()
-            .filter(|made| name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes());
-        if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
-            headers.insert(HeaderName::from_static(name), value);
-        }
-    });
+    let wait = decision.retry_after();
+    entry
+        .fields
+        .write(style, decision.rules(), wait, |name, value| {
+            let made = entry.policy_field.as_ref().filter(|made| {
+                name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes()
+            });
+            if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        });
     Ok(response)
 }
 
