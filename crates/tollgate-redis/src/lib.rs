@@ -32,6 +32,16 @@
 //! bounded by [`RedisStoreBuilder::timeout`] (100 ms by default); a failure is a
 //! [`tollgate::StoreError`] that the engine answers with the policy's `on_error`.
 //!
+//! # The local over-limit cache (on by default)
+//! Each store remembers, in this process, the denials and bans Redis answered, and denies
+//! again locally until they end, so an identity hammering a limit it is over costs Redis one
+//! call. It never admits, so it never over-admits; but **an unban or a reset made through
+//! another instance (another process, the server's admin API elsewhere, `redis-cli`) does not
+//! reach it**: this instance keeps denying until the remembered end (at most the denial's
+//! `retry_after` or the ban's remaining time). One made through this store clears it at once.
+//! Where unbans must take effect everywhere at once, build the store with
+//! [`RedisStoreBuilder::local_cache`]`(false)` or `?local_cache=off` in the URL.
+//!
 //! # Versions and features
 //! Redis 5.0 or newer: the scripts use commands Redis 4.0 has and replicate their effects (the
 //! default since 5.0; they ask for it on older servers). The test suite runs against Redis 7.0.
