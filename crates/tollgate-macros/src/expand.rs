@@ -174,7 +174,62 @@ fn check_signature(item: &ItemFn, kind: Kind) -> syn::Result<()> {
     match &sig.output {
         ReturnType::Default => Err(refusal(sig.paren_token.span.join())),
         ReturnType::Type(_, ty) if matches!(**ty, Type::ImplTrait(_)) => Err(refusal(ty.span())),
+        // A type that is surely not a Result (`&'static str`, `String`, `Json<T>`, `()`): said
+        // here, rather than as a type mismatch inside the expansion.
+        ReturnType::Type(_, ty) if not_a_result(ty) => Err(syn::Error::new(
+            ty.span(),
+            format!(
+                "a {} fn must return Result<T, E> with E: From<tollgate_tower::Rejection>, so \
+                 that a refusal can be returned; this one returns `{}`: write \
+                 `Result<{}, tollgate_tower::Rejection>` (Rejection is an axum response)",
+                kind.name(),
+                type_text(ty),
+                type_text(ty),
+            ),
+        )),
         ReturnType::Type(..) => Ok(()),
+    }
+}
+
+/// A type as written, without the token printer's spaces (`&'static str`, `Json<Vec<u8>>`).
+fn type_text(ty: &Type) -> String {
+    let mut text = ty.to_token_stream().to_string();
+    for (spaced, tight) in [
+        ("& ", "&"),
+        (" <", "<"),
+        ("< ", "<"),
+        (" >", ">"),
+        (" ,", ","),
+        (" :: ", "::"),
+    ] {
+        text = text.replace(spaced, tight);
+    }
+    text
+}
+
+/// A return type that cannot be a `Result` (an alias of one, `AppResult<T>`, can).
+fn not_a_result(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(_) | Type::Tuple(_) | Type::Array(_) | Type::Slice(_) | Type::Never(_) => {
+            true
+        }
+        Type::Path(path) => path.path.segments.last().is_some_and(|last| {
+            matches!(
+                last.ident.to_string().as_str(),
+                "String"
+                    | "Json"
+                    | "Html"
+                    | "StatusCode"
+                    | "Response"
+                    | "Vec"
+                    | "Option"
+                    | "Bytes"
+                    | "Redirect"
+                    | "bool"
+            )
+        }),
+        Type::Paren(inner) => not_a_result(&inner.elem),
+        _ => false,
     }
 }
 
