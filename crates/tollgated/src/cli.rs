@@ -79,9 +79,27 @@ pub struct ServeArgs {
 /// `tollgate check-config`.
 #[derive(Debug, Args)]
 pub struct CheckConfigArgs {
-    /// The TOML configuration file.
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
+    /// The TOML configuration file (as `serve --config FILE`; `check-config FILE` works too).
+    #[arg(
+        long = "config",
+        short = 'c',
+        value_name = "FILE",
+        required_unless_present = "positional",
+        conflicts_with = "positional"
+    )]
+    config: Option<PathBuf>,
+    #[arg(value_name = "FILE", hide = true)]
+    positional: Option<PathBuf>,
+}
+
+impl CheckConfigArgs {
+    /// The file to check.
+    pub fn file(&self) -> &std::path::Path {
+        self.config
+            .as_deref()
+            .or(self.positional.as_deref())
+            .unwrap_or(std::path::Path::new(""))
+    }
 }
 
 /// How log lines look.

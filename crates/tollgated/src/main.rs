@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig(args) => match tollgated::check_config(&args) {
             Ok(summary) => {
-                println!("{}: ok", args.file.display());
+                println!("{}: ok", args.file().display());
                 print!("{summary}");
                 ExitCode::SUCCESS
             }

@@ -19,7 +19,7 @@ use crate::{
 
 /// Runs `tollgate check-config`: prints the policies, or the error.
 pub fn check_config(args: &CheckConfigArgs) -> Result<String, String> {
-    Config::load(&args.file)
+    Config::load(args.file())
         .map(|c| c.summary())
         .map_err(|e| e.to_string())
 }

@@ -39,6 +39,25 @@ fn check_config_prints_the_policies_of_a_valid_file() {
     ] {
         assert!(stdout.contains(needle), "{needle:?} not in\n{stdout}");
     }
+    // `--config FILE`, as `serve` takes it, checks the same file.
+    let dir = TempDir::new();
+    let path = dir.write("tollgate.toml", &text);
+    for flag in ["--config", "-c"] {
+        let out = Command::new(binary())
+            .args(["check-config", flag])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{flag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let checked = String::from_utf8_lossy(&out.stdout).into_owned();
+        // The same summary, after the line naming the file.
+        let summary = |text: &str| text.split_once('\n').map(|(_, rest)| rest.to_owned());
+        assert_eq!(summary(&checked), summary(&stdout), "{flag}");
+    }
 }
 
 #[test]
