@@ -147,7 +147,7 @@ impl Dashboard {
         if self.enabled
             && matches!(
                 decision.reason(),
-                Reason::RateLimited | Reason::ConcurrencyLimited
+                Reason::RateLimited | Reason::ConcurrencyLimited | Reason::Blocked
             )
         {
             self.limited(name, policy, identity, decision);
@@ -157,12 +157,16 @@ impl Dashboard {
     #[cold]
     fn limited(&self, name: &str, policy: &Policy, identity: &Identity, decision: &Decision) {
         let mut found = Vec::new();
+        // A ban refuses before any rule: each limiter's identity is shown as banned.
+        let banned = decision.reason() == Reason::Blocked;
         for limiter in policy.limiters() {
-            let Some(rule) = decision
+            let rule = match decision
                 .denied_rules()
                 .find(|r| &*r.limiter == limiter.name())
-            else {
-                continue;
+            {
+                Some(rule) => rule.rule.to_string(),
+                None if banned => "banned".to_owned(),
+                None => continue,
             };
             let Some(value) = limiter.dimension().value(identity) else {
                 continue;
@@ -176,7 +180,7 @@ impl Dashboard {
                 },
                 Seen {
                     by: limiter.dimension().to_string(),
-                    rule: rule.rule.to_string(),
+                    rule,
                 },
             ));
         }

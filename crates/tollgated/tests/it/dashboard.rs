@@ -221,7 +221,7 @@ async fn the_dashboard_works_in_a_real_browser() {
             "--no-sandbox",
             "--disable-gpu",
             "--disable-dev-shm-usage",
-            "--window-size=1280,1000",
+            "--window-size=1400,1000",
             format!("--user-data-dir={}", profile.path().display()),
         ],
     });
@@ -274,6 +274,35 @@ async fn the_dashboard_works_in_a_real_browser() {
         "document.querySelector('#legend').innerText.includes('login · rate_limited')",
     )
     .await;
+    // Colours by meaning: refusals red, admissions green, whatever the order of the series.
+    let swatch = |label: &str| {
+        format!(
+            "[...document.querySelectorAll('#legend li')].find((li) => li.innerText.includes('{label}')).querySelector('.swatch').style.background"
+        )
+    };
+    wait_until(
+        &browser,
+        "rate_limited drawn red and ok green",
+        &format!(
+            "{} === 'rgb(164, 22, 26)' && {} === 'rgb(27, 110, 53)'",
+            swatch("login · rate_limited"),
+            swatch("login · ok")
+        ),
+    )
+    .await;
+    // With the token in use, the page says so; the top list fits a 1400 px window.
+    wait_until(
+        &browser,
+        "the admin badge",
+        "!document.querySelector('#admin-badge').hidden",
+    )
+    .await;
+    wait_until(
+        &browser,
+        "the top list within its panel",
+        "document.querySelector('#top').scrollWidth <= document.querySelector('#top').parentElement.clientWidth",
+    )
+    .await;
 
     // A ban from the form: the check API denies the address.
     wait_until(
@@ -302,11 +331,24 @@ async fn the_dashboard_works_in_a_real_browser() {
     let banned = server.check("login", json!({ "ip": "198.51.100.7" })).await;
     assert_eq!(banned["allowed"], false, "{banned}");
     assert_eq!(banned["reason"], "blocked", "{banned}");
+    // Blocked traffic is counted in the top list too.
+    wait_until(
+        &browser,
+        "the banned address in the top list",
+        &format!(
+            "{}.includes('ip 198.51.100.7\\tlogin / ip\\tbanned')",
+            table_text("top")
+        ),
+    )
+    .await;
 
-    // The picture for the docs, with the top list, the ban and the chart on it.
+    // The picture for the docs, taken by hand (TOLLGATE_DASHBOARD_SCREENSHOT=1), with the top
+    // list, the ban and the chart on it.
     let png = browser.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
-    std::fs::write(docs_dir().join("dashboard.png"), &png).unwrap();
+    if std::env::var_os("TOLLGATE_DASHBOARD_SCREENSHOT").is_some() {
+        std::fs::write(docs_dir().join("dashboard.png"), &png).unwrap();
+    }
 
     // Unban: the address is admitted again.
     click(&browser, "button[aria-label='Unban ip 198.51.100.7']").await;
@@ -329,8 +371,8 @@ async fn the_dashboard_works_in_a_real_browser() {
         .unwrap();
     wait_until(
         &browser,
-        "the top list hidden",
-        "document.querySelector('#top').hidden",
+        "the top list and the admin badge hidden",
+        "document.querySelector('#top').hidden && document.querySelector('#admin-badge').hidden",
     )
     .await;
     browser.close().await.unwrap();

@@ -4,7 +4,24 @@
 'use strict';
 
 const POLL_MS = 1000;
-const COLORS = ['#0b5cad', '#a4161a', '#1b6e35', '#6b3fa0', '#8a4b00', '#00666b', '#3d3d3d', '#b0106b'];
+// A colour per reason, by meaning (admitted green, refused red, ...), so that it reads the
+// same whatever series there are; a second policy with the same reason takes a lighter shade.
+const REASON_COLORS = {
+  ok: '#1b6e35',
+  bypassed: '#00666b',
+  rate_limited: '#a4161a',
+  concurrency_limited: '#8a4b00',
+  blocked: '#6b3fa0',
+  cost_exceeds_limit: '#b0106b',
+  store_unavailable: '#3d3d3d',
+};
+
+function seriesColor(reason, shade) {
+  const base = REASON_COLORS[reason] || '#0b5cad';
+  const mix = [0, 0.35, 0.55, 0.7][Math.min(shade, 3)];
+  const channel = (i) => Math.round(parseInt(base.slice(i, i + 2), 16) * (1 - mix) + 255 * mix);
+  return 'rgb(' + channel(1) + ',' + channel(3) + ',' + channel(5) + ')';
+}
 const SVG = 'http://www.w3.org/2000/svg';
 const $ = (id) => document.getElementById(id);
 
@@ -93,8 +110,10 @@ function drawChart(decisions) {
   });
   const legend = $('legend');
   legend.replaceChildren();
-  series.forEach((s, k) => {
-    const color = COLORS[k % COLORS.length];
+  const shades = {};
+  series.forEach((s) => {
+    const shade = shades[s.reason] = (shades[s.reason] ?? -1) + 1;
+    const color = seriesColor(s.reason, shade);
     const path = document.createElementNS(SVG, 'polyline');
     path.setAttribute('points', s.counts.map((c, i) => x(i).toFixed(1) + ',' + y(c).toFixed(1)).join(' '));
     path.setAttribute('fill', 'none');
@@ -251,6 +270,8 @@ function drawBans() {
 
 function setAdminViews() {
   const on = admin === 'ok' && adminEnabled;
+  // Who uses this page with an admin token sees it said, always.
+  $('admin-badge').hidden = !on;
   for (const id of ['top', 'bans']) $(id).hidden = !on;
   for (const e of $('ban-form').elements) e.disabled = !on;
   if (!adminEnabled) {
