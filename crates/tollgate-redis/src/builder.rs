@@ -196,17 +196,13 @@ impl RedisStoreBuilder {
     /// After that the store reconnects by itself; calls made while it cannot reach a server
     /// fail within the timeout.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
-        let target = error::redact(&self.url);
-        let bad_url = |why: String| unavailable(format!("invalid Redis URL {target:?}: {why}"));
-        let (url, options) = url::take_store_options(&self.url).map_err(bad_url)?;
-        let batching = pick("batching", options.batching, self.batching).map_err(bad_url)?;
-        let local_cache =
-            pick("local_cache", options.local_cache, self.local_cache).map_err(bad_url)?;
-        let (url, certs) = self.tls(&url).map_err(bad_url)?;
-        let parsed = url::parse(&url).map_err(bad_url)?;
-        if url.starts_with("rediss") {
-            crypto_provider().map_err(bad_url)?;
-        }
+        let Settings {
+            target,
+            batching,
+            local_cache,
+            certs,
+            parsed,
+        } = self.settings()?;
         let connect_timeout = self.timeout.max(MIN_CONNECT_TIMEOUT);
         let limit = connect_timeout * 2;
         let invalid =
@@ -298,6 +294,50 @@ impl RedisStoreBuilder {
                 cache: local_cache.then(LocalCache::new),
                 epoch: Instant::now(),
             }),
+        })
+    }
+}
+
+/// What a builder's URL, options and files say, before anything connects.
+struct Settings {
+    target: String,
+    batching: bool,
+    local_cache: bool,
+    certs: Option<TlsCertificates>,
+    parsed: Target,
+}
+
+impl RedisStoreBuilder {
+    /// Checks the URL, its options and the TLS files, without connecting: the errors
+    /// [`build`](Self::build) would give before it tries the network. A server can so tell
+    /// a mistake in its configuration from a Redis that does not answer yet.
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.settings().map(drop)
+    }
+
+    fn settings(&self) -> Result<Settings, StoreError> {
+        let target = error::redact(&self.url);
+        let bad_url = |why: String| {
+            StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("invalid Redis URL {target:?}: {why}"),
+            )
+        };
+        let (url, options) = url::take_store_options(&self.url).map_err(bad_url)?;
+        let batching = pick("batching", options.batching, self.batching).map_err(bad_url)?;
+        let local_cache =
+            pick("local_cache", options.local_cache, self.local_cache).map_err(bad_url)?;
+        let (url, certs) = self.tls(&url).map_err(bad_url)?;
+        let parsed = url::parse(&url).map_err(bad_url)?;
+        if url.starts_with("rediss") {
+            crypto_provider().map_err(bad_url)?;
+        }
+        Ok(Settings {
+            target,
+            batching,
+            local_cache,
+            certs,
+            parsed,
         })
     }
 }

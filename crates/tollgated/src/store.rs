@@ -1,9 +1,17 @@
 //! The store: `[store]` settings, and opening the store named by `store.url`.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    future::Future,
+    path::PathBuf,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
-use tollgate::{AnyStore, MemoryStore, OnError};
-use tollgate_redis::RedisStore;
+use tollgate::{
+    AnyStore, BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, LockReply, MemoryStore,
+    OnError, Receipt, Store, StoreError, StoreErrorKind, Verdict,
+};
+use tollgate_redis::{RedisStore, RedisStoreBuilder};
 
 /// `[store]`, with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,16 +89,42 @@ fn scheme(url: &str) -> Option<&str> {
 pub(crate) enum Opened {
     Memory(MemoryStore),
     Redis(RedisStore),
+    /// Redis did not answer at start; it is being reached (see [`Late`]).
+    Late,
 }
 
-/// Opens the store of `settings`: the embedded memory store, or Redis (which must answer now).
-/// The store is also returned as itself, for its statistics.
+/// Opens the store of `settings`: the embedded memory store, or Redis. The store is also
+/// returned as itself, for its statistics.
+///
+/// A mistake in the settings is an error. A Redis that does not answer yet is one too with
+/// `on_error = "deny"`; with `allow` or `local` the server starts degraded: every check is
+/// answered by `on_error`, `/readyz` says the store is unavailable, and the store is tried
+/// again in the background until it answers (logged once when it fails, once when it answers).
 pub(crate) async fn open(settings: &StoreSettings) -> Result<(AnyStore, Opened), String> {
     check_url(&settings.url)?;
     if scheme(&settings.url) == Some("memory") {
         let memory = settings.memory.build();
         return Ok((AnyStore::new(memory.clone()), Opened::Memory(memory)));
     }
+    let cannot = |e: StoreError| format!("cannot open the store: {e}");
+    redis_builder(settings).check().map_err(cannot)?;
+    match redis_builder(settings).build().await {
+        Ok(store) => Ok((AnyStore::new(store.clone()), Opened::Redis(store))),
+        Err(e) if settings.on_error != OnError::Deny => {
+            tracing::error!(
+                error = %e,
+                "the store does not answer; starting degraded: every check is answered by on_error = {:?} until it does (tried again every second)",
+                settings.on_error
+            );
+            let late = Late::default();
+            tokio::spawn(late.clone().reach(settings.clone()));
+            Ok((AnyStore::new(late), Opened::Late))
+        }
+        Err(e) => Err(cannot(e)),
+    }
+}
+
+fn redis_builder(settings: &StoreSettings) -> RedisStoreBuilder {
     let mut builder = RedisStore::builder(&settings.url).timeout(settings.timeout);
     if let Some(ca) = &settings.tls_ca_file {
         builder = builder.tls_ca_file(ca);
@@ -98,11 +132,147 @@ pub(crate) async fn open(settings: &StoreSettings) -> Result<(AnyStore, Opened),
     if let Some((cert, key)) = &settings.tls_client_cert {
         builder = builder.tls_client_cert(cert, key);
     }
-    let store = builder
-        .build()
-        .await
-        .map_err(|e| format!("cannot open the store: {e}"))?;
-    Ok((AnyStore::new(store.clone()), Opened::Redis(store)))
+    builder
+}
+
+/// A Redis store that did not answer at start: unavailable (so `on_error` answers) until a
+/// background task reaches it, then that store.
+#[derive(Clone, Default)]
+pub(crate) struct Late(Arc<OnceLock<RedisStore>>);
+
+impl Late {
+    /// Builds the store until it answers, a second apart.
+    async fn reach(self, settings: StoreSettings) {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if let Ok(store) = redis_builder(&settings).build().await {
+                let _ = self.0.set(store);
+                tracing::info!("the store answers: checks use it from now on");
+                return;
+            }
+        }
+    }
+
+    fn store(&self) -> Result<RedisStore, StoreError> {
+        self.0.get().cloned().ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the store has not answered since the server started",
+            )
+        })
+    }
+}
+
+/// Each call goes to the store once it answers; until then, it fails as unavailable.
+impl Store for Late {
+    fn check(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.check(request).await }
+    }
+
+    fn reset(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let store = self.store();
+        async move { store?.reset(request).await }
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let store = self.store();
+        async move { store?.ping().await }
+    }
+
+    fn extend(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: &Receipt,
+    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.extend(request, receipt).await }
+    }
+
+    fn refund(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let store = self.store();
+        async move { store?.refund(request, receipt).await }
+    }
+
+    fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<LockReply, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.lock_acquire(key, token, fingerprint, ttl).await }
+    }
+
+    fn lock_release(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.lock_release(key, token).await }
+    }
+
+    fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.lock_complete(key, token, response, keep_for).await }
+    }
+
+    fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.bans(prefix).await }
+    }
+
+    fn ban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let store = self.store();
+        async move { store?.ban(prefix, target, duration).await }
+    }
+
+    fn unban(
+        &self,
+        prefix: &str,
+        target: &BanTarget,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.unban(prefix, target).await }
+    }
+
+    fn ban_count(&self, prefix: &str) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.ban_count(prefix).await }
+    }
+
+    fn bans_page(
+        &self,
+        prefix: &str,
+        after: Option<&BanCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.bans_page(prefix, after, limit).await }
+    }
 }
 
 /// The URL without its passwords (user info and `sentinel_password=`), for logs and

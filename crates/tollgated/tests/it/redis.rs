@@ -151,3 +151,57 @@ limiters = [{{ by = "ip", rules = ["1/1h"] }}]
     let keys = String::from_utf8_lossy(&keys.stdout);
     assert!(keys.contains("192.0.2.1"), "{keys}");
 }
+
+/// Redis down at start with `on_error = "allow"`: the server starts degraded (each check
+/// answered by `on_error`, `/readyz` unavailable, logged once), then uses Redis once it
+/// answers. With `deny` it refuses to start, as a fail-closed operator wants to know.
+#[tokio::test]
+async fn a_server_starts_degraded_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let url = redis.url();
+    let config = |on_error: &str| {
+        format!(
+            "[store]\nurl = \"{}\"\non_error = \"{on_error}\"\ntimeout = \"200ms\"\n\n\
+             [policies.a]\nlimiters = [{{ by = \"ip\", rules = [\"1/1h\"] }}]\n",
+            url
+        )
+    };
+    let mut server = Server::start(&config("allow"));
+    server.wait_for_line("starting degraded", 1);
+    let (status, _) = server.get("/readyz").await;
+    assert_eq!(status, 503);
+    let d = server.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(
+        (&d["allowed"], &d["reason"]),
+        (&json!(true), &json!("store_unavailable")),
+        "{d}"
+    );
+
+    redis.restart();
+    server.wait_for_line("the store answers", 1);
+    assert_eq!(server.get("/readyz").await.0, 200);
+    let first = server.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(first["reason"], "ok", "{first}");
+    let second = server.check("a", json!({ "ip": "192.0.2.1" })).await;
+    assert_eq!(
+        second["reason"], "rate_limited",
+        "counted in Redis: {second}"
+    );
+
+    redis.kill();
+    let dir = crate::support::TempDir::new();
+    let path = dir.write("tollgate.toml", &config("deny"));
+    let out = std::process::Command::new(crate::support::binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot open the store"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
