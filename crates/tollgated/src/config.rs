@@ -236,6 +236,7 @@ impl Config {
             Some(path) => {
                 let file = path.display().to_string();
                 let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+                    more: Vec::new(),
                     file: file.clone(),
                     line: None,
                     field: String::new(),
@@ -385,6 +386,9 @@ pub struct ConfigError {
     line: Option<usize>,
     field: String,
     message: String,
+    /// The file's other errors, in file order (one per section: the server, the store, each
+    /// policy, each Envoy domain): a mistake does not hide the next.
+    more: Vec<ConfigError>,
 }
 
 impl ConfigError {
@@ -399,7 +403,21 @@ impl ConfigError {
             line,
             field: field.into(),
             message: message.into(),
+            more: Vec::new(),
         }
+    }
+
+    /// One error of `errors` (at least one), the others after it, in file order.
+    fn all(mut errors: Vec<ConfigError>) -> ConfigError {
+        errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
+        let mut first = errors.remove(0);
+        first.more = errors;
+        first
+    }
+
+    /// This error and the file's others, in file order.
+    pub fn errors(&self) -> impl Iterator<Item = &ConfigError> {
+        std::iter::once(self).chain(&self.more)
     }
 
     /// The file as given.
@@ -424,16 +442,23 @@ impl ConfigError {
     }
 }
 
+/// `file:line: field: message`, then the file's other errors, a line each.
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.file)?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
+        for (i, e) in self.errors().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            f.write_str(&e.file)?;
+            if let Some(line) = e.line {
+                write!(f, ":{line}")?;
+            }
+            if !e.field.is_empty() {
+                write!(f, ": {}", e.field)?;
+            }
+            write!(f, ": {}", e.message)?;
         }
-        if !self.field.is_empty() {
-            write!(f, ": {}", self.field)?;
-        }
-        write!(f, ": {}", self.message)
+        Ok(())
     }
 }
 
@@ -459,6 +484,7 @@ impl Errors<'_> {
                 line: None,
                 field,
                 message: message.into(),
+                more: Vec::new(),
             };
         }
         ConfigError {
@@ -466,6 +492,7 @@ impl Errors<'_> {
             line: span.map(|s| line_of(self.text, s.start)),
             field,
             message: message.into(),
+            more: Vec::new(),
         }
     }
 }
@@ -849,29 +876,80 @@ fn valid_name(name: &str) -> bool {
 }
 
 impl RawConfig {
+    /// The configuration, or every section's first error (see [`ConfigError::errors`]).
     fn validate(self, errors: &Errors<'_>) -> Result<Config, ConfigError> {
-        let server = self.server.validate(errors)?;
+        let mut found = Vec::new();
+        let server = self.server.validate(errors).map_err(|e| found.push(e)).ok();
         let on_error_set = self.store.on_error.is_some();
-        let store = self.store.validate(errors)?;
+        let store = self.store.validate(errors).map_err(|e| found.push(e)).ok();
+        let on_error = store.as_ref().map_or(OnError::default(), |s| s.on_error);
         let mut policies = BTreeMap::new();
         for (name, raw) in self.policies {
             let span = raw.span();
             let field = format!("policies.{name}");
             if !valid_name(&name) {
-                return Err(errors.at(
+                found.push(errors.at(
                     Some(span),
                     field,
                     "a policy name uses only letters, digits, '_', '-' and '.' (at most 64)",
                 ));
+                continue;
             }
-            let entry = raw
+            match raw
                 .into_inner()
-                .validate(&name, &field, span, store.on_error, errors)?;
-            policies.insert(name, entry);
+                .validate(&name, &field, span, on_error, errors)
+            {
+                Ok(entry) => {
+                    policies.insert(name, entry);
+                }
+                Err(e) => found.push(e),
+            }
         }
-        let mut domains = DomainsBuilder::new(store.on_error, on_error_set, self.envoy.shadow);
+        let envoy = Self::validate_envoy(self.envoy, on_error, on_error_set, errors);
+        let (envoy, envoy_yaml, envoy_headers, envoy_header_names, require_domains) = match envoy {
+            Ok(envoy) => envoy,
+            Err(e) => {
+                found.push(e);
+                return Err(ConfigError::all(found));
+            }
+        };
+        let (Some(server), Some(store), true) = (server, store, found.is_empty()) else {
+            return Err(ConfigError::all(found));
+        };
+        Ok(Config {
+            server,
+            store,
+            policies,
+            envoy,
+            envoy_yaml,
+            require_domains,
+            envoy_headers,
+            envoy_header_names,
+            env: Vec::new(),
+        })
+    }
+
+    /// `[[envoy.domains]]` and `[envoy]`: the domains, the YAML's path, the headers' style
+    /// and names, and whether `/healthcheck` needs a domain; the section's first error.
+    #[allow(clippy::type_complexity)]
+    fn validate_envoy(
+        envoy: RawEnvoy,
+        on_error: OnError,
+        on_error_set: bool,
+        errors: &Errors<'_>,
+    ) -> Result<
+        (
+            Domains,
+            Option<(PathBuf, bool)>,
+            HeaderStyle,
+            Arc<[String; 3]>,
+            bool,
+        ),
+        ConfigError,
+    > {
+        let mut domains = DomainsBuilder::new(on_error, on_error_set, envoy.shadow);
         let mut seen = HashSet::new();
-        for (i, domain) in self.envoy.domains.into_iter().enumerate() {
+        for (i, domain) in envoy.domains.into_iter().enumerate() {
             let span = domain.span();
             let field = format!("envoy.domains[{i}]");
             let domain = domain.into_inner();
@@ -893,7 +971,7 @@ impl RawConfig {
                 .domain(domain, span.clone())
                 .map_err(|(span, sub, msg)| errors.at(Some(span), format!("{field}{sub}"), msg))?;
         }
-        let envoy_yaml = match self.envoy.ratelimit_config {
+        let envoy_yaml = match envoy.ratelimit_config {
             None => None,
             Some(spanned) => {
                 let span = spanned.span();
@@ -902,7 +980,7 @@ impl RawConfig {
                     Some(dir) if given.is_relative() => dir.join(&given),
                     _ => given,
                 };
-                let ignore = self.envoy.ignore_dotfiles;
+                let ignore = envoy.ignore_dotfiles;
                 let files = yaml::load(&path, ignore).map_err(|e| {
                     if e.field() == "envoy.ratelimit_config" {
                         errors.at(Some(span.clone()), e.field(), e.to_string())
@@ -910,10 +988,10 @@ impl RawConfig {
                         e
                     }
                 })?;
-                let algorithm = self.envoy.algorithm.unwrap_or(Algorithm::FixedWindow);
+                let algorithm = envoy.algorithm.unwrap_or(Algorithm::FixedWindow);
                 for file in &files {
                     domains
-                        .yaml_domain(file, self.envoy.merge_domains, algorithm)
+                        .yaml_domain(file, envoy.merge_domains, algorithm)
                         .map_err(|message| {
                             ConfigError::new(
                                 file.path.display().to_string(),
@@ -926,19 +1004,15 @@ impl RawConfig {
                 Some((path, ignore))
             }
         };
-        Ok(Config {
-            server,
-            store,
-            policies,
-            envoy: domains.build(),
+        Ok((
+            domains.build(),
             envoy_yaml,
-            require_domains: self.envoy.require_domains,
-            envoy_headers: self.envoy.headers.unwrap_or(HeaderStyle::None),
-            envoy_header_names: Arc::new(self.envoy.header_names.unwrap_or_else(|| {
+            envoy.headers.unwrap_or(HeaderStyle::None),
+            Arc::new(envoy.header_names.unwrap_or_else(|| {
                 ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"].map(String::from)
             })),
-            env: Vec::new(),
-        })
+            envoy.require_domains,
+        ))
     }
 }
 

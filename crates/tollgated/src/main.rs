@@ -16,7 +16,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("error: {e}");
+                print_errors(&e);
                 ExitCode::FAILURE
             }
         },
@@ -62,9 +62,16 @@ fn run(server: impl std::future::Future<Output = Result<(), String>>) -> ExitCod
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            eprintln!("error: {e}");
+            print_errors(&e);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// One `error: ` line per error (a configuration reports each of its mistakes).
+fn print_errors(errors: &str) {
+    for line in errors.lines() {
+        eprintln!("error: {line}");
     }
 }
 

@@ -36,6 +36,7 @@ pub(super) fn apply(
         Some((var, value))
     };
     let error = |var: &str, field: &str, message: String| ConfigError {
+        more: Vec::new(),
         file: var.to_owned(),
         line: None,
         field: field.to_owned(),
@@ -74,6 +75,7 @@ pub(super) fn apply(
         T::Err: std::fmt::Display,
     {
         text.trim().parse().map_err(|e| ConfigError {
+            more: Vec::new(),
             file: var.to_owned(),
             line: None,
             field: field.to_owned(),

@@ -216,3 +216,26 @@ fn json_logs_are_one_object_per_line() {
     let addr = listening.expect("a JSON 'HTTP API listening' line");
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
 }
+
+/// Every section's mistake is reported, in file order, not only the first (a text that does
+/// not read as TOML of the expected types stops at its first error).
+#[test]
+fn check_config_reports_every_mistake_in_file_order() {
+    let (code, _, stderr) = check_config(
+        "[server]\nmax_batch = 0\n\n\
+         [policies.\"a b\"]\nlimiters = [{ by = \"ip\", rules = [\"1/1m\"] }]\n\n\
+         [policies.c]\nlimiters = [{ by = \"ip\", rules = [\"1/1m\"], concurrent = 0 }]\n\n\
+         [[envoy.domains]]\nname = \"\"\ndescriptors = []\n",
+    );
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    for (line, start) in lines.iter().zip([
+        "error: DIR/tollgate.toml:2: server.max_batch",
+        "error: DIR/tollgate.toml:4: policies.a b",
+        "error: DIR/tollgate.toml:8: policies.c.limiters[0]",
+        "error: DIR/tollgate.toml:10: envoy.domains[0]",
+    ]) {
+        assert!(line.starts_with(start), "{start}\n{stderr}");
+    }
+}
