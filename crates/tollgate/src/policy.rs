@@ -160,6 +160,12 @@ impl Limiter {
     }
 
     /// Bans the offender's IP and user id when this limiter denies (see [`BanRule`]).
+    ///
+    /// The ban's reach is wide: it refuses the identity in **every** policy of the engine (it is
+    /// checked before any rule), and it covers every target of the request, not only this
+    /// limiter's dimension (an IP limiter's violation also bans the user id the request
+    /// carried). Use it for offenders to refuse everywhere; for a limit that should only hold
+    /// longer, a longer rule does that without touching other policies.
     #[must_use]
     pub fn with_blocklist(mut self, ban: BanRule) -> Limiter {
         self.ban = Some(ban);
