@@ -852,6 +852,11 @@ struct RawEnvoy {
     /// overall code OK.
     #[serde(default)]
     shadow: bool,
+    /// The YAML's domains check a request's descriptors all or nothing, as the reference's
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`; by default each counts on its own, as the
+    /// reference does.
+    #[serde(default)]
+    all_or_nothing: bool,
     /// Skip dotfiles in the directory, as the reference's `RUNTIME_IGNOREDOTFILES`.
     #[serde(default)]
     ignore_dotfiles: bool,
@@ -947,7 +952,8 @@ impl RawConfig {
         ),
         ConfigError,
     > {
-        let mut domains = DomainsBuilder::new(on_error, on_error_set, envoy.shadow);
+        let mut domains =
+            DomainsBuilder::new(on_error, on_error_set, envoy.shadow, envoy.all_or_nothing);
         let mut seen = HashSet::new();
         for (i, domain) in envoy.domains.into_iter().enumerate() {
             let span = domain.span();

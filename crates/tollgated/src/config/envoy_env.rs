@@ -12,6 +12,7 @@
 //! | `CACHE_KEY_PREFIX` | `store.prefix` |
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `envoy.ratelimit_config` |
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
+//! | `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` | `envoy.all_or_nothing` |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `envoy.headers = "draft6"` (else `none`) |
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `envoy.header_names` |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
@@ -174,6 +175,9 @@ pub(super) fn apply(
     }
     if let Some(text) = get("SHADOW_MODE") {
         raw.envoy.shadow = flag("SHADOW_MODE", &text)?;
+    }
+    if let Some(text) = get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT") {
+        raw.envoy.all_or_nothing = flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &text)?;
     }
     if let Some(text) = get("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
         raw.envoy.require_domains = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &text)?;

@@ -88,8 +88,15 @@ pub(crate) enum Semantics {
     /// `duration_until_reset` whole seconds to the end of the unit by this server's clock,
     /// OVER_LIMIT says 0 left, and a failing store fails the call (`UNAVAILABLE`: Envoy's
     /// `failure_mode_deny` decides) unless `on_error` was set. `shadow` keeps each status and
-    /// makes only the overall code OK (the reference's `SHADOW_MODE`).
-    Reference { fail_call: bool, shadow: bool },
+    /// makes only the overall code OK (the reference's `SHADOW_MODE`). With `independent`
+    /// (the reference's default), each counter is checked and counted on its own, as the
+    /// reference increments every descriptor; without (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`),
+    /// all or nothing.
+    Reference {
+        fail_call: bool,
+        shadow: bool,
+        independent: bool,
+    },
 }
 
 /// One domain: its descriptor tree, and the part of its counters' keys it fixes.
@@ -297,13 +304,20 @@ pub(crate) struct DomainsBuilder {
 
 impl DomainsBuilder {
     /// `on_error` for every domain; YAML domains fail the call when the store fails unless it
-    /// was set (`on_error_set`), and are all in shadow mode with `shadow`.
-    pub(crate) fn new(on_error: OnError, on_error_set: bool, shadow: bool) -> DomainsBuilder {
+    /// was set (`on_error_set`), are all in shadow mode with `shadow`, and count each counter
+    /// on its own unless `all_or_nothing`.
+    pub(crate) fn new(
+        on_error: OnError,
+        on_error_set: bool,
+        shadow: bool,
+        all_or_nothing: bool,
+    ) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
             reference: Semantics::Reference {
                 fail_call: !on_error_set,
                 shadow,
+                independent: !all_or_nothing,
             },
             bans_without_identity: false,
             staged: Vec::new(),

@@ -502,8 +502,15 @@ impl RateLimiter {
             .collect();
         drop_replaced(&mut matched);
         // A descriptor that blocks (`requests_per_unit: 0`) denies the request: the others are
-        // then only looked at, not counted.
+        // then only looked at, not counted (unless each counts on its own).
         let mut blocked = false;
+        let independent = matches!(
+            domain.semantics,
+            Semantics::Reference {
+                independent: true,
+                ..
+            }
+        );
         let mut groups: SmallVec<[Group; 1]> = SmallVec::new();
         // Every counter's key, one after the other; `name` is the counter's name (see
         // `counter_name`), written again for each descriptor.
@@ -558,7 +565,16 @@ impl RateLimiter {
                 }
             };
             let cost = descriptor_cost(descriptor, request_addend);
-            let g = match groups.iter().position(|g| g.cost == cost) {
+            // The key is the name's, so descriptors with one name share one counter.
+            let start = keys.len();
+            keys.reserve(prefix.len() + domain.scope.len() * 3 + name.len() * 3 + 8);
+            domain.push_key(&mut keys, prefix, &name);
+            // Checked together: the counters of one cost (all or nothing), or, counting as the
+            // reference does, each counter on its own.
+            let joins = |g: &Group| {
+                g.cost == cost && (!independent || keys[g.counters[0].key.clone()] == keys[start..])
+            };
+            let g = match groups.iter().position(joins) {
                 Some(g) => g,
                 None => {
                     groups.push(Group {
@@ -569,10 +585,6 @@ impl RateLimiter {
                     groups.len() - 1
                 }
             };
-            // The key is the name's, so descriptors with one name share one counter.
-            let start = keys.len();
-            keys.reserve(prefix.len() + domain.scope.len() * 3 + name.len() * 3 + 8);
-            domain.push_key(&mut keys, prefix, &name);
             let group = &mut groups[g];
             let hash = hasher.hash_one(&keys[start..]);
             let same = |c: &Counter| keys[c.key.clone()] == keys[start..];
@@ -628,7 +640,14 @@ impl RateLimiter {
         let mut store_failed = false;
         for group in &groups {
             let (mut outcome, failed) = self
-                .check_group(domain, &keys, &group.counters, group.cost, !blocked, &bans)
+                .check_group(
+                    domain,
+                    &keys,
+                    &group.counters,
+                    group.cost,
+                    !blocked || independent,
+                    &bans,
+                )
                 .await;
             store_failed |= failed;
             // How many descriptors still take each counter's status: the last one takes it,
@@ -657,7 +676,9 @@ impl RateLimiter {
         let headers = self.app.config().envoy_headers;
         let (style, shadow) = match domain.semantics {
             Semantics::Tollgate => (headers.for_answer(!over), false),
-            Semantics::Reference { fail_call, shadow } => {
+            Semantics::Reference {
+                fail_call, shadow, ..
+            } => {
                 if fail_call && store_failed {
                     // As the reference: the call fails, and Envoy's `failure_mode_deny` decides.
                     return Err(tonic::Status::unavailable(

@@ -354,7 +354,7 @@ mod tests {
     };
 
     fn domains(files: &[&str]) -> Result<Domains, String> {
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false);
         for (i, text) in files.iter().enumerate() {
             let path = PathBuf::from(format!("f{i}.yaml"));
             let root = parse(&path, text).map_err(|e| e.to_string())?;
@@ -568,7 +568,7 @@ descriptors:
             "{e}"
         );
         // Two files of one domain merge only when asked.
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false);
         for i in 0..2 {
             let path = PathBuf::from(format!("g{i}.yaml"));
             let root = parse(&path, "domain: d\ndescriptors:\n  - key: a\n").unwrap();

@@ -134,6 +134,8 @@ fn start(redis: &RedisServer, dir: TempDir) -> Server {
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("RUNTIME_WATCH_ROOT", "false"),
             ("CACHE_KEY_PREFIX", "migrated"),
+            // The answers below are the reference's with this setting: all or nothing.
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
         ],
     )
 }

@@ -43,6 +43,14 @@ descriptors:
     rate_limit:
       unit: hour
       requests_per_unit: 1
+  - key: blocked
+    rate_limit:
+      unit: hour
+      requests_per_unit: 0
+  - key: minutely
+    rate_limit:
+      unit: minute
+      requests_per_unit: 50
 ";
 
 fn start(redis: &RedisServer, env: &[(&str, &str)]) -> Server {
@@ -321,4 +329,63 @@ fn grpc_tls_is_refused_rather_than_served_in_plaintext() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("GRPC_SERVER_USE_TLS"), "{stderr}");
+}
+
+/// The reference counts every descriptor a request names, whether or not another is over its
+/// limit; with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`, all or nothing.
+#[tokio::test]
+async fn every_descriptor_counts_on_its_own_unless_told_otherwise() {
+    let redis = RedisServer::start();
+    for (stop, left_after_denial) in [(None, [48, 47]), (Some("true"), [49, 49])] {
+        let env: Vec<(&str, &str)> = stop
+            .map(|s| ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", s))
+            .into_iter()
+            .chain([(
+                "CACHE_KEY_PREFIX",
+                if stop.is_some() { "stop" } else { "count" },
+            )])
+            .collect();
+        let server = start(&redis, &env);
+        // The sequence stays in one minute's window (the windows are aligned to the epoch).
+        let into = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            % 60_000;
+        if into > 55_000 {
+            tokio::time::sleep(std::time::Duration::from_millis(60_100 - into as u64)).await;
+        }
+        let mut rls = server.grpc_client().await;
+        let ask = |descriptors| RateLimitRequest {
+            domain: "reference".into(),
+            descriptors,
+            hits_addend: 0,
+        };
+        // Alone: counted.
+        let r = rls
+            .should_rate_limit(ask(vec![descriptor(&[("minutely", "c")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses[0].limit_remaining, 49);
+        // With a descriptor over its limit (hourly's second) or blocked, it still counts,
+        // as the reference increments every descriptor; all or nothing, it does not.
+        call(&server, "hourly", "c").await.1.unwrap();
+        for (i, other) in [("hourly", "c"), ("blocked", "c")].into_iter().enumerate() {
+            let r = rls
+                .should_rate_limit(ask(vec![
+                    descriptor(&[other]),
+                    descriptor(&[("minutely", "c")]),
+                ]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+            assert_eq!(r.statuses[0].code, Code::OverLimit as i32, "{r:?}");
+            assert_eq!(
+                r.statuses[1].limit_remaining, left_after_denial[i],
+                "{stop:?} {other:?}: {r:?}"
+            );
+        }
+    }
 }
