@@ -205,6 +205,13 @@ impl Shard {
         self.owed.insert_unique(hash, (hash, until), |&(h, _)| h);
     }
 
+    /// Forgets what the evicted limiter key of `hash` owed (its counters were reset).
+    pub(super) fn forgive(&mut self, hash: u64) {
+        if let Ok(found) = self.owed.find_entry(hash, |&(h, _)| h == hash) {
+            found.remove();
+        }
+    }
+
     /// Until when the evicted limiter key of `hash` stays denied, if it was evicted at its
     /// limit and that time has not come (a record that ended is dropped).
     pub(super) fn owed(&mut self, hash: u64, now: u64) -> Option<u64> {
@@ -335,10 +342,10 @@ impl Shard {
         }
     }
 
-    /// Evicts one entry of `kind` to make room, sampling a few at random and taking the one
-    /// eviction spares least (see `Entry::keep_rank`); never a live lock or one of `keep`. When
-    /// the sample holds none of `kind` (it is rare in this shard), counters and bans are looked
-    /// for in the whole shard, locks are not. `None` if nothing can go.
+    /// Evicts one entry of `kind` to make room, the one eviction spares least (see
+    /// `Entry::keep_rank`); never a live lock or one of `keep`. Limiter keys and locks are
+    /// chosen among a few sampled at random (limiter keys from the whole shard when the sample
+    /// holds none), bans among all of the shard's. `None` if nothing can go.
     pub(super) fn evict_one(&mut self, kind: Kind, now: u64, keep: &[SlotId]) -> Option<Evicted> {
         const SAMPLES: usize = 16;
         if self.slots.is_empty() || self.usage.of(kind) == 0 {
@@ -354,7 +361,11 @@ impl Shard {
             entry.keep_rank(now, tick.wrapping_sub(entry.used))
         };
         let mut best: Option<((u8, u64), SlotId)> = None;
-        for _ in 0..SAMPLES * 2 {
+        // Bans go exactly nearest their end (a ban is written only after a violation, so a
+        // scan per ban written when the budget is full is bounded by the requests that earn
+        // them); limiter keys by sample, as each new key may need one.
+        let samples = if kind == Kind::Ban { 0 } else { SAMPLES * 2 };
+        for _ in 0..samples {
             let id = (self.next_random() % self.slots.len() as u64) as SlotId;
             let Some(r) = rank(id, &self.slots[id as usize]) else {
                 continue;

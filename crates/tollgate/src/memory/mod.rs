@@ -571,7 +571,10 @@ impl Inner {
     fn reset(&self, request: &CheckRequest<'_>) {
         for limiter in request.limiters {
             let hash = self.shards.hash(limiter.key);
-            self.shards.lock_one(hash).remove(hash, limiter.key);
+            let mut shard = self.shards.lock_one(hash);
+            shard.remove(hash, limiter.key);
+            // A key evicted at its limit is reset too.
+            shard.forgive(hash);
         }
     }
 

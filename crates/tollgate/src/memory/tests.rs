@@ -97,6 +97,37 @@ fn eviction_spares_keys_at_their_limits_and_never_gives_their_quota_back() {
     assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
 }
 
+/// A reset forgives what an evicted key owed: it starts afresh at once.
+#[test]
+fn a_reset_forgives_an_evicted_key() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(1)
+        .purge_interval(None)
+        .build();
+    assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
+    clock.advance(Duration::from_millis(1));
+    assert!(check(&store, "other", &["1/1h"], 1).unwrap().allowed);
+    assert_eq!(
+        check(&store, "hot", &["1/1h"], 0).unwrap().rules[0].remaining,
+        0
+    );
+    let rules: Vec<Rule> = vec!["1/1h".parse().unwrap()];
+    let limiters = [LimiterRequest {
+        key: "hot",
+        rules: &rules,
+        ban: None,
+        shadow: false,
+    }];
+    store.inner.reset(&CheckRequest::new(1, true, &limiters));
+    assert_eq!(
+        check(&store, "hot", &["1/1h"], 0).unwrap().rules[0].remaining,
+        1
+    );
+}
+
 /// Locks and bans have budgets of their own: a flood of either, kept for years, never makes a
 /// rate-limit check fail, and a full budget refuses the new lock or drops the ban nearest its
 /// end.
