@@ -104,6 +104,8 @@ pub(crate) struct ServerSettings {
     pub(crate) max_health_watches: usize,
     /// `server.allowed_hosts` as written: `None` when unset (see [`Self::allowed_hosts`]).
     allowed_hosts: Option<Vec<String>>,
+    /// `server.grpc_tls`: the gRPC port serves TLS with these files.
+    pub(crate) grpc_tls: Option<crate::tls::TlsFiles>,
     /// The largest gRPC message decoded or encoded, in bytes.
     pub(crate) grpc_max_message_bytes: usize,
     /// The most gRPC calls in flight on one HTTP/2 connection.
@@ -637,7 +639,7 @@ struct RawConfig {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawServer {
+pub(super) struct RawServer {
     http: Option<Parsed<SocketAddr>>,
     grpc: Option<Parsed<SocketAddr>>,
     admin_token_env: Option<Spanned<String>>,
@@ -652,6 +654,7 @@ struct RawServer {
     write_timeout: Option<Spanned<DurationText>>,
     max_health_watches: Option<Spanned<u32>>,
     allowed_hosts: Option<Vec<String>>,
+    pub(super) grpc_tls: Option<Spanned<RawTls>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
     max_batch: Option<Spanned<u32>>,
@@ -663,6 +666,15 @@ struct RawServer {
     admin_failure_limit: Option<Rule>,
     dashboard: Option<bool>,
     headers: Option<HeaderStyle>,
+}
+
+/// `server.grpc_tls = { cert_file, key_file, client_ca_file }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert_file: String,
+    pub(super) key_file: String,
+    pub(super) client_ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1024,6 +1036,42 @@ impl RawConfig {
 
 impl RawServer {
     fn validate(self, errors: &Errors<'_>) -> Result<ServerSettings, ConfigError> {
+        // Files relative to the configuration file; each must be there now.
+        let grpc_tls = match self.grpc_tls {
+            None => None,
+            Some(tls) => {
+                let span = tls.span();
+                let tls = tls.into_inner();
+                let file = |field: &str, given: &str| {
+                    let given = PathBuf::from(given);
+                    let path = match Path::new(errors.file).parent() {
+                        Some(dir) if given.is_relative() => dir.join(&given),
+                        _ => given,
+                    };
+                    if path.is_file() {
+                        Ok(path)
+                    } else {
+                        Err(errors.at(
+                            Some(span.clone()),
+                            format!("server.grpc_tls.{field}"),
+                            format!(
+                                "no file at {} (TLS is never dropped for plaintext)",
+                                path.display()
+                            ),
+                        ))
+                    }
+                };
+                Some(crate::tls::TlsFiles {
+                    cert: file("cert_file", &tls.cert_file)?,
+                    key: file("key_file", &tls.key_file)?,
+                    client_ca: tls
+                        .client_ca_file
+                        .as_deref()
+                        .map(|ca| file("client_ca_file", ca))
+                        .transpose()?,
+                })
+            }
+        };
         let default = |s: &str| s.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
         let var = |raw: Option<Spanned<String>>, field: &str| match raw {
             Some(name) if name.get_ref().is_empty() => Err(errors.at(
@@ -1161,6 +1209,7 @@ impl RawServer {
             max_stored_response,
             dashboard: self.dashboard,
             headers: self.headers.unwrap_or_default(),
+            grpc_tls,
         })
     }
 }

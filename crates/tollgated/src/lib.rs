@@ -57,6 +57,7 @@ mod metrics;
 mod receipt;
 mod server;
 mod store;
+mod tls;
 mod trace;
 
 pub use cli::{CheckConfigArgs, Cli, Command, EnvoyRatelimitArgs, LogFormat, ServeArgs};

@@ -342,6 +342,7 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
     incoming: I,
     service: S,
     max_concurrent_streams: u32,
+    tls: Option<(tokio_rustls::TlsAcceptor, Duration)>,
     stop: impl Future<Output = ()>,
 ) where
     I: Stream<Item = io::Result<T>>,
@@ -372,16 +373,47 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
             },
             () = &mut stop => break,
         };
-        let connection = graceful.watch(
-            builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service.clone())),
-        );
+        let watcher = graceful.watcher();
+        let (builder, service, tls) = (builder.clone(), service.clone(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = woken_last(connection).await {
+            let ended = match tls {
+                None => serve_h2(&builder, watcher, io, service).await,
+                // The handshake within the same deadline as a plaintext connection's opening.
+                Some((acceptor, deadline)) => {
+                    match tokio::time::timeout(deadline, acceptor.accept(io)).await {
+                        Ok(Ok(io)) => serve_h2(&builder, watcher, io, service).await,
+                        Ok(Err(e)) => Err(e.into()),
+                        Err(_) => Err("no TLS handshake within server.header_read_timeout".into()),
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, "gRPC connection ended");
             }
         });
     }
     graceful.shutdown().await;
+}
+
+/// Serves one HTTP/2 connection on `io` until it ends (or shutdown, through `watcher`).
+async fn serve_h2<IO, S, B>(
+    builder: &hyper::server::conn::http2::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    io: IO,
+    service: S,
+) -> Result<(), BoxError>
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: tower::Service<Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let connection = watcher
+        .watch(builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service)));
+    woken_last(connection).await.map_err(Into::into)
 }
 
 /// Runs an HTTP/2 connection so that, each time a call wakes it, it waits until the other

@@ -130,6 +130,11 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         },
         None => ReceiptKey::random(),
     };
+    // TLS on the gRPC port: served, or the start fails (never plaintext instead).
+    let grpc_tls = match &config.server.grpc_tls {
+        Some(files) => Some(crate::tls::acceptor(files).map_err(|e| format!("gRPC TLS: {e}"))?),
+        None => None,
+    };
     let http_listener = TcpListener::bind(config.server.http)
         .await
         .map_err(|e| format!("cannot listen on {} (http): {e}", config.server.http))?;
@@ -208,6 +213,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             .layer(trace::grpc())
             .service(services),
         limits.grpc_max_concurrent_streams,
+        grpc_tls.map(|acceptor| (acceptor, limits.header_read_timeout)),
         stopped(stop_rx.clone()),
     );
     tracing::info!(addr = %http_addr, "HTTP API listening");

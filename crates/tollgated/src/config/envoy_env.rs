@@ -9,6 +9,7 @@
 //! | `GRPC_HOST`, `GRPC_PORT` (`0.0.0.0`, `8081`) | `server.grpc` |
 //! | `REDIS_URL`, `REDIS_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `store.url` |
 //! | `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY` | `store.tls_ca_file`, `store.tls_cert_file`, `store.tls_key_file` |
+//! | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `server.grpc_tls` |
 //! | `CACHE_KEY_PREFIX` | `store.prefix` |
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `envoy.ratelimit_config` |
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
@@ -141,13 +142,31 @@ pub(super) fn apply(
             ));
         }
     }
-    // TLS on the gRPC port is never dropped silently: until tollgate serves it, a setting that
-    // asks for it stops the start.
+    // TLS on the gRPC port, as the reference reads it; asked for, it is served or the start
+    // fails, never plaintext.
     if let Some(text) = get("GRPC_SERVER_USE_TLS") {
         if flag("GRPC_SERVER_USE_TLS", &text)? {
-            return Err(error(
-                "GRPC_SERVER_USE_TLS",
-                "true is not supported yet: tollgate would serve plaintext; terminate TLS in front of the gRPC port (a sidecar or the mesh) and unset it".into(),
+            let (Some(cert), Some(key)) = (get("GRPC_SERVER_TLS_CERT"), get("GRPC_SERVER_TLS_KEY"))
+            else {
+                return Err(error(
+                    "GRPC_SERVER_TLS_CERT",
+                    "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"
+                        .into(),
+                ));
+            };
+            if get("GRPC_CLIENT_TLS_SAN").is_some() {
+                return Err(error(
+                    "GRPC_CLIENT_TLS_SAN",
+                    "not supported: client certificates are verified against GRPC_CLIENT_TLS_CACERT only".into(),
+                ));
+            }
+            raw.server.grpc_tls = Some(Spanned::new(
+                super::env::FROM_ENV,
+                super::RawTls {
+                    cert_file: cert,
+                    key_file: key,
+                    client_ca_file: get("GRPC_CLIENT_TLS_CACERT"),
+                },
             ));
         }
     }

@@ -315,12 +315,77 @@ async fn redis_tls_files_come_from_the_references_variables() {
     });
 }
 
-/// TLS on the gRPC port is never dropped silently: asked for, the start fails.
-#[test]
-fn grpc_tls_is_refused_rather_than_served_in_plaintext() {
+/// TLS on the gRPC port as the reference reads it: served with its certificate (a plaintext
+/// client gets nowhere), client certificates required with a client CA; files that are not
+/// there stop the start rather than serve plaintext.
+#[tokio::test]
+async fn the_grpc_port_serves_tls_and_mutual_tls() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let certs = tollgate_testkit::TestCerts::new();
+    let redis = RedisServer::start();
+    let pem = |name: &str| std::fs::read(certs.path(name)).unwrap();
+    let ask = RateLimitRequest {
+        domain: "reference".into(),
+        descriptors: vec![descriptor(&[("key1", "tls")])],
+        hits_addend: 0,
+    };
+    for mutual in [false, true] {
+        let (cert, key, ca) = (
+            certs.path("server.crt"),
+            certs.path("server.key"),
+            certs.path("ca.crt"),
+        );
+        let mut env = vec![
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+            ("GRPC_SERVER_TLS_KEY", key.as_str()),
+        ];
+        if mutual {
+            env.push(("GRPC_CLIENT_TLS_CACERT", ca.as_str()));
+        }
+        let server = start(&redis, &env);
+        let addr = server.grpc.replace("http://127.0.0.1", "https://localhost");
+        let connect = |identity: bool| {
+            let mut tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(pem("ca.crt")))
+                .domain_name("localhost");
+            if identity {
+                tls = tls.identity(Identity::from_pem(pem("client.crt"), pem("client.key")));
+            }
+            let endpoint = Endpoint::from_shared(addr.clone())
+                .unwrap()
+                .tls_config(tls)
+                .unwrap();
+            async move {
+                let channel = endpoint.connect().await?;
+                Ok::<_, Box<dyn std::error::Error>>(
+                    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel),
+                )
+            }
+        };
+        let mut rls = connect(true).await.expect("a TLS client is served");
+        let r = rls
+            .should_rate_limit(ask.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        // Plaintext gets no answer from a TLS port.
+        let mut plain = server.grpc_client().await;
+        assert!(plain.should_rate_limit(ask.clone()).await.is_err());
+        // With a client CA, a client without a certificate is refused.
+        let anonymous = async {
+            let mut rls = connect(false).await?;
+            rls.should_rate_limit(ask.clone()).await?;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        };
+        assert_eq!(anonymous.await.is_err(), mutual, "mutual: {mutual}");
+    }
+
+    // Asked for with files that are not there: the start fails, naming them.
     let out = std::process::Command::new(crate::support::binary())
         .arg("envoy-ratelimit")
-        .env("REDIS_URL", "127.0.0.1:1")
+        .env("REDIS_URL", redis.addr().to_string())
         .env("GRPC_SERVER_USE_TLS", "true")
         .env("GRPC_SERVER_TLS_CERT", "/nonexistent/cert.pem")
         .env("GRPC_SERVER_TLS_KEY", "/nonexistent/key.pem")
@@ -328,7 +393,7 @@ fn grpc_tls_is_refused_rather_than_served_in_plaintext() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("GRPC_SERVER_USE_TLS"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/cert.pem"), "{stderr}");
 }
 
 /// The reference counts every descriptor a request names, whether or not another is over its

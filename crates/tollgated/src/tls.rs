@@ -1,0 +1,125 @@
+//! TLS on the gRPC port (`server.grpc_tls`, or the reference service's `GRPC_SERVER_USE_TLS`,
+//! `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`): rustls, HTTP/2 by
+//! ALPN, and with a client CA file, client certificates required and verified against it.
+//!
+//! The certificate and key are read at start (an unreadable or mismatched pair stops it: never
+//! plaintext instead) and again when the certificate file changes, so a rotated certificate is
+//! served from the next handshake on; a rotation that cannot be read keeps the one in use.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
+
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+use tokio_rustls::{
+    TlsAcceptor,
+    rustls::{
+        RootCertStore, ServerConfig,
+        crypto::{CryptoProvider, ring},
+        server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+        sign::CertifiedKey,
+    },
+};
+
+/// The files of `server.grpc_tls`, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TlsFiles {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+    /// Client certificates are required and verified against these CAs.
+    pub(crate) client_ca: Option<PathBuf>,
+}
+
+/// The acceptor of `files`, or why it cannot serve them.
+pub(crate) fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
+    let provider = Arc::new(ring::default_provider());
+    let resolver = Reloading::new(files.clone(), provider.clone())?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certificates(ca)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: not a CA certificate: {e}", ca.display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no PEM certificate in it", path.display()));
+    }
+    Ok(certs)
+}
+
+/// Serves the certificate of `files`, read again when the certificate file changes.
+#[derive(Debug)]
+struct Reloading {
+    files: TlsFiles,
+    provider: Arc<CryptoProvider>,
+    current: Mutex<(Option<SystemTime>, Arc<CertifiedKey>)>,
+}
+
+impl Reloading {
+    fn new(files: TlsFiles, provider: Arc<CryptoProvider>) -> Result<Reloading, String> {
+        let key = load(&files, &provider)?;
+        let modified = modified(&files.cert);
+        Ok(Reloading {
+            files,
+            provider,
+            current: Mutex::new((modified, Arc::new(key))),
+        })
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+fn load(files: &TlsFiles, provider: &CryptoProvider) -> Result<CertifiedKey, String> {
+    let certs = certificates(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("{}: no PEM private key in it: {e}", files.key.display()))?;
+    CertifiedKey::from_der(certs, key, provider)
+        .map_err(|e| format!("{} and {}: {e}", files.cert.display(), files.key.display()))
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = modified(&self.files.cert);
+        if now != current.0 {
+            match load(&self.files, &self.provider) {
+                Ok(key) => {
+                    tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
+                    *current = (now, Arc::new(key));
+                }
+                // Half-written files, or a key not yet beside its certificate: the one in use
+                // stays, and the next handshake tries again.
+                Err(e) => tracing::warn!(error = %e, "TLS certificate not reloaded"),
+            }
+        }
+        Some(current.1.clone())
+    }
+}
