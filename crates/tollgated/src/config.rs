@@ -869,6 +869,9 @@ struct RawEnvoy {
     /// reference does.
     #[serde(default)]
     all_or_nothing: bool,
+    /// Every descriptor of the YAML's domains in quota mode, as the reference's `QUOTA_MODE`.
+    #[serde(default)]
+    quota_mode: bool,
     /// Skip dotfiles in the directory, as the reference's `RUNTIME_IGNOREDOTFILES`.
     #[serde(default)]
     ignore_dotfiles: bool,
@@ -964,8 +967,13 @@ impl RawConfig {
         ),
         ConfigError,
     > {
-        let mut domains =
-            DomainsBuilder::new(on_error, on_error_set, envoy.shadow, envoy.all_or_nothing);
+        let mut domains = DomainsBuilder::new(
+            on_error,
+            on_error_set,
+            envoy.shadow,
+            envoy.all_or_nothing,
+            envoy.quota_mode,
+        );
         let mut seen = HashSet::new();
         for (i, domain) in envoy.domains.into_iter().enumerate() {
             let span = domain.span();

@@ -14,6 +14,7 @@
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `envoy.ratelimit_config` |
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
 //! | `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` | `envoy.all_or_nothing` |
+//! | `QUOTA_MODE` | `envoy.quota_mode` |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `envoy.headers = "draft6"` (else `none`) |
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `envoy.header_names` |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
@@ -194,6 +195,9 @@ pub(super) fn apply(
     }
     if let Some(text) = get("SHADOW_MODE") {
         raw.envoy.shadow = flag("SHADOW_MODE", &text)?;
+    }
+    if let Some(text) = get("QUOTA_MODE") {
+        raw.envoy.quota_mode = flag("QUOTA_MODE", &text)?;
     }
     if let Some(text) = get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT") {
         raw.envoy.all_or_nothing = flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &text)?;

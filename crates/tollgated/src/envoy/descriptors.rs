@@ -96,6 +96,8 @@ pub(crate) enum Semantics {
         fail_call: bool,
         shadow: bool,
         independent: bool,
+        /// The reference's `QUOTA_MODE`: every descriptor in quota mode.
+        quota: bool,
     },
 }
 
@@ -179,6 +181,9 @@ pub(crate) struct Node {
     /// The smallest limit of the rules: the largest cost they can admit.
     pub(crate) max_cost: u64,
     pub(crate) shadow: bool,
+    /// Envoy's `quota_mode`: over its limit, the request stays OK unless every quota
+    /// descriptor of it is over.
+    pub(crate) quota: bool,
     /// How the node limits beyond its rules (Envoy's YAML).
     pub(crate) kind: NodeKind,
     /// Envoy's `rate_limit.name`, which `replaces` of another matched descriptor names.
@@ -210,6 +215,7 @@ impl Node {
             max_cost: rules.iter().map(max_cost).min().unwrap_or(0),
             rules,
             shadow,
+            quota: false,
             kind: NodeKind::Rules,
             name: None,
             replaces: Box::new([]),
@@ -311,6 +317,7 @@ impl DomainsBuilder {
         on_error_set: bool,
         shadow: bool,
         all_or_nothing: bool,
+        quota: bool,
     ) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
@@ -318,6 +325,7 @@ impl DomainsBuilder {
                 fail_call: !on_error_set,
                 shadow,
                 independent: !all_or_nothing,
+                quota,
             },
             bans_without_identity: false,
             staged: Vec::new(),
@@ -441,6 +449,7 @@ impl DomainsBuilder {
             node.name = d.name.as_deref().map(Into::into);
             node.replaces = d.replaces.iter().map(|r| r.as_str().into()).collect();
             node.share_threshold = d.share_threshold;
+            node.quota = d.quota;
             level
                 .by_key
                 .entry(d.key.clone())

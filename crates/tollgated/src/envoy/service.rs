@@ -278,6 +278,32 @@ fn blocked_status(node: &Node, unit: Unit) -> DescriptorStatus {
     }
 }
 
+/// Whether the request is over, as the reference decides it: a descriptor over its limit
+/// that is not in quota mode makes it over; descriptors in quota mode (each one with
+/// `quota_mode`, every one with `all_quota`) make it over only when all of them are over.
+/// Unlimited descriptors count in neither.
+fn over_as_reference(
+    statuses: &[DescriptorStatus],
+    matched: &[Option<Matched>],
+    all_quota: bool,
+) -> bool {
+    let (mut quota, mut quota_over) = (0, 0);
+    for (status, found) in statuses.iter().zip(matched) {
+        let node = found.as_ref().map(Matched::node);
+        if node.is_some_and(|n| n.kind == NodeKind::Unlimited) {
+            continue;
+        }
+        let over = status.code == Code::OverLimit as i32;
+        if all_quota || node.is_some_and(|n| n.quota) {
+            quota += 1;
+            quota_over += usize::from(over);
+        } else if over {
+            return true;
+        }
+    }
+    quota > 0 && quota_over == quota
+}
+
 /// The statuses of a YAML domain as the reference service writes them: `current_limit.name`
 /// is the YAML's `name` (else empty), an OVER_LIMIT status has 0 left, and
 /// `duration_until_reset` is whole seconds to the end of the limit's unit by this server's
@@ -677,8 +703,12 @@ impl RateLimiter {
         let (style, shadow) = match domain.semantics {
             Semantics::Tollgate => (headers.for_answer(!over), false),
             Semantics::Reference {
-                fail_call, shadow, ..
+                fail_call,
+                shadow,
+                quota,
+                ..
             } => {
+                over = over_as_reference(&statuses, &matched, quota);
                 if fail_call && store_failed {
                     // As the reference: the call fails, and Envoy's `failure_mode_deny` decides.
                     return Err(tonic::Status::unavailable(

@@ -57,6 +57,9 @@ pub(crate) struct YamlDescriptor {
     pub(crate) name: Option<String>,
     pub(crate) replaces: Vec<String>,
     pub(crate) shadow: bool,
+    /// `quota_mode`: over its limit, the request is still OK unless every quota descriptor
+    /// of it is over (see `Semantics::Reference`).
+    pub(crate) quota: bool,
     pub(crate) share_threshold: bool,
     pub(crate) descriptors: Descriptors,
 }
@@ -173,11 +176,6 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
         }
         // An empty value is no value, as in the reference service.
         let value = raw.value.filter(|v| !v.is_empty());
-        if raw.quota_mode {
-            return Err(format!(
-                "descriptor {key}: quota_mode is not supported (rate limits only)"
-            ));
-        }
         if raw.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
             return Err(format!(
                 "descriptor {key}: share_threshold needs a wildcard value (one with '*')"
@@ -229,6 +227,7 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
             name,
             replaces,
             shadow: raw.shadow_mode,
+            quota: raw.quota_mode,
             share_threshold: raw.share_threshold,
             descriptors: raw.descriptors,
         })
@@ -354,7 +353,7 @@ mod tests {
     };
 
     fn domains(files: &[&str]) -> Result<Domains, String> {
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false);
         for (i, text) in files.iter().enumerate() {
             let path = PathBuf::from(format!("f{i}.yaml"));
             let root = parse(&path, text).map_err(|e| e.to_string())?;
@@ -558,8 +557,6 @@ descriptors:
             e,
             "f0.yaml: domain: config file cannot have an empty domain"
         );
-        let e = error("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n");
-        assert!(e.contains("quota_mode is not supported"), "{e}");
         let e = error(
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { name: x, unit: second, requests_per_unit: 1, replaces: [{ name: x }] }\n",
         );
@@ -568,7 +565,7 @@ descriptors:
             "{e}"
         );
         // Two files of one domain merge only when asked.
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false);
         for i in 0..2 {
             let path = PathBuf::from(format!("g{i}.yaml"));
             let root = parse(&path, "domain: d\ndescriptors:\n  - key: a\n").unwrap();

@@ -51,6 +51,18 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 50
+  - key: quota_a
+    quota_mode: true
+    metadata:
+      plan: { name: gold }
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+  - key: quota_b
+    quota_mode: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
 ";
 
 fn start(redis: &RedisServer, env: &[(&str, &str)]) -> Server {
@@ -453,4 +465,46 @@ async fn every_descriptor_counts_on_its_own_unless_told_otherwise() {
             );
         }
     }
+}
+
+/// `quota_mode` as the reference: a quota descriptor over its limit is OVER_LIMIT in its status,
+/// but the request is over only when every quota descriptor of it is (or another one is).
+#[tokio::test]
+async fn quota_mode_makes_a_request_over_only_when_every_quota_is() {
+    let redis = RedisServer::start();
+    let server = start(&redis, &[]);
+    let rls = server.grpc_client().await;
+    let ask = |entries: Vec<(&'static str, &'static str)>| {
+        let request = RateLimitRequest {
+            domain: "reference".into(),
+            descriptors: entries.iter().map(|e| descriptor(&[*e])).collect(),
+            hits_addend: 0,
+        };
+        let mut rls = rls.clone();
+        async move { rls.should_rate_limit(request).await.unwrap().into_inner() }
+    };
+    let codes = |r: &RateLimitResponse| -> Vec<i32> { r.statuses.iter().map(|s| s.code).collect() };
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    // quota_a used up.
+    assert_eq!(ask(vec![("quota_a", "x")]).await.overall_code, ok);
+    let r = ask(vec![("quota_a", "x")]).await;
+    assert_eq!(
+        (r.overall_code, codes(&r)),
+        (over, vec![over]),
+        "every quota is over"
+    );
+    // One quota over, another not: OK, each status as it is.
+    let r = ask(vec![("quota_a", "x"), ("quota_b", "x")]).await;
+    assert_eq!((r.overall_code, codes(&r)), (ok, vec![over, ok]), "{r:?}");
+    // Then both over: over.
+    let r = ask(vec![("quota_a", "x"), ("quota_b", "x")]).await;
+    assert_eq!(
+        (r.overall_code, codes(&r)),
+        (over, vec![over, over]),
+        "{r:?}"
+    );
+    // A regular descriptor over its limit makes the request over whatever the quotas say.
+    call(&server, "hourly", "q").await.1.unwrap();
+    let r = ask(vec![("hourly", "q"), ("quota_b", "y")]).await;
+    assert_eq!((r.overall_code, codes(&r)), (over, vec![over, ok]), "{r:?}");
 }
