@@ -12,7 +12,7 @@ use arc_swap::{ArcSwap, Guard};
 use tollgate::{AnyStore, Reason, Tollgate};
 
 use crate::{
-    admin::{AdminAuth, Tokens},
+    auth::{Auth, Tokens},
     config::{Config, ConfigError, Source},
     dashboard::Dashboard,
     metrics::{DecisionHandles, Metrics},
@@ -25,7 +25,7 @@ pub(crate) struct App {
     pub(crate) gate: Tollgate<AnyStore>,
     config: ArcSwap<Config>,
     pub(crate) metrics: Metrics,
-    pub(crate) admin: AdminAuth,
+    pub(crate) auth: Auth,
     /// Seals the receipts and leases callers are given.
     pub(crate) receipts: ReceiptKey,
     pub(crate) dashboard: Dashboard,
@@ -43,13 +43,13 @@ impl App {
         receipts: ReceiptKey,
         source: Source,
     ) -> App {
-        let admin = AdminAuth::new(tokens, config.server.admin_failure_limit);
+        let auth = Auth::new(tokens, config.server.admin_failure_limit);
         let dashboard = Dashboard::new(config.server.dashboard_enabled());
         App {
             gate,
             config: ArcSwap::from_pointee(config),
             metrics,
-            admin,
+            auth,
             receipts,
             dashboard,
             source,

@@ -43,7 +43,7 @@ impl InProcess {
         if let store::Opened::Memory(memory) = &opened {
             metrics.watch_memory_store(memory.clone());
         }
-        let tokens = crate::admin::Tokens {
+        let tokens = crate::auth::Tokens {
             admin: admin_token,
             ..Default::default()
         };

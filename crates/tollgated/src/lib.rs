@@ -42,8 +42,8 @@
 //! - `trace`: request spans (tower-http's `TraceLayer`) when the log filter asks for them.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.
 
-mod admin;
 mod app;
+mod auth;
 mod cli;
 mod config;
 mod dashboard;

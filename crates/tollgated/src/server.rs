@@ -7,8 +7,8 @@ use tokio::{net::TcpListener, sync::watch};
 use tollgate::Tollgate;
 
 use crate::{
-    admin::Tokens,
     app::App,
+    auth::Tokens,
     cli::{CheckConfigArgs, EnvoyRatelimitArgs, ServeArgs},
     config::{Config, Source},
     envoy, grpc, health, http, listen,

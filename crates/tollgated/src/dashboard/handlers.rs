@@ -195,7 +195,7 @@ pub(super) async fn stats(
         "envoy": config.envoy.summary(),
         "reload": reload,
         "admin": {
-            "enabled": app.admin.enabled(),
+            "enabled": app.auth.enabled(),
             "token_env": config.server.admin_token_env,
         },
     })))

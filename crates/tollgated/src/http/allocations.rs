@@ -47,7 +47,7 @@ fn router() -> Router {
         gate,
         config,
         Metrics::new(),
-        &crate::admin::Tokens::default(),
+        &crate::auth::Tokens::default(),
         crate::receipt::ReceiptKey::random(),
         crate::config::Source::default(),
     );

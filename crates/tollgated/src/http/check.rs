@@ -17,16 +17,16 @@ use serde_json::value::RawValue;
 use tollgate::{CheckError, Decision, Identity, fields};
 
 use super::{
-    admin::{Admin, CheckCaller, RefundCaller},
     error::{ApiError, ApiJson, JsonBody, check_error, parse_json},
     json::{
         BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, LeaseRequest, RefundRequest,
         decision_size_hint, sealed_receipt, write_decision,
     },
+    scope::{Admin, CheckCaller, RefundCaller},
 };
 use crate::{
-    admin::Scope,
     app::App,
+    auth::Scope,
     config::{Config, PolicyEntry},
 };
 
@@ -273,7 +273,7 @@ pub(crate) async fn refund(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     // Without a receipt, a refund undoes anyone's checks: it takes a token, the refund
     // scope's (checked above when the scope has one) or else the admin's.
-    if req.receipt.is_none() && !app.admin.guarded(Scope::Refund) {
+    if req.receipt.is_none() && !app.auth.guarded(Scope::Refund) {
         Admin::from_request_parts(&mut parts, &app).await?;
     }
     let entry = policy(&app, &req.policy)?;

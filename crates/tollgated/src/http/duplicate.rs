@@ -10,10 +10,10 @@ use serde_json::Value;
 use tollgate::{Acquire, CheckError, Fingerprint, Lease};
 
 use super::{
-    admin::RefundCaller,
     check::policy,
     error::{ApiError, ApiJson, check_error},
     json::{AcquireJson, AcquireRequest, CompleteRequest, ReleaseRequest, canonical_json, ceil_ms},
+    scope::RefundCaller,
 };
 use crate::{app::App, config::bounded_duration};
 

@@ -11,7 +11,7 @@
 //! - `json`: the wire types: requests, decisions, leases, bans.
 //! - `check`: `/v1/check`, `/v1/peek` (one handler body) and `/v1/checks`.
 //! - `duplicate`: the duplicate guard's acquire, complete and release.
-//! - `admin`: the admin extractor (bearer token, see `crate::admin`), reset and the blocklist.
+//! - `admin`: the admin extractor (bearer token, see `crate::auth`), reset and the blocklist.
 //! - `ops`: `/metrics`, `/healthz`, `/readyz`.
 
 mod admin;
@@ -20,6 +20,7 @@ mod duplicate;
 mod error;
 mod json;
 mod ops;
+mod scope;
 
 #[cfg(test)]
 mod allocations;
@@ -32,8 +33,8 @@ use axum::{
     routing::{delete, get, post},
 };
 
-pub(crate) use admin::Admin;
 pub(crate) use error::ApiError;
+pub(crate) use scope::Admin;
 
 use crate::app::App;
 

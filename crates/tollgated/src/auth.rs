@@ -55,7 +55,7 @@ pub(crate) struct Tokens {
 }
 
 /// The scopes' tokens and the failed-attempt limiter.
-pub(crate) struct AdminAuth {
+pub(crate) struct Auth {
     /// SHA-256 of each scope's token (check, refund, admin): comparing fixed-length digests
     /// leaks neither the token's bytes nor its length through timing.
     digests: [Option<[u8; 32]>; 3],
@@ -67,10 +67,10 @@ pub(crate) struct AdminAuth {
 /// The global failure budget is this many addresses' worth.
 const GLOBAL_FACTOR: u64 = 20;
 
-impl AdminAuth {
+impl Auth {
     /// Admin endpoints guarded by `token` (none: disabled), allowing `failure_limit` failed
     /// attempts per client address.
-    pub(crate) fn new(tokens: &Tokens, failure_limit: Rule) -> AdminAuth {
+    pub(crate) fn new(tokens: &Tokens, failure_limit: Rule) -> Auth {
         let store = MemoryStore::builder()
             .max_keys(MAX_TRACKED_ADDRESSES)
             .build();
@@ -91,7 +91,7 @@ impl AdminAuth {
             .limiter(Limiter::new(Dimension::Global, [all]).with_name("all_failures"))
             .build()
             .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
-        AdminAuth {
+        Auth {
             digests: [&tokens.check, &tokens.refund, &tokens.admin]
                 .map(|t| t.as_deref().map(digest)),
             failures,
@@ -255,7 +255,7 @@ mod tests {
             refund: Some("refund-token".into()),
             admin: Some("admin-token".into()),
         };
-        let auth = AdminAuth::new(&tokens, "100/1m".parse().unwrap());
+        let auth = Auth::new(&tokens, "100/1m".parse().unwrap());
         let at = Some(IpAddr::from([192, 0, 2, 1]));
         let ask = |scope, token| auth.authorize(scope, token, at, "/");
         assert_eq!(ask(Scope::Check, None).await, Ok(()));
@@ -282,7 +282,7 @@ mod tests {
 
     #[tokio::test]
     async fn failures_are_limited_per_address_and_successes_are_free() {
-        let auth = AdminAuth::new(&admin("t0ken"), "2/1m".parse().unwrap());
+        let auth = Auth::new(&admin("t0ken"), "2/1m".parse().unwrap());
         let a = Some(IpAddr::from([192, 0, 2, 1]));
         let b = Some(IpAddr::from([192, 0, 2, 2]));
         for _ in 0..5 {
@@ -326,7 +326,7 @@ mod tests {
     /// addresses together: 20 addresses' worth.
     #[tokio::test]
     async fn rotating_addresses_meets_a_global_budget() {
-        let auth = AdminAuth::new(&admin("t0ken"), "2/1m".parse().unwrap());
+        let auth = Auth::new(&admin("t0ken"), "2/1m".parse().unwrap());
         let mut wrong = 0;
         for i in 0..100u16 {
             let client = Some(IpAddr::from([0x2001, 0xdb8, i, 0, 0, 0, 0, 1]));
@@ -341,7 +341,7 @@ mod tests {
         }
         assert_eq!(wrong, 2 * GLOBAL_FACTOR, "guesses allowed in the window");
         // Two addresses of one /64 share a budget.
-        let auth = AdminAuth::new(&admin("t0ken"), "1/1m".parse().unwrap());
+        let auth = Auth::new(&admin("t0ken"), "1/1m".parse().unwrap());
         let a = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]));
         let b = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 2]));
         assert_eq!(
@@ -356,7 +356,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_token_admin_is_disabled() {
-        let auth = AdminAuth::new(&Tokens::default(), "1/1m".parse().unwrap());
+        let auth = Auth::new(&Tokens::default(), "1/1m".parse().unwrap());
         for _ in 0..3 {
             assert_eq!(
                 auth.authorize(Scope::Admin, Some("x"), None, "/v1/reset")
