@@ -60,7 +60,12 @@ pub(crate) struct Auth {
     /// leaks neither the token's bytes nor its length through timing.
     digests: [Option<[u8; 32]>; 3],
     failures: Tollgate<MemoryStore>,
+    /// Failures on admin endpoints: per address, and for all addresses together.
     policy: Policy,
+    /// Failures on the check and refund scopes: per address only. A global budget there would
+    /// let a few addresses' guesses lock every caller out of checking (tokens of 16 bytes or
+    /// more are not guessed anyway).
+    scoped: Policy,
     limit: Rule,
 }
 
@@ -91,11 +96,16 @@ impl Auth {
             .limiter(Limiter::new(Dimension::Global, [all]).with_name("all_failures"))
             .build()
             .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
+        let scoped = Policy::builder("tollgate_scope_auth")
+            .limiter(Limiter::new(Dimension::Ip, [failure_limit]).with_name("failures"))
+            .build()
+            .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
         Auth {
             digests: [&tokens.check, &tokens.refund, &tokens.admin]
                 .map(|t| t.as_deref().map(digest)),
             failures,
             policy,
+            scoped,
             limit: failure_limit,
         }
     }
@@ -132,7 +142,12 @@ impl Auth {
         // budget rather than escaping it.
         let ip = client.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
         let identity = Identity::new().with_ip(ip);
-        if let Some(retry_after) = self.refused(&identity).await {
+        let policy = if scope == Scope::Admin {
+            &self.policy
+        } else {
+            &self.scoped
+        };
+        if let Some(retry_after) = self.refused(policy, &identity).await {
             tracing::debug!(client_ip = %ip, path = %path, "admin request refused: too many failed authentications");
             return Err(Refusal::TooManyFailures(retry_after));
         }
@@ -148,7 +163,7 @@ impl Auth {
         } else {
             "no token"
         };
-        match self.charge(&identity).await {
+        match self.charge(policy, &identity).await {
             Charged::Refused(retry_after) => {
                 // Lost a race with concurrent failures: this one is over the limit.
                 tracing::warn!(
@@ -178,8 +193,8 @@ impl Auth {
     }
 
     /// `Some(retry after)` when the address is over its failure limit; records nothing.
-    async fn refused(&self, identity: &Identity) -> Option<Duration> {
-        match self.failures.peek(&self.policy, identity, 1).await {
+    async fn refused(&self, policy: &Policy, identity: &Identity) -> Option<Duration> {
+        match self.failures.peek(policy, identity, 1).await {
             Ok(d) if !d.allowed() => Some(d.retry_after().unwrap_or(self.limit.window())),
             Ok(_) => None,
             Err(e) => {
@@ -190,17 +205,19 @@ impl Auth {
     }
 
     /// Counts one failure against the address.
-    async fn charge(&self, identity: &Identity) -> Charged {
-        match self.failures.check(&self.policy, identity, 1).await {
+    async fn charge(&self, policy: &Policy, identity: &Identity) -> Charged {
+        match self.failures.check(policy, identity, 1).await {
             Ok(d) if !d.allowed() => {
                 Charged::Refused(d.retry_after().unwrap_or(self.limit.window()))
             }
             Ok(d) => match d.rules().first() {
                 // The lockout ends when the oldest failure leaves the window, which is what
                 // a refusal would say now.
-                Some(rule) if rule.remaining == 0 => {
-                    Charged::Last(self.refused(identity).await.unwrap_or(rule.reset_after))
-                }
+                Some(rule) if rule.remaining == 0 => Charged::Last(
+                    self.refused(policy, identity)
+                        .await
+                        .unwrap_or(rule.reset_after),
+                ),
                 _ => Charged::Counted,
             },
             Err(e) => {
@@ -340,6 +357,25 @@ mod tests {
             }
         }
         assert_eq!(wrong, 2 * GLOBAL_FACTOR, "guesses allowed in the window");
+        // The check and refund scopes have no global budget: guesses from many addresses
+        // lock none of their callers out (a valid token still checks).
+        let tokens = Tokens {
+            check: Some("check-token".into()),
+            ..Tokens::default()
+        };
+        let auth = Auth::new(&tokens, "1/1m".parse().unwrap());
+        for i in 0..100u16 {
+            let client = Some(IpAddr::from([0x2001, 0xdb8, i, 0, 0, 0, 0, 1]));
+            let _ = auth
+                .authorize(Scope::Check, Some("guess"), client, "/")
+                .await;
+        }
+        let fresh = Some(IpAddr::from([192, 0, 2, 200]));
+        assert_eq!(
+            auth.authorize(Scope::Check, Some("check-token"), fresh, "/")
+                .await,
+            Ok(())
+        );
         // Two addresses of one /64 share a budget.
         let auth = Auth::new(&admin("t0ken"), "1/1m".parse().unwrap());
         let a = Some(IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]));

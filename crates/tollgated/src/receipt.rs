@@ -100,20 +100,48 @@ fn pad(key: &[u8; 32], byte: u8) -> [u8; 64] {
     block
 }
 
-/// Marks the receipt of `tag` spent, in the store: true the first time, false after. The mark
-/// lives as long as the policy's longest window (after it a refund changes nothing anyway).
-pub(crate) async fn spend(
-    gate: &Tollgate<AnyStore>,
-    policy: &Policy,
-    tag: &[u8; TAG],
-) -> Result<bool, tollgate::CheckError> {
-    let longest = policy
+/// The longest window of `policy`'s rules: after it, a receipt gives nothing back.
+pub(crate) fn longest_window(policy: &Policy) -> Duration {
+    policy
         .limiters()
         .iter()
         .flat_map(|l| l.rules())
         .map(tollgate::Rule::window)
         .max()
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+impl ReceiptKey {
+    /// What names the check of `receipt` whatever its leases became: its tag with the
+    /// concurrency limiters' instants left out (an extended lease is sealed anew, the rate
+    /// units it charged are the same).
+    pub(crate) fn spent_tag(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        receipt: &Receipt,
+    ) -> [u8; TAG] {
+        let at = policy.limiters().iter().enumerate().map(|(i, l)| {
+            if l.is_concurrent() {
+                Receipt::NOT_RECORDED
+            } else {
+                receipt.at_us(i).unwrap_or(Receipt::NOT_RECORDED)
+            }
+        });
+        let stable = Receipt::per_limiter(at, receipt.id(), receipt.units());
+        self.tag(policy, identity, &stable.to_string())
+    }
+}
+
+/// Marks the receipt of `tag` spent, in the store: true the first time, false after. The mark
+/// lives as long as the policy's longest window (after it a refund changes nothing anyway,
+/// and older receipts are refused before they come here).
+pub(crate) async fn spend(
+    gate: &Tollgate<AnyStore>,
+    policy: &Policy,
+    tag: &[u8; TAG],
+) -> Result<bool, tollgate::CheckError> {
+    let longest = longest_window(policy);
     let guard = DuplicateGuard::new(
         "tollgate.receipt",
         DuplicateBy::Dimension(Dimension::Arg("receipt".into())),

@@ -140,8 +140,8 @@ impl Inner {
         }
     }
 
-    /// Writes a ban within the ban budget: a new one takes the place of the ban nearest its end
-    /// when the budget is full. False (and counted) if no ban could go.
+    /// Writes a ban within the ban budget: when it is full of live bans, the new one is not
+    /// written (and counted): a flood of new bans never lifts the ones in force.
     fn put_ban(&self, shard: &mut Shard, hash: u64, key: &str, entry: Entry, now: u64) -> bool {
         if shard.find(hash, key).is_none() && !self.make_room(shard, Kind::Ban, 1, now, &[]) {
             self.dropped_bans.fetch_add(1, Ordering::Relaxed);

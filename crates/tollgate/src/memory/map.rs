@@ -105,15 +105,15 @@ impl Entry {
 
     /// How much eviction spares this entry, lowest first, and among equals which goes first
     /// (lowest first): expired entries; then counters within their limits, least recently used
-    /// first, then counters over their limits; bans nearest their end; live locks never.
+    /// first, then counters over their limits; live bans and locks never (a flood of new bans
+    /// must not lift the ones in force).
     fn keep_rank(&self, now: u64, age: u32) -> Option<(u8, u64)> {
         if self.expires_at <= now {
             return Some((0, 0));
         }
         match self.state {
             State::Rules(_) => Some((1 + u8::from(self.limited), u64::from(u32::MAX - age))),
-            State::Ban(_) => Some((1, self.expires_at)),
-            State::Lock(_) => None,
+            State::Ban(_) | State::Lock(_) => None,
         }
     }
 }
@@ -343,9 +343,9 @@ impl Shard {
     }
 
     /// Evicts one entry of `kind` to make room, the one eviction spares least (see
-    /// `Entry::keep_rank`); never a live lock or one of `keep`. Limiter keys and locks are
-    /// chosen among a few sampled at random (limiter keys from the whole shard when the sample
-    /// holds none), bans among all of the shard's. `None` if nothing can go.
+    /// `Entry::keep_rank`), chosen among a few sampled at random (limiter keys from the whole
+    /// shard when the sample holds none); never a live ban or lock, or one of `keep`. `None`
+    /// if nothing can go.
     pub(super) fn evict_one(&mut self, kind: Kind, now: u64, keep: &[SlotId]) -> Option<Evicted> {
         const SAMPLES: usize = 16;
         if self.slots.is_empty() || self.usage.of(kind) == 0 {
@@ -361,11 +361,7 @@ impl Shard {
             entry.keep_rank(now, tick.wrapping_sub(entry.used))
         };
         let mut best: Option<((u8, u64), SlotId)> = None;
-        // Bans go exactly nearest their end (a ban is written only after a violation, so a
-        // scan per ban written when the budget is full is bounded by the requests that earn
-        // them); limiter keys by sample, as each new key may need one.
-        let samples = if kind == Kind::Ban { 0 } else { SAMPLES * 2 };
-        for _ in 0..samples {
+        for _ in 0..SAMPLES * 2 {
             let id = (self.next_random() % self.slots.len() as u64) as SlotId;
             let Some(r) = rank(id, &self.slots[id as usize]) else {
                 continue;
@@ -377,7 +373,7 @@ impl Shard {
                 break;
             }
         }
-        if best.is_none() && kind != Kind::Lock {
+        if best.is_none() && kind == Kind::Counter {
             best = (0..self.slots.len() as SlotId)
                 .filter_map(|id| Some((rank(id, &self.slots[id as usize])?, id)))
                 .min();

@@ -57,8 +57,10 @@ use crate::{
 /// evicted, so eviction never gives an at-limit client its quota back early (it may wait up to
 /// its longest window instead of its exact retry moment). A flood of new keys can only make
 /// the store forget its quietest clients; it never leaves a new client unlimited
-/// ([`MemoryStore::evictions`] counts them). A full ban budget drops the ban nearest its end; a
-/// full lock or response budget refuses the new lock or response with a
+/// ([`MemoryStore::evictions`] counts them). A ban budget full of live bans writes no new one
+/// (counted in [`MemoryUsage::dropped_bans`]: the offender is still limited by its rules, and
+/// no flood of bans can lift those in force); a full lock or response budget refuses the new
+/// lock or response with a
 /// [`Capacity`](crate::StoreErrorKind::Capacity) error. Expired keys are also emptied when
 /// touched and dropped by a background sweep.
 ///
@@ -205,8 +207,7 @@ pub struct MemoryUsage {
     pub locks: usize,
     /// Bytes of the responses stored with completed locks.
     pub response_bytes: usize,
-    /// Bans not written since the store was built: the ban budget was full of bans none of
-    /// which could go.
+    /// Bans not written since the store was built: the ban budget was full of live bans.
     pub dropped_bans: u64,
 }
 
@@ -255,7 +256,7 @@ impl MemoryStoreBuilder {
     }
 
     /// The most bans the store holds (default 100,000), split evenly over the shards; past it,
-    /// a new ban takes the place of the one nearest its end.
+    /// new bans are not written until some end (see [`MemoryUsage::dropped_bans`]).
     pub fn max_bans(mut self, max_bans: usize) -> MemoryStoreBuilder {
         self.max_bans = max_bans;
         self

@@ -355,6 +355,10 @@ impl RuleStates {
                         c.b = c.b.saturating_sub(cost);
                     }
                 }
+                // A receipt from before the rule's period counts for nothing any more: its units
+                // were given back by time already.
+                Algorithm::Gcra
+                    if at.is_some_and(|at| at.saturating_add(rule.window_us()) <= now) => {}
                 Algorithm::Gcra => {
                     let back = algorithm::gcra_interval(rule).saturating_mul(cost);
                     if let Some(c) = self.counters.iter_mut().find(|c| c.rule == id) {

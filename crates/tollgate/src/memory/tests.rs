@@ -129,8 +129,8 @@ fn a_reset_forgives_an_evicted_key() {
 }
 
 /// Locks and bans have budgets of their own: a flood of either, kept for years, never makes a
-/// rate-limit check fail, and a full budget refuses the new lock or drops the ban nearest its
-/// end.
+/// rate-limit check fail, and a full budget refuses the new lock or ban (never lifting one in
+/// force).
 #[test]
 fn a_lock_or_ban_flood_never_reaches_a_check() {
     let clock = ManualClock::new(Duration::from_secs(1_000));
@@ -161,19 +161,17 @@ fn a_lock_or_ban_flood_never_reaches_a_check() {
             .ban("tg", &target, decade + Duration::from_secs(i));
     }
     let usage = store.usage();
-    assert_eq!((usage.locks, usage.bans, usage.dropped_bans), (8, 8, 0));
-    // The bans nearest their ends went first: the last eight written stay.
+    assert_eq!((usage.locks, usage.bans, usage.dropped_bans), (8, 8, 12));
+    // The bans in force stay: the first eight written.
     let kept: Vec<_> = store
         .inner
         .bans("tg")
         .into_iter()
         .map(|b| b.target)
         .collect();
-    let last: Vec<_> = (12..20)
-        .map(|i| BanTarget::UserId(format!("u{i}")))
-        .collect();
+    let first: Vec<_> = (0..8).map(|i| BanTarget::UserId(format!("u{i}"))).collect();
     assert_eq!(kept.len(), 8);
-    assert!(last.iter().all(|t| kept.contains(t)), "{kept:?}");
+    assert!(first.iter().all(|t| kept.contains(t)), "{kept:?}");
 
     for i in 0..50 {
         let client = format!("client{i}");
@@ -181,6 +179,11 @@ fn a_lock_or_ban_flood_never_reaches_a_check() {
         assert!(!check(&store, &client, &["1/1m"], 1).unwrap().allowed);
     }
     assert_eq!(store.usage().limiter_keys, 4);
+    // Once the bans end, new ones find room again.
+    clock.advance(decade + Duration::from_secs(60));
+    let late = BanTarget::UserId("late".into());
+    store.inner.ban("tg", &late, Duration::from_secs(60));
+    assert!(store.inner.bans("tg").iter().any(|b| b.target == late));
 }
 
 /// Stored responses have a budget in bytes; a response past it is refused, and the room comes
@@ -355,4 +358,36 @@ fn keys_spread_over_shards() {
 fn entries_stay_small() {
     assert!(std::mem::size_of::<Option<super::map::Entry>>() <= 72);
     assert!(std::mem::size_of::<super::rules::RuleStates>() <= 48);
+}
+
+/// A GCRA receipt older than the rule's period gives nothing back: its units came back by
+/// time already (a stale receipt refunded again and again would otherwise lift the limit).
+#[test]
+fn a_stale_gcra_receipt_refunds_nothing() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .purge_interval(None)
+        .build();
+    let rules: Vec<Rule> = vec![
+        "1/1m"
+            .parse::<Rule>()
+            .unwrap()
+            .with_algorithm(Algorithm::Gcra),
+    ];
+    let limiters = [LimiterRequest {
+        key: "k",
+        rules: &rules,
+        ban: None,
+        shadow: false,
+    }];
+    let request = CheckRequest::new(1, true, &limiters);
+    let old = store.check_now(&request).unwrap().receipt.unwrap();
+    clock.advance(Duration::from_secs(120));
+    assert!(store.check_now(&request).unwrap().allowed);
+    store.inner.refund(&request, Some(&old));
+    assert!(
+        !store.check_now(&request).unwrap().allowed,
+        "a stale receipt gave a unit back"
+    );
 }

@@ -280,7 +280,25 @@ pub(crate) async fn refund(
     let identity = req.identity.into_identity();
     let receipt = match &req.receipt {
         Some(sealed) => {
-            let (receipt, tag) = open(&app, &entry, &identity, "receipt", sealed)?;
+            let (receipt, _) = open(&app, &entry, &identity, "receipt", sealed)?;
+            // Past the policy's longest window a receipt gives nothing back, and its spent
+            // mark is gone: refused, not refunded twice.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            let newest = (0..entry.policy.limiters().len())
+                .filter_map(|i| receipt.at_us(i))
+                .max()
+                .unwrap_or(0);
+            let window = crate::receipt::longest_window(&entry.policy);
+            if newest.saturating_add(u64::try_from(window.as_micros()).unwrap_or(u64::MAX)) <= now {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "this receipt's windows have ended: there is nothing left to give back",
+                )
+                .with_code("receipt_expired"));
+            }
+            let tag = app.receipts.spent_tag(&entry.policy, &identity, &receipt);
             let spend = crate::receipt::spend(&app.gate, &entry.policy, &tag);
             if !timed(&app, "refund", spend).await? {
                 return Err(ApiError::new(

@@ -408,3 +408,40 @@ async fn a_rebound_host_name_is_refused() {
         .await;
     assert_eq!(status, 200);
 }
+
+/// A lease renewed is sealed anew, but it names the same check: its rate units are given back
+/// once, whichever of its leases is sent.
+#[tokio::test]
+async fn a_renewed_lease_refunds_its_units_once() {
+    let server = Server::start(
+        r#"
+[policies.export]
+limiters = [
+  { by = "user_id", concurrent = 1, lease_ttl = "5m" },
+  { by = "user_id", name = "hourly", rules = ["2/1h"], algorithm = "fixed_window" },
+]
+"#,
+    );
+    let who = json!({ "user_id": "u" });
+    let (_, held) = server
+        .post(
+            "/v1/acquire",
+            json!({ "policy": "export", "identity": who }),
+        )
+        .await;
+    let first = held["lease"].as_str().unwrap().to_owned();
+    let (status, renewed) = server
+        .post(
+            "/v1/extend",
+            json!({ "policy": "export", "identity": who, "lease": first }),
+        )
+        .await;
+    assert_eq!(status, 200, "{renewed}");
+    let renewed = renewed["lease"].as_str().unwrap().to_owned();
+    assert_ne!(renewed, first);
+    let refund = |lease: &str| json!({ "policy": "export", "identity": who, "receipt": lease });
+    assert_eq!(server.post("/v1/refund", refund(&first)).await.0, 200);
+    let (status, body) = server.post("/v1/refund", refund(&renewed)).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "already_refunded");
+}
