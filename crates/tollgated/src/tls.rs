@@ -3,13 +3,14 @@
 //! ALPN, and with a client CA file, client certificates required and verified against it.
 //!
 //! The certificate and key are read at start (an unreadable or mismatched pair stops it: never
-//! plaintext instead) and again when the certificate file changes, so a rotated certificate is
-//! served from the next handshake on; a rotation that cannot be read keeps the one in use.
+//! plaintext instead) and again when either file changes (looked at once a second at most, by
+//! a handshake), so a rotated certificate is served within a second; a rotation that cannot be
+//! read keeps the one in use.
 
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::SystemTime,
+    time::{Duration, Instant, SystemTime},
 };
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
@@ -75,23 +76,38 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 struct Reloading {
     files: TlsFiles,
     provider: Arc<CryptoProvider>,
-    current: Mutex<(Option<SystemTime>, Arc<CertifiedKey>)>,
+    current: Mutex<Current>,
 }
+
+/// The pair in use, the files' change times it was read at, and when they were last looked at.
+#[derive(Debug)]
+struct Current {
+    key: Arc<CertifiedKey>,
+    modified: [Option<SystemTime>; 2],
+    looked: Instant,
+}
+
+/// How often a handshake may look at the files.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 impl Reloading {
     fn new(files: TlsFiles, provider: Arc<CryptoProvider>) -> Result<Reloading, String> {
         let key = load(&files, &provider)?;
-        let modified = modified(&files.cert);
+        let current = Current {
+            key: Arc::new(key),
+            modified: modified(&files),
+            looked: Instant::now(),
+        };
         Ok(Reloading {
             files,
             provider,
-            current: Mutex::new((modified, Arc::new(key))),
+            current: Mutex::new(current),
         })
     }
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+fn modified(files: &TlsFiles) -> [Option<SystemTime>; 2] {
+    [&files.cert, &files.key].map(|path| std::fs::metadata(path).and_then(|m| m.modified()).ok())
 }
 
 fn load(files: &TlsFiles, provider: &CryptoProvider) -> Result<CertifiedKey, String> {
@@ -108,18 +124,22 @@ impl ResolvesServerCert for Reloading {
             .current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = modified(&self.files.cert);
-        if now != current.0 {
-            match load(&self.files, &self.provider) {
-                Ok(key) => {
-                    tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
-                    *current = (now, Arc::new(key));
+        if current.looked.elapsed() >= LOOK_EVERY {
+            current.looked = Instant::now();
+            let now = modified(&self.files);
+            if now != current.modified {
+                match load(&self.files, &self.provider) {
+                    Ok(key) => {
+                        tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
+                        current.key = Arc::new(key);
+                        current.modified = now;
+                    }
+                    // Half-written files, or a key not yet beside its certificate: the one in
+                    // use stays, and a handshake a second later tries again.
+                    Err(e) => tracing::warn!(error = %e, "TLS certificate not reloaded"),
                 }
-                // Half-written files, or a key not yet beside its certificate: the one in use
-                // stays, and the next handshake tries again.
-                Err(e) => tracing::warn!(error = %e, "TLS certificate not reloaded"),
             }
         }
-        Some(current.1.clone())
+        Some(current.key.clone())
     }
 }

@@ -757,7 +757,7 @@ pub(crate) fn current_limit(rule: &Rule, name: &str) -> RateLimit {
 
 /// The largest cost a descriptor's rule admits in one request: its limit, and no more entries
 /// than one check may write to a log.
-fn max_cost(rule: &Rule) -> u64 {
+pub(crate) fn max_cost(rule: &Rule) -> u64 {
     match rule.algorithm() {
         tollgate::Algorithm::SlidingLog => rule.limit().min(tollgate::MAX_LOG_COST),
         _ => rule.limit(),

@@ -472,7 +472,7 @@ impl Checked {
                 .rules
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.limit() < self.cost)
+                .filter(|(_, r)| super::descriptors::max_cost(r) < self.cost)
                 .map(|(i, _)| (i, false, 0, Duration::ZERO))
                 .collect(),
             _ => SmallVec::new(),
