@@ -92,6 +92,12 @@ impl Inner {
         let hash = self.shards.hash(key);
         let mut shard = self.shards.lock_one(hash);
         let now = self.clock.now_us();
+        if shard.usage().response_bytes + response.len() > self.budget.response_bytes
+            && shard.sweep_due(now)
+        {
+            // Expired responses count until swept: swept now (once a second at most).
+            shard.purge(now, &[]);
+        }
         let room = self
             .budget
             .response_bytes

@@ -145,6 +145,8 @@ pub(super) struct Shard {
     /// Evicted limiter keys that were at their limits: the hash of each key and the instant
     /// (µs) until which it stays denied (see `owe`).
     owed: HashTable<(u64, u64)>,
+    /// When a full budget last swept the shard (µs).
+    swept_at: u64,
 }
 
 /// Where an entry lives in its shard; valid while the shard stays locked and the entry is not
@@ -162,7 +164,18 @@ impl Shard {
             tick: 0,
             usage: Usage::default(),
             owed: HashTable::new(),
+            swept_at: 0,
         }
+    }
+
+    /// Whether a full budget may sweep the shard now: once a second at most, so that a budget
+    /// kept full of live entries costs one sweep a second, not one per request.
+    pub(super) fn sweep_due(&mut self, now: u64) -> bool {
+        if now < self.swept_at.saturating_add(1_000_000) {
+            return false;
+        }
+        self.swept_at = now;
+        true
     }
 
     pub(super) fn len(&self) -> usize {

@@ -556,6 +556,12 @@ impl Inner {
         let cap = self.budget.of(kind);
         while shard.usage().of(kind) + wanted > cap {
             let Some(evicted) = shard.evict_one(kind, now, keep) else {
+                // The sample found nothing to drop: what has expired goes (a sweep of the
+                // shard, at most once a second), then the budget is looked at again.
+                if shard.sweep_due(now) {
+                    shard.purge(now, keep);
+                    continue;
+                }
                 return false;
             };
             let entry = evicted.entry;
