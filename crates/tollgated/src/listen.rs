@@ -381,7 +381,10 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
                 // The handshake within the same deadline as a plaintext connection's opening.
                 Some((acceptor, deadline)) => {
                     match tokio::time::timeout(deadline, acceptor.accept(io)).await {
-                        Ok(Ok(io)) => serve_h2(&builder, watcher, io, service).await,
+                        Ok(Ok(io)) => {
+                            let io = Guarded::opening_only(io, deadline);
+                            serve_h2(&builder, watcher, io, service).await
+                        }
                         Ok(Err(e)) => Err(e.into()),
                         Err(_) => Err("no TLS handshake within server.header_read_timeout".into()),
                     }
@@ -495,13 +498,14 @@ where
 /// timeout (where set), or a write that makes no progress for the write timeout.
 pub(crate) struct Guarded<T> {
     io: T,
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
     _ticket: Option<IpTicket>,
     /// Bytes read so far and the deadline, until the HTTP/2 opening has been read.
     opening: Option<(usize, Pin<Box<Sleep>>)>,
     /// How long the client may send nothing, and when that ends now.
     idle: Option<(Duration, Pin<Box<Sleep>>)>,
-    write_timeout: Duration,
+    /// `None`: writes are watched by the stream beneath (see `opening_only`).
+    write_timeout: Option<Duration>,
     /// Since a write first found the socket full: when the connection gives up.
     stalled: Option<Pin<Box<Sleep>>>,
 }
@@ -515,11 +519,25 @@ impl<T> Guarded<T> {
     ) -> Guarded<T> {
         Guarded {
             io,
-            _permit: permit,
+            _permit: Some(permit),
             _ticket: ticket,
             opening: None,
             idle: None,
-            write_timeout,
+            write_timeout: Some(write_timeout),
+            stalled: None,
+        }
+    }
+
+    /// Only the HTTP/2 opening's deadline, for a stream inside a guarded one: over TLS, the
+    /// connection's own deadline counted the handshake's bytes, not the preface.
+    fn opening_only(io: T, timeout: Duration) -> Guarded<T> {
+        Guarded {
+            io,
+            _permit: None,
+            _ticket: None,
+            opening: Some((0, Box::pin(tokio::time::sleep(timeout)))),
+            idle: None,
+            write_timeout: None,
             stalled: None,
         }
     }
@@ -531,11 +549,10 @@ impl<T> Guarded<T> {
         cx: &mut Context<'_>,
         polled: Poll<io::Result<R>>,
     ) -> Poll<io::Result<R>> {
-        if polled.is_ready() {
+        let Some(timeout) = self.write_timeout.filter(|_| polled.is_pending()) else {
             self.stalled = None;
             return polled;
-        }
-        let timeout = self.write_timeout;
+        };
         let stalled = self
             .stalled
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));

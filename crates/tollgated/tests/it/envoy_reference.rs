@@ -394,6 +394,55 @@ async fn the_grpc_port_serves_tls_and_mutual_tls() {
         assert_eq!(anonymous.await.is_err(), mutual, "mutual: {mutual}");
     }
 
+    // A client that finishes the handshake and sends no HTTP/2 preface is closed within the
+    // header timeout, as a plaintext one is.
+    {
+        use tokio::io::AsyncReadExt as _;
+        use tokio_rustls::rustls::{self, RootCertStore, pki_types::ServerName};
+        let (cert, key) = (certs.path("server.crt"), certs.path("server.key"));
+        let server = start(
+            &redis,
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+                ("GRPC_SERVER_TLS_KEY", key.as_str()),
+                ("TOLLGATE_SERVER_HEADER_READ_TIMEOUT", "300ms"),
+            ],
+        );
+        let mut roots = RootCertStore::empty();
+        let ca: rustls::pki_types::CertificateDer<'static> =
+            rustls::pki_types::pem::PemObject::from_pem_file(certs.path("ca.crt")).unwrap();
+        roots.add(ca).unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(server.grpc.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        let mut tls = connector
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .expect("the handshake");
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(crate::support::HANG, async {
+            while let Ok(n) = tls.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "a TLS client without a preface kept its connection"
+        );
+    }
+
     // Asked for with files that are not there: the start fails, naming them.
     let out = std::process::Command::new(crate::support::binary())
         .arg("envoy-ratelimit")
