@@ -872,6 +872,10 @@ struct RawEnvoy {
     /// Every descriptor of the YAML's domains in quota mode, as the reference's `QUOTA_MODE`.
     #[serde(default)]
     quota_mode: bool,
+    /// Answers of the YAML's domains carry `dynamic_metadata`, as the reference's
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    #[serde(default)]
+    dynamic_metadata: bool,
     /// Skip dotfiles in the directory, as the reference's `RUNTIME_IGNOREDOTFILES`.
     #[serde(default)]
     ignore_dotfiles: bool,
@@ -973,6 +977,7 @@ impl RawConfig {
             envoy.shadow,
             envoy.all_or_nothing,
             envoy.quota_mode,
+            envoy.dynamic_metadata,
         );
         let mut seen = HashSet::new();
         for (i, domain) in envoy.domains.into_iter().enumerate() {

@@ -15,6 +15,7 @@
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
 //! | `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` | `envoy.all_or_nothing` |
 //! | `QUOTA_MODE` | `envoy.quota_mode` |
+//! | `RESPONSE_DYNAMIC_METADATA` | `envoy.dynamic_metadata` |
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `envoy.headers = "draft6"` (else `none`) |
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `envoy.header_names` |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
@@ -195,6 +196,9 @@ pub(super) fn apply(
     }
     if let Some(text) = get("SHADOW_MODE") {
         raw.envoy.shadow = flag("SHADOW_MODE", &text)?;
+    }
+    if let Some(text) = get("RESPONSE_DYNAMIC_METADATA") {
+        raw.envoy.dynamic_metadata = flag("RESPONSE_DYNAMIC_METADATA", &text)?;
     }
     if let Some(text) = get("QUOTA_MODE") {
         raw.envoy.quota_mode = flag("QUOTA_MODE", &text)?;

@@ -98,6 +98,8 @@ pub(crate) enum Semantics {
         independent: bool,
         /// The reference's `QUOTA_MODE`: every descriptor in quota mode.
         quota: bool,
+        /// The reference's `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata`.
+        metadata: bool,
     },
 }
 
@@ -184,6 +186,8 @@ pub(crate) struct Node {
     /// Envoy's `quota_mode`: over its limit, the request stays OK unless every quota
     /// descriptor of it is over.
     pub(crate) quota: bool,
+    /// Envoy's descriptor `metadata`, for the answer's `dynamic_metadata`.
+    pub(crate) metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     /// How the node limits beyond its rules (Envoy's YAML).
     pub(crate) kind: NodeKind,
     /// Envoy's `rate_limit.name`, which `replaces` of another matched descriptor names.
@@ -216,6 +220,7 @@ impl Node {
             rules,
             shadow,
             quota: false,
+            metadata: None,
             kind: NodeKind::Rules,
             name: None,
             replaces: Box::new([]),
@@ -318,6 +323,7 @@ impl DomainsBuilder {
         shadow: bool,
         all_or_nothing: bool,
         quota: bool,
+        metadata: bool,
     ) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
@@ -326,6 +332,7 @@ impl DomainsBuilder {
                 shadow,
                 independent: !all_or_nothing,
                 quota,
+                metadata,
             },
             bans_without_identity: false,
             staged: Vec::new(),
@@ -450,6 +457,7 @@ impl DomainsBuilder {
             node.replaces = d.replaces.iter().map(|r| r.as_str().into()).collect();
             node.share_threshold = d.share_threshold;
             node.quota = d.quota;
+            node.metadata = d.metadata.clone().map(Arc::new);
             level
                 .by_key
                 .entry(d.key.clone())

@@ -6,6 +6,9 @@
 //! [`CheckRequest`], asked of the engine's store without a future when the store can answer at
 //! once (the memory store), as the engine does.
 
+use envoy_types::pb::google::protobuf::{
+    ListValue, Struct as PbStruct, Value as PbValue, value::Kind,
+};
 use std::{
     collections::HashMap,
     fmt::Write as _,
@@ -276,6 +279,116 @@ fn blocked_status(node: &Node, unit: Unit) -> DescriptorStatus {
         ))),
         quota: None,
     }
+}
+
+/// The reference's `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`): the domain; each request
+/// descriptor's entries (`key=value`), its own limit and `hits_addend` when it has them; the
+/// request's `hits_addend` when not zero; and the `metadata` of the descriptors that passed
+/// (not over their limit) merged in request order (maps merge, a first value stays).
+fn dynamic_metadata(
+    request: &RateLimitRequest,
+    statuses: &[DescriptorStatus],
+    matched: &[Option<Matched>],
+) -> PbStruct {
+    use std::collections::HashMap as Map;
+    let string = |s: String| PbValue {
+        kind: Some(Kind::StringValue(s)),
+    };
+    let number = |n: u64| PbValue {
+        kind: Some(Kind::NumberValue(n as f64)),
+    };
+    let list = |values: Vec<PbValue>| PbValue {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    };
+    let object = |fields: Map<String, PbValue>| PbValue {
+        kind: Some(Kind::StructValue(PbStruct { fields })),
+    };
+    let mut fields = Map::new();
+    fields.insert("domain".to_owned(), string(request.domain.clone()));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut f = Map::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            f.insert("entries".to_owned(), list(entries));
+            if let Some(limit) = &d.limit {
+                let unit = Unit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                f.insert(
+                    "limit".to_owned(),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        limit.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(hits) = &d.hits_addend {
+                f.insert("hitsAddend".to_owned(), number(hits.value));
+            }
+            object(f)
+        })
+        .collect();
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_owned(),
+            number(u64::from(request.hits_addend)),
+        );
+    }
+    let mut merged = serde_json::Map::new();
+    for (status, found) in statuses.iter().zip(matched) {
+        if status.code == Code::OverLimit as i32 {
+            continue;
+        }
+        if let Some(metadata) = found.as_ref().and_then(|f| f.node().metadata.as_ref()) {
+            merge(&mut merged, metadata);
+        }
+    }
+    if !merged.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            json_value(serde_json::Value::Object(merged)),
+        );
+    }
+    PbStruct { fields }
+}
+
+/// Merges `from` into `into`: maps merge, any other value already there stays.
+fn merge(
+    into: &mut serde_json::Map<String, serde_json::Value>,
+    from: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (key, value) in from {
+        match (into.get_mut(key), value) {
+            (Some(serde_json::Value::Object(a)), serde_json::Value::Object(b)) => merge(a, b),
+            (Some(_), _) => {}
+            (None, v) => {
+                into.insert(key.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// A JSON value as a protobuf `Value`.
+fn json_value(value: serde_json::Value) -> PbValue {
+    use serde_json::Value as J;
+    let kind = match value {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s),
+        J::Array(values) => Kind::ListValue(ListValue {
+            values: values.into_iter().map(json_value).collect(),
+        }),
+        J::Object(map) => Kind::StructValue(PbStruct {
+            fields: map.into_iter().map(|(k, v)| (k, json_value(v))).collect(),
+        }),
+    };
+    PbValue { kind: Some(kind) }
 }
 
 /// Whether the request is over, as the reference decides it: a descriptor over its limit
@@ -733,10 +846,16 @@ impl RateLimiter {
         } else {
             Code::Ok
         };
+        let dynamic_metadata = matches!(
+            domain.semantics,
+            Semantics::Reference { metadata: true, .. }
+        )
+        .then(|| dynamic_metadata(request, &statuses, &matched));
         Ok(RateLimitResponse {
             overall_code: overall as i32,
             response_headers_to_add,
             statuses,
+            dynamic_metadata,
             ..RateLimitResponse::default()
         })
     }

@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Deserializer, de::IgnoredAny};
+use serde::{Deserialize, Deserializer};
 
 use crate::config::ConfigError;
 
@@ -60,6 +60,9 @@ pub(crate) struct YamlDescriptor {
     /// `quota_mode`: over its limit, the request is still OK unless every quota descriptor
     /// of it is over (see `Semantics::Reference`).
     pub(crate) quota: bool,
+    /// `metadata`: a map the answer's `dynamic_metadata` carries when the descriptor passes
+    /// (the reference's `RESPONSE_DYNAMIC_METADATA`).
+    pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub(crate) share_threshold: bool,
     pub(crate) descriptors: Descriptors,
 }
@@ -124,7 +127,7 @@ struct RawDescriptor {
     #[serde(default)]
     share_threshold: bool,
     #[serde(default)]
-    metadata: Option<IgnoredAny>,
+    metadata: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -181,7 +184,12 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
                 "descriptor {key}: share_threshold needs a wildcard value (one with '*')"
             ));
         }
-        let _ = (raw.detailed_metric, raw.value_to_metric, raw.metadata);
+        let _ = (raw.detailed_metric, raw.value_to_metric);
+        let metadata = match raw.metadata {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Object(map)) => Some(map),
+            Some(_) => return Err(format!("descriptor {key}: metadata should be a map")),
+        };
         let (limit, name, replaces) = match raw.rate_limit {
             None => (Limit::None, None, Vec::new()),
             Some(rl) => {
@@ -228,6 +236,7 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
             replaces,
             shadow: raw.shadow_mode,
             quota: raw.quota_mode,
+            metadata,
             share_threshold: raw.share_threshold,
             descriptors: raw.descriptors,
         })
@@ -353,7 +362,7 @@ mod tests {
     };
 
     fn domains(files: &[&str]) -> Result<Domains, String> {
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false, false);
         for (i, text) in files.iter().enumerate() {
             let path = PathBuf::from(format!("f{i}.yaml"));
             let root = parse(&path, text).map_err(|e| e.to_string())?;
@@ -565,7 +574,7 @@ descriptors:
             "{e}"
         );
         // Two files of one domain merge only when asked.
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false, false);
         for i in 0..2 {
             let path = PathBuf::from(format!("g{i}.yaml"));
             let root = parse(&path, "domain: d\ndescriptors:\n  - key: a\n").unwrap();

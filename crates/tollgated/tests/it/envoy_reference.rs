@@ -557,3 +557,70 @@ async fn quota_mode_makes_a_request_over_only_when_every_quota_is() {
     let r = ask(vec![("hourly", "q"), ("quota_b", "y")]).await;
     assert_eq!((r.overall_code, codes(&r)), (over, vec![over, ok]), "{r:?}");
 }
+
+/// `RESPONSE_DYNAMIC_METADATA=true`: answers carry the domain, each descriptor's entries (and
+/// its own hits_addend), and the YAML `metadata` of the descriptors that passed.
+#[tokio::test]
+async fn dynamic_metadata_as_the_reference_answers_it() {
+    use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
+    let redis = RedisServer::start();
+    let server = start(&redis, &[("RESPONSE_DYNAMIC_METADATA", "true")]);
+    let mut rls = server.grpc_client().await;
+    let string = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.into())),
+    };
+    let object = |fields: Vec<(&str, Value)>| Value {
+        kind: Some(Kind::StructValue(Struct {
+            fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        })),
+    };
+    let list = |values: Vec<Value>| Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    };
+    let mut with_addend = descriptor(&[("key1", "m")]);
+    with_addend.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 2 });
+    let request = RateLimitRequest {
+        domain: "reference".into(),
+        descriptors: vec![descriptor(&[("quota_a", "m")]), with_addend],
+        hits_addend: 0,
+    };
+    let expected = |with_metadata: bool| {
+        let mut fields = vec![
+            ("domain", string("reference")),
+            (
+                "descriptors",
+                list(vec![
+                    object(vec![("entries", list(vec![string("quota_a=m")]))]),
+                    object(vec![
+                        ("entries", list(vec![string("key1=m")])),
+                        (
+                            "hitsAddend",
+                            Value {
+                                kind: Some(Kind::NumberValue(2.0)),
+                            },
+                        ),
+                    ]),
+                ]),
+            ),
+        ];
+        if with_metadata {
+            fields.push((
+                "metadata",
+                object(vec![("plan", object(vec![("name", string("gold"))]))]),
+            ));
+        }
+        Struct {
+            fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        }
+    };
+    let first = rls
+        .should_rate_limit(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.dynamic_metadata, Some(expected(true)));
+    // Over its limit, quota_a's metadata is left out.
+    let second = rls.should_rate_limit(request).await.unwrap().into_inner();
+    assert_eq!(second.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(second.dynamic_metadata, Some(expected(false)));
+}
