@@ -57,21 +57,27 @@ local function ban_offender(denying, keys, targets, index)
   end
   local longest, ends = -1, {}
   for b, key in ipairs(keys) do
-    local old = call('HMGET', key, 's', 'x')
-    local strikes = 1
-    if tonumber(old[2] or '') and tonumber(old[2]) > now then
-      strikes = (tonumber(old[1] or '') or 0) + 1
-    end
-    local duration = 0
-    for d = 1, #denying, 3 do
-      duration = math.max(duration,
-        ban_duration(denying[d], denying[d + 1], denying[d + 2], strikes))
-    end
-    local until_us = now + duration
-    put_ban(key, until_us, strikes, until_us + memory, targets[2 * b - 1], targets[2 * b], index)
-    ends[b] = until_us
-    if duration > longest then
-      longest = duration
+    -- A key without a target is only read (the blocklist every policy sees, beside a
+    -- policy's own): no ban is written there.
+    if targets[2 * b - 1] == '' then
+      ends[b] = -1
+    else
+      local old = call('HMGET', key, 's', 'x')
+      local strikes = 1
+      if tonumber(old[2] or '') and tonumber(old[2]) > now then
+        strikes = (tonumber(old[1] or '') or 0) + 1
+      end
+      local duration = 0
+      for d = 1, #denying, 3 do
+        duration = math.max(duration,
+          ban_duration(denying[d], denying[d + 1], denying[d + 2], strikes))
+      end
+      local until_us = now + duration
+      put_ban(key, until_us, strikes, until_us + memory, targets[2 * b - 1], targets[2 * b], index)
+      ends[b] = until_us
+      if duration > longest then
+        longest = duration
+      end
     end
   end
   if index then

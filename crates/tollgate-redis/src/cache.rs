@@ -411,11 +411,13 @@ mod tests {
         }];
         let bans = [
             BanKey {
+                write: true,
                 key: "tg:ban:ip:1",
                 kind: "ip",
                 value: "1",
             },
             BanKey {
+                write: true,
                 key: "tg:ban:user_id:u",
                 kind: "user_id",
                 value: "u",

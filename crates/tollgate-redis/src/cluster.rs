@@ -397,7 +397,8 @@ async fn offend(
         return Ok(None);
     }
     let mut groups: Vec<Group> = Vec::new();
-    for (i, ban) in plan.bans.iter().enumerate() {
+    // Bans are written where the policy writes them: keys only read are left alone.
+    for (i, ban) in plan.bans.iter().enumerate().filter(|(_, b)| b.write) {
         join(&mut groups, Slot::for_key(ban.key), i);
     }
     let writes = join_all(groups.iter().map(|group| {
@@ -503,11 +504,13 @@ mod tests {
         let (ip_key, user_key, index) = (ip.key("tg"), user.key("tg"), ban_index_key("tg"));
         let bans = [
             BanKey {
+                write: true,
                 key: &ip_key,
                 kind: "ip",
                 value: "10.0.0.1",
             },
             BanKey {
+                write: true,
                 key: &user_key,
                 kind: "user_id",
                 value: "u",

@@ -225,8 +225,13 @@ pub(crate) fn prepare(
     packed.push(report.map_or(0, |r| r as i64));
     invocation.arg(packed.0);
     if writes_bans {
+        // A ban key that is only read has no target: the ban writer passes it by.
         for ban in plan.bans {
-            invocation.arg(ban.kind).arg(ban.value);
+            if ban.write {
+                invocation.arg(ban.kind).arg(ban.value);
+            } else {
+                invocation.arg("").arg("");
+            }
         }
         invocation.key(plan.ban_index);
     }

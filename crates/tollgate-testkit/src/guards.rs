@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::sync::Barrier;
 use tollgate::{
-    Acquire, BanCursor, BanRule, BanTarget, Bypass, CheckError, Dimension, DuplicateBy,
+    Acquire, BanCursor, BanRule, BanScope, BanTarget, Bypass, CheckError, Dimension, DuplicateBy,
     DuplicateGuard, DuplicateState, Fingerprint, Identity, Limiter, Policy, Reason, Rule, Store,
 };
 
@@ -29,6 +29,7 @@ macro_rules! guard_suite {
             duplicate_global_guard_spans_actions,
             duplicate_guard_errors,
             blocklist_violation_bans_ip_and_user_everywhere,
+            blocklist_policy_scope_keeps_bans_to_the_policy,
             blocklist_unban_and_expiry_lift_the_ban,
             blocklist_escalation_doubles_and_caps,
             blocklist_manual_ban_and_listing,
@@ -351,6 +352,63 @@ pub async fn blocklist_violation_bans_ip_and_user_everywhere<S: Store>(s: Subjec
         .find(|r| &*r.limiter == "user_id")
         .expect("user rule");
     assert_eq!(daily.remaining, 98);
+}
+
+/// A policy whose bans are its own: a violation bans from it alone, its bans are listed and
+/// lifted apart, and the blocklist every policy sees still refuses it.
+pub async fn blocklist_policy_scope_keeps_bans_to_the_policy<S: Store>(s: Subject<S>) {
+    at(&s, Duration::ZERO);
+    let own = Policy::builder("sms_own")
+        .limiter(
+            Limiter::new(Dimension::Ip, [rule("1/1m")]).with_blocklist(BanRule::new(secs(600))),
+        )
+        .limiter(Limiter::new(Dimension::UserId, [rule("100/1d")]))
+        .ban_scope(BanScope::Policy)
+        .build()
+        .expect("valid policy");
+    let login = login_policy();
+    let who = user("alice");
+    assert!(check(&s, &own, &who).await.allowed());
+    assert_eq!(check(&s, &own, &who).await.reason(), Reason::RateLimited);
+
+    at(&s, secs(100));
+    assert_eq!(check(&s, &own, &who).await.reason(), Reason::Blocked);
+    assert!(
+        check(&s, &login, &who).await.allowed(),
+        "another policy is not refused"
+    );
+    let gate = s.gate();
+    let mut own_bans: Vec<BanTarget> = gate
+        .bans_in(&own)
+        .await
+        .expect("store answers")
+        .into_iter()
+        .map(|b| b.target)
+        .collect();
+    own_bans.sort();
+    assert_eq!(
+        own_bans,
+        [
+            BanTarget::Ip("192.0.2.10".parse().expect("ip")),
+            BanTarget::UserId("alice".into())
+        ]
+    );
+    assert!(gate.blocklist().await.expect("store answers").is_empty());
+
+    // The blocklist every policy sees refuses it too.
+    let carol = Identity::new()
+        .with_ip("198.51.100.9".parse().expect("ip"))
+        .with_user_id("carol");
+    gate.ban(&BanTarget::UserId("carol".into()), secs(60))
+        .await
+        .expect("store answers");
+    assert_eq!(check(&s, &own, &carol).await.reason(), Reason::Blocked);
+
+    // Lifted apart: alice is admitted again.
+    for target in own_bans {
+        assert!(gate.unban_in(&own, &target).await.expect("store answers"));
+    }
+    assert!(check(&s, &own, &who).await.allowed());
 }
 
 /// Unban lifts a ban at once; expiry lifts it at its end.

@@ -137,6 +137,7 @@ impl<S: Store> PlanExt for S {
             .iter()
             .zip(&values)
             .map(|(b, value)| BanKey {
+                write: true,
                 key: &b.key,
                 kind: b.target.kind(),
                 value,

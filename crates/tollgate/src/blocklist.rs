@@ -8,6 +8,19 @@ use crate::{
     key,
 };
 
+/// Whom the bans a policy writes refuse (see [`PolicyBuilder::ban_scope`]).
+///
+/// [`PolicyBuilder::ban_scope`]: crate::PolicyBuilder::ban_scope
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BanScope {
+    /// Every policy of the engine, and the Envoy domains that map identities (the default).
+    #[default]
+    Everywhere,
+    /// This policy alone: its bans live apart (`Tollgate::bans_in`, `unban_in`), and other
+    /// policies never see them.
+    Policy,
+}
+
 /// How a limiter bans an offender when it denies: for `duration`, and, with escalation, for
 /// `duration * factor^(strikes - 1)` up to `cap` for repeat offenders.
 ///

@@ -11,7 +11,7 @@ use std::{
 use smallvec::SmallVec;
 
 use crate::{
-    blocklist::{BanEntry, BanTarget},
+    blocklist::{BanEntry, BanScope, BanTarget},
     decision::{Decision, Reason, RuleDecision},
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
@@ -429,6 +429,81 @@ impl<S: Store> Tollgate<S> {
         self.store.unban(&self.prefix, target).await
     }
 
+    /// The bans `policy` wrote for itself ([`BanScope::Policy`]), with the time left; none for a
+    /// policy whose bans every policy sees (those are in [`blocklist`](Self::blocklist)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{BanRule, BanScope, Dimension, Identity, Limiter, MemoryStore, Policy, Reason, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let login = Policy::builder("login")
+    ///     .limiter(
+    ///         Limiter::new(Dimension::UserId, ["1/1m".parse()?])
+    ///             .with_blocklist(BanRule::new(Duration::from_secs(600))),
+    ///     )
+    ///     .ban_scope(BanScope::Policy)
+    ///     .build()?;
+    /// let search = Policy::builder("search")
+    ///     .limiter(Limiter::new(Dimension::UserId, ["100/1m".parse()?]))
+    ///     .build()?;
+    /// let who = Identity::new().with_user_id("mallory");
+    /// gate.check(&login, &who, 1).await?;
+    /// gate.check(&login, &who, 1).await?; // over: banned from login
+    /// assert_eq!(gate.check(&login, &who, 1).await?.reason(), Reason::Blocked);
+    /// assert!(gate.check(&search, &who, 1).await?.allowed(), "not from search");
+    /// assert_eq!(gate.bans_in(&login).await?.len(), 1);
+    /// assert!(gate.blocklist().await?.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn bans_in(&self, policy: &Policy) -> Result<Vec<BanEntry>, StoreError> {
+        match self.own_bans(policy) {
+            Some(prefix) => self.store.bans(&prefix).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Bans `target` from `policy` alone (a policy whose bans are its own) for `duration`;
+    /// for another policy, from every policy, as [`ban`](Self::ban).
+    pub async fn ban_in(
+        &self,
+        policy: &Policy,
+        target: &BanTarget,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        let prefix = self.own_bans(policy);
+        let prefix = prefix.as_deref().unwrap_or(&self.prefix);
+        self.store.ban(prefix, target, duration).await
+    }
+
+    /// Lifts `policy`'s own ban on `target` (a policy whose bans are its own); for another
+    /// policy, the ban every policy sees, as [`unban`](Self::unban). True if it was banned.
+    pub async fn unban_in(&self, policy: &Policy, target: &BanTarget) -> Result<bool, StoreError> {
+        let prefix = self.own_bans(policy);
+        let prefix = prefix.as_deref().unwrap_or(&self.prefix);
+        self.store.unban(prefix, target).await
+    }
+
+    /// The prefix the bans `policy` writes live under, for the store's listing calls
+    /// ([`Store::bans_page`]): its own with [`BanScope::Policy`], else the engine's.
+    pub fn ban_prefix(&self, policy: &Policy) -> std::borrow::Cow<'_, str> {
+        match self.own_bans(policy) {
+            Some(own) => std::borrow::Cow::Owned(own),
+            None => std::borrow::Cow::Borrowed(&self.prefix),
+        }
+    }
+
+    /// The ban prefix of `policy`'s own bans, if its bans are its own.
+    fn own_bans(&self, policy: &Policy) -> Option<String> {
+        (policy.ban_scope == BanScope::Policy).then(|| {
+            let mut prefix = String::new();
+            key::push_policy_ban_prefix(&mut prefix, &self.prefix, &policy.scope);
+            prefix
+        })
+    }
+
     /// Tries to take the duplicate-guard lock for this submission.
     ///
     /// Errors when the identity lacks the guard's dimension, or when the store fails: a
@@ -518,7 +593,8 @@ impl<S: Store> Tollgate<S> {
         let mut limiters = LimiterRequests::new();
         let mut bans = BanKeys::new();
         keys.requests(&policy.limiters, &mut limiters, &mut bans);
-        let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
+        let request = CheckRequest::new(cost, consume, &limiters)
+            .with_bans(&bans, keys.ban_index(&self.ban_index));
         let mut verdict = Verdict::new(false, []);
         let answer = self.store.check_sync(&request, &mut verdict)?;
         let on_error = policy.on_error.unwrap_or(self.on_error);
@@ -549,7 +625,8 @@ impl<S: Store> Tollgate<S> {
         let mut limiters = LimiterRequests::new();
         let mut bans = BanKeys::new();
         keys.requests(&policy.limiters, &mut limiters, &mut bans);
-        let request = CheckRequest::new(cost, consume, &limiters).with_bans(&bans, &self.ban_index);
+        let request = CheckRequest::new(cost, consume, &limiters)
+            .with_bans(&bans, keys.ban_index(&self.ban_index));
         let mut verdict = Verdict::new(false, []);
         let answer = self.store.check(&request).await.map(|v| verdict = v);
         let on_error = policy.on_error.unwrap_or(self.on_error);
@@ -596,6 +673,28 @@ impl<S: Store> Tollgate<S> {
             if let Some(id) = identity.user_id() {
                 key::push_ban_key(&mut keys.text, &self.prefix, "user_id", id);
                 keys.user_ban = Some((keys.text.len(), id));
+            }
+            // Bans of its own: read beside the blocklist every policy sees, and the only ones
+            // a violation writes.
+            if policy.ban_scope == BanScope::Policy {
+                let scope = &policy.scope;
+                if keys.ip_ban.is_some() {
+                    key::push_policy_ban_key(
+                        &mut keys.text,
+                        &self.prefix,
+                        scope,
+                        "ip",
+                        &keys.ip_text,
+                    );
+                    keys.own.ip = Some(keys.text.len());
+                }
+                if let Some((_, id)) = keys.user_ban {
+                    key::push_policy_ban_key(&mut keys.text, &self.prefix, scope, "user_id", id);
+                    keys.own.user = Some(keys.text.len());
+                }
+                let start = keys.text.len();
+                key::push_policy_ban_index(&mut keys.text, &self.prefix, scope);
+                keys.own.index = start..keys.text.len();
             }
         }
         Ok(true)
@@ -769,6 +868,17 @@ struct CheckKeys<'i> {
     ip_ban: Option<usize>,
     /// Where the user's ban key ends, and the user id.
     user_ban: Option<(usize, &'i str)>,
+    /// The policy's own bans, when its bans are its own.
+    own: OwnBans,
+}
+
+/// Where a policy's own ban keys and ban index end in a check's keys ([`BanScope::Policy`]).
+#[derive(Default)]
+struct OwnBans {
+    ip: Option<usize>,
+    user: Option<usize>,
+    /// Empty unless the policy's bans are its own.
+    index: std::ops::Range<usize>,
 }
 
 impl<'i> CheckKeys<'i> {
@@ -779,6 +889,16 @@ impl<'i> CheckKeys<'i> {
             ip_text: NetworkText::new(),
             ip_ban: None,
             user_ban: None,
+            own: OwnBans::default(),
+        }
+    }
+
+    /// The ban index the check's bans go to: the policy's own, or `every` (the engine's).
+    fn ban_index<'a>(&'a self, every: &'a str) -> &'a str {
+        if self.own.index.is_empty() {
+            every
+        } else {
+            &self.text.text()[self.own.index.clone()]
         }
     }
 
@@ -801,11 +921,14 @@ impl<'i> CheckKeys<'i> {
             });
             start = end;
         }
+        // With bans of its own, the blocklist every policy sees is only read.
+        let shared = self.own.index.is_empty();
         if let Some(end) = self.ip_ban {
             bans.push(BanKey {
                 key: &text[start..end],
                 kind: "ip",
                 value: &self.ip_text,
+                write: shared,
             });
             start = end;
         }
@@ -814,6 +937,26 @@ impl<'i> CheckKeys<'i> {
                 key: &text[start..end],
                 kind: "user_id",
                 value: id,
+                write: shared,
+            });
+            start = end;
+        }
+        if let Some(end) = self.own.ip {
+            bans.push(BanKey {
+                key: &text[start..end],
+                kind: "ip",
+                value: &self.ip_text,
+                write: true,
+            });
+            start = end;
+        }
+        if let Some(end) = self.own.user {
+            let id = self.user_ban.map_or("", |(_, id)| id);
+            bans.push(BanKey {
+                key: &text[start..end],
+                kind: "user_id",
+                value: id,
+                write: true,
             });
         }
     }

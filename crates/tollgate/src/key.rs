@@ -277,6 +277,38 @@ pub(crate) fn push_ban_key(
     push_escaped(out, value);
 }
 
+/// The ban prefix of a policy whose bans are its own ([`BanScope::Policy`]):
+/// `prefix:p:<scope>`, the scope escaped. Its ban keys (`prefix:p:<scope>:ban:kind:value`) and
+/// its ban index never meet the blocklist every policy sees (`prefix:ban:...`).
+///
+/// [`BanScope::Policy`]: crate::BanScope::Policy
+pub(crate) fn push_policy_ban_prefix(out: &mut (impl KeyOut + ?Sized), prefix: &str, scope: &str) {
+    out.push_str(prefix);
+    out.push_str(":p:");
+    push_escaped(out, scope);
+}
+
+/// A ban key under a policy's own ban prefix (see [`push_policy_ban_prefix`]).
+pub(crate) fn push_policy_ban_key(
+    out: &mut (impl KeyOut + ?Sized),
+    prefix: &str,
+    scope: &str,
+    kind: &str,
+    value: &str,
+) {
+    push_policy_ban_prefix(out, prefix, scope);
+    out.push_str(":ban:");
+    out.push_str(kind);
+    out.push_ascii(b':');
+    push_escaped(out, value);
+}
+
+/// The ban index under a policy's own ban prefix: as [`ban_index_key`] of that prefix.
+pub(crate) fn push_policy_ban_index(out: &mut (impl KeyOut + ?Sized), prefix: &str, scope: &str) {
+    push_policy_ban_prefix(out, prefix, scope);
+    out.push_str(":{ban}:index");
+}
+
 /// The key of the index listing every ban under `prefix` (for stores that cannot scan):
 /// `prefix:{ban}:index`, one key in one slot. Checks never read it: only writing or lifting a
 /// ban, counting and listing the bans do.

@@ -71,7 +71,7 @@ mod policy;
 mod rule;
 mod store;
 
-pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget};
+pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanScope, BanTarget};
 pub use bypass::{Bypass, IpNet, IpNetError};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -3,7 +3,7 @@
 use std::{collections::HashSet, sync::Arc};
 
 use crate::{
-    blocklist::BanRule,
+    blocklist::{BanRule, BanScope},
     bypass::Bypass,
     decision::LimiterName,
     error::PolicyError,
@@ -164,8 +164,8 @@ impl Limiter {
     /// The ban's reach is wide: it refuses the identity in **every** policy of the engine (it is
     /// checked before any rule), and it covers every target of the request, not only this
     /// limiter's dimension (an IP limiter's violation also bans the user id the request
-    /// carried). Use it for offenders to refuse everywhere; for a limit that should only hold
-    /// longer, a longer rule does that without touching other policies.
+    /// carried). To keep the bans to this limiter's policy, give the policy
+    /// [`BanScope::Policy`] ([`PolicyBuilder::ban_scope`]).
     #[must_use]
     pub fn with_blocklist(mut self, ban: BanRule) -> Limiter {
         self.ban = Some(ban);
@@ -239,6 +239,8 @@ pub struct Policy {
     pub(crate) may_ban: bool,
     /// Every limiter is in shadow mode.
     pub(crate) shadow: bool,
+    /// Whom the bans this policy writes refuse.
+    pub(crate) ban_scope: BanScope,
 }
 
 impl Policy {
@@ -250,7 +252,13 @@ impl Policy {
             on_error: None,
             bypass: None,
             shadow: false,
+            ban_scope: BanScope::Everywhere,
         }
+    }
+
+    /// Whom the bans this policy's limiters write refuse (see [`BanScope`]).
+    pub fn ban_scope(&self) -> BanScope {
+        self.ban_scope
     }
 
     /// The action this policy guards; part of every key.
@@ -317,9 +325,19 @@ pub struct PolicyBuilder {
     on_error: Option<OnError>,
     bypass: Option<Bypass>,
     shadow: bool,
+    ban_scope: BanScope,
 }
 
 impl PolicyBuilder {
+    /// Whom the bans of this policy's limiters refuse: every policy (the default, as the
+    /// blocklist always has), or this policy alone ([`BanScope::Policy`]). A policy with bans
+    /// of its own still sees the blocklist every policy sees (bans by hand, other policies'
+    /// bans).
+    pub fn ban_scope(mut self, scope: BanScope) -> PolicyBuilder {
+        self.ban_scope = scope;
+        self
+    }
+
     /// Puts every limiter of the policy in shadow mode when `shadow` (see
     /// [`Limiter::with_shadow`]): the policy admits every request it is asked about and reports
     /// what it would have decided. A live ban on the identity (the blocklist's, not this
@@ -428,6 +446,7 @@ impl PolicyBuilder {
             on_error: self.on_error,
             bypass: self.bypass,
             max_units,
+            ban_scope: self.ban_scope,
         })
     }
 }

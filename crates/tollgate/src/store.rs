@@ -57,6 +57,11 @@ pub struct BanKey<'a> {
     pub kind: &'static str,
     /// The target's value, as [`BanTarget::value`] gives it.
     pub value: &'a str,
+    /// A violation writes a ban here; `false`: the key is only read (the blocklist of every
+    /// policy, seen by a policy whose own bans are its own: [`BanScope::Policy`]).
+    ///
+    /// [`BanScope::Policy`]: crate::BanScope::Policy
+    pub write: bool,
 }
 
 impl BanKey<'_> {

@@ -702,6 +702,18 @@ struct RawPolicy {
     on_error: Option<OnError>,
     #[serde(default)]
     shadow: bool,
+    /// `"everywhere"` (default) or `"policy"`: whom this policy's bans refuse.
+    #[serde(default)]
+    ban_scope: RawBanScope,
+}
+
+/// `ban_scope` of a policy.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawBanScope {
+    #[default]
+    Everywhere,
+    Policy,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1339,7 +1351,11 @@ impl RawPolicy {
         }
         let mut builder = Policy::builder(name)
             .on_error(self.on_error.unwrap_or(default_on_error))
-            .shadow(self.shadow);
+            .shadow(self.shadow)
+            .ban_scope(match self.ban_scope {
+                RawBanScope::Everywhere => tollgate::BanScope::Everywhere,
+                RawBanScope::Policy => tollgate::BanScope::Policy,
+            });
         let mut names: Vec<String> = Vec::new();
         for (i, raw) in self.limiters.into_iter().enumerate() {
             let span = raw.span();

@@ -72,6 +72,10 @@ impl Inner {
         }
         let mut longest = None;
         for (ban, &hash) in request.bans.iter().zip(hashes) {
+            // Only read here: the blocklist every policy sees, beside this policy's own.
+            if !ban.write {
+                continue;
+            }
             let Ok(target) = ban.target() else { continue };
             let shard = locked.shard(hash);
             let strikes = match shard.live(hash, ban.key, now) {

@@ -773,7 +773,12 @@ impl RateLimiter {
             };
         let bans: SmallVec<[BanKey<'_>; 2]> = ban_texts
             .iter()
-            .map(|(key, kind, value)| BanKey { key, kind, value })
+            .map(|(key, kind, value)| BanKey {
+                key,
+                kind,
+                value,
+                write: true,
+            })
             .collect();
         let mut over = blocked;
         let mut store_failed = false;

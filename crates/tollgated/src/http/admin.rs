@@ -14,7 +14,7 @@ use tollgate::{BanCursor, BanTarget, CheckError};
 use super::{
     check::policy,
     error::{ApiError, ApiJson, check_error},
-    json::{BanJson, BanRequest, BlocklistPage, BlocklistQuery, ResetRequest, ceil_ms},
+    json::{BanJson, BanRequest, BlocklistPage, BlocklistQuery, ResetRequest, UnbanQuery, ceil_ms},
     scope::Admin,
 };
 use crate::{app::App, config::bounded_duration};
@@ -74,11 +74,20 @@ pub(crate) async fn blocklist(
                 format!("cursor: {e} (pass next_cursor of the previous page)"),
             )
         })?;
+    let entry = query
+        .policy
+        .as_deref()
+        .map(|name| policy(&app, name))
+        .transpose()?;
+    let prefix = match &entry {
+        Some(entry) => app.gate.ban_prefix(&entry.policy),
+        None => app.gate.prefix().into(),
+    };
     let started = Instant::now();
     let result = app
         .gate
         .store()
-        .bans_page(app.gate.prefix(), after.as_ref(), limit)
+        .bans_page(&prefix, after.as_ref(), limit)
         .await;
     app.metrics
         .store_call("blocklist", started.elapsed(), result.is_err());
@@ -130,13 +139,23 @@ pub(crate) async fn unban(
     State(app): State<Arc<App>>,
     _: Admin,
     path: Result<Path<(String, String)>, axum::extract::rejection::PathRejection>,
+    query: Result<Query<UnbanQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Path((kind, value)) =
         path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let target =
         BanTarget::parse(&kind, &value).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
+    let entry = query
+        .policy
+        .as_deref()
+        .map(|name| policy(&app, name))
+        .transpose()?;
     let started = Instant::now();
-    let result = app.gate.unban(&target).await;
+    let result = match &entry {
+        Some(entry) => app.gate.unban_in(&entry.policy, &target).await,
+        None => app.gate.unban(&target).await,
+    };
     app.metrics
         .store_call("unban", started.elapsed(), result.is_err());
     if result.map_err(|e| ApiError::store("unban", &e))? {

@@ -306,6 +306,15 @@ pub(crate) struct BanJson {
 pub(crate) struct BlocklistQuery {
     pub(crate) limit: Option<String>,
     pub(crate) cursor: Option<String>,
+    /// The bans of this policy, when its bans are its own (`ban_scope = "policy"`).
+    pub(crate) policy: Option<String>,
+}
+
+/// `?policy=` of an unban: the policy whose own ban to lift.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UnbanQuery {
+    pub(crate) policy: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

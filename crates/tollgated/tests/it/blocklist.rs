@@ -177,3 +177,57 @@ limiters = [{{ by = "ip", rules = ["1/1h"] }}]
         "one read per listed ban"
     );
 }
+
+/// `ban_scope = "policy"`: a violation bans from that policy alone; its bans are listed and
+/// lifted with `?policy=`, apart from the blocklist every policy sees.
+#[tokio::test]
+async fn a_policy_with_bans_of_its_own_keeps_them_to_itself() {
+    let server = Server::start(
+        r#"
+[server]
+admin_token_env = "TG_TEST_ADMIN"
+
+[policies.login]
+limiters = [{ by = "ip", rules = ["1/1h"], blocklist = "10m" }]
+ban_scope = "policy"
+
+[policies.search]
+limiters = [{ by = "ip", rules = ["100/1h"] }]
+"#,
+    );
+    let who = json!({ "ip": "203.0.113.77" });
+    server.check("login", who.clone()).await;
+    let (_, over) = server
+        .post("/v1/check", json!({ "policy": "login", "identity": who }))
+        .await;
+    assert_eq!(over["reason"], "rate_limited", "{over}");
+    let (_, blocked) = server
+        .post("/v1/check", json!({ "policy": "login", "identity": who }))
+        .await;
+    assert_eq!(blocked["reason"], "blocked", "{blocked}");
+    assert_eq!(server.check("search", who.clone()).await["allowed"], true);
+
+    let (status, every) = server.get_admin("/v1/blocklist").await;
+    assert_eq!(status, 200, "{every}");
+    assert_eq!(
+        every["bans"],
+        json!([]),
+        "not in the blocklist every policy sees"
+    );
+    let (status, own) = server.get_admin("/v1/blocklist?policy=login").await;
+    assert_eq!(status, 200, "{own}");
+    assert_eq!(own["bans"][0]["value"], "203.0.113.77", "{own}");
+
+    let unban = server
+        .request(
+            reqwest::Method::DELETE,
+            "/v1/blocklist/ip/203.0.113.77?policy=login",
+        )
+        .bearer_auth(crate::support::ADMIN_TOKEN);
+    let (status, body) = server.send(unban).await;
+    assert_eq!((status, &body), (200, &json!({ "removed": true })));
+    let (_, after) = server
+        .post("/v1/check", json!({ "policy": "login", "identity": who }))
+        .await;
+    assert_eq!(after["reason"], "rate_limited", "banned no more: {after}");
+}
