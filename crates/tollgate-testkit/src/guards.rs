@@ -403,6 +403,15 @@ pub async fn blocklist_policy_scope_keeps_bans_to_the_policy<S: Store>(s: Subjec
         .await
         .expect("store answers");
     assert_eq!(check(&s, &own, &carol).await.reason(), Reason::Blocked);
+    // A policy whose bans every policy sees has none of its own to lift: carol stays banned.
+    let carol_ban = BanTarget::UserId("carol".into());
+    assert!(
+        !gate
+            .unban_in(&login, &carol_ban)
+            .await
+            .expect("store answers")
+    );
+    assert_eq!(check(&s, &login, &carol).await.reason(), Reason::Blocked);
 
     // Lifted apart: alice is admitted again.
     for target in own_bans {

@@ -465,34 +465,38 @@ impl<S: Store> Tollgate<S> {
         }
     }
 
-    /// Bans `target` from `policy` alone (a policy whose bans are its own) for `duration`;
-    /// for another policy, from every policy, as [`ban`](Self::ban).
+    /// Bans `target` from `policy` alone for `duration`. A policy whose bans every policy
+    /// sees has no list of its own: nothing is written, and the answer is `false` (use
+    /// [`ban`](Self::ban)).
     pub async fn ban_in(
         &self,
         policy: &Policy,
         target: &BanTarget,
         duration: Duration,
-    ) -> Result<(), StoreError> {
-        let prefix = self.own_bans(policy);
-        let prefix = prefix.as_deref().unwrap_or(&self.prefix);
-        self.store.ban(prefix, target, duration).await
-    }
-
-    /// Lifts `policy`'s own ban on `target` (a policy whose bans are its own); for another
-    /// policy, the ban every policy sees, as [`unban`](Self::unban). True if it was banned.
-    pub async fn unban_in(&self, policy: &Policy, target: &BanTarget) -> Result<bool, StoreError> {
-        let prefix = self.own_bans(policy);
-        let prefix = prefix.as_deref().unwrap_or(&self.prefix);
-        self.store.unban(prefix, target).await
-    }
-
-    /// The prefix the bans `policy` writes live under, for the store's listing calls
-    /// ([`Store::bans_page`]): its own with [`BanScope::Policy`], else the engine's.
-    pub fn ban_prefix(&self, policy: &Policy) -> std::borrow::Cow<'_, str> {
+    ) -> Result<bool, StoreError> {
         match self.own_bans(policy) {
-            Some(own) => std::borrow::Cow::Owned(own),
-            None => std::borrow::Cow::Borrowed(&self.prefix),
+            Some(prefix) => self
+                .store
+                .ban(&prefix, target, duration)
+                .await
+                .map(|()| true),
+            None => Ok(false),
         }
+    }
+
+    /// Lifts `policy`'s own ban on `target`; true if it was banned. A policy whose bans every
+    /// policy sees has none of its own: `false` (lift those with [`unban`](Self::unban)).
+    pub async fn unban_in(&self, policy: &Policy, target: &BanTarget) -> Result<bool, StoreError> {
+        match self.own_bans(policy) {
+            Some(prefix) => self.store.unban(&prefix, target).await,
+            None => Ok(false),
+        }
+    }
+
+    /// The prefix `policy`'s own bans live under ([`BanScope::Policy`]), for the store's
+    /// listing calls ([`Store::bans_page`]); `None` for a policy whose bans every policy sees.
+    pub fn ban_prefix(&self, policy: &Policy) -> Option<String> {
+        self.own_bans(policy)
     }
 
     /// The ban prefix of `policy`'s own bans, if its bans are its own.

@@ -21,9 +21,10 @@ use crate::{
 /// 1. deny with `blocked_us` if any of `bans` holds a ban that has not ended, evaluating nothing;
 /// 2. evaluate every rule of every limiter, and record the admission in all of them only if all
 ///    of them admit (invariant 2);
-/// 3. when consuming and a limiter with a [`BanRule`] denies, ban every target of `bans`
-///    (strike count + 1, the longest duration of the denying limiters' rules) and report it in
-///    `banned_us`.
+/// 3. when consuming and a limiter with a [`BanRule`] denies, ban every target of `bans` whose
+///    [`write`](BanKey::write) is set (strike count + 1, the longest duration of the denying
+///    limiters' rules) and report it in `banned_us`; keys with `write: false` are only read
+///    (step 1): a store that writes them defeats a policy's own bans.
 ///
 /// A [`shadow`](LimiterRequest::shadow) limiter (a dry run) is evaluated like the others but
 /// takes no part in the decision: the request is admitted when every enforced limiter admits
@@ -44,7 +45,7 @@ pub struct CheckRequest<'a> {
     /// be involved.
     pub bans: &'a [BanKey<'a>],
     /// The key of the ban index (see [`crate::key::ban_index_key`]), for stores that
-    /// keep one.
+    /// keep one: the engine's, or a policy's own when its bans are its own.
     pub ban_index: &'a str,
 }
 

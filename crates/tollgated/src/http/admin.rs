@@ -74,14 +74,9 @@ pub(crate) async fn blocklist(
                 format!("cursor: {e} (pass next_cursor of the previous page)"),
             )
         })?;
-    let entry = query
-        .policy
-        .as_deref()
-        .map(|name| policy(&app, name))
-        .transpose()?;
-    let prefix = match &entry {
-        Some(entry) => app.gate.ban_prefix(&entry.policy),
-        None => app.gate.prefix().into(),
+    let prefix = match query.policy.as_deref() {
+        Some(name) => own_bans(&app, name)?,
+        None => app.gate.prefix().to_owned(),
     };
     let started = Instant::now();
     let result = app
@@ -151,6 +146,9 @@ pub(crate) async fn unban(
         .as_deref()
         .map(|name| policy(&app, name))
         .transpose()?;
+    if let Some(name) = query.policy.as_deref() {
+        own_bans(&app, name)?;
+    }
     let started = Instant::now();
     let result = match &entry {
         Some(entry) => app.gate.unban_in(&entry.policy, &target).await,
@@ -159,7 +157,7 @@ pub(crate) async fn unban(
     app.metrics
         .store_call("unban", started.elapsed(), result.is_err());
     if result.map_err(|e| ApiError::store("unban", &e))? {
-        tracing::info!(%target, "unbanned by admin");
+        tracing::info!(%target, policy = query.policy.as_deref().unwrap_or(""), "unbanned by admin");
         Ok(Json(serde_json::json!({ "removed": true })))
     } else {
         Err(ApiError::new(
@@ -168,4 +166,19 @@ pub(crate) async fn unban(
         )
         .with_code("not_banned"))
     }
+}
+
+/// The prefix of the policy `name`'s own bans; a 404 for an unknown policy, a 400 for one whose
+/// bans every policy sees (its bans are in the blocklist without `?policy=`).
+fn own_bans(app: &App, name: &str) -> Result<String, ApiError> {
+    let entry = policy(app, name)?;
+    app.gate.ban_prefix(&entry.policy).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "policy {name:?} has no bans of its own (ban_scope = \"everywhere\"): its bans are in the blocklist every policy sees; leave out ?policy="
+            ),
+        )
+        .with_code("policy_bans_shared")
+    })
 }

@@ -214,6 +214,13 @@ limiters = [{ by = "ip", rules = ["100/1h"] }]
         json!([]),
         "not in the blocklist every policy sees"
     );
+    // A policy whose bans every policy sees has no list of its own.
+    let (status, body) = server.get_admin("/v1/blocklist?policy=search").await;
+    assert_eq!(
+        (status, &body["code"]),
+        (400, &json!("policy_bans_shared")),
+        "{body}"
+    );
     let (status, own) = server.get_admin("/v1/blocklist?policy=login").await;
     assert_eq!(status, 200, "{own}");
     assert_eq!(own["bans"][0]["value"], "203.0.113.77", "{own}");
