@@ -14,7 +14,8 @@ use crate::server::tls_args;
 /// - `server.crt` / `server.key`: signed by it, for `localhost` and `127.0.0.1` (the address
 ///   cluster nodes announce and sentinels name), with no extended key usage, so that servers
 ///   can also present it to each other as clients;
-/// - `client.crt` / `client.key`: a client certificate signed by the CA;
+/// - `client.crt` / `client.key`: a client certificate signed by the CA, for
+///   `client.tollgate.test`;
 /// - `other-ca.crt`: a CA that signed nothing here, to show that a wrong CA is refused.
 ///
 /// ```no_run
@@ -73,7 +74,7 @@ impl TestCerts {
             &dir,
             "client",
             "tollgate test client",
-            "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+            "subjectAltName=DNS:client.tollgate.test\nextendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
         );
         TestCerts(dir)
     }

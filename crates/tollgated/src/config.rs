@@ -668,13 +668,14 @@ pub(super) struct RawServer {
     headers: Option<HeaderStyle>,
 }
 
-/// `server.grpc_tls = { cert_file, key_file, client_ca_file }`.
+/// `server.grpc_tls = { cert_file, key_file, client_ca_file, client_san }`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawTls {
     pub(super) cert_file: String,
     pub(super) key_file: String,
     pub(super) client_ca_file: Option<String>,
+    pub(super) client_san: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1094,6 +1095,27 @@ impl RawServer {
                         .as_deref()
                         .map(|ca| file("client_ca_file", ca))
                         .transpose()?,
+                    client_san: match tls.client_san {
+                        None => None,
+                        Some(_) if tls.client_ca_file.is_none() => {
+                            return Err(errors.at(
+                                Some(span.clone()),
+                                "server.grpc_tls.client_san",
+                                "needs client_ca_file: only a verified client certificate has a name to check",
+                            ));
+                        }
+                        Some(name) => Some(
+                            rustls_pki_types::ServerName::try_from(name.as_str())
+                                .map(|n| n.to_owned())
+                                .map_err(|e| {
+                                    errors.at(
+                                        Some(span.clone()),
+                                        "server.grpc_tls.client_san",
+                                        format!("a DNS name or IP address, not {name:?}: {e}"),
+                                    )
+                                })?,
+                        ),
+                    },
                 })
             }
         };
@@ -1612,6 +1634,46 @@ mod tests {
             .to_string();
         assert!(
             e.contains(":3: store.tls_key_file: a client certificate"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_client_san_needs_a_client_ca_and_a_name() {
+        let dir = std::env::temp_dir().join(format!("tollgate-config-san-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["cert.pem", "key.pem", "ca.pem"] {
+            std::fs::write(dir.join(f), "").unwrap();
+        }
+        let file = dir.join("tollgate.toml").display().to_string();
+        let parse = |tls: &str| {
+            Config::parse(
+                &file,
+                &format!(
+                    "[server]\ngrpc_tls = {{ cert_file = \"cert.pem\", key_file = \"key.pem\"{tls} }}\n"
+                ),
+            )
+        };
+        let ok = parse(", client_ca_file = \"ca.pem\", client_san = \"rls.example\"").unwrap();
+        let tls = ok.server.grpc_tls.unwrap();
+        assert_eq!(tls.client_ca, Some(dir.join("ca.pem")));
+        assert_eq!(
+            tls.client_san,
+            Some(rustls_pki_types::ServerName::try_from("rls.example").unwrap())
+        );
+        let e = parse(", client_san = \"rls.example\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":2: server.grpc_tls.client_san: needs client_ca_file"),
+            "{e}"
+        );
+        let e = parse(", client_ca_file = \"ca.pem\", client_san = \"not a name\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":2: server.grpc_tls.client_san: a DNS name or IP address"),
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);

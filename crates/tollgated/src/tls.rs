@@ -1,6 +1,7 @@
 //! TLS on the gRPC port (`server.grpc_tls`, or the reference service's `GRPC_SERVER_USE_TLS`,
 //! `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`): rustls, HTTP/2 by
-//! ALPN, and with a client CA file, client certificates required and verified against it.
+//! ALPN, and with a client CA file, client certificates required and verified against it; with
+//! `client_san` (`GRPC_CLIENT_TLS_SAN`), they must also be valid for that DNS name or IP address.
 //!
 //! The certificate and key are read at start (an unreadable or mismatched pair stops it: never
 //! plaintext instead) and again when either file changes (looked at once a second at most, by
@@ -13,13 +14,18 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject as _};
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{
-        RootCertStore, ServerConfig,
+        self, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+        SignatureScheme,
+        client::danger::HandshakeSignatureValid,
         crypto::{CryptoProvider, ring},
-        server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+        server::{
+            ClientHello, ResolvesServerCert, WebPkiClientVerifier,
+            danger::{ClientCertVerified, ClientCertVerifier},
+        },
         sign::CertifiedKey,
     },
 };
@@ -31,6 +37,8 @@ pub(crate) struct TlsFiles {
     pub(crate) key: PathBuf,
     /// Client certificates are required and verified against these CAs.
     pub(crate) client_ca: Option<PathBuf>,
+    /// With `client_ca`: the name client certificates must be valid for.
+    pub(crate) client_san: Option<ServerName<'static>>,
 }
 
 /// The acceptor of `files`, or why it cannot serve them.
@@ -51,7 +59,13 @@ pub(crate) fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .map_err(|e| format!("{}: {e}", ca.display()))?;
-            builder.with_client_cert_verifier(verifier)
+            match &files.client_san {
+                Some(name) => builder.with_client_cert_verifier(Arc::new(NamedClients {
+                    chain: verifier,
+                    name: name.clone(),
+                })),
+                None => builder.with_client_cert_verifier(verifier),
+            }
         }
         None => builder.with_no_client_auth(),
     };
@@ -141,5 +155,66 @@ impl ResolvesServerCert for Reloading {
             }
         }
         Some(current.key.clone())
+    }
+}
+
+/// Client certificates that chain to the client CA and are valid for one name: the CA's check
+/// first, then the name among the certificate's subject alternative names.
+#[derive(Debug)]
+struct NamedClients {
+    chain: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn offer_client_auth(&self) -> bool {
+        self.chain.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.chain.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        webpki::EndEntityCert::try_from(end_entity)
+            .and_then(|cert| cert.verify_is_valid_for_subject_name(&self.name))
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+            })?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
     }
 }

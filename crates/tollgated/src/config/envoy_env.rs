@@ -9,7 +9,7 @@
 //! | `GRPC_HOST`, `GRPC_PORT` (`0.0.0.0`, `8081`) | `server.grpc` |
 //! | `REDIS_URL`, `REDIS_TYPE`, `REDIS_AUTH`, `REDIS_TLS` | `store.url` |
 //! | `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY` | `store.tls_ca_file`, `store.tls_cert_file`, `store.tls_key_file` |
-//! | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT` | `server.grpc_tls` |
+//! | `GRPC_SERVER_USE_TLS`, `GRPC_SERVER_TLS_CERT`, `GRPC_SERVER_TLS_KEY`, `GRPC_CLIENT_TLS_CACERT`, `GRPC_CLIENT_TLS_SAN` | `server.grpc_tls` |
 //! | `CACHE_KEY_PREFIX` | `store.prefix` |
 //! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `envoy.ratelimit_config` |
 //! | `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `SHADOW_MODE` | `envoy.ignore_dotfiles`, `envoy.merge_domains`, `envoy.shadow` |
@@ -156,18 +156,13 @@ pub(super) fn apply(
                         .into(),
                 ));
             };
-            if get("GRPC_CLIENT_TLS_SAN").is_some() {
-                return Err(error(
-                    "GRPC_CLIENT_TLS_SAN",
-                    "not supported: client certificates are verified against GRPC_CLIENT_TLS_CACERT only".into(),
-                ));
-            }
             raw.server.grpc_tls = Some(Spanned::new(
                 super::env::FROM_ENV,
                 super::RawTls {
                     cert_file: cert,
                     key_file: key,
                     client_ca_file: get("GRPC_CLIENT_TLS_CACERT"),
+                    client_san: get("GRPC_CLIENT_TLS_SAN"),
                 },
             ));
         }

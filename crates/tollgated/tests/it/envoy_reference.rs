@@ -328,8 +328,9 @@ async fn redis_tls_files_come_from_the_references_variables() {
 }
 
 /// TLS on the gRPC port as the reference reads it: served with its certificate (a plaintext
-/// client gets nowhere), client certificates required with a client CA; files that are not
-/// there stop the start rather than serve plaintext.
+/// client gets nowhere), client certificates required with a client CA, and with
+/// `GRPC_CLIENT_TLS_SAN` only those valid for that name; files that are not there stop the
+/// start rather than serve plaintext.
 #[tokio::test]
 async fn the_grpc_port_serves_tls_and_mutual_tls() {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
@@ -341,7 +342,14 @@ async fn the_grpc_port_serves_tls_and_mutual_tls() {
         descriptors: vec![descriptor(&[("key1", "tls")])],
         hits_addend: 0,
     };
-    for mutual in [false, true] {
+    // (client CA, client SAN, whether the client's certificate is then served)
+    let cases = [
+        (false, None, true),
+        (true, None, true),
+        (true, Some("client.tollgate.test"), true),
+        (true, Some("elsewhere.tollgate.test"), false),
+    ];
+    for (mutual, san, served) in cases {
         let (cert, key, ca) = (
             certs.path("server.crt"),
             certs.path("server.key"),
@@ -355,9 +363,14 @@ async fn the_grpc_port_serves_tls_and_mutual_tls() {
         if mutual {
             env.push(("GRPC_CLIENT_TLS_CACERT", ca.as_str()));
         }
+        if let Some(san) = san {
+            env.push(("GRPC_CLIENT_TLS_SAN", san));
+        }
         let server = start(&redis, &env);
         let addr = server.grpc.replace("http://127.0.0.1", "https://localhost");
-        let connect = |identity: bool| {
+        // A TLS 1.3 server refuses a client certificate after the client's side of the
+        // handshake is done: the refusal shows on the first call.
+        let call = |identity: bool| {
             let mut tls = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(pem("ca.crt")))
                 .domain_name("localhost");
@@ -368,31 +381,41 @@ async fn the_grpc_port_serves_tls_and_mutual_tls() {
                 .unwrap()
                 .tls_config(tls)
                 .unwrap();
+            let ask = ask.clone();
             async move {
                 let channel = endpoint.connect().await?;
-                Ok::<_, Box<dyn std::error::Error>>(
-                    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel),
-                )
+                let mut rls = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+                Ok::<_, Box<dyn std::error::Error>>(rls.should_rate_limit(ask).await?.into_inner())
             }
         };
-        let mut rls = connect(true).await.expect("a TLS client is served");
-        let r = rls
-            .should_rate_limit(ask.clone())
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.overall_code, Code::Ok as i32);
+        let case = format!("mutual: {mutual}, san: {san:?}");
+        match call(true).await {
+            Ok(r) => {
+                assert!(served, "{case}: served");
+                assert_eq!(r.overall_code, Code::Ok as i32);
+            }
+            Err(e) => assert!(!served, "{case}: {e}"),
+        }
         // Plaintext gets no answer from a TLS port.
         let mut plain = server.grpc_client().await;
         assert!(plain.should_rate_limit(ask.clone()).await.is_err());
         // With a client CA, a client without a certificate is refused.
-        let anonymous = async {
-            let mut rls = connect(false).await?;
-            rls.should_rate_limit(ask.clone()).await?;
-            Ok::<_, Box<dyn std::error::Error>>(())
-        };
-        assert_eq!(anonymous.await.is_err(), mutual, "mutual: {mutual}");
+        assert_eq!(call(false).await.is_err(), mutual, "{case}");
     }
+
+    // A SAN without a client CA has nothing verified to check: the start fails, naming it.
+    let out = std::process::Command::new(crate::support::binary())
+        .arg("envoy-ratelimit")
+        .env("REDIS_URL", redis.addr().to_string())
+        .env("GRPC_SERVER_USE_TLS", "true")
+        .env("GRPC_SERVER_TLS_CERT", certs.path("server.crt"))
+        .env("GRPC_SERVER_TLS_KEY", certs.path("server.key"))
+        .env("GRPC_CLIENT_TLS_SAN", "client.tollgate.test")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("client_san"), "{stderr}");
 
     // A client that finishes the handshake and sends no HTTP/2 preface is closed within the
     // header timeout, as a plaintext one is.
