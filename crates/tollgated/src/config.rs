@@ -23,7 +23,7 @@ mod env;
 mod envoy_env;
 
 use crate::{
-    envoy::{Domains, DomainsBuilder, RawDomain, yaml},
+    envoy::{Domains, DomainsBuilder, RawDomain, stats::StatSettings, yaml},
     metrics::DecisionHandles,
     store::{MemoryBudgets, StoreSettings},
 };
@@ -901,6 +901,12 @@ struct RawEnvoy {
     /// The names of the three fields a YAML domain answers with `headers = "draft6"` (the
     /// reference's `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
     header_names: Option<[String; 3]>,
+    /// The share of a limit from which the statistics count hits as near it, as the
+    /// reference's `NEAR_LIMIT_RATIO` (default 0.8).
+    near_limit_ratio: Option<f32>,
+    /// How many statistics keys YAML domains' descriptors are counted under at most (default
+    /// 10,000); past that, a domain's new keys are counted under `(other)`.
+    max_stat_keys: Option<usize>,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
@@ -992,6 +998,21 @@ impl RawConfig {
             envoy.quota_mode,
             envoy.dynamic_metadata,
         );
+        let mut stats = StatSettings::default();
+        if let Some(ratio) = envoy.near_limit_ratio {
+            if !(0.0..=1.0).contains(&ratio) {
+                return Err(errors.at(
+                    None,
+                    "envoy.near_limit_ratio",
+                    format!("{ratio}: expected a share of the limit, from 0 to 1"),
+                ));
+            }
+            stats.near_limit_ratio = ratio;
+        }
+        if let Some(max) = envoy.max_stat_keys {
+            stats.max_keys = max;
+        }
+        domains.stats(stats);
         let mut seen = HashSet::new();
         for (i, domain) in envoy.domains.into_iter().enumerate() {
             let span = domain.span();

@@ -123,6 +123,8 @@ struct Inner {
     /// Keys the memory store evicted, brought up to date at every scrape.
     evictions: Counter,
     memory: OnceLock<MemoryStore>,
+    /// The reference service's statistics of YAML domains' descriptors.
+    descriptors: crate::envoy::stats::DescriptorStats,
 }
 
 impl Metrics {
@@ -183,6 +185,17 @@ impl Metrics {
             "Keys the memory store evicted to make room for new ones (an evicted key forgets its count)",
             evictions.clone(),
         );
+        let descriptors = crate::envoy::stats::DescriptorStats::default();
+        registry.register(
+            "envoy_descriptor_hits",
+            "Hits of the descriptors of Envoy YAML domains, as Envoy's reference service counts them: by domain, statistics key (the YAML's values, or the request's with detailed_metric or value_to_metric; at most envoy.max_stat_keys keys, the rest under (other)) and kind (total_hits, within_limit, near_limit, over_limit, shadow_mode)",
+            descriptors.family(),
+        );
+        registry.register(
+            "envoy_domain_not_found",
+            "Envoy requests for a domain that is not configured (answered OK), by domain (at most envoy.max_stat_keys domains, the rest under (other))",
+            descriptors.not_found_family(),
+        );
         // Present from the start, so dashboards and alerts see 0 rather than no series.
         let check_errors = store_errors
             .get_or_create(&OpLabels { op: "check" })
@@ -206,6 +219,7 @@ impl Metrics {
             reloads,
             evictions,
             memory: OnceLock::new(),
+            descriptors,
             shadow_denials,
             shadow_log: OncePerSecond::default(),
             unavailable_log: OncePerSecond::default(),
@@ -357,6 +371,11 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// The statistics of YAML domains' descriptors.
+    pub(crate) fn descriptors(&self) -> &crate::envoy::stats::DescriptorStats {
+        &self.0.descriptors
+    }
+
     /// Reports the evictions of `store` (the server's memory store) from now on.
     pub(crate) fn watch_memory_store(&self, store: MemoryStore) {
         let _ = self.0.memory.set(store);

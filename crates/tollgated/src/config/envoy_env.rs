@@ -19,6 +19,7 @@
 //! | `LIMIT_RESPONSE_HEADERS_ENABLED` | `envoy.headers = "draft6"` (else `none`) |
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `envoy.header_names` |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
+//! | `NEAR_LIMIT_RATIO` (and tollgate's `TOLLGATE_ENVOY_MAX_STAT_KEYS`) | `envoy.near_limit_ratio` (`envoy.max_stat_keys`) |
 //!
 //! `LOG_LEVEL` and `LOG_FORMAT` are read where logging starts. A setting with no counterpart
 //! (memcached, xDS, another socket type) is refused with the reason.
@@ -200,6 +201,24 @@ pub(super) fn apply(
     }
     if let Some(text) = get("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT") {
         raw.envoy.all_or_nothing = flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", &text)?;
+    }
+    if let Some(text) = get("NEAR_LIMIT_RATIO") {
+        let ratio = text.parse::<f32>().map_err(|_| {
+            error(
+                "NEAR_LIMIT_RATIO",
+                format!("{text:?}: expected a share of the limit, e.g. 0.8"),
+            )
+        })?;
+        raw.envoy.near_limit_ratio = Some(ratio);
+    }
+    if let Some(text) = get("TOLLGATE_ENVOY_MAX_STAT_KEYS") {
+        let max = text.parse::<usize>().map_err(|_| {
+            error(
+                "TOLLGATE_ENVOY_MAX_STAT_KEYS",
+                format!("{text:?}: expected a whole number of keys"),
+            )
+        })?;
+        raw.envoy.max_stat_keys = Some(max);
     }
     if let Some(text) = get("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED") {
         raw.envoy.require_domains = flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &text)?;

@@ -15,7 +15,10 @@ use smallvec::SmallVec;
 use tollgate::{Algorithm, BanRule, OnError, Rule, key::push_part};
 use toml::Spanned;
 
-use super::yaml::{Limit, YamlDescriptor, YamlFile};
+use super::{
+    stats::StatSettings,
+    yaml::{Limit, YamlDescriptor, YamlFile},
+};
 use crate::{
     config::{RawBlocklist, RuleList},
     metrics::DecisionHandles,
@@ -60,9 +63,15 @@ pub(crate) type DomainError = (Range<usize>, String, String);
 pub(crate) struct Domains {
     map: HashMap<String, Arc<Domain>>,
     summary: String,
+    stats: StatSettings,
 }
 
 impl Domains {
+    /// How the YAML domains' statistics are counted.
+    pub(crate) fn stats(&self) -> StatSettings {
+        self.stats
+    }
+
     pub(crate) fn summary(&self) -> &str {
         &self.summary
     }
@@ -106,6 +115,8 @@ pub(crate) enum Semantics {
 /// One domain: its descriptor tree, and the part of its counters' keys it fixes.
 #[derive(Debug)]
 pub(crate) struct Domain {
+    /// The domain's name, as requests give it.
+    pub(crate) name: Box<str>,
     /// `envoy:<domain>`: the metrics' policy label, and the scope of the counters' keys.
     pub(crate) scope: Arc<str>,
     /// The scope escaped as a key part, written once here rather than per request.
@@ -196,6 +207,14 @@ pub(crate) struct Node {
     pub(crate) replaces: Box<[Arc<str>]>,
     /// Envoy's `share_threshold`: every value this wildcard matches counts in one counter.
     pub(crate) share_threshold: bool,
+    /// This level's part of a statistics key as configured: `key`, or `key_value` (the
+    /// value may be a wildcard).
+    stat_part: Box<str>,
+    /// Envoy's `detailed_metric`: descriptors ending here are counted under their own values.
+    detailed_metric: bool,
+    /// Envoy's `value_to_metric`: this level's part of a statistics key takes the request's
+    /// value when the configuration gives none (no value, or a wildcard not shared).
+    value_to_metric: bool,
     /// A denial by this node bans the request's identity.
     pub(crate) ban: Option<BanRule>,
     children: Level,
@@ -225,6 +244,9 @@ impl Node {
             name: None,
             replaces: Box::new([]),
             share_threshold: false,
+            stat_part: Box::default(),
+            detailed_metric: false,
+            value_to_metric: false,
             ban: None,
             children,
         }
@@ -255,14 +277,18 @@ impl Domain {
 
     /// The node that limits a request descriptor with these entries, if any: at each level an
     /// exact value first, then the wildcards in configuration order, then the key alone.
-    pub(crate) fn find(&self, entries: &[Entry]) -> Option<Found> {
+    /// With `stat`, writes there the key the reference's statistics count the descriptor
+    /// under (see [`Domain::stat_key`]).
+    pub(crate) fn find(&self, entries: &[Entry], stat: Option<&mut String>) -> Option<Found> {
         let mut level = &self.root;
         let last = entries.len().checked_sub(1)?;
         let mut shared = SmallVec::new();
+        // Each level's node and whether its value came from the configuration.
+        let mut path: SmallVec<[(&Node, bool); 4]> = SmallVec::new();
         for (i, entry) in entries.iter().enumerate() {
             let keyed = level.by_key.get(&entry.key)?;
-            let node = match keyed.by_value.get(&entry.value) {
-                Some(node) => node,
+            let (node, exact) = match keyed.by_value.get(&entry.value) {
+                Some(node) => (node, true),
                 None => match keyed
                     .wildcards
                     .iter()
@@ -272,13 +298,20 @@ impl Domain {
                         if node.share_threshold {
                             shared.push((i, wildcard.text.clone()));
                         }
-                        node
+                        (node, node.share_threshold)
                     }
-                    None => keyed.any.as_ref()?,
+                    None => (keyed.any.as_ref()?, false),
                 },
             };
+            path.push((node, exact));
             if i == last {
-                return node.limits().then(|| Found {
+                if !node.limits() {
+                    return None;
+                }
+                if let Some(out) = stat {
+                    self.stat_key(out, entries, &path, &shared);
+                }
+                return Some(Found {
                     node: node.clone(),
                     shared,
                 });
@@ -286,6 +319,56 @@ impl Domain {
             level = &node.children;
         }
         None
+    }
+
+    /// Writes the key the reference's statistics count a matched descriptor under:
+    /// `domain.part.part...`, a part per entry. A part is the configured one (`key` or
+    /// `key_value`, a wildcard as written), except where the node asks for the request's
+    /// value: `value_to_metric` on a level matched without a value of its own, or
+    /// `detailed_metric` on the last node (every part `key_value` from the request, a shared
+    /// wildcard's part as configured).
+    fn stat_key(
+        &self,
+        out: &mut String,
+        entries: &[Entry],
+        path: &[(&Node, bool)],
+        shared: &[(usize, Arc<str>)],
+    ) {
+        out.push_str(&self.name);
+        let detailed = path.last().is_some_and(|(node, _)| node.detailed_metric);
+        for (i, (entry, &(node, exact))) in entries.iter().zip(path).enumerate() {
+            out.push('.');
+            let is_shared = shared.iter().any(|(at, _)| *at == i);
+            if detailed && !is_shared {
+                out.push_str(&entry.key);
+                if shared.is_empty() || !entry.value.is_empty() {
+                    out.push('_');
+                    out.push_str(&entry.value);
+                }
+            } else if !detailed && node.value_to_metric && !exact {
+                out.push_str(&entry.key);
+                if !entry.value.is_empty() {
+                    out.push('_');
+                    out.push_str(&entry.value);
+                }
+            } else {
+                out.push_str(&node.stat_part);
+            }
+        }
+    }
+
+    /// The key the reference's statistics count a descriptor with its own `limit` under:
+    /// `domain.key_value.key_value...` (`key` alone for an empty value).
+    pub(crate) fn override_stat_key(&self, out: &mut String, entries: &[Entry]) {
+        out.push_str(&self.name);
+        for entry in entries {
+            out.push('.');
+            out.push_str(&entry.key);
+            if !entry.value.is_empty() {
+                out.push('_');
+                out.push_str(&entry.value);
+            }
+        }
     }
 }
 
@@ -311,6 +394,7 @@ pub(crate) struct DomainsBuilder {
     /// Each domain's tree and identity keys, in the order first configured.
     staged: Vec<(String, Level, IdentityKeys, Semantics)>,
     summary: String,
+    stats: StatSettings,
 }
 
 impl DomainsBuilder {
@@ -337,7 +421,13 @@ impl DomainsBuilder {
             bans_without_identity: false,
             staged: Vec::new(),
             summary: String::new(),
+            stats: StatSettings::default(),
         }
+    }
+
+    /// How the YAML domains' statistics are counted.
+    pub(crate) fn stats(&mut self, stats: StatSettings) {
+        self.stats = stats;
     }
 
     pub(crate) fn domain(&mut self, raw: RawDomain, span: Range<usize>) -> Result<(), DomainError> {
@@ -390,30 +480,45 @@ impl DomainsBuilder {
             "envoy domain {name} (from {})",
             file.path.display()
         );
-        let level = self.yaml_level(&file.root.descriptors.0, "", 1, algorithm)?;
+        let level = self.yaml_level(&file.root.descriptors.0, "", name, 1, algorithm)?;
         match self.staged.iter_mut().find(|(n, _, _, _)| n == name) {
             None => self
                 .staged
                 .push((name.clone(), level, Vec::new(), self.reference)),
-            Some((_, into, _, _)) if merge => merge_level(into, level)?,
+            Some((_, into, _, _)) if merge => merge_level(into, level, name)?,
             Some(_) => {
                 return Err(format!(
-                    "duplicate domain {name:?} (another file or the TOML configures it; set MERGE_DOMAIN_CONFIG=true or envoy.merge_domains = true to merge them)"
+                    "duplicate domain '{name}' in config file (another file or the TOML configures it; set MERGE_DOMAIN_CONFIG=true or envoy.merge_domains = true to merge them)"
                 ));
             }
         }
         Ok(())
     }
 
+    /// One level of a YAML tree; `parent` is its path for names, `composite` for errors (the
+    /// reference's `domain.key_value...`).
     fn yaml_level(
         &mut self,
         descriptors: &[YamlDescriptor],
         parent: &str,
+        composite: &str,
         depth: usize,
         algorithm: Algorithm,
     ) -> Result<Level, String> {
         let mut level = Level::default();
         for d in descriptors {
+            let stat_part = match &d.value {
+                Some(v) => format!("{}_{v}", d.key),
+                None => d.key.clone(),
+            };
+            let composite = format!("{composite}.{stat_part}");
+            if level
+                .by_key
+                .get(&d.key)
+                .is_some_and(|k| k.taken(d.value.as_deref()))
+            {
+                return Err(format!("duplicate descriptor composite key '{composite}'"));
+            }
             let segment = match &d.value {
                 Some(v) => format!("{}={v}", d.key),
                 None => d.key.clone(),
@@ -450,12 +555,16 @@ impl DomainsBuilder {
                 self.summary.push_str(" (shadow)");
             }
             self.summary.push('\n');
-            let children = self.yaml_level(&d.descriptors.0, &path, depth + 1, algorithm)?;
+            let children =
+                self.yaml_level(&d.descriptors.0, &path, &composite, depth + 1, algorithm)?;
             let mut node = Node::new(path.into(), rules.into(), shadow, children);
             node.kind = kind;
             node.name = d.name.as_deref().map(Into::into);
             node.replaces = d.replaces.iter().map(|r| r.as_str().into()).collect();
             node.share_threshold = d.share_threshold;
+            node.stat_part = stat_part.into();
+            node.detailed_metric = d.detailed_metric;
+            node.value_to_metric = d.value_to_metric;
             node.quota = d.quota;
             node.metadata = d.metadata.clone().map(Arc::new);
             level
@@ -585,6 +694,7 @@ impl DomainsBuilder {
                 let mut scope_part = String::new();
                 push_part(&mut scope_part, &scope);
                 let domain = Domain {
+                    name: name.as_str().into(),
                     scope,
                     scope_part: scope_part.into(),
                     on_error: self.on_error,
@@ -599,24 +709,27 @@ impl DomainsBuilder {
         Domains {
             map,
             summary: self.summary,
+            stats: self.stats,
         }
     }
 }
 
-/// Moves the descriptors of `from` into `into`; one configured in both is an error.
-fn merge_level(into: &mut Level, from: Level) -> Result<(), String> {
+/// Moves the descriptors of `from` into `into` (of `domain`); one configured in both is an
+/// error.
+fn merge_level(into: &mut Level, from: Level, domain: &str) -> Result<(), String> {
     for (key, entry) in from.by_key {
         let target = into.by_key.entry(key.clone()).or_default();
-        let twice = |value: &str| format!("duplicate descriptor {key}{value} in merged domain");
+        let twice =
+            |value: &str| format!("duplicate descriptor composite key '{domain}.{key}{value}'");
         for (value, node) in entry.by_value {
             if target.by_value.contains_key(&value) {
-                return Err(twice(&format!("={value}")));
+                return Err(twice(&format!("_{value}")));
             }
             target.by_value.insert(value, node);
         }
         for (wildcard, node) in entry.wildcards {
             if target.taken(Some(&wildcard.text)) {
-                return Err(twice(&format!("={}", wildcard.text)));
+                return Err(twice(&format!("_{}", wildcard.text)));
             }
             target.wildcards.push((wildcard, node));
         }
@@ -841,7 +954,7 @@ descriptors = [
         let domain = config.envoy.get("d").unwrap();
         let path = |pairs: &[(&str, &str)]| {
             domain
-                .find(&entries(pairs))
+                .find(&entries(pairs), None)
                 .map(|f| f.node.path.to_string())
         };
         assert_eq!(

@@ -31,7 +31,10 @@
 //!   answer's statuses.
 
 pub(crate) mod descriptors;
+#[cfg(test)]
+mod reference_config;
 mod service;
+pub(crate) mod stats;
 pub(crate) mod yaml;
 
 pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain};

@@ -35,9 +35,12 @@ use tollgate::{
     fields::{self, HeaderStyle},
 };
 
-use super::descriptors::{
-    Domain, Found, Node, NodeKind, Semantics, counter_name, current_limit, override_node,
-    pb_duration, unit_ms,
+use super::{
+    descriptors::{
+        Domain, Found, Node, NodeKind, Semantics, counter_name, current_limit, override_node,
+        pb_duration, unit_ms,
+    },
+    stats::Hits,
 };
 use crate::app::App;
 
@@ -102,7 +105,14 @@ impl RateLimitService for RateLimiter {
         let domain = self.app.config().envoy.get(&request.domain).cloned();
         let response = match domain {
             Some(domain) => self.decide(&domain, &request).await?,
-            None => not_limited(request.descriptors.len()),
+            None => {
+                let settings = self.app.config().envoy.stats();
+                self.app
+                    .metrics
+                    .descriptors()
+                    .domain_not_found(settings, &request.domain);
+                not_limited(request.descriptors.len())
+            }
         };
         Ok(tonic::Response::new(response))
     }
@@ -155,20 +165,27 @@ fn response_headers(style: HeaderStyle, statuses: &[DescriptorStatus]) -> Vec<He
 }
 
 /// The reference's response headers: the limit, what is left and the seconds to reset of one
-/// status with a limit, the one with the least left (the first of them), or, when some are
-/// over their limit, the last of those.
-fn reference_headers(names: &[String; 3], statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
-    let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+/// status: the first with a limit that has the least left, unless a descriptor that is
+/// neither unlimited nor in quota mode is over its limit (the last of those).
+fn reference_headers(
+    names: &[String; 3],
+    statuses: &[DescriptorStatus],
+    matched: &[Option<Matched>],
+    all_quota: bool,
+) -> Vec<HeaderValue> {
     let mut chosen: Option<&DescriptorStatus> = None;
-    for status in statuses.iter().filter(|s| s.current_limit.is_some()) {
-        chosen = match chosen {
-            Some(c)
-                if !over(status) && (over(c) || c.limit_remaining <= status.limit_remaining) =>
-            {
-                Some(c)
-            }
-            _ => Some(status),
-        };
+    let mut least = u32::MAX;
+    for (status, found) in statuses.iter().zip(matched) {
+        if status.current_limit.is_some() && status.limit_remaining < least {
+            chosen = Some(status);
+            least = status.limit_remaining;
+        }
+        let node = found.as_ref().map(Matched::node);
+        let counts = !node.is_some_and(|n| n.kind == NodeKind::Unlimited || n.quota) && !all_quota;
+        if counts && status.code == Code::OverLimit as i32 {
+            chosen = Some(status);
+            least = 0;
+        }
     }
     let Some(status) = chosen else {
         return Vec::new();
@@ -544,6 +561,26 @@ impl Checked {
         }
     }
 
+    /// Counter `c`'s count before the request, by its first rule: what an admitting rule
+    /// leaves after it, less the cost; what a denying one has left now. A cost above the
+    /// limit was never asked of the store: taken as a first request.
+    fn before(&self, c: usize, node: &Node) -> Option<u64> {
+        let limit = node.rules.first()?.limit();
+        match &self.answer {
+            Answer::Verdict { .. } => {
+                let o = self.outcomes(c, node).first()?;
+                let left = if o.allowed {
+                    o.remaining.saturating_add(self.cost)
+                } else {
+                    o.remaining
+                };
+                Some(limit.saturating_sub(left))
+            }
+            Answer::CostExceeded => Some(0),
+            Answer::Unavailable { .. } => None,
+        }
+    }
+
     /// Whether counter `c` denied: one of its rules denied, or its cost is above a limit.
     fn denied_by(&self, c: usize, node: &Node) -> bool {
         match self.answer {
@@ -631,15 +668,44 @@ impl RateLimiter {
         let request_addend = u64::from(request.hits_addend.max(1));
         let mut statuses = vec![ok_status(); request.descriptors.len()];
         // What each descriptor matched: its own override, or a configured node.
-        let mut matched: SmallVec<[Option<Matched>; 4]> = request
-            .descriptors
-            .iter()
-            .map(|d| match override_node(d) {
-                Some(node) => Some(Matched::Override(node)),
-                None => domain.find(&d.entries).map(Matched::Configured),
-            })
-            .collect();
+        // YAML domains count each descriptor in the reference's statistics, under a key
+        // written here: `stat_keys[stat_at[i]]`.
+        let counts_stats = matches!(domain.semantics, Semantics::Reference { .. });
+        let mut stat_keys = String::new();
+        let mut stat_at: SmallVec<[Range<usize>; 4]> = SmallVec::new();
+        let mut matched: SmallVec<[Option<Matched>; 4]> = SmallVec::new();
+        for d in &request.descriptors {
+            let start = stat_keys.len();
+            let stat = counts_stats.then_some(&mut stat_keys);
+            matched.push(match override_node(d) {
+                Some(node) => {
+                    if let Some(out) = stat {
+                        domain.override_stat_key(out, &d.entries);
+                    }
+                    Some(Matched::Override(node))
+                }
+                None => domain.find(&d.entries, stat).map(Matched::Configured),
+            });
+            stat_at.push(start..stat_keys.len());
+        }
         drop_replaced(&mut matched);
+        let stat_settings = self.app.config().envoy.stats();
+        let count_stats = |i: usize, node: &Node, hits: u64, before: Option<u64>| {
+            if counts_stats {
+                let limit = node.rules.first().map_or(0, Rule::limit);
+                self.app.metrics.descriptors().count(
+                    stat_settings,
+                    &domain.name,
+                    &stat_keys[stat_at[i].clone()],
+                    Hits {
+                        hits,
+                        limit,
+                        before,
+                        shadow: node.shadow,
+                    },
+                );
+            }
+        };
         // A descriptor that blocks (`requests_per_unit: 0`) denies the request: the others are
         // then only looked at, not counted (unless each counts on its own).
         let mut blocked = false;
@@ -676,6 +742,13 @@ impl RateLimiter {
                 NodeKind::Blocked(unit) => {
                     blocked |= !node.shadow;
                     statuses[i] = blocked_status(node, unit);
+                    // Every hit is over a limit of 0.
+                    count_stats(
+                        i,
+                        node,
+                        descriptor_cost(descriptor, request_addend),
+                        Some(0),
+                    );
                     continue;
                 }
                 NodeKind::Rules => {}
@@ -783,7 +856,7 @@ impl RateLimiter {
         let mut over = blocked;
         let mut store_failed = false;
         for group in &groups {
-            let (mut outcome, failed) = self
+            let (mut outcome, failed, befores) = self
                 .check_group(
                     domain,
                     &keys,
@@ -797,8 +870,9 @@ impl RateLimiter {
             // How many descriptors still take each counter's status: the last one takes it,
             // the others a copy.
             let mut uses: SmallVec<[usize; 4]> = SmallVec::from_elem(0, outcome.len());
-            for &(_, c) in &group.members {
+            for &(i, c) in &group.members {
                 uses[c] += 1;
+                count_stats(i, &group.counters[c].node, group.cost, befores[c]);
             }
             for &(i, c) in &group.members {
                 uses[c] -= 1;
@@ -841,9 +915,12 @@ impl RateLimiter {
             Semantics::Tollgate => response_headers(style, &statuses),
             // The reference's headers: only when enabled, and then on allowed answers too.
             Semantics::Reference { .. } if style == HeaderStyle::None => Vec::new(),
-            Semantics::Reference { .. } => {
-                reference_headers(&self.app.config().envoy_header_names, &statuses)
-            }
+            Semantics::Reference { quota, .. } => reference_headers(
+                &self.app.config().envoy_header_names,
+                &statuses,
+                &matched,
+                quota,
+            ),
         };
         // The reference's SHADOW_MODE: each status stays, the overall code is OK.
         let overall = if over && !shadow {
@@ -865,7 +942,9 @@ impl RateLimiter {
         })
     }
 
-    /// Checks the counters together, in one store call; returns one status per counter.
+    /// Checks the counters together, in one store call; returns one status per counter,
+    /// whether the store failed, and per counter its count before the request as the
+    /// statistics read it (`None`: the store did not answer).
     ///
     /// Shadow counters are shadow limiters of the check: they are counted when they would
     /// admit, never make the request OVER_LIMIT, and record nothing when they would deny.
@@ -879,10 +958,15 @@ impl RateLimiter {
         cost: u64,
         consume: bool,
         bans: &[BanKey<'_>],
-    ) -> (Statuses, bool) {
+    ) -> (Statuses, bool, SmallVec<[Option<u64>; 2]>) {
         let checked = self
             .check(domain, keys, counters, (cost, consume), bans)
             .await;
+        let befores = counters
+            .iter()
+            .enumerate()
+            .map(|(c, counter)| checked.before(c, &counter.node))
+            .collect();
         let store_failed = checked.answer.reason() == Reason::StoreUnavailable;
         if consume {
             self.record_decision(domain, checked.answer.reason(), checked.answer.allowed());
@@ -911,7 +995,7 @@ impl RateLimiter {
                     .shadow_denied(&domain.scope, &counter.node.path);
             }
         }
-        (statuses, store_failed)
+        (statuses, store_failed, befores)
     }
 
     /// Puts the request's descriptors that are over their limit in the dashboard's top list:

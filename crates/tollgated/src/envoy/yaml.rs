@@ -1,8 +1,8 @@
 //! The YAML configuration of Envoy's reference rate-limit service (`envoyproxy/ratelimit`),
 //! read unchanged: one domain per file, nested `descriptors` with `key`, `value` (with `*`
 //! wildcards), `rate_limit { unit, requests_per_unit, unlimited, name, replaces }`,
-//! `shadow_mode`, `share_threshold`; `detailed_metric`, `value_to_metric` and `metadata` are
-//! accepted and change nothing here (tollgate's metrics are per domain, never per value).
+//! `shadow_mode`, `quota_mode`, `share_threshold`, `metadata`, and the statistics' `detailed_metric`
+//! and `value_to_metric` (see `crate::envoy::stats`).
 //! Every check is made while parsing, so a mistake is reported with its line.
 
 use std::{
@@ -16,34 +16,23 @@ use crate::config::ConfigError;
 
 /// One file: a domain and its descriptors.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct YamlRoot {
+    #[serde(default)]
     pub(crate) domain: String,
     #[serde(default)]
     pub(crate) descriptors: Descriptors,
 }
 
-/// A list of descriptors, no two of one key and value.
+/// A list of descriptors (two of one key and value are refused where the tree is built,
+/// which knows their path).
 #[derive(Debug, Default, Deserialize)]
-#[serde(try_from = "Vec<YamlDescriptor>")]
+#[serde(from = "Option<Vec<YamlDescriptor>>")]
 pub(crate) struct Descriptors(pub(crate) Vec<YamlDescriptor>);
 
-impl TryFrom<Vec<YamlDescriptor>> for Descriptors {
-    type Error = String;
-
-    fn try_from(list: Vec<YamlDescriptor>) -> Result<Descriptors, String> {
-        for (i, d) in list.iter().enumerate() {
-            if list[..i]
-                .iter()
-                .any(|e| e.key == d.key && e.value == d.value)
-            {
-                return Err(match &d.value {
-                    Some(v) => format!("duplicate descriptor {}={v} at this level", d.key),
-                    None => format!("duplicate descriptor {} at this level", d.key),
-                });
-            }
-        }
-        Ok(Descriptors(list))
+/// `descriptors:` with nothing after it is an empty list, as in the reference.
+impl From<Option<Vec<YamlDescriptor>>> for Descriptors {
+    fn from(list: Option<Vec<YamlDescriptor>>) -> Descriptors {
+        Descriptors(list.unwrap_or_default())
     }
 }
 
@@ -64,6 +53,12 @@ pub(crate) struct YamlDescriptor {
     /// (the reference's `RESPONSE_DYNAMIC_METADATA`).
     pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub(crate) share_threshold: bool,
+    /// `detailed_metric`: a descriptor ending here is counted in the statistics under the
+    /// request's own values.
+    pub(crate) detailed_metric: bool,
+    /// `value_to_metric`: the statistics name the request's value for this entry, where the
+    /// configuration has none of its own (no value, or a wildcard).
+    pub(crate) value_to_metric: bool,
     pub(crate) descriptors: Descriptors,
 }
 
@@ -107,7 +102,6 @@ impl Unit {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawDescriptor {
     #[serde(default, deserialize_with = "scalar")]
     key: Option<String>,
@@ -131,7 +125,6 @@ struct RawDescriptor {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawRateLimit {
     #[serde(default)]
     requests_per_unit: u32,
@@ -144,10 +137,9 @@ struct RawRateLimit {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawReplaces {
-    #[serde(default)]
-    name: String,
+    #[serde(default, deserialize_with = "scalar")]
+    name: Option<String>,
 }
 
 /// A YAML scalar as text: `value: 8080` and `value: true` are the strings `8080` and `true`,
@@ -175,16 +167,19 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
     fn try_from(raw: RawDescriptor) -> Result<YamlDescriptor, String> {
         let key = raw.key.unwrap_or_default();
         if key.is_empty() {
-            return Err("descriptor has an empty key".into());
+            return Err("descriptor has empty key".into());
         }
         // An empty value is no value, as in the reference service.
         let value = raw.value.filter(|v| !v.is_empty());
         if raw.share_threshold && !value.as_deref().is_some_and(|v| v.contains('*')) {
+            let local = match &value {
+                Some(v) => format!("{key}_{v}"),
+                None => key.clone(),
+            };
             return Err(format!(
-                "descriptor {key}: share_threshold needs a wildcard value (one with '*')"
+                "share_threshold can only be used with wildcard values (containing '*'), but found key '{local}'"
             ));
         }
-        let _ = (raw.detailed_metric, raw.value_to_metric);
         let metadata = match raw.metadata {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::Object(map)) => Some(map),
@@ -194,36 +189,36 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
             None => (Limit::None, None, Vec::new()),
             Some(rl) => {
                 let unit = rl.unit.as_deref().filter(|u| !u.is_empty());
-                let limit = match (rl.unlimited, unit) {
+                // As the reference: an unlimited descriptor may not name a unit (one it does
+                // not know is ignored).
+                let limit = match (rl.unlimited, unit.and_then(Unit::parse)) {
                     (true, Some(_)) => {
                         return Err(format!(
                             "descriptor {key}: should not specify rate limit unit when unlimited"
                         ));
                     }
                     (true, None) => Limit::Unlimited,
-                    (false, unit) => match unit.and_then(Unit::parse) {
-                        Some(u) => Limit::PerUnit(rl.requests_per_unit, u),
-                        None => {
-                            return Err(format!(
-                                "descriptor {key}: invalid rate limit unit {:?} (expected second, minute, hour, day, week, month or year)",
-                                unit.unwrap_or("")
-                            ));
-                        }
-                    },
+                    (false, Some(u)) => Limit::PerUnit(rl.requests_per_unit, u),
+                    (false, None) => {
+                        return Err(format!(
+                            "descriptor {key}: invalid rate limit unit '{}' (expected second, minute, hour, day, week, month or year)",
+                            unit.unwrap_or("")
+                        ));
+                    }
                 };
                 let mut replaces = Vec::with_capacity(rl.replaces.len());
                 for r in rl.replaces {
-                    if r.name.is_empty() {
+                    let Some(name) = r.name.filter(|n| !n.is_empty()) else {
                         return Err(format!(
                             "descriptor {key}: should not have an empty replaces entry"
                         ));
-                    }
-                    if rl.name.as_deref() == Some(r.name.as_str()) {
+                    };
+                    if rl.name.as_deref() == Some(name.as_str()) {
                         return Err(format!(
-                            "descriptor {key}: replaces should not contain the name of the same descriptor"
+                            "descriptor {key}: replaces should not contain name of same descriptor"
                         ));
                     }
-                    replaces.push(r.name);
+                    replaces.push(name);
                 }
                 (limit, rl.name.filter(|n| !n.is_empty()), replaces)
             }
@@ -238,6 +233,8 @@ impl TryFrom<RawDescriptor> for YamlDescriptor {
             quota: raw.quota_mode,
             metadata,
             share_threshold: raw.share_threshold,
+            detailed_metric: raw.detailed_metric,
+            value_to_metric: raw.value_to_metric,
             descriptors: raw.descriptors,
         })
     }
@@ -250,27 +247,136 @@ pub(crate) struct YamlFile {
     pub(crate) root: YamlRoot,
 }
 
-/// Parses one file's text; `file` names it in errors.
+/// Every key the reference service reads, at any depth (it checks them as one set).
+const KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// Parses one file's text; `file` names it in errors, which say what the reference service
+/// says of the same mistake.
 pub(crate) fn parse(file: &Path, text: &str) -> Result<YamlRoot, ConfigError> {
     let name = file.display().to_string();
-    let root: YamlRoot = serde_norway::from_str(text).map_err(|e| {
+    let error = |e: serde_norway::Error| {
         let line = e.location().map(|l| l.line());
         let mut message = e.to_string();
         // The location is given apart.
         if let Some(at) = message.find(" at line ") {
             message.truncate(at);
         }
+        // The parser's own mistakes, as the reference words them; ours are already worded.
+        if [
+            "invalid type",
+            "invalid value",
+            "missing field",
+            "invalid length",
+        ]
+        .iter()
+        .any(|p| message.starts_with(p))
+        {
+            message = format!("error loading config file: {message}");
+        }
         ConfigError::new(name.clone(), line, "", message)
+    };
+    // First the keys, as the reference checks them: each a string of the known set, each
+    // list one of maps.
+    let value: serde_norway::Value = serde_norway::from_str(text).map_err(|e| {
+        let e = error(e);
+        let message = format!("error loading config file: {}", e.message());
+        ConfigError::new(name.clone(), e.line(), "", message)
     })?;
+    check_keys(&value).map_err(|(message, near)| {
+        ConfigError::new(name.clone(), line_of(text, &near), "", message)
+    })?;
+    let root: YamlRoot = serde_norway::from_str(text).map_err(error)?;
     if root.domain.is_empty() {
         return Err(ConfigError::new(
             name,
             None,
             "domain",
-            "config file cannot have an empty domain",
+            "config file cannot have empty domain",
         ));
     }
     Ok(root)
+}
+
+/// A scalar as Go's `%v` writes it, for errors.
+fn scalar_text(value: &serde_norway::Value) -> String {
+    use serde_norway::Value as V;
+    match value {
+        V::Null => "<nil>".into(),
+        V::Bool(b) => b.to_string(),
+        V::Number(n) => n.to_string(),
+        V::String(s) => s.clone(),
+        V::Sequence(_) | V::Mapping(_) | V::Tagged(_) => format!("{value:?}"),
+    }
+}
+
+/// The reference's check of a file's keys: every map key a string of [`KEYS`] (what is under
+/// `metadata` is free), every list element a map, no value of another type than a string, a
+/// whole number, a boolean or null. On a mistake: the message, and text to find its line by.
+fn check_keys(value: &serde_norway::Value) -> Result<(), (String, String)> {
+    use serde_norway::Value as V;
+    match value {
+        V::Mapping(map) => {
+            for (key, value) in map {
+                let V::String(key) = key else {
+                    let text = scalar_text(key);
+                    return Err((
+                        format!("config error, key is not of type string: {text}"),
+                        text,
+                    ));
+                };
+                if !KEYS.contains(&key.as_str()) {
+                    return Err((format!("config error, unknown key '{key}'"), key.clone()));
+                }
+                if key != "metadata" {
+                    check_keys(value)?;
+                }
+            }
+            Ok(())
+        }
+        V::Sequence(list) => {
+            for element in list {
+                if !matches!(element, V::Mapping(_)) {
+                    let text = scalar_text(element);
+                    return Err((
+                        format!(
+                            "config error, yaml file contains list of type other than map: {text}"
+                        ),
+                        text,
+                    ));
+                }
+                check_keys(element)?;
+            }
+            Ok(())
+        }
+        V::Number(n) if n.is_f64() => Err(("error checking config".into(), n.to_string())),
+        V::Tagged(_) => Err(("error checking config".into(), String::new())),
+        V::Null | V::Bool(_) | V::Number(_) | V::String(_) => Ok(()),
+    }
+}
+
+/// The first line (from 1) that holds `text`, if any.
+fn line_of(text: &str, near: &str) -> Option<usize> {
+    if near.is_empty() {
+        return None;
+    }
+    text.lines().position(|l| l.contains(near)).map(|i| i + 1)
 }
 
 /// The files of `path`: the file itself, or every `.yaml` / `.yml` file under the directory
@@ -379,7 +485,7 @@ mod tests {
                 value: (*v).into(),
             })
             .collect();
-        domains.get(domain)?.find(&entries)
+        domains.get(domain)?.find(&entries, None)
     }
 
     /// (path, kind, rules as text) of what `pairs` match.
@@ -546,7 +652,7 @@ descriptors:
         );
         assert!(e.starts_with("f0.yaml:"), "{e}");
         assert!(
-            e.contains("invalid rate limit unit \"fortnight\" (expected second, minute"),
+            e.contains("invalid rate limit unit 'fortnight' (expected second, minute"),
             "{e}"
         );
         let e = error(
@@ -558,19 +664,19 @@ descriptors:
         );
         let e = error("domain: d\ndescriptors:\n  - key: a\n    ratelimit:\n      unit: second\n");
         assert!(e.starts_with("f0.yaml:4: "), "{e}");
-        assert!(e.contains("unknown field `ratelimit`"), "{e}");
+        assert!(e.contains("config error, unknown key 'ratelimit'"), "{e}");
         let e = error("domain: d\ndescriptors:\n  - key: a\n  - key: a\n");
-        assert!(e.contains("duplicate descriptor a at this level"), "{e}");
-        let e = error("descriptors: []\ndomain: \"\"\n");
-        assert_eq!(
-            e,
-            "f0.yaml: domain: config file cannot have an empty domain"
+        assert!(
+            e.contains("duplicate descriptor composite key 'd.a'"),
+            "{e}"
         );
+        let e = error("descriptors: []\ndomain: \"\"\n");
+        assert_eq!(e, "f0.yaml: domain: config file cannot have empty domain");
         let e = error(
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { name: x, unit: second, requests_per_unit: 1, replaces: [{ name: x }] }\n",
         );
         assert!(
-            e.contains("replaces should not contain the name of the same descriptor"),
+            e.contains("replaces should not contain name of same descriptor"),
             "{e}"
         );
         // Two files of one domain merge only when asked.
