@@ -109,6 +109,10 @@ pub(crate) enum Semantics {
         quota: bool,
         /// The reference's `RESPONSE_DYNAMIC_METADATA`: answers carry `dynamic_metadata`.
         metadata: bool,
+        /// Counted as the reference counts (the YAML's fixed windows, the default): every
+        /// descriptor's hits are added to its counter, over the limit too, and a descriptor
+        /// is over when its counter then is (see `Node::counting`).
+        counting: bool,
     },
 }
 
@@ -217,8 +221,16 @@ pub(crate) struct Node {
     value_to_metric: bool,
     /// A denial by this node bans the request's identity.
     pub(crate) ban: Option<BanRule>,
+    /// The rule a domain that counts as the reference does checks instead of `rules`: a fixed
+    /// window of the same length whose limit ([`COUNT_ALL`]) no count reaches, so that every
+    /// hit is added and the count read back (empty where the rules are not one fixed window).
+    pub(crate) counting: Box<[Rule]>,
     children: Level,
 }
+
+/// The limit of a counting rule (see `Node::counting`): beyond any count, and exact in Lua's
+/// doubles.
+pub(crate) const COUNT_ALL: u64 = 1 << 52;
 
 /// What a node does to the descriptors that end on it, beyond its rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,7 +245,22 @@ pub(crate) enum NodeKind {
 
 impl Node {
     fn new(path: Arc<str>, rules: Box<[Rule]>, shadow: bool, children: Level) -> Node {
+        let counting = match &*rules {
+            [rule]
+                if rule.algorithm() == Algorithm::FixedWindow
+                    && rule.calendar_window().is_none() =>
+            {
+                Rule::new(
+                    COUNT_ALL,
+                    std::time::Duration::from_millis(rule.window_ms()),
+                )
+                .map(|r| Box::new([r.with_algorithm(Algorithm::FixedWindow)]) as Box<[Rule]>)
+                .unwrap_or_default()
+            }
+            _ => Box::default(),
+        };
         Node {
+            counting,
             path,
             max_cost: rules.iter().map(max_cost).min().unwrap_or(0),
             rules,
@@ -417,6 +444,7 @@ impl DomainsBuilder {
                 independent: !all_or_nothing,
                 quota,
                 metadata,
+                counting: false,
             },
             bans_without_identity: false,
             staged: Vec::new(),
@@ -481,10 +509,14 @@ impl DomainsBuilder {
             file.path.display()
         );
         let level = self.yaml_level(&file.root.descriptors.0, "", name, 1, algorithm)?;
+        let mut semantics = self.reference;
+        if let Semantics::Reference { counting, .. } = &mut semantics {
+            *counting = algorithm == Algorithm::FixedWindow;
+        }
         match self.staged.iter_mut().find(|(n, _, _, _)| n == name) {
             None => self
                 .staged
-                .push((name.clone(), level, Vec::new(), self.reference)),
+                .push((name.clone(), level, Vec::new(), semantics)),
             Some((_, into, _, _)) if merge => merge_level(into, level, name)?,
             Some(_) => {
                 return Err(format!(

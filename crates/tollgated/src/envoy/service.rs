@@ -561,6 +561,19 @@ impl Checked {
         }
     }
 
+    /// Counter `c`'s count after the request, by its counting rule (see `Node::counting`):
+    /// `None` when the store did not answer.
+    fn count(&self, c: usize) -> Option<u64> {
+        match &self.answer {
+            // The store's, or, when it failed, the local fallback's.
+            Answer::Verdict { verdict, .. } => {
+                let o = verdict.rules.get(*self.starts.get(c)?)?;
+                Some(super::descriptors::COUNT_ALL.saturating_sub(o.remaining))
+            }
+            _ => None,
+        }
+    }
+
     /// Counter `c`'s count before the request, by its first rule: what an admitting rule
     /// leaves after it, less the cost; what a denying one has left now. A cost above the
     /// limit was never asked of the store: taken as a first request.
@@ -716,6 +729,10 @@ impl RateLimiter {
                 ..
             }
         );
+        let counting = matches!(
+            domain.semantics,
+            Semantics::Reference { counting: true, .. }
+        );
         let mut groups: SmallVec<[Group; 1]> = SmallVec::new();
         // Every counter's key, one after the other; `name` is the counter's name (see
         // `counter_name`), written again for each descriptor.
@@ -786,7 +803,9 @@ impl RateLimiter {
             let joins = |g: &Group| {
                 g.cost == cost && (!independent || keys[g.counters[0].key.clone()] == keys[start..])
             };
-            let g = match groups.iter().position(joins) {
+            // Counting as the reference: each descriptor on its own, in request order, two
+            // of one counter twice.
+            let g = match groups.iter().position(joins).filter(|_| !counting) {
                 Some(g) => g,
                 None => {
                     groups.push(Group {
@@ -855,6 +874,19 @@ impl RateLimiter {
             .collect();
         let mut over = blocked;
         let mut store_failed = false;
+        if counting {
+            store_failed = self
+                .count_as_reference(
+                    domain,
+                    &keys,
+                    &groups,
+                    (!independent, blocked),
+                    &mut statuses,
+                    &count_stats,
+                )
+                .await;
+            groups.clear();
+        }
         for group in &groups {
             let (mut outcome, failed, befores) = self
                 .check_group(
@@ -960,7 +992,7 @@ impl RateLimiter {
         bans: &[BanKey<'_>],
     ) -> (Statuses, bool, SmallVec<[Option<u64>; 2]>) {
         let checked = self
-            .check(domain, keys, counters, (cost, consume), bans)
+            .check(domain, keys, counters, (cost, consume, false), bans)
             .await;
         let befores = counters
             .iter()
@@ -1037,13 +1069,108 @@ impl RateLimiter {
             .decision(&domain.metrics, &domain.scope, reason, allowed);
     }
 
-    /// One atomic check of the counters (its store call timed in the metrics).
+    /// Counts the counters (a group each) as the reference does, and writes their statuses;
+    /// returns whether the store failed. Each counter's hits are added and its count read
+    /// back; it is over when that count is over its limit. With `all_or_nothing` (the
+    /// reference's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), the counts are read first: if
+    /// some counter would go over, only those that would are counted (none, when a descriptor
+    /// of the request blocks: `blocked`).
+    async fn count_as_reference(
+        &self,
+        domain: &Domain,
+        keys: &str,
+        groups: &[Group],
+        (all_or_nothing, blocked): (bool, bool),
+        statuses: &mut [DescriptorStatus],
+        count_stats: &impl Fn(usize, &Node, u64, Option<u64>),
+    ) -> bool {
+        let mut failed = false;
+        let mut counted: SmallVec<[bool; 4]> =
+            SmallVec::from_elem(!(all_or_nothing && blocked), groups.len());
+        if all_or_nothing && !blocked {
+            let mut over: SmallVec<[bool; 4]> = SmallVec::new();
+            for group in groups {
+                let checked = self
+                    .check(
+                        domain,
+                        keys,
+                        &group.counters,
+                        (group.cost, false, true),
+                        &[],
+                    )
+                    .await;
+                // A look reports the count as it would be with the hits.
+                let after = checked.count(0);
+                failed |= checked.answer.reason() == Reason::StoreUnavailable;
+                let node = &group.counters[0].node;
+                over.push(after.is_some_and(|a| a > node.rules[0].limit()));
+            }
+            if over.contains(&true) {
+                counted = over;
+            }
+        }
+        for (group, counted) in groups.iter().zip(counted) {
+            let cost = if counted { group.cost } else { 0 };
+            let checked = self
+                .check(domain, keys, &group.counters, (cost, true, true), &[])
+                .await;
+            let after = checked.count(0);
+            let node = &group.counters[0].node;
+            let limit = node.rules[0].limit();
+            let over = after.map(|a| a > limit);
+            failed |= checked.answer.reason() == Reason::StoreUnavailable;
+            self.record_decision(
+                domain,
+                match over {
+                    None => Reason::StoreUnavailable,
+                    Some(true) => Reason::RateLimited,
+                    Some(false) => Reason::Ok,
+                },
+                over == Some(false) || node.shadow,
+            );
+            for &(i, _) in &group.members {
+                count_stats(
+                    i,
+                    node,
+                    group.cost,
+                    after.map(|a| a.saturating_sub(group.cost)),
+                );
+                statuses[i] = match (after, &checked.answer) {
+                    (Some(after), _) => DescriptorStatus {
+                        code: if after > limit && !node.shadow {
+                            Code::OverLimit
+                        } else {
+                            Code::Ok
+                        } as i32,
+                        current_limit: Some(current_limit(&node.rules[0], &node.path)),
+                        limit_remaining: u32::try_from(limit.saturating_sub(after))
+                            .unwrap_or(u32::MAX),
+                        duration_until_reset: None,
+                        quota: None,
+                    },
+                    // The store failed: `on_error` decided.
+                    (None, answer) => {
+                        let over = !answer.allowed() && !node.shadow;
+                        DescriptorStatus {
+                            code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                            current_limit: Some(current_limit(&node.rules[0], &node.path)),
+                            ..DescriptorStatus::default()
+                        }
+                    }
+                };
+            }
+        }
+        failed
+    }
+
+    /// One atomic check of the counters (its store call timed in the metrics); `counting`:
+    /// of their counting rules (see `Node::counting`), whatever the cost.
     async fn check(
         &self,
         domain: &Domain,
         keys: &str,
         counters: &[Counter],
-        (cost, consume): (u64, bool),
+        (cost, consume, counting): (u64, bool, bool),
         bans: &[BanKey<'_>],
     ) -> Checked {
         let mut limiters: SmallVec<[LimiterRequest<'_>; 4]> = SmallVec::new();
@@ -1053,13 +1180,18 @@ impl RateLimiter {
         let mut next = 0;
         for counter in counters {
             starts.push(next);
-            next += counter.node.rules.len();
-            if !counter.node.shadow {
+            let rules = if counting {
+                &counter.node.counting
+            } else {
+                &counter.node.rules
+            };
+            next += rules.len();
+            if !counter.node.shadow && !counting {
                 max_cost = max_cost.min(counter.node.max_cost);
             }
             limiters.push(LimiterRequest {
                 key: &keys[counter.key.clone()],
-                rules: &counter.node.rules,
+                rules,
                 ban: counter.node.ban.filter(|_| !bans.is_empty()),
                 shadow: counter.node.shadow,
             });

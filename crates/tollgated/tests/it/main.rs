@@ -14,6 +14,7 @@ mod env_overrides;
 mod envoy_bans;
 mod envoy_migration;
 mod envoy_reference;
+mod envoy_reference_suite;
 mod fuzz;
 mod grpc;
 mod grpc_health;
