@@ -7,6 +7,10 @@
 //! - `tollgate.store`: the store's own health, `SERVING` while it answers a ping (tried once a
 //!   second, bounded by `store.timeout`), `NOT_SERVING` while it does not, `UNKNOWN` until the
 //!   first ping. For alerts and dashboards, not for readiness.
+//! - `ratelimit`: the health Envoy's reference rate-limit service reports under that name, for
+//!   probes carried over from it: `SERVING` while the store answers and, with
+//!   `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` (`envoy.require_domains`), a domain is
+//!   configured; `NOT_SERVING` before the first ping answers, otherwise, and from shutdown on.
 
 use std::{
     sync::Arc,
@@ -26,6 +30,8 @@ use crate::app::App;
 pub(crate) const STORE: &str = "tollgate.store";
 /// The health service name of the Envoy rate-limit service.
 const ENVOY: &str = "envoy.service.ratelimit.v3.RateLimitService";
+/// The health service name of Envoy's reference rate-limit service.
+const REFERENCE: &str = "ratelimit";
 /// How often the store is pinged.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -45,6 +51,9 @@ pub(crate) async fn service(
     reporter
         .set_service_status(STORE, ServingStatus::Unknown)
         .await;
+    reporter
+        .set_service_status(REFERENCE, ServingStatus::NotServing)
+        .await;
     tokio::spawn(probe(app, reporter, stop));
     server
 }
@@ -54,6 +63,7 @@ async fn probe(app: Arc<App>, reporter: HealthReporter, mut stop: watch::Receive
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = None;
+    let mut last_reference = None;
     loop {
         let stopping = tokio::select! {
             // Stopped, or the sender is gone with the server: either way, the end.
@@ -61,7 +71,7 @@ async fn probe(app: Arc<App>, reporter: HealthReporter, mut stop: watch::Receive
             _ = tick.tick() => false,
         };
         if stopping {
-            for name in ["", ENVOY] {
+            for name in ["", ENVOY, REFERENCE] {
                 reporter
                     .set_service_status(name, ServingStatus::NotServing)
                     .await;
@@ -88,6 +98,17 @@ async fn probe(app: Arc<App>, reporter: HealthReporter, mut stop: watch::Receive
             };
             reporter.set_service_status(STORE, status).await;
             last = Some(ok);
+        }
+        let config = app.config();
+        let serving = ok && !(config.require_domains && config.envoy.is_empty());
+        if last_reference != Some(serving) {
+            let status = if serving {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status(REFERENCE, status).await;
+            last_reference = Some(serving);
         }
     }
 }

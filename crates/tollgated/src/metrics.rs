@@ -196,6 +196,11 @@ impl Metrics {
             "Envoy requests for a domain that is not configured (answered OK), by domain (at most envoy.max_stat_keys domains, the rest under (other))",
             descriptors.not_found_family(),
         );
+        registry.register(
+            "envoy_global_shadow_mode",
+            "Envoy requests over their limits that the reference's SHADOW_MODE (envoy.shadow) answered OK",
+            descriptors.global_shadow(),
+        );
         // Present from the start, so dashboards and alerts see 0 rather than no series.
         let check_errors = store_errors
             .get_or_create(&OpLabels { op: "check" })

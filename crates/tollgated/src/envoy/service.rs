@@ -960,6 +960,9 @@ impl RateLimiter {
         } else {
             Code::Ok
         };
+        if over && shadow {
+            self.app.metrics.descriptors().global_shadow_admitted();
+        }
         let dynamic_metadata = matches!(
             domain.semantics,
             Semantics::Reference { metadata: true, .. }

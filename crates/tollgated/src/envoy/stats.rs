@@ -71,6 +71,8 @@ pub(crate) struct DescriptorStats {
     /// rest under `(other)`).
     not_found: Family<DomainLabels, Counter>,
     unknown: RwLock<HashMap<Box<str>, Counter>>,
+    /// Requests the reference's `SHADOW_MODE` answered OK that were over.
+    global_shadow: Counter,
 }
 
 /// How one descriptor of a request fared, in the reference's terms.
@@ -91,6 +93,16 @@ impl DescriptorStats {
     /// The family to register in the server's metrics.
     pub(crate) fn family(&self) -> Family<StatLabels, Counter> {
         self.family.clone()
+    }
+
+    /// Counts a request `SHADOW_MODE` admitted over its limits.
+    pub(crate) fn global_shadow_admitted(&self) {
+        self.global_shadow.inc();
+    }
+
+    /// Requests `SHADOW_MODE` admitted over their limits, to register.
+    pub(crate) fn global_shadow(&self) -> Counter {
+        self.global_shadow.clone()
     }
 
     /// The family of requests for unknown domains, to register.

@@ -874,3 +874,161 @@ async fn the_scripts_limits_shadow_descriptors_and_detailed_statistics() {
     assert_eq!(stat("foo.baz_shady", "shadow_mode"), Some(3));
     assert_eq!(stat("foo.baz_shady", "near_limit"), Some(1));
 }
+
+/// The reference's health (`TestServiceHealthStatusAtLeastOneConfigLoaded`): reported as
+/// `ratelimit`; with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, not serving while no domain is
+/// configured, serving once one is, and not again once none is.
+#[tokio::test]
+async fn health_waits_for_a_configured_domain_when_asked() {
+    use crate::grpc_health::{client, wait_for};
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let config = dir.path().join("current/ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    let root = dir.path().join("current").display().to_string();
+    let url = redis.addr().to_string();
+    let server = Server::start_envoy(
+        dir,
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &url),
+            ("RUNTIME_ROOT", &root),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ],
+    );
+    let mut health = client(&server).await;
+    wait_for(&mut health, "ratelimit", ServingStatus::NotServing).await;
+    std::fs::write(config.join("basic.yaml"), BASIC).unwrap();
+    wait_for(&mut health, "ratelimit", ServingStatus::Serving).await;
+    std::fs::remove_file(config.join("basic.yaml")).unwrap();
+    wait_for(&mut health, "ratelimit", ServingStatus::NotServing).await;
+}
+
+const QUOTA: &str = "
+domain: quota-domain
+descriptors:
+  - key: regular
+    value: limit
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+    metadata: { name: service_1 }
+  - key: quota
+    value: limit
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+    metadata: { name: service_2 }
+  - key: other
+    value: limit
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+    metadata: { some_other_name: service_2 }
+";
+
+/// The reference's service cases of `QUOTA_MODE`, `RESPONSE_DYNAMIC_METADATA` and
+/// `SHADOW_MODE` (`TestServiceGlobalQuotaMode`, `TestMetadataReturnedFor...`,
+/// `TestOverlappingMetadataReturnsTheFirstValue`, `TestServiceQuotaModeWithShadowMode`) and of
+/// unlimited and unmatched descriptors beside a limited one (`TestUnlimited`).
+#[tokio::test]
+async fn the_service_cases_of_quota_metadata_and_shadow_modes() {
+    use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+    let redis = RedisServer::start();
+    let url = [("REDIS_URL", redis.addr().to_string())];
+    let metadata_of = |r: &RateLimitResponse| -> Option<Struct> {
+        match &r.dynamic_metadata.as_ref()?.fields.get("metadata")?.kind {
+            Some(Kind::StructValue(s)) => Some(s.clone()),
+            _ => None,
+        }
+    };
+    let strings = |pairs: &[(&str, &str)]| Struct {
+        fields: pairs
+            .iter()
+            .map(|(k, v)| {
+                let value = Value {
+                    kind: Some(Kind::StringValue((*v).into())),
+                };
+                ((*k).to_owned(), value)
+            })
+            .collect(),
+    };
+    for shadow in ["false", "true"] {
+        let prefix = format!("{}{shadow}", fresh());
+        let server = start(
+            &url,
+            &[
+                ("QUOTA_MODE", "true"),
+                ("RESPONSE_DYNAMIC_METADATA", "true"),
+                ("SHADOW_MODE", shadow),
+                ("CACHE_KEY_PREFIX", &prefix),
+            ],
+        );
+        std::fs::write(
+            server
+                .dir
+                .path()
+                .join("current/ratelimit/config/quota.yaml"),
+            QUOTA,
+        )
+        .unwrap();
+        let mut c = Client::new(&server).await;
+        let served = async {
+            while c.each("quota-domain", &[("other", "limit")]).await.statuses[0]
+                .current_limit
+                .is_none()
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), served)
+            .await
+            .expect("the quota domain is served");
+        room_in_minute(Duration::from_secs(5)).await;
+        let regular_quota = [("regular", "limit"), ("quota", "limit")];
+        // Both pass: their metadata merged, the first value of a name kept.
+        let r = c.each("quota-domain", &regular_quota).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        assert_eq!(metadata_of(&r), Some(strings(&[("name", "service_1")])));
+        // One of two quota descriptors over: OK, the metadata of the one that passed.
+        let r = c
+            .each("quota-domain", &[("regular", "limit"), ("other", "limit")])
+            .await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+        assert_eq!(
+            metadata_of(&r),
+            Some(strings(&[("some_other_name", "service_2")]))
+        );
+        // Every quota descriptor over: over, unless SHADOW_MODE, which keeps each status.
+        let r = c.each("quota-domain", &regular_quota).await;
+        let overall = if shadow == "true" {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        assert_eq!(r.overall_code, overall as i32, "{r:?}");
+        assert!(r.statuses.iter().all(|s| s.code == Code::OverLimit as i32));
+        assert_eq!(metadata_of(&r), None);
+        let metrics = server.get_text("/metrics").await.1;
+        let admitted = if shadow == "true" { 1 } else { 0 };
+        assert!(
+            metrics.contains(&format!(
+                "tollgate_envoy_global_shadow_mode_total {admitted}\n"
+            )),
+            "{metrics}"
+        );
+    }
+    let server = start(&url, &[]);
+    let mut c = Client::new(&server).await;
+    let value = fresh();
+    let r = c
+        .each("rl", &[("unspec", &value), ("nothing", "x"), ("qux", "y")])
+        .await;
+    let unlimited = DescriptorStatus {
+        limit_remaining: u32::MAX,
+        ..unlimited_ok()
+    };
+    let statuses = [
+        limited(Code::Ok, 2, Unit::Minute, 1),
+        unlimited_ok(),
+        unlimited,
+    ];
+    check(&r, Code::Ok, &statuses, "limited, unmatched, unlimited");
+}

@@ -10,7 +10,7 @@ use tonic_health::pb::{
 
 use crate::support::{HANG, Server};
 
-async fn client(server: &Server) -> HealthClient<tonic::transport::Channel> {
+pub(crate) async fn client(server: &Server) -> HealthClient<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
         .expect("the gRPC address")
         .connect()
@@ -33,7 +33,7 @@ async fn status(
 }
 
 /// Polls `service` until it reports `want`; fails after the hang limit.
-async fn wait_for(
+pub(crate) async fn wait_for(
     client: &mut HealthClient<tonic::transport::Channel>,
     service: &str,
     want: ServingStatus,
@@ -83,9 +83,12 @@ timeout = "200ms"
     ));
     let mut health = client(&server).await;
     wait_for(&mut health, "tollgate.store", ServingStatus::Serving).await;
+    // Envoy's reference service reports its health as `ratelimit`, and a Redis outage in it.
+    wait_for(&mut health, "ratelimit", ServingStatus::Serving).await;
 
     redis.kill();
     wait_for(&mut health, "tollgate.store", ServingStatus::NotServing).await;
+    wait_for(&mut health, "ratelimit", ServingStatus::NotServing).await;
     assert_eq!(status(&mut health, "").await, Ok(ServingStatus::Serving));
     assert_eq!(
         status(&mut health, "envoy.service.ratelimit.v3.RateLimitService").await,
@@ -94,6 +97,7 @@ timeout = "200ms"
 
     redis.restart();
     wait_for(&mut health, "tollgate.store", ServingStatus::Serving).await;
+    wait_for(&mut health, "ratelimit", ServingStatus::Serving).await;
 }
 
 /// A method of a service the port does not serve answers `UNIMPLEMENTED`, on a connection that

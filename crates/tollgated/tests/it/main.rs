@@ -17,7 +17,7 @@ mod envoy_reference;
 mod envoy_reference_suite;
 mod fuzz;
 mod grpc;
-mod grpc_health;
+pub(crate) mod grpc_health;
 mod headers;
 mod http_api;
 mod leases;
