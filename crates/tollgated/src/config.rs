@@ -23,7 +23,7 @@ mod env;
 mod envoy_env;
 
 use crate::{
-    envoy::{Domains, DomainsBuilder, RawDomain, stats::StatSettings, yaml},
+    envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings, yaml},
     metrics::DecisionHandles,
     store::{MemoryBudgets, StoreSettings},
 };
@@ -907,6 +907,15 @@ struct RawEnvoy {
     /// How many statistics keys YAML domains' descriptors are counted under at most (default
     /// 10,000); past that, a domain's new keys are counted under `(other)`.
     max_stat_keys: Option<usize>,
+    /// tollgate's own: the YAML's domains check a request's descriptors in one atomic store
+    /// call, all or nothing (if one is over, none is counted), instead of counting each as
+    /// the reference does.
+    #[serde(default)]
+    atomic: bool,
+    /// tollgate's own: answers of the YAML's domains that are over their limits also carry
+    /// the draft's rate-limit fields (`RateLimit-Policy`, `RateLimit`).
+    #[serde(default)]
+    denial_headers: bool,
 }
 
 /// A policy name is part of every key and of URLs in logs: keep it plain.
@@ -990,14 +999,27 @@ impl RawConfig {
         ),
         ConfigError,
     > {
-        let mut domains = DomainsBuilder::new(
-            on_error,
-            on_error_set,
-            envoy.shadow,
-            envoy.all_or_nothing,
-            envoy.quota_mode,
-            envoy.dynamic_metadata,
-        );
+        let mut reference = Semantics::reference(on_error_set);
+        if let Semantics::Reference {
+            shadow,
+            independent,
+            quota,
+            metadata,
+            counting,
+            denial_headers,
+            ..
+        } = &mut reference
+        {
+            *shadow = envoy.shadow;
+            // tollgate's atomic check (`atomic`) neither counts each descriptor on its own nor
+            // as the reference does.
+            *independent = !envoy.all_or_nothing && !envoy.atomic;
+            *quota = envoy.quota_mode;
+            *metadata = envoy.dynamic_metadata;
+            *counting = !envoy.atomic;
+            *denial_headers = envoy.denial_headers;
+        }
+        let mut domains = DomainsBuilder::new(on_error, reference);
         let mut stats = StatSettings::default();
         if let Some(ratio) = envoy.near_limit_ratio {
             if !(0.0..=1.0).contains(&ratio) {

@@ -20,6 +20,7 @@
 //! | `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER` | `envoy.header_names` |
 //! | `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` | `/healthcheck` fails while no domain is loaded |
 //! | `NEAR_LIMIT_RATIO` (and tollgate's `TOLLGATE_ENVOY_MAX_STAT_KEYS`) | `envoy.near_limit_ratio` (`envoy.max_stat_keys`) |
+//! | tollgate's `TOLLGATE_ENVOY_ATOMIC`, `TOLLGATE_ENVOY_DENIAL_HEADERS` | `envoy.atomic`, `envoy.denial_headers` |
 //!
 //! `LOG_LEVEL` and `LOG_FORMAT` are read where logging starts. A setting with no counterpart
 //! (memcached, xDS, another socket type) is refused with the reason.
@@ -210,6 +211,13 @@ pub(super) fn apply(
             )
         })?;
         raw.envoy.near_limit_ratio = Some(ratio);
+    }
+    // tollgate's own answers, asked for: each a switch.
+    if let Some(text) = get("TOLLGATE_ENVOY_ATOMIC") {
+        raw.envoy.atomic = flag("TOLLGATE_ENVOY_ATOMIC", &text)?;
+    }
+    if let Some(text) = get("TOLLGATE_ENVOY_DENIAL_HEADERS") {
+        raw.envoy.denial_headers = flag("TOLLGATE_ENVOY_DENIAL_HEADERS", &text)?;
     }
     if let Some(text) = get("TOLLGATE_ENVOY_MAX_STAT_KEYS") {
         let max = text.parse::<usize>().map_err(|_| {

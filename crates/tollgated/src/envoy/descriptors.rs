@@ -113,7 +113,26 @@ pub(crate) enum Semantics {
         /// descriptor's hits are added to its counter, over the limit too, and a descriptor
         /// is over when its counter then is (see `Node::counting`).
         counting: bool,
+        /// tollgate's `[envoy] denial_headers`: an answer over its limits also carries the
+        /// draft's rate-limit fields, as TOML domains' denials do.
+        denial_headers: bool,
     },
+}
+
+impl Semantics {
+    /// The reference's answers: the call fails when the store does, unless `on_error` was
+    /// set (`on_error_set`); each descriptor counted as the reference counts; the modes off.
+    pub(crate) fn reference(on_error_set: bool) -> Semantics {
+        Semantics::Reference {
+            fail_call: !on_error_set,
+            shadow: false,
+            independent: true,
+            quota: false,
+            metadata: false,
+            counting: true,
+            denial_headers: false,
+        }
+    }
 }
 
 /// One domain: its descriptor tree, and the part of its counters' keys it fixes.
@@ -425,27 +444,12 @@ pub(crate) struct DomainsBuilder {
 }
 
 impl DomainsBuilder {
-    /// `on_error` for every domain; YAML domains fail the call when the store fails unless it
-    /// was set (`on_error_set`), are all in shadow mode with `shadow`, and count each counter
-    /// on its own unless `all_or_nothing`.
-    pub(crate) fn new(
-        on_error: OnError,
-        on_error_set: bool,
-        shadow: bool,
-        all_or_nothing: bool,
-        quota: bool,
-        metadata: bool,
-    ) -> DomainsBuilder {
+    /// `on_error` for every domain; YAML domains answer with `reference` (see
+    /// [`Semantics::reference`]).
+    pub(crate) fn new(on_error: OnError, reference: Semantics) -> DomainsBuilder {
         DomainsBuilder {
             on_error,
-            reference: Semantics::Reference {
-                fail_call: !on_error_set,
-                shadow,
-                independent: !all_or_nothing,
-                quota,
-                metadata,
-                counting: false,
-            },
+            reference,
             bans_without_identity: false,
             staged: Vec::new(),
             summary: String::new(),
@@ -511,7 +515,7 @@ impl DomainsBuilder {
         let level = self.yaml_level(&file.root.descriptors.0, "", name, 1, algorithm)?;
         let mut semantics = self.reference;
         if let Semantics::Reference { counting, .. } = &mut semantics {
-            *counting = algorithm == Algorithm::FixedWindow;
+            *counting &= algorithm == Algorithm::FixedWindow;
         }
         match self.staged.iter_mut().find(|(n, _, _, _)| n == name) {
             None => self

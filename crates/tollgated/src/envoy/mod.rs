@@ -37,7 +37,7 @@ mod service;
 pub(crate) mod stats;
 pub(crate) mod yaml;
 
-pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain};
+pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain, Semantics};
 #[cfg(test)]
 pub(crate) use service::RateLimiter;
 pub(crate) use service::{limiter, service};

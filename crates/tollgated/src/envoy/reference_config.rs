@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::{
 use tollgate::{Algorithm, OnError};
 
 use super::{
-    Domains, DomainsBuilder,
+    Domains, DomainsBuilder, Semantics,
     descriptors::{NodeKind, current_limit},
     yaml::{YamlFile, parse},
 };
@@ -100,7 +100,7 @@ type Pairs<'a> = &'a [(&'a str, &'a str)];
 /// Loads `(file name, text)` in order; `merge` as `MERGE_DOMAIN_CONFIG`. An error reads
 /// `name...: message`.
 fn load(files: &[(&str, &str)], merge: bool) -> Result<Domains, String> {
-    let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false, false);
+    let mut builder = DomainsBuilder::new(OnError::Allow, Semantics::reference(false));
     for (name, text) in files {
         let path = std::path::PathBuf::from(name);
         let root = parse(&path, text).map_err(|e| e.to_string())?;

@@ -954,6 +954,18 @@ impl RateLimiter {
                 quota,
             ),
         };
+        let mut response_headers_to_add = response_headers_to_add;
+        if over
+            && matches!(
+                domain.semantics,
+                Semantics::Reference {
+                    denial_headers: true,
+                    ..
+                }
+            )
+        {
+            response_headers_to_add.extend(response_headers(HeaderStyle::Draft, &statuses));
+        }
         // The reference's SHADOW_MODE: each status stays, the overall code is OK.
         let overall = if over && !shadow {
             Code::OverLimit

@@ -463,12 +463,12 @@ mod tests {
 
     use super::*;
     use crate::envoy::{
-        Domains, DomainsBuilder,
+        Domains, DomainsBuilder, Semantics,
         descriptors::{Found, NodeKind},
     };
 
     fn domains(files: &[&str]) -> Result<Domains, String> {
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, Semantics::reference(false));
         for (i, text) in files.iter().enumerate() {
             let path = PathBuf::from(format!("f{i}.yaml"));
             let root = parse(&path, text).map_err(|e| e.to_string())?;
@@ -680,7 +680,7 @@ descriptors:
             "{e}"
         );
         // Two files of one domain merge only when asked.
-        let mut builder = DomainsBuilder::new(OnError::Allow, false, false, false, false, false);
+        let mut builder = DomainsBuilder::new(OnError::Allow, Semantics::reference(false));
         for i in 0..2 {
             let path = PathBuf::from(format!("g{i}.yaml"));
             let root = parse(&path, "domain: d\ndescriptors:\n  - key: a\n").unwrap();

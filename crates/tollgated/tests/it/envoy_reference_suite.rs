@@ -1032,3 +1032,43 @@ async fn the_service_cases_of_quota_metadata_and_shadow_modes() {
     ];
     check(&r, Code::Ok, &statuses, "limited, unmatched, unlimited");
 }
+
+/// tollgate's own answers for the YAML's domains, each asked for by a switch: one atomic check
+/// of a request's descriptors (`TOLLGATE_ENVOY_ATOMIC`: if one is over, none is counted), and
+/// the draft's rate-limit fields on answers over their limits (`TOLLGATE_ENVOY_DENIAL_HEADERS`).
+#[tokio::test]
+async fn tollgates_own_answers_are_switches() {
+    let redis = RedisServer::start();
+    let url = [("REDIS_URL", redis.addr().to_string())];
+    room_in_minute(Duration::from_secs(10)).await;
+    for (atomic, left) in [("false", 18), ("true", 19)] {
+        let prefix = format!("{}{atomic}", fresh());
+        let server = start(
+            &url,
+            &[
+                ("TOLLGATE_ENVOY_ATOMIC", atomic),
+                ("TOLLGATE_ENVOY_DENIAL_HEADERS", "true"),
+                ("CACHE_KEY_PREFIX", &prefix),
+            ],
+        );
+        let mut c = Client::new(&server).await;
+        for _ in 0..10 {
+            let r = c.each("another", &[("key3", "v")]).await;
+            assert_eq!(r.overall_code, Code::Ok as i32);
+            assert!(r.response_headers_to_add.is_empty(), "{r:?}");
+        }
+        let r = c.each("another", &[("key2", "v"), ("key3", "v")]).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+        let names: Vec<&str> = r
+            .response_headers_to_add
+            .iter()
+            .map(|h| h.key.as_str())
+            .collect();
+        assert_eq!(names, ["ratelimit-policy", "ratelimit"], "{r:?}");
+        let r = c.each("another", &[("key2", "v")]).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, left,
+            "atomic {atomic}: {r:?}"
+        );
+    }
+}
