@@ -443,13 +443,26 @@ async fn basic_sequence(server: &Server, stop: bool) {
 async fn the_basic_sequence_on_standalone_redis() {
     let redis = RedisServer::start();
     let store = [("REDIS_URL", redis.addr().to_string())];
+    // The reference's per-second Redis and local cache change where it counts, never what it
+    // answers; tollgate reads neither (one store, its own cache).
+    let per_second = RedisServer::start();
+    let per_second = per_second.addr().to_string();
     for env in [
         &[][..],
         &[("CACHE_KEY_PREFIX", "prefix:")],
         &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],
+        &[
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", &per_second),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1000"),
+        ],
+        &[
+            ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1000"),
+        ],
     ] {
         let server = start(&store, env);
-        basic_sequence(&server, !env.is_empty() && env[0].0.starts_with("STOP")).await;
+        basic_sequence(&server, env[..].iter().any(|(k, _)| k.starts_with("STOP"))).await;
     }
     let server = start(&store, &[]);
     let mut c = Client::new(&server).await;
@@ -463,13 +476,7 @@ async fn the_basic_sequence_on_standalone_redis() {
 #[tokio::test]
 async fn the_basic_sequence_with_a_password() {
     let redis = RedisServer::start();
-    // Set once it runs: the test kit's readiness check does not authenticate.
-    let set = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string()])
-        .args(["CONFIG", "SET", "requirepass", "password123"])
-        .output()
-        .expect("redis-cli, beside redis-server");
-    assert_eq!(String::from_utf8_lossy(&set.stdout).trim(), "OK");
+    require_password([redis.port()], "password123");
     let store = [
         ("REDIS_URL", redis.addr().to_string()),
         ("REDIS_AUTH", "password123".to_owned()),
@@ -490,11 +497,27 @@ async fn the_basic_sequence_over_tls() {
     basic_sequence(&start(&store, &[]), false).await;
 }
 
-/// `TestBasicAuthConfigWithRedisCluster`: a Cluster (`REDIS_TYPE=cluster`), with and without
+/// Requires `password` of the servers at `ports` from now on (`masterauth` too, so that
+/// replicas go on syncing): the test kit's readiness checks do not authenticate.
+fn require_password(ports: impl IntoIterator<Item = u16>, password: &str) {
+    for port in ports {
+        for setting in ["masterauth", "requirepass"] {
+            let set = std::process::Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "CONFIG", "SET", setting, password])
+                .output()
+                .expect("redis-cli, beside redis-server");
+            assert_eq!(String::from_utf8_lossy(&set.stdout).trim(), "OK");
+        }
+    }
+}
+
+/// `TestBasicAuthConfigWithRedisCluster`: a Cluster that wants a password
+/// (`REDIS_TYPE=cluster`, `REDIS_AUTH`), with and without
 /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`.
 #[tokio::test]
 async fn the_basic_sequence_on_a_cluster() {
     let cluster = RedisCluster::start();
+    require_password(cluster.nodes().iter().map(RedisServer::port), "password123");
     let nodes: Vec<String> = cluster
         .nodes()
         .iter()
@@ -503,6 +526,7 @@ async fn the_basic_sequence_on_a_cluster() {
     let store = [
         ("REDIS_TYPE", "cluster".to_owned()),
         ("REDIS_URL", nodes.join(",")),
+        ("REDIS_AUTH", "password123".to_owned()),
     ];
     basic_sequence(&start(&store, &[]), false).await;
     let stop = [("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")];
@@ -510,10 +534,12 @@ async fn the_basic_sequence_on_a_cluster() {
 }
 
 /// `TestBasicAuthConfigWithRedisSentinel`: behind Sentinel (`REDIS_TYPE=sentinel`,
-/// `master,host:port,...`).
+/// `master,host:port,...`), the data servers wanting a password (`REDIS_AUTH`), the
+/// sentinels none.
 #[tokio::test]
 async fn the_basic_sequence_behind_sentinel() {
-    let set = RedisSentinelSet::start();
+    let mut set = RedisSentinelSet::start();
+    set.require_password("password123");
     let sentinels: Vec<String> = set
         .sentinel_urls()
         .iter()
@@ -529,6 +555,7 @@ async fn the_basic_sequence_behind_sentinel() {
             "REDIS_URL",
             format!("{},{}", set.master_name(), sentinels.join(",")),
         ),
+        ("REDIS_AUTH", "password123".to_owned()),
     ];
     basic_sequence(&start(&store, &[]), false).await;
 }
