@@ -17,7 +17,6 @@ use crate::{
     error::{CheckError, StoreError},
     identity::{Dimension, Identity, NetworkText},
     key::{self, KeyBuf, KeyOut, ban_index_key},
-    memory::MemoryStore,
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
@@ -61,9 +60,39 @@ pub struct Tollgate<S> {
     ban_index: Arc<str>,
     max_stored_response: usize,
     max_keep_for: Duration,
-    /// The fallback of `OnError::Local`, shared with every engine [`erase`](Self::erase)d from
-    /// this one.
-    local: Arc<OnceLock<MemoryStore>>,
+    /// The fallback of `OnError::Local` (made by `make_local` on first use unless given),
+    /// shared with every engine [`erase`](Self::erase)d from this one.
+    local: Arc<OnceLock<Box<dyn LocalFallback>>>,
+    make_local: fn() -> Box<dyn LocalFallback>,
+}
+
+/// Where a check goes when the store fails and `on_error` is [`OnError::Local`]: a store in
+/// this process that answers at once. [`MemoryStore`](crate::MemoryStore) is one, and the
+/// engine's default ([`Tollgate::with_local_fallback`] hands in another).
+pub trait LocalFallback: Send + Sync + std::fmt::Debug {
+    /// Checks `request` into `verdict`, as [`Store::check_sync`] would.
+    fn check_local(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Result<(), StoreError>;
+}
+
+/// How a check run through the engine ([`Tollgate::run`]) was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Answered {
+    /// The store answered: the verdict is its.
+    Store,
+    /// The store failed and `on_error` is `local`: the verdict is the local fallback's (which
+    /// a refund does not reach).
+    Local,
+    /// The store failed: `on_error` decided, `allowed` or not, without rules (the verdict
+    /// says nothing).
+    Failed {
+        /// Whether `on_error` admits.
+        allowed: bool,
+    },
 }
 
 impl<S: Store> Tollgate<S> {
@@ -79,7 +108,18 @@ impl<S: Store> Tollgate<S> {
             max_stored_response: 64 << 10,
             max_keep_for: Duration::from_secs(86_400),
             local: Arc::default(),
+            make_local: crate::memory::local_fallback,
         }
+    }
+
+    /// The store checks fall back to when `on_error` is `local` (default: a
+    /// [`MemoryStore`](crate::MemoryStore) made on first use).
+    #[must_use]
+    pub fn with_local_fallback(mut self, local: impl LocalFallback + 'static) -> Tollgate<S> {
+        let cell = OnceLock::new();
+        let _ = cell.set(Box::new(local) as Box<dyn LocalFallback>);
+        self.local = Arc::new(cell);
+        self
     }
 
     /// Whether checks consult the blocklist (default: yes). Turning it off saves the ban
@@ -143,6 +183,7 @@ impl<S: Store> Tollgate<S> {
             max_stored_response: self.max_stored_response,
             max_keep_for: self.max_keep_for,
             local: self.local.clone(),
+            make_local: self.make_local,
         }
     }
 
@@ -600,16 +641,9 @@ impl<S: Store> Tollgate<S> {
         let request = CheckRequest::new(cost, consume, &limiters)
             .with_bans(&bans, keys.ban_index(&self.ban_index));
         let mut verdict = Verdict::new(false, []);
-        let answer = self.store.check_sync(&request, &mut verdict)?;
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        self.conclude(
-            &policy.limiters,
-            &request,
-            answer,
-            &mut verdict,
-            on_error,
-            out,
-        );
+        let answered = self.run_now(&request, on_error, &mut verdict)?;
+        conclude(&policy.limiters, answered, &verdict, out);
         Some(Ok(()))
     }
 
@@ -632,17 +666,63 @@ impl<S: Store> Tollgate<S> {
         let request = CheckRequest::new(cost, consume, &limiters)
             .with_bans(&bans, keys.ban_index(&self.ban_index));
         let mut verdict = Verdict::new(false, []);
-        let answer = self.store.check(&request).await.map(|v| verdict = v);
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        self.conclude(
-            &policy.limiters,
-            &request,
-            answer,
-            &mut verdict,
-            on_error,
-            &mut out,
-        );
+        let answered = self.run(&request, on_error, &mut verdict).await;
+        conclude(&policy.limiters, answered, &verdict, &mut out);
         Ok(out)
+    }
+
+    /// Runs a check the caller prepared through the engine's one way to the store, when the
+    /// store answers at once (without a future: the memory store); `None` when it cannot (then
+    /// [`run`](Self::run) asks it). A failed store meets `on_error`.
+    pub fn run_now(
+        &self,
+        request: &CheckRequest<'_>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Option<Answered> {
+        let result = self.store.check_sync(request, verdict)?;
+        Some(self.settle(request, result, on_error, verdict))
+    }
+
+    /// Runs a check the caller prepared through the engine's one way to the store: at once
+    /// when the store can ([`run_now`](Self::run_now)), else through the store's future. A
+    /// failed store meets `on_error`: allowed, denied, or checked by the local fallback.
+    pub async fn run(
+        &self,
+        request: &CheckRequest<'_>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Answered {
+        if let Some(answered) = self.run_now(request, on_error, verdict) {
+            return answered;
+        }
+        let result = self.store.check(request).await.map(|v| *verdict = v);
+        self.settle(request, result, on_error, verdict)
+    }
+
+    /// The store's answer, or `on_error`'s when it failed.
+    fn settle(
+        &self,
+        request: &CheckRequest<'_>,
+        result: Result<(), StoreError>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Answered {
+        if result.is_ok() {
+            return Answered::Store;
+        }
+        match on_error {
+            OnError::Allow => Answered::Failed { allowed: true },
+            OnError::Deny => Answered::Failed { allowed: false },
+            OnError::Local => {
+                let local = self.local.get_or_init(self.make_local);
+                match local.check_local(request, verdict) {
+                    Ok(()) => Answered::Local,
+                    Err(_) => Answered::Failed { allowed: false },
+                }
+            }
+        }
     }
 
     /// What every check does before the store: the bypass, the keys, the cost. False when that
@@ -704,37 +784,6 @@ impl<S: Store> Tollgate<S> {
         Ok(true)
     }
 
-    /// The decision from the store's answer (into `out`); a failed store meets `on_error`.
-    fn conclude(
-        &self,
-        limiters: &[Limiter],
-        request: &CheckRequest<'_>,
-        answer: Result<(), StoreError>,
-        verdict: &mut Verdict,
-        on_error: OnError,
-        out: &mut Decision,
-    ) {
-        if answer.is_ok() {
-            return decide(limiters, verdict, out);
-        }
-        match on_error {
-            OnError::Allow => out.reset(true, Reason::StoreUnavailable),
-            OnError::Deny => out.reset(false, Reason::StoreUnavailable),
-            OnError::Local => {
-                let local = self.local.get_or_init(MemoryStore::new);
-                match local.check_sync(request, verdict) {
-                    Some(Ok(())) => {
-                        decide(limiters, verdict, out);
-                        out.reason = Reason::StoreUnavailable;
-                        // Recorded in the local store, which a refund does not reach.
-                        out.receipt = None;
-                    }
-                    _ => out.reset(false, Reason::StoreUnavailable),
-                }
-            }
-        }
-    }
-
     /// Writes the key of every limiter of `policy` for `identity` into `keys`, one after the
     /// other (`prefix:{head:value}`, where `head:` is the limiter's entry in
     /// `Policy::key_heads`), noting where each ends.
@@ -779,11 +828,8 @@ impl<S: Store> Tollgate<S> {
             .collect();
         let request = CheckRequest::new(cost, true, &requests);
         let mut verdict = Verdict::new(false, []);
-        let answer = match self.store.check_sync(&request, &mut verdict) {
-            Some(answer) => answer,
-            None => self.store.check(&request).await.map(|v| verdict = v),
-        };
-        self.conclude(limiters, &request, answer, &mut verdict, self.on_error, out);
+        let answered = self.run(&request, self.on_error, &mut verdict).await;
+        conclude(limiters, answered, &verdict, out);
     }
 }
 
@@ -1000,6 +1046,20 @@ fn concurrent_part<'a>(
     ))
 }
 
+/// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
+fn conclude(limiters: &[Limiter], answered: Answered, verdict: &Verdict, out: &mut Decision) {
+    match answered {
+        Answered::Store => decide(limiters, verdict, out),
+        Answered::Local => {
+            decide(limiters, verdict, out);
+            out.reason = Reason::StoreUnavailable;
+            // Recorded in the local store, which a refund does not reach.
+            out.receipt = None;
+        }
+        Answered::Failed { allowed } => out.reset(allowed, Reason::StoreUnavailable),
+    }
+}
+
 /// The decision from a store's verdict, into `out`.
 fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
     if let Some(left) = verdict.blocked_us {
@@ -1081,7 +1141,7 @@ fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AnyStore, ManualClock};
+    use crate::{AnyStore, ManualClock, MemoryStore};
 
     async fn shared_state<S: Store>(gate: Tollgate<S>) {
         let policy = Policy::builder("login")

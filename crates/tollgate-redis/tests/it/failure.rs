@@ -122,3 +122,62 @@ async fn a_dead_server_is_answered_by_on_error_and_a_restarted_one_recovers() {
         "{reasons:?}"
     );
 }
+
+/// The local fallback is handed in (`Tollgate::with_local_fallback`): with the store down,
+/// checks of `on_error = local` are counted there, and `Tollgate::run` says so (`Local`), as
+/// every front end that prepares its own check sees it.
+#[tokio::test]
+async fn the_local_fallback_is_the_one_handed_in() {
+    use tollgate::{Answered, CheckRequest, LimiterRequest, MemoryStore, Verdict};
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let fallback = MemoryStore::new();
+    let gate = Tollgate::new(store).with_local_fallback(fallback.clone());
+    server.kill();
+    let who = Identity::new().with_ip("198.51.100.10".parse().unwrap());
+    let d = bounded(gate.check(&policy("handed_in", OnError::Local), &who, 1)).await;
+    assert_eq!((d.allowed(), d.reason()), (true, Reason::StoreUnavailable));
+    assert_eq!(fallback.usage().limiter_keys, 1);
+
+    let rules = ["1/1m".parse().unwrap()];
+    let limiters = [LimiterRequest {
+        key: "prepared",
+        rules: &rules,
+        ban: None,
+        shadow: false,
+    }];
+    let request = CheckRequest::new(1, true, &limiters);
+    let mut verdict = Verdict::new(false, []);
+    let run = |on_error| {
+        let (gate, request) = (&gate, &request);
+        async move {
+            let mut verdict = Verdict::new(false, []);
+            let answered = tokio::time::timeout(HANG, gate.run(request, on_error, &mut verdict))
+                .await
+                .expect("a run hung on a dead store");
+            (answered, verdict.allowed)
+        }
+    };
+    assert_eq!(
+        run(OnError::Allow).await.0,
+        Answered::Failed { allowed: true }
+    );
+    assert_eq!(
+        run(OnError::Deny).await.0,
+        Answered::Failed { allowed: false }
+    );
+    assert_eq!(run(OnError::Local).await, (Answered::Local, true));
+    assert_eq!(run(OnError::Local).await, (Answered::Local, false));
+    assert_eq!(fallback.usage().limiter_keys, 2);
+    // A store that answers at once needs no future.
+    let memory = Tollgate::new(MemoryStore::new());
+    assert_eq!(
+        memory.run_now(&request, OnError::Deny, &mut verdict),
+        Some(Answered::Store)
+    );
+    assert!(verdict.allowed);
+}

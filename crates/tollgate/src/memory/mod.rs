@@ -659,6 +659,22 @@ impl Inner {
     }
 }
 
+/// The engine's default local fallback (see [`crate::LocalFallback`]): a memory store with the
+/// default settings.
+pub(crate) fn local_fallback() -> Box<dyn crate::LocalFallback> {
+    Box::new(MemoryStore::new())
+}
+
+impl crate::LocalFallback for MemoryStore {
+    fn check_local(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Result<(), StoreError> {
+        self.inner.check(request, verdict)
+    }
+}
+
 impl Store for MemoryStore {
     fn check(
         &self,

@@ -3,8 +3,9 @@
 //!
 //! The descriptors' nodes and their rules were prepared when the configuration was loaded; a
 //! request only writes its counters' keys and borrows the rules into one
-//! [`CheckRequest`], asked of the engine's store without a future when the store can answer at
-//! once (the memory store), as the engine does.
+//! [`CheckRequest`], run through the engine's one way to the store ([`tollgate::Tollgate::run`]:
+//! without a future when the store answers at once, `on_error` and its local fallback when it
+//! fails), as every other front end's checks are.
 
 use envoy_types::pb::google::protobuf::{
     ListValue, Struct as PbStruct, Value as PbValue, value::Kind,
@@ -14,7 +15,7 @@ use std::{
     fmt::Write as _,
     hash::BuildHasher as _,
     ops::Range,
-    sync::{Arc, OnceLock},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -29,8 +30,8 @@ use envoy_types::pb::envoy::{
 };
 use smallvec::SmallVec;
 use tollgate::{
-    BanKey, BanTarget, CheckRequest, LimiterRequest, MemoryStore, OnError, Reason, Rule,
-    RuleDecision, Store as _, Verdict,
+    Answered, BanKey, BanTarget, CheckRequest, LimiterRequest, Reason, Rule, RuleDecision,
+    Store as _, Verdict,
     algorithm::RuleOutcome,
     fields::{self, HeaderStyle},
 };
@@ -51,17 +52,12 @@ pub(crate) fn service(app: Arc<App>) -> RateLimitServiceServer<RateLimiter> {
 
 /// The service's implementation, without the gRPC transport.
 pub(crate) fn limiter(app: Arc<App>) -> RateLimiter {
-    RateLimiter {
-        app,
-        local: OnceLock::new(),
-    }
+    RateLimiter { app }
 }
 
 /// Implements `ShouldRateLimit`.
 pub(crate) struct RateLimiter {
     app: Arc<App>,
-    /// The fallback of domains whose store fails with `on_error = "local"`.
-    local: OnceLock<MemoryStore>,
 }
 
 #[tonic::async_trait]
@@ -1219,28 +1215,24 @@ impl RateLimiter {
             if !bans.is_empty() {
                 request = request.with_bans(bans, self.app.gate.ban_index());
             }
-            let store = self.app.gate.store();
+            // The engine's one way to the store: at once when it can, `on_error` when it fails.
             let mut verdict = Verdict::new(false, []);
-            let result = match store.check_sync(&request, &mut verdict) {
-                Some(answer) => answer.map(|()| verdict),
-                None => store.check(&request).await,
-            };
-            match (result, domain.on_error) {
-                (Ok(verdict), _) => Answer::Verdict {
+            match self
+                .app
+                .gate
+                .run(&request, domain.on_error, &mut verdict)
+                .await
+            {
+                Answered::Store => Answer::Verdict {
                     verdict,
                     unavailable: false,
                 },
-                (Err(_), OnError::Allow) => Answer::Unavailable { allowed: true },
-                (Err(_), OnError::Deny) => Answer::Unavailable { allowed: false },
-                (Err(_), OnError::Local) => {
-                    match self.local.get_or_init(MemoryStore::new).check_now(&request) {
-                        Ok(verdict) => Answer::Verdict {
-                            verdict,
-                            unavailable: true,
-                        },
-                        Err(_) => Answer::Unavailable { allowed: false },
-                    }
-                }
+                Answered::Local => Answer::Verdict {
+                    verdict,
+                    unavailable: true,
+                },
+                Answered::Failed { allowed } => Answer::Unavailable { allowed },
+                _ => Answer::Unavailable { allowed: false },
             }
         };
         // Every store call is timed; the request's decision is counted once, by the caller.
