@@ -216,6 +216,39 @@ pub(crate) fn limiter_key_start(prefix: &str) -> String {
     format!("{prefix}:{{")
 }
 
+/// Appends the name of an Envoy descriptor's counter: its entries `key:value|key:value`,
+/// escaped, so that two different entry lists never share a name. An entry a shared wildcard
+/// matched, given with its pattern, is written `key:#*pattern`: `#` is escaped in parts and
+/// starts only hashed ones (hex digits follow), so no value is written that way.
+pub fn push_descriptor_name<'a>(
+    out: &mut String,
+    entries: impl IntoIterator<Item = (&'a str, &'a str, Option<&'a str>)>,
+) {
+    for (i, (key, value, pattern)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        push_part(out, key);
+        out.push(':');
+        match pattern {
+            Some(pattern) => {
+                out.push_str("#*");
+                push_part(out, pattern);
+            }
+            None => push_part(out, value),
+        }
+    }
+}
+
+/// Appends the key of an Envoy descriptor's counter named `name` (see
+/// [`push_descriptor_name`]) in the domain whose scope, escaped, is `scope_part`: the limiter
+/// key `prefix:{scope:name:}` (the counter's name as the limiter, no value).
+pub fn push_descriptor_key(out: &mut String, prefix: &str, scope_part: &str, name: &str) {
+    open_limiter_key(out, prefix, scope_part);
+    push_part(out, name);
+    out.push_str(":}");
+}
+
 /// The base key of a caller-named group (`check_group` / `check_single`): `prefix:{k:name}`.
 pub fn group_key(prefix: &str, name: &str) -> String {
     let mut key = String::with_capacity(prefix.len() + name.len() + 6);

@@ -310,15 +310,10 @@ impl Node {
 }
 
 impl Domain {
-    /// Appends the key of the counter `name` (see [`counter_name`]) under `prefix`:
-    /// `prefix:{scope:name:}`, the layout of every limiter key (`tollgate::key`).
+    /// Appends the key of the counter `name` (see [`counter_name`]) under `prefix`
+    /// ([`tollgate::key::push_descriptor_key`]).
     pub(crate) fn push_key(&self, out: &mut String, prefix: &str, name: &str) {
-        out.push_str(prefix);
-        out.push_str(":{");
-        out.push_str(&self.scope_part);
-        out.push(':');
-        push_part(out, name);
-        out.push_str(":}");
+        tollgate::key::push_descriptor_key(out, prefix, &self.scope_part, name);
     }
 
     /// The node that limits a request descriptor with these entries, if any: at each level an
@@ -837,25 +832,15 @@ pub(crate) fn override_node(descriptor: &RateLimitDescriptor) -> Option<Arc<Node
     )))
 }
 
-/// Writes the escaped request entries into `name`: `key:value|key:value`. Escaping keeps `:`
-/// and `|` out of the parts, so two different entry lists never share a name. An entry that a
-/// shared wildcard matched (see [`Found`]) is written as `key:#*pattern`: `#` is escaped in
-/// parts and starts only hashed ones (hex digits follow), so no value is written that way.
+/// Writes the name of the counter of a request descriptor with `entries` into `name`
+/// ([`tollgate::key::push_descriptor_name`]), the entries a shared wildcard matched (see
+/// [`Found`]) named by its pattern.
 pub(crate) fn counter_name(name: &mut String, entries: &[Entry], shared: &[(usize, Arc<str>)]) {
-    for (i, entry) in entries.iter().enumerate() {
-        if i > 0 {
-            name.push('|');
-        }
-        push_part(name, &entry.key);
-        name.push(':');
-        match shared.iter().find(|(at, _)| *at == i) {
-            Some((_, pattern)) => {
-                name.push_str("#*");
-                push_part(name, pattern);
-            }
-            None => push_part(name, &entry.value),
-        }
-    }
+    let named = entries.iter().enumerate().map(|(i, e)| {
+        let pattern = shared.iter().find(|(at, _)| *at == i).map(|(_, p)| &**p);
+        (e.key.as_str(), e.value.as_str(), pattern)
+    });
+    tollgate::key::push_descriptor_name(name, named);
 }
 
 fn lowest_rate(rules: &[Rule]) -> Option<&Rule> {
