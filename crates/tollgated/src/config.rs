@@ -21,9 +21,10 @@ use toml::Spanned;
 
 mod env;
 mod envoy_env;
+pub(crate) mod envoy_yaml;
 
 use crate::{
-    envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings, yaml},
+    envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings},
     metrics::DecisionHandles,
     store::{MemoryBudgets, StoreSettings},
 };
@@ -1068,7 +1069,7 @@ impl RawConfig {
                     _ => given,
                 };
                 let ignore = envoy.ignore_dotfiles;
-                let files = yaml::load(&path, ignore).map_err(|e| {
+                let files = envoy_yaml::load(&path, ignore).map_err(|e| {
                     if e.field() == "envoy.ratelimit_config" {
                         errors.at(Some(span.clone()), e.field(), e.to_string())
                     } else {

@@ -15,12 +15,12 @@ use smallvec::SmallVec;
 use tollgate::{Algorithm, BanRule, OnError, Rule, key::push_part};
 use toml::Spanned;
 
-use super::{
-    stats::StatSettings,
-    yaml::{Limit, YamlDescriptor, YamlFile},
-};
+use super::stats::StatSettings;
 use crate::{
-    config::{RawBlocklist, RuleList},
+    config::{
+        RawBlocklist, RuleList,
+        envoy_yaml::{Limit, YamlDescriptor, YamlFile},
+    },
     metrics::DecisionHandles,
 };
 

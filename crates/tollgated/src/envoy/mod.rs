@@ -25,17 +25,19 @@
 //! deny, the others are checked once more without them, so they are recorded.
 //!
 //! # Layout
-//! - `descriptors`: the configured trees (built once per configuration load), matching,
-//!   counter names and keys, Envoy's units.
-//! - `service`: `ShouldRateLimit`: a request's descriptors to one store check, and the
-//!   answer's statuses.
+//! - `descriptors`: the configured trees (built once per configuration load from `[envoy]` and
+//!   the reference's YAML, which `crate::config::envoy_yaml` reads), matching, counter names,
+//!   statistics keys, Envoy's units.
+//! - `service`: `ShouldRateLimit`: a request's descriptors to store checks through the
+//!   engine's `run`, and the answer's statuses.
+//! - `stats`: the reference's per-descriptor statistics.
+//! - `reference_config` (tests): the reference's configuration suite.
 
 pub(crate) mod descriptors;
 #[cfg(test)]
 mod reference_config;
 mod service;
 pub(crate) mod stats;
-pub(crate) mod yaml;
 
 pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain, Semantics};
 #[cfg(test)]

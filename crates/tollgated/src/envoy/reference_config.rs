@@ -15,8 +15,8 @@ use tollgate::{Algorithm, OnError};
 use super::{
     Domains, DomainsBuilder, Semantics,
     descriptors::{NodeKind, current_limit},
-    yaml::{YamlFile, parse},
 };
+use crate::config::envoy_yaml::{YamlFile, parse};
 
 const BASIC: &str = "
 domain: test-domain

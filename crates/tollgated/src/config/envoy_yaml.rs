@@ -2,7 +2,7 @@
 //! read unchanged: one domain per file, nested `descriptors` with `key`, `value` (with `*`
 //! wildcards), `rate_limit { unit, requests_per_unit, unlimited, name, replaces }`,
 //! `shadow_mode`, `quota_mode`, `share_threshold`, `metadata`, and the statistics' `detailed_metric`
-//! and `value_to_metric` (see `crate::envoy::stats`).
+//! and `value_to_metric` (see `crate::envoy::stats`); the tree is built in `crate::envoy::descriptors`.
 //! Every check is made while parsing, so a mistake is reported with its line.
 
 use std::{
@@ -12,7 +12,7 @@ use std::{
 
 use serde::{Deserialize, Deserializer};
 
-use crate::config::ConfigError;
+use super::ConfigError;
 
 /// One file: a domain and its descriptors.
 #[derive(Debug, Deserialize)]
