@@ -82,7 +82,7 @@
 mod body;
 mod context;
 mod duplicate;
-mod engine;
+mod gate;
 mod headers;
 mod identity;
 mod rate_limit;

@@ -9,7 +9,7 @@ pub use tollgate::{DuplicateGuard, Limiter, Policy};
 
 use crate::{
     context::Context,
-    engine::{LeaseGuard, SharedGate, in_background},
+    gate::{LeaseGuard, SharedGate, in_background},
     rejection::Rejection,
 };
 

@@ -353,7 +353,10 @@ fn watched(
 fn with_yaml(mut bytes: Vec<u8>, yaml: Option<&(std::path::PathBuf, bool)>) -> Vec<u8> {
     if let Some((dir, ignore_dotfiles)) = yaml {
         bytes.push(0);
-        bytes.extend(crate::config::envoy_yaml::fingerprint(dir, *ignore_dotfiles));
+        bytes.extend(crate::config::envoy_yaml::fingerprint(
+            dir,
+            *ignore_dotfiles,
+        ));
     }
     bytes
 }

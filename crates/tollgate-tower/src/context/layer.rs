@@ -5,7 +5,7 @@ use tower_layer::Layer;
 
 use super::ContextService;
 use crate::{
-    engine::{SharedGate, erase},
+    gate::{SharedGate, erase},
     headers::HeaderStyle,
     identity::IdentityResolver,
 };

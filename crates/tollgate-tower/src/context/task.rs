@@ -8,7 +8,7 @@ use tokio::task::futures::TaskLocalFuture;
 use tollgate::{Decision, Identity, RuleDecision, Store, Tollgate};
 
 use crate::{
-    engine::{SharedGate, erase},
+    gate::{SharedGate, erase},
     headers::HeaderStyle,
 };
 

@@ -7,7 +7,7 @@ use std::{
 
 use http::Response;
 
-use crate::{body::GateBody, engine::BoxFuture};
+use crate::{body::GateBody, gate::BoxFuture};
 
 /// The response future of [`DuplicateService`](crate::DuplicateService).
 ///

@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use super::DuplicateService;
 use crate::{
-    engine::{SharedGate, erase},
+    gate::{SharedGate, erase},
     identity::IdentityResolver,
     rejection::{OnRejection, Rejection, on_rejection},
 };

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     body::{BoxError, GateBody},
-    engine::LeaseGuard,
+    gate::LeaseGuard,
     headers::HeaderStyle,
     identity::identity_of,
     rejection::{Rejection, is_grpc},

@@ -6,7 +6,7 @@ use http::StatusCode;
 use tollgate::{Identity, Receipt};
 
 use super::layer::Config;
-use crate::engine::in_background;
+use crate::gate::in_background;
 
 /// Which admitted requests keep the units they were charged; see
 /// [`RateLimitLayer::count`](crate::RateLimitLayer::count).

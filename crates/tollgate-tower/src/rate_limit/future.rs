@@ -15,7 +15,7 @@ use super::{
     count::{Charge, Slot},
     layer::Config,
 };
-use crate::{body::GateBody, engine::BoxFuture, headers::HeaderStyle, rejection::Rejection};
+use crate::{body::GateBody, gate::BoxFuture, headers::HeaderStyle, rejection::Rejection};
 
 pin_project! {
     /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,

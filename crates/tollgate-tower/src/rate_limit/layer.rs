@@ -7,7 +7,7 @@ use tower_layer::Layer;
 
 use super::{Count, RateLimitService};
 use crate::{
-    engine::{SharedGate, erase},
+    gate::{SharedGate, erase},
     headers::{HeaderStyle, PolicyFields},
     identity::IdentityResolver,
     rejection::{OnRejection, Rejection, on_rejection},

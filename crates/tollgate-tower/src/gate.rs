@@ -1,5 +1,6 @@
-//! The engine behind a type-erased handle, so layers and the task-local context need not be
-//! generic over the store.
+//! The shared engine handle every layer holds (the engine behind a type-erased store, so that
+//! layers and the task-local context need not be generic over the store), its guards, and
+//! work a dropped guard still owes.
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
