@@ -23,7 +23,7 @@ use redis::cluster_routing::Slot;
 use tokio::sync::oneshot;
 use tollgate::{StoreError, StoreErrorKind};
 
-use crate::store::Inner;
+use crate::shared::Inner;
 
 /// The most checks one call carries.
 pub(crate) const MAX_BATCH: usize = 64;

@@ -25,7 +25,8 @@ use crate::{
     error,
     script::Scripts,
     sentinel::SentinelConnection,
-    store::{Inner, RedisStore},
+    shared::Inner,
+    store::RedisStore,
     tls,
     url::{self, SentinelTarget, Target, TlsFiles},
 };

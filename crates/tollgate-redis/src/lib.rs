@@ -127,6 +127,7 @@ mod conn;
 mod error;
 mod script;
 mod sentinel;
+mod shared;
 mod store;
 mod tls;
 mod url;

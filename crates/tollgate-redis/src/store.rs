@@ -1,11 +1,7 @@
 //! [`RedisStore`]: the [`Store`] contract over a [`Backend`]: checks (one call, batched, or
 //! spread over a Cluster's slots), the local over-limit cache, resets, locks and bans.
 
-use std::{
-    fmt,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{fmt, sync::Arc, time::Duration};
 
 use redis::Value;
 use tollgate::{
@@ -15,13 +11,14 @@ use tollgate::{
 
 use crate::{
     backend::Backend,
-    batch::{self, Lane, Lanes},
+    batch::{self, Lane},
     blocklist,
     builder::RedisStoreBuilder,
     cache::LocalCache,
     cluster::{self, Layout},
     conn::Conn,
     script::{self, micros},
+    shared::Inner,
 };
 
 /// A [`Store`] on Redis: a standalone server, a Sentinel-managed primary, or a Cluster.
@@ -51,29 +48,6 @@ use crate::{
 #[derive(Clone)]
 pub struct RedisStore {
     pub(crate) inner: Arc<Inner>,
-}
-
-/// What every clone of a store shares, and what its batches are sent with.
-pub(crate) struct Inner {
-    pub(crate) backend: Backend,
-    /// Send checks of one lane together while a call is in flight (see `batch`).
-    pub(crate) batching: bool,
-    /// The lanes with a call in flight.
-    pub(crate) lanes: Lanes,
-    /// The local over-limit cache, if on.
-    pub(crate) cache: Option<LocalCache>,
-    /// The cache's clock without a test clock: µs since this instant.
-    pub(crate) epoch: Instant,
-}
-
-impl Inner {
-    /// The local cache's clock: the test clock's time, or µs since the store was built.
-    fn local_now_us(&self) -> u64 {
-        match &self.backend.clock {
-            Some(clock) => clock.now_us(),
-            None => u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX),
-        }
-    }
 }
 
 impl RedisStore {
