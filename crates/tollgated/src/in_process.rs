@@ -11,7 +11,7 @@ use tollgate::Tollgate;
 use crate::{
     app::App,
     config::{Config, Source},
-    dashboard, envoy, http,
+    dashboard, envoy,
     metrics::Metrics,
     store,
 };
@@ -60,9 +60,9 @@ impl InProcess {
         Ok(InProcess { app })
     }
 
-    /// The HTTP/JSON API's router.
+    /// The HTTP port's router: the JSON API and the dashboard.
     pub fn router(&self) -> axum::Router {
-        http::router(self.app.clone())
+        crate::server::routes(self.app.clone())
     }
 
     /// Envoy's `ShouldRateLimit`, through the gRPC service's implementation.

@@ -178,7 +178,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         max_per_ip: limits.max_connections_per_ip,
         write_timeout: limits.write_timeout,
     };
-    let router = trace::http(http::router(app.clone()));
+    let router = trace::http(routes(app.clone()));
     let http = listen::serve_http(
         http_listener,
         router,
@@ -235,6 +235,16 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Everything the HTTP port serves over `app`: the API, and beside it the dashboard; a path
+/// or method neither serves is answered by the API's problem documents.
+pub(crate) fn routes(app: Arc<App>) -> axum::Router {
+    http::api()
+        .merge(crate::dashboard::routes(&app))
+        .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .with_state(app)
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {

@@ -51,7 +51,7 @@ fn router() -> Router {
         crate::receipt::ReceiptKey::random(),
         crate::config::Source::default(),
     );
-    super::router(Arc::new(app))
+    crate::server::routes(Arc::new(app))
 }
 
 /// The allocations of one `/v1/check` with one GCRA rule on the memory store, the request

@@ -9,17 +9,23 @@
 //!   extractor whose rejections are error bodies, and `JsonBody` with `parse_json` for bodies
 //!   parsed into types that borrow from them.
 //! - `json`: the wire types: requests, decisions, leases, bans.
-//! - `check`: `/v1/check`, `/v1/peek` (one handler body) and `/v1/checks`.
+//! - `check`: `/v1/check`, `/v1/peek` (one handler body), and what the check endpoints share.
+//! - `batch`: `/v1/checks`.
+//! - `leases`: `/v1/acquire`, `/v1/release`, `/v1/extend`.
+//! - `refund`: `/v1/refund`.
 //! - `duplicate`: the duplicate guard's acquire, complete and release.
 //! - `admin`: the admin extractor (bearer token, see `crate::auth`), reset and the blocklist.
 //! - `ops`: `/metrics`, `/healthz`, `/readyz`.
 
 mod admin;
+mod batch;
 mod check;
 mod duplicate;
 mod error;
 mod json;
+mod leases;
 mod ops;
+mod refund;
 mod scope;
 
 #[cfg(test)]
@@ -38,16 +44,16 @@ pub(crate) use scope::Admin;
 
 use crate::app::App;
 
-/// The API's routes over `app`.
-pub(crate) fn router(app: Arc<App>) -> Router {
+/// The API's routes, for [`crate::server::routes`] to mount beside the dashboard's.
+pub(crate) fn api() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/peek", post(check::peek))
-        .route("/v1/checks", post(check::checks))
-        .route("/v1/refund", post(check::refund))
-        .route("/v1/acquire", post(check::acquire))
-        .route("/v1/release", post(check::release))
-        .route("/v1/extend", post(check::extend))
+        .route("/v1/checks", post(batch::checks))
+        .route("/v1/refund", post(refund::refund))
+        .route("/v1/acquire", post(leases::acquire))
+        .route("/v1/release", post(leases::release))
+        .route("/v1/extend", post(leases::extend))
         .route("/v1/reset", post(admin::reset))
         .route("/v1/duplicate/acquire", post(duplicate::acquire))
         .route("/v1/duplicate/release", post(duplicate::release))
@@ -58,18 +64,16 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/healthcheck", get(ops::healthcheck))
         .route("/readyz", get(ops::readyz))
-        .merge(crate::dashboard::routes(&app))
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(app)
 }
 
-async fn not_found() -> ApiError {
+/// What answers a path no route serves.
+pub(crate) async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint; see docs/api.md")
         .with_code("no_such_endpoint")
 }
 
-async fn method_not_allowed() -> ApiError {
+/// What answers a method a route does not serve.
+pub(crate) async fn method_not_allowed() -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method not allowed on this endpoint; see docs/api.md",
