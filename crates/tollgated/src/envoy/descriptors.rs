@@ -120,6 +120,19 @@ pub(crate) enum Semantics {
 }
 
 impl Semantics {
+    /// Whether each descriptor is counted on its own (else all or nothing), and whether as the
+    /// reference counts (see `Semantics::Reference`); neither for tollgate's domains.
+    pub(crate) fn counting(self) -> (bool, bool) {
+        match self {
+            Semantics::Reference {
+                independent,
+                counting,
+                ..
+            } => (independent, counting),
+            Semantics::Tollgate => (false, false),
+        }
+    }
+
     /// The reference's answers: the call fails when the store does, unless `on_error` was
     /// set (`on_error_set`); each descriptor counted as the reference counts; the modes off.
     pub(crate) fn reference(on_error_set: bool) -> Semantics {

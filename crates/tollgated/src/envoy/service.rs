@@ -471,6 +471,56 @@ fn ok_status() -> DescriptorStatus {
     }
 }
 
+/// What each descriptor of a request matched (its own limit, or a configured node; `None`
+/// for none, or a limit another one `replaces`), and, for YAML domains, the key each is
+/// counted under in the reference's statistics.
+struct Matches {
+    matched: SmallVec<[Option<Matched>; 4]>,
+    /// The statistics keys, one after the other; descriptor `i`'s is `stat_at[i]`.
+    stat_keys: String,
+    stat_at: SmallVec<[Range<usize>; 4]>,
+}
+
+impl Matches {
+    fn of(domain: &Domain, request: &RateLimitRequest) -> Matches {
+        let counts_stats = matches!(domain.semantics, Semantics::Reference { .. });
+        let mut m = Matches {
+            matched: SmallVec::new(),
+            stat_keys: String::new(),
+            stat_at: SmallVec::new(),
+        };
+        for d in &request.descriptors {
+            let start = m.stat_keys.len();
+            let stat = counts_stats.then_some(&mut m.stat_keys);
+            m.matched.push(match override_node(d) {
+                Some(node) => {
+                    if let Some(out) = stat {
+                        domain.override_stat_key(out, &d.entries);
+                    }
+                    Some(Matched::Override(node))
+                }
+                None => domain.find(&d.entries, stat).map(Matched::Configured),
+            });
+            m.stat_at.push(start..m.stat_keys.len());
+        }
+        drop_replaced(&mut m.matched);
+        m
+    }
+
+    fn stat_key(&self, i: usize) -> &str {
+        &self.stat_keys[self.stat_at[i].clone()]
+    }
+}
+
+/// A request's store checks: its counters in groups, their keys, and whether a descriptor
+/// of it blocks.
+struct Plan {
+    groups: SmallVec<[Group; 1]>,
+    /// Every counter's key, one after the other.
+    keys: String,
+    blocked: bool,
+}
+
 /// One distinct counter of a request: the node that limits it, and where its key lies in the
 /// request's key buffer.
 struct Counter {
@@ -673,73 +723,96 @@ impl RateLimiter {
         domain: &Domain,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, tonic::Status> {
+        let matches = Matches::of(domain, request);
+        let mut statuses = vec![ok_status(); request.descriptors.len()];
+        let mut plan = self.plan(domain, request, &matches, &mut statuses);
+        let texts = self.ban_texts(domain, request, &plan.groups);
+        let bans: SmallVec<[BanKey<'_>; 2]> = texts
+            .iter()
+            .map(|(key, kind, value)| BanKey {
+                key,
+                kind,
+                value,
+                write: true,
+            })
+            .collect();
+        let (independent, counting) = domain.semantics.counting();
+        let mut over = plan.blocked;
+        let mut store_failed = false;
+        if counting {
+            let stop = (!independent, plan.blocked);
+            store_failed = self
+                .count_as_reference(domain, &matches, &plan, stop, &mut statuses)
+                .await;
+            plan.groups.clear();
+        }
+        for group in &plan.groups {
+            let consume = !plan.blocked || independent;
+            let (mut outcome, failed, befores) = self
+                .check_group(domain, &plan.keys, group, consume, &bans)
+                .await;
+            store_failed |= failed;
+            // How many descriptors still take each counter's status: the last one takes it,
+            // the others a copy.
+            let mut uses: SmallVec<[usize; 4]> = SmallVec::from_elem(0, outcome.len());
+            for &(i, c) in &group.members {
+                uses[c] += 1;
+                let node = &group.counters[c].node;
+                self.count_stats(domain, &matches, i, node, group.cost, befores[c]);
+            }
+            for &(i, c) in &group.members {
+                uses[c] -= 1;
+                let status = if uses[c] == 0 {
+                    std::mem::take(&mut outcome[c])
+                } else {
+                    outcome[c].clone()
+                };
+                over |= status.code == Code::OverLimit as i32;
+                statuses[i] = status;
+            }
+        }
+        if plan.blocked {
+            self.record_decision(domain, Reason::RateLimited, false);
+        }
+        if over {
+            self.show_limited(domain, request, &matches.matched, &statuses);
+        }
+        self.answer(
+            domain,
+            request,
+            &matches.matched,
+            statuses,
+            over,
+            store_failed,
+        )
+    }
+
+    /// The request's counters, grouped into the store checks that count them (one per cost,
+    /// all or nothing; one per counter where each counts on its own), their keys written
+    /// once; the statuses of unlimited and blocking descriptors, which need no check.
+    fn plan(
+        &self,
+        domain: &Domain,
+        request: &RateLimitRequest,
+        matches: &Matches,
+        statuses: &mut [DescriptorStatus],
+    ) -> Plan {
         let prefix = self.app.gate.prefix();
         let request_addend = u64::from(request.hits_addend.max(1));
-        let mut statuses = vec![ok_status(); request.descriptors.len()];
-        // What each descriptor matched: its own override, or a configured node.
-        // YAML domains count each descriptor in the reference's statistics, under a key
-        // written here: `stat_keys[stat_at[i]]`.
-        let counts_stats = matches!(domain.semantics, Semantics::Reference { .. });
-        let mut stat_keys = String::new();
-        let mut stat_at: SmallVec<[Range<usize>; 4]> = SmallVec::new();
-        let mut matched: SmallVec<[Option<Matched>; 4]> = SmallVec::new();
-        for d in &request.descriptors {
-            let start = stat_keys.len();
-            let stat = counts_stats.then_some(&mut stat_keys);
-            matched.push(match override_node(d) {
-                Some(node) => {
-                    if let Some(out) = stat {
-                        domain.override_stat_key(out, &d.entries);
-                    }
-                    Some(Matched::Override(node))
-                }
-                None => domain.find(&d.entries, stat).map(Matched::Configured),
-            });
-            stat_at.push(start..stat_keys.len());
-        }
-        drop_replaced(&mut matched);
-        let stat_settings = self.app.config().envoy.stats();
-        let count_stats = |i: usize, node: &Node, hits: u64, before: Option<u64>| {
-            if counts_stats {
-                let limit = node.rules.first().map_or(0, Rule::limit);
-                self.app.metrics.descriptors().count(
-                    stat_settings,
-                    &domain.name,
-                    &stat_keys[stat_at[i].clone()],
-                    Hits {
-                        hits,
-                        limit,
-                        before,
-                        shadow: node.shadow,
-                    },
-                );
-            }
+        let (independent, counting) = domain.semantics.counting();
+        let mut plan = Plan {
+            groups: SmallVec::new(),
+            keys: String::new(),
+            blocked: false,
         };
-        // A descriptor that blocks (`requests_per_unit: 0`) denies the request: the others are
-        // then only looked at, not counted (unless each counts on its own).
-        let mut blocked = false;
-        let independent = matches!(
-            domain.semantics,
-            Semantics::Reference {
-                independent: true,
-                ..
-            }
-        );
-        let counting = matches!(
-            domain.semantics,
-            Semantics::Reference { counting: true, .. }
-        );
-        let mut groups: SmallVec<[Group; 1]> = SmallVec::new();
-        // Every counter's key, one after the other; `name` is the counter's name (see
-        // `counter_name`), written again for each descriptor.
-        let mut keys = String::new();
+        // `name` is a counter's name (see `counter_name`), written again for each descriptor.
         let mut name = String::new();
         // Where each counter is, by its group and the hash of its key: one look-up per
         // descriptor, not a scan of the counters before it.
         let mut seen: HashMap<(usize, u64), usize> = HashMap::new();
         let hasher = std::hash::RandomState::new();
         for (i, descriptor) in request.descriptors.iter().enumerate() {
-            let Some(found) = &matched[i] else {
+            let Some(found) = &matches.matched[i] else {
                 continue;
             };
             let node = found.node();
@@ -753,15 +826,14 @@ impl RateLimiter {
                     continue;
                 }
                 NodeKind::Blocked(unit) => {
-                    blocked |= !node.shadow;
+                    // A descriptor that blocks (`requests_per_unit: 0`) denies the request:
+                    // the others are then only looked at, not counted (unless each counts on
+                    // its own).
+                    plan.blocked |= !node.shadow;
                     statuses[i] = blocked_status(node, unit);
                     // Every hit is over a limit of 0.
-                    count_stats(
-                        i,
-                        node,
-                        descriptor_cost(descriptor, request_addend),
-                        Some(0),
-                    );
+                    let hits = descriptor_cost(descriptor, request_addend);
+                    self.count_stats(domain, matches, i, node, hits, Some(0));
                     continue;
                 }
                 NodeKind::Rules => {}
@@ -791,9 +863,10 @@ impl RateLimiter {
             };
             let cost = descriptor_cost(descriptor, request_addend);
             // The key is the name's, so descriptors with one name share one counter.
+            let keys = &mut plan.keys;
             let start = keys.len();
             keys.reserve(prefix.len() + domain.scope.len() * 3 + name.len() * 3 + 8);
-            domain.push_key(&mut keys, prefix, &name);
+            domain.push_key(keys, prefix, &name);
             // Checked together: the counters of one cost (all or nothing), or, counting as the
             // reference does, each counter on its own.
             let joins = |g: &Group| {
@@ -801,18 +874,18 @@ impl RateLimiter {
             };
             // Counting as the reference: each descriptor on its own, in request order, two
             // of one counter twice.
-            let g = match groups.iter().position(joins).filter(|_| !counting) {
+            let g = match plan.groups.iter().position(joins).filter(|_| !counting) {
                 Some(g) => g,
                 None => {
-                    groups.push(Group {
+                    plan.groups.push(Group {
                         cost,
                         counters: SmallVec::new(),
                         members: SmallVec::new(),
                     });
-                    groups.len() - 1
+                    plan.groups.len() - 1
                 }
             };
-            let group = &mut groups[g];
+            let group = &mut plan.groups[g];
             let hash = hasher.hash_one(&keys[start..]);
             let same = |c: &Counter| keys[c.key.clone()] == keys[start..];
             let c = match seen
@@ -840,85 +913,74 @@ impl RateLimiter {
             };
             group.members.push((i, c));
         }
-        // The identity's ban keys: the values of the entries the domain names as an ip or a
-        // user id; left out when no ban can be live or be written.
+        plan
+    }
+
+    /// The identity's ban keys (key, kind, value): the values of the entries the domain names
+    /// as an ip or a user id; none when no ban can be live or be written.
+    fn ban_texts(
+        &self,
+        domain: &Domain,
+        request: &RateLimitRequest,
+        groups: &[Group],
+    ) -> SmallVec<[(String, &'static str, String); 2]> {
         let may_ban = groups
             .iter()
             .flat_map(|g| &g.counters)
             .any(|c| c.node.ban.is_some() && !c.node.shadow);
         let gate = &self.app.gate;
-        let ban_texts: SmallVec<[(String, &'static str, String); 2]> =
-            if !domain.identity.is_empty()
-                && gate.blocklist_enabled()
-                && (may_ban || gate.store().bans_possible())
-            {
-                identity_targets(domain, request)
-                    .iter()
-                    .map(|t| (t.key(prefix), t.kind(), t.value()))
-                    .collect()
-            } else {
-                SmallVec::new()
-            };
-        let bans: SmallVec<[BanKey<'_>; 2]> = ban_texts
+        if domain.identity.is_empty()
+            || !gate.blocklist_enabled()
+            || !(may_ban || gate.store().bans_possible())
+        {
+            return SmallVec::new();
+        }
+        let prefix = gate.prefix();
+        identity_targets(domain, request)
             .iter()
-            .map(|(key, kind, value)| BanKey {
-                key,
-                kind,
-                value,
-                write: true,
-            })
-            .collect();
-        let mut over = blocked;
-        let mut store_failed = false;
-        if counting {
-            store_failed = self
-                .count_as_reference(
-                    domain,
-                    &keys,
-                    &groups,
-                    (!independent, blocked),
-                    &mut statuses,
-                    &count_stats,
-                )
-                .await;
-            groups.clear();
+            .map(|t| (t.key(prefix), t.kind(), t.value()))
+            .collect()
+    }
+
+    /// Counts descriptor `i` in the reference's statistics (YAML domains only).
+    fn count_stats(
+        &self,
+        domain: &Domain,
+        matches: &Matches,
+        i: usize,
+        node: &Node,
+        hits: u64,
+        before: Option<u64>,
+    ) {
+        if !matches!(domain.semantics, Semantics::Reference { .. }) {
+            return;
         }
-        for group in &groups {
-            let (mut outcome, failed, befores) = self
-                .check_group(
-                    domain,
-                    &keys,
-                    &group.counters,
-                    group.cost,
-                    !blocked || independent,
-                    &bans,
-                )
-                .await;
-            store_failed |= failed;
-            // How many descriptors still take each counter's status: the last one takes it,
-            // the others a copy.
-            let mut uses: SmallVec<[usize; 4]> = SmallVec::from_elem(0, outcome.len());
-            for &(i, c) in &group.members {
-                uses[c] += 1;
-                count_stats(i, &group.counters[c].node, group.cost, befores[c]);
-            }
-            for &(i, c) in &group.members {
-                uses[c] -= 1;
-                let status = if uses[c] == 0 {
-                    std::mem::take(&mut outcome[c])
-                } else {
-                    outcome[c].clone()
-                };
-                over |= status.code == Code::OverLimit as i32;
-                statuses[i] = status;
-            }
-        }
-        if blocked {
-            self.record_decision(domain, Reason::RateLimited, false);
-        }
-        if over {
-            self.show_limited(domain, request, &matched, &statuses);
-        }
+        let limit = node.rules.first().map_or(0, Rule::limit);
+        self.app.metrics.descriptors().count(
+            self.app.config().envoy.stats(),
+            &domain.name,
+            matches.stat_key(i),
+            Hits {
+                hits,
+                limit,
+                before,
+                shadow: node.shadow,
+            },
+        );
+    }
+
+    /// The response from the descriptors' statuses: the overall code, the headers, the
+    /// metadata, as the domain answers (tollgate's way, or the reference's); the reference's
+    /// way fails the call when the store did.
+    fn answer(
+        &self,
+        domain: &Domain,
+        request: &RateLimitRequest,
+        matched: &[Option<Matched>],
+        mut statuses: Vec<DescriptorStatus>,
+        mut over: bool,
+        store_failed: bool,
+    ) -> Result<RateLimitResponse, tonic::Status> {
         let headers = self.app.config().envoy_headers;
         let (style, shadow) = match domain.semantics {
             Semantics::Tollgate => (headers.for_answer(!over), false),
@@ -928,38 +990,36 @@ impl RateLimiter {
                 quota,
                 ..
             } => {
-                over = over_as_reference(&statuses, &matched, quota);
+                over = over_as_reference(&statuses, matched, quota);
                 if fail_call && store_failed {
                     // As the reference: the call fails, and Envoy's `failure_mode_deny` decides.
                     return Err(tonic::Status::unavailable(
                         "the rate-limit store is unavailable",
                     ));
                 }
-                as_reference(&mut statuses, &matched);
+                as_reference(&mut statuses, matched);
                 (headers, shadow)
             }
         };
-        let response_headers_to_add = match domain.semantics {
+        let mut response_headers_to_add = match domain.semantics {
             Semantics::Tollgate => response_headers(style, &statuses),
             // The reference's headers: only when enabled, and then on allowed answers too.
             Semantics::Reference { .. } if style == HeaderStyle::None => Vec::new(),
             Semantics::Reference { quota, .. } => reference_headers(
                 &self.app.config().envoy_header_names,
                 &statuses,
-                &matched,
+                matched,
                 quota,
             ),
         };
-        let mut response_headers_to_add = response_headers_to_add;
-        if over
-            && matches!(
-                domain.semantics,
-                Semantics::Reference {
-                    denial_headers: true,
-                    ..
-                }
-            )
-        {
+        let denial_headers = matches!(
+            domain.semantics,
+            Semantics::Reference {
+                denial_headers: true,
+                ..
+            }
+        );
+        if over && denial_headers {
             response_headers_to_add.extend(response_headers(HeaderStyle::Draft, &statuses));
         }
         // The reference's SHADOW_MODE: each status stays, the overall code is OK.
@@ -975,7 +1035,7 @@ impl RateLimiter {
             domain.semantics,
             Semantics::Reference { metadata: true, .. }
         )
-        .then(|| dynamic_metadata(request, &statuses, &matched));
+        .then(|| dynamic_metadata(request, &statuses, matched));
         Ok(RateLimitResponse {
             overall_code: overall as i32,
             response_headers_to_add,
@@ -997,11 +1057,11 @@ impl RateLimiter {
         &self,
         domain: &Domain,
         keys: &str,
-        counters: &[Counter],
-        cost: u64,
+        group: &Group,
         consume: bool,
         bans: &[BanKey<'_>],
     ) -> (Statuses, bool, SmallVec<[Option<u64>; 2]>) {
+        let (counters, cost) = (&group.counters[..], group.cost);
         let checked = self
             .check(domain, keys, counters, (cost, consume, false), bans)
             .await;
@@ -1089,12 +1149,12 @@ impl RateLimiter {
     async fn count_as_reference(
         &self,
         domain: &Domain,
-        keys: &str,
-        groups: &[Group],
+        matches: &Matches,
+        plan: &Plan,
         (all_or_nothing, blocked): (bool, bool),
         statuses: &mut [DescriptorStatus],
-        count_stats: &impl Fn(usize, &Node, u64, Option<u64>),
     ) -> bool {
+        let (keys, groups) = (plan.keys.as_str(), &plan.groups[..]);
         let mut failed = false;
         let mut counted: SmallVec<[bool; 4]> =
             SmallVec::from_elem(!(all_or_nothing && blocked), groups.len());
@@ -1140,12 +1200,8 @@ impl RateLimiter {
                 over == Some(false) || node.shadow,
             );
             for &(i, _) in &group.members {
-                count_stats(
-                    i,
-                    node,
-                    group.cost,
-                    after.map(|a| a.saturating_sub(group.cost)),
-                );
+                let before = after.map(|a| a.saturating_sub(group.cost));
+                self.count_stats(domain, matches, i, node, group.cost, before);
                 statuses[i] = match (after, &checked.answer) {
                     (Some(after), _) => DescriptorStatus {
                         code: if after > limit && !node.shadow {
