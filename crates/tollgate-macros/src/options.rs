@@ -130,211 +130,234 @@ fn prefix_length(lit: &LitInt, what: &str, max: u8) -> syn::Result<u8> {
     }
 }
 
-pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<RateLimit> {
-    let (mut by, mut rules, mut name, mut algorithm, mut blocklist, mut scope, mut message) =
-        (None, None, None, None, None, None, None);
-    let (mut ipv4_prefix, mut ipv6_prefix) = (None::<LitInt>, None::<LitInt>);
-    let mut shadow = None::<LitBool>;
-    let mut count = None::<LitStr>;
-    let (mut concurrent, mut lease_ttl) = (None::<LitInt>, None::<LitStr>);
-    let parser = syn::meta::parser(|meta| {
-        let key = meta
-            .path
-            .get_ident()
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        match key.as_str() {
-            "by" => set(&mut by, meta.value()?.parse::<LitStr>()?, &meta, "by"),
-            "rules" => set(&mut rules, rule_list(&meta)?, &meta, "rules"),
-            "name" => set(
-                &mut name,
-                non_empty(meta.value()?.parse()?, "name")?,
-                &meta,
-                "name",
-            ),
-            "algorithm" => set(
-                &mut algorithm,
-                meta.value()?.parse::<LitStr>()?,
-                &meta,
-                "algorithm",
-            ),
-            "blocklist" => set(
-                &mut blocklist,
-                meta.value()?.parse::<LitStr>()?,
-                &meta,
-                "blocklist",
-            ),
-            "scope" => set(
-                &mut scope,
-                non_empty(meta.value()?.parse()?, "scope")?,
-                &meta,
-                "scope",
-            ),
-            "message" => set(
-                &mut message,
-                meta.value()?.parse::<LitStr>()?,
-                &meta,
-                "message",
-            ),
-            "ipv4_prefix" => set(
-                &mut ipv4_prefix,
-                meta.value()?.parse::<LitInt>()?,
-                &meta,
-                "ipv4_prefix",
-            ),
-            "ipv6_prefix" => set(
-                &mut ipv6_prefix,
-                meta.value()?.parse::<LitInt>()?,
-                &meta,
-                "ipv6_prefix",
-            ),
-            "shadow" => set(
-                &mut shadow,
-                meta.value()?.parse::<LitBool>()?,
-                &meta,
-                "shadow",
-            ),
-            "count" => set(&mut count, meta.value()?.parse::<LitStr>()?, &meta, "count"),
-            "concurrent" => set(
-                &mut concurrent,
-                meta.value()?.parse::<LitInt>()?,
-                &meta,
-                "concurrent",
-            ),
-            "lease_ttl" => set(
-                &mut lease_ttl,
-                meta.value()?.parse::<LitStr>()?,
-                &meta,
-                "lease_ttl",
-            ),
-            _ => Err(meta.error(format!(
-                "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
-            ))),
-        }
-    });
-    syn::parse::Parser::parse2(parser, tokens)?;
+/// `#[rate_limit(...)]`'s options as written, each at most once.
+#[derive(Default)]
+struct RateLimitOptions {
+    by: Option<LitStr>,
+    rules: Option<Vec<LitStr>>,
+    name: Option<LitStr>,
+    algorithm: Option<LitStr>,
+    blocklist: Option<LitStr>,
+    scope: Option<LitStr>,
+    message: Option<LitStr>,
+    ipv4_prefix: Option<LitInt>,
+    ipv6_prefix: Option<LitInt>,
+    shadow: Option<LitBool>,
+    count: Option<LitStr>,
+    concurrent: Option<LitInt>,
+    lease_ttl: Option<LitStr>,
+}
 
-    let by: LitStr =
-        by.ok_or_else(|| syn::Error::new(span, "#[rate_limit] needs `by`, e.g. by = \"ip\""))?;
-    let dimension = Dimension::from_str(&by.value()).map_err(|e| syn::Error::new(by.span(), e))?;
-    // `concurrent = N` (with `lease_ttl`, default 5m) is the rule `N/TTL concurrent`.
-    let is_concurrent = concurrent.is_some();
-    let rules: Vec<LitStr> = match (rules, concurrent) {
-        (Some(_), Some(n)) => {
-            return Err(syn::Error::new(
-                n.span(),
-                "a concurrency limiter (`concurrent`) has no `rules`: give rate rules a #[rate_limit] of their own",
-            ));
-        }
-        (Some(rules), None) => {
-            if let Some(ttl) = &lease_ttl {
+impl RateLimitOptions {
+    /// Reads the options, refusing an unknown one or one given twice.
+    fn parse(tokens: TokenStream) -> syn::Result<RateLimitOptions> {
+        let mut o = RateLimitOptions::default();
+        let parser = syn::meta::parser(|meta| {
+            let key = meta
+                .path
+                .get_ident()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let lit = |meta: &ParseNestedMeta<'_>| meta.value()?.parse::<LitStr>();
+            match key.as_str() {
+                "by" => set(&mut o.by, lit(&meta)?, &meta, "by"),
+                "rules" => set(&mut o.rules, rule_list(&meta)?, &meta, "rules"),
+                "name" => set(&mut o.name, non_empty(lit(&meta)?, "name")?, &meta, "name"),
+                "algorithm" => set(&mut o.algorithm, lit(&meta)?, &meta, "algorithm"),
+                "blocklist" => set(&mut o.blocklist, lit(&meta)?, &meta, "blocklist"),
+                "scope" => set(
+                    &mut o.scope,
+                    non_empty(lit(&meta)?, "scope")?,
+                    &meta,
+                    "scope",
+                ),
+                "message" => set(&mut o.message, lit(&meta)?, &meta, "message"),
+                "ipv4_prefix" => set(
+                    &mut o.ipv4_prefix,
+                    meta.value()?.parse::<LitInt>()?,
+                    &meta,
+                    "ipv4_prefix",
+                ),
+                "ipv6_prefix" => set(
+                    &mut o.ipv6_prefix,
+                    meta.value()?.parse::<LitInt>()?,
+                    &meta,
+                    "ipv6_prefix",
+                ),
+                "shadow" => set(
+                    &mut o.shadow,
+                    meta.value()?.parse::<LitBool>()?,
+                    &meta,
+                    "shadow",
+                ),
+                "count" => set(&mut o.count, lit(&meta)?, &meta, "count"),
+                "concurrent" => set(
+                    &mut o.concurrent,
+                    meta.value()?.parse::<LitInt>()?,
+                    &meta,
+                    "concurrent",
+                ),
+                "lease_ttl" => set(&mut o.lease_ttl, lit(&meta)?, &meta, "lease_ttl"),
+                _ => Err(meta.error(format!(
+                    "unknown option for #[rate_limit] (expected {RATE_LIMIT_OPTIONS})"
+                ))),
+            }
+        });
+        syn::parse::Parser::parse2(parser, tokens)?;
+        Ok(o)
+    }
+
+    /// The limiter's rules: `rules`, or for `concurrent = N` (with `lease_ttl`, default 5m)
+    /// the rule `N/TTL concurrent`; exactly one of them.
+    fn rules(&self, span: Span) -> syn::Result<Vec<LitStr>> {
+        let rules = match (&self.rules, &self.concurrent) {
+            (Some(_), Some(n)) => {
                 return Err(syn::Error::new(
-                    ttl.span(),
-                    "`lease_ttl` goes with `concurrent = N`",
+                    n.span(),
+                    "a concurrency limiter (`concurrent`) has no `rules`: give rate rules a #[rate_limit] of their own",
                 ));
             }
-            rules
-        }
-        (None, Some(n)) => {
-            if let Some(a) = &algorithm {
+            (Some(rules), None) => {
+                if let Some(ttl) = &self.lease_ttl {
+                    return Err(syn::Error::new(
+                        ttl.span(),
+                        "`lease_ttl` goes with `concurrent = N`",
+                    ));
+                }
+                rules.clone()
+            }
+            (None, Some(n)) => {
+                if let Some(a) = &self.algorithm {
+                    return Err(syn::Error::new(
+                        a.span(),
+                        "a concurrency limiter counts leases: it takes no `algorithm`",
+                    ));
+                }
+                let ttl = self
+                    .lease_ttl
+                    .as_ref()
+                    .map_or_else(|| "5m".to_owned(), LitStr::value);
+                let at = self.lease_ttl.as_ref().map_or(n.span(), LitStr::span);
+                vec![LitStr::new(
+                    &format!("{}/{ttl} concurrent", n.base10_digits()),
+                    at,
+                )]
+            }
+            (None, None) => {
                 return Err(syn::Error::new(
-                    a.span(),
-                    "a concurrency limiter counts leases: it takes no `algorithm`",
+                    span,
+                    "#[rate_limit] needs `rules`, e.g. rules = [\"1/1m\", \"10/1h\"] (or `concurrent = N`)",
                 ));
             }
-            let ttl = lease_ttl
-                .as_ref()
-                .map_or_else(|| "5m".to_owned(), LitStr::value);
-            let at = lease_ttl.as_ref().map_or(n.span(), LitStr::span);
-            vec![LitStr::new(
-                &format!("{}/{ttl} concurrent", n.base10_digits()),
-                at,
-            )]
-        }
-        (None, None) => {
+        };
+        if rules.is_empty() {
             return Err(syn::Error::new(
                 span,
-                "#[rate_limit] needs `rules`, e.g. rules = [\"1/1m\", \"10/1h\"] (or `concurrent = N`)",
+                "`rules` is empty; give at least one, e.g. \"10/1m\"",
             ));
         }
-    };
-    if rules.is_empty() {
-        return Err(syn::Error::new(
-            span,
-            "`rules` is empty; give at least one, e.g. \"10/1m\"",
-        ));
+        Ok(rules)
     }
-    let algorithm_value = match &algorithm {
-        Some(lit) => {
-            Some(Algorithm::from_str(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?)
-        }
-        None => None,
-    };
-    let mut seen: Vec<Rule> = Vec::new();
-    for lit in &rules {
-        let rule = Rule::from_str(&lit.value())
-            .map_err(|e| syn::Error::new(lit.span(), format!("invalid rule {e}")))?;
-        let rule = match algorithm_value {
-            Some(a) => rule.with_algorithm(a),
-            None => rule,
+
+    /// Checks each rule (and the algorithm) as the library will read them, none twice.
+    fn check_rules(&self, rules: &[LitStr]) -> syn::Result<()> {
+        let algorithm = match &self.algorithm {
+            Some(lit) => Some(
+                Algorithm::from_str(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?,
+            ),
+            None => None,
         };
-        if seen.contains(&rule) {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!("rule {rule} is listed twice in this limiter"),
-            ));
-        }
-        seen.push(rule);
-    }
-    if let Some(lit) = &blocklist {
-        duration(lit, "blocklist")?;
-    }
-    if let Some(lit) = ipv4_prefix.as_ref().or(ipv6_prefix.as_ref()) {
-        if dimension.prefix().is_none() {
-            return Err(syn::Error::new(
-                lit.span(),
-                format!(
-                    "`ipv4_prefix` and `ipv6_prefix` apply to by = \"ip\", not by = {:?}",
-                    by.value()
-                ),
-            ));
-        }
-    }
-    let ipv4_prefix = match &ipv4_prefix {
-        Some(lit) => Some(prefix_length(lit, "ipv4_prefix", 32)?),
-        None => None,
-    };
-    let ipv6_prefix = match &ipv6_prefix {
-        Some(lit) => Some(prefix_length(lit, "ipv6_prefix", 128)?),
-        None => None,
-    };
-    let count = match count {
-        Some(lit) => match lit.value().as_str() {
-            "all" => None,
-            "failures" | "successes" => Some(lit),
-            other => {
+        let mut seen: Vec<Rule> = Vec::new();
+        for lit in rules {
+            let rule = Rule::from_str(&lit.value())
+                .map_err(|e| syn::Error::new(lit.span(), format!("invalid rule {e}")))?;
+            let rule = match algorithm {
+                Some(a) => rule.with_algorithm(a),
+                None => rule,
+            };
+            if seen.contains(&rule) {
                 return Err(syn::Error::new(
                     lit.span(),
-                    format!("`count` is \"all\", \"failures\" or \"successes\", not {other:?}"),
+                    format!("rule {rule} is listed twice in this limiter"),
                 ));
             }
-        },
-        None => None,
-    };
+            seen.push(rule);
+        }
+        Ok(())
+    }
+
+    /// The IP prefixes, for `by = "ip"` only.
+    fn prefixes(
+        &self,
+        by: &LitStr,
+        dimension: &Dimension,
+    ) -> syn::Result<(Option<u8>, Option<u8>)> {
+        if let Some(lit) = self.ipv4_prefix.as_ref().or(self.ipv6_prefix.as_ref()) {
+            if dimension.prefix().is_none() {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`ipv4_prefix` and `ipv6_prefix` apply to by = \"ip\", not by = {:?}",
+                        by.value()
+                    ),
+                ));
+            }
+        }
+        let ipv4 = match &self.ipv4_prefix {
+            Some(lit) => Some(prefix_length(lit, "ipv4_prefix", 32)?),
+            None => None,
+        };
+        let ipv6 = match &self.ipv6_prefix {
+            Some(lit) => Some(prefix_length(lit, "ipv6_prefix", 128)?),
+            None => None,
+        };
+        Ok((ipv4, ipv6))
+    }
+
+    /// What `count` counts: `None` for every call (`"all"`, the default).
+    fn count(&self) -> syn::Result<Option<LitStr>> {
+        match &self.count {
+            Some(lit) => match lit.value().as_str() {
+                "all" => Ok(None),
+                "failures" | "successes" => Ok(Some(lit.clone())),
+                other => Err(syn::Error::new(
+                    lit.span(),
+                    format!("`count` is \"all\", \"failures\" or \"successes\", not {other:?}"),
+                )),
+            },
+            None => Ok(None),
+        }
+    }
+}
+
+pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<RateLimit> {
+    let options = RateLimitOptions::parse(tokens)?;
+    let by = options
+        .by
+        .clone()
+        .ok_or_else(|| syn::Error::new(span, "#[rate_limit] needs `by`, e.g. by = \"ip\""))?;
+    let dimension = Dimension::from_str(&by.value()).map_err(|e| syn::Error::new(by.span(), e))?;
+    let rules = options.rules(span)?;
+    options.check_rules(&rules)?;
+    if let Some(lit) = &options.blocklist {
+        duration(lit, "blocklist")?;
+    }
+    let (ipv4_prefix, ipv6_prefix) = options.prefixes(&by, &dimension)?;
+    let count = options.count()?;
     Ok(RateLimit {
         by,
         dimension,
         rules,
-        name,
-        algorithm,
-        blocklist,
-        scope,
-        message,
+        concurrent: options.concurrent.is_some(),
+        name: options.name,
+        algorithm: options.algorithm,
+        blocklist: options.blocklist,
+        scope: options.scope,
+        message: options.message,
         ipv4_prefix,
         ipv6_prefix,
-        shadow: shadow.is_some_and(|b| b.value),
+        shadow: options.shadow.is_some_and(|b| b.value),
         count,
-        concurrent: is_concurrent,
     })
 }
 
