@@ -738,6 +738,104 @@ struct RawLimiter {
 }
 
 impl RawLimiter {
+    /// The limiter, at `here` (spanning `span`): its rules (`concurrent = N` with `lease_ttl`,
+    /// default 5m, is the rule `N/TTL concurrent`), each once, with its algorithm.
+    fn validate(
+        mut self,
+        here: &str,
+        span: std::ops::Range<usize>,
+        errors: &Errors<'_>,
+    ) -> Result<Limiter, ConfigError> {
+        match (&self.concurrent, self.rules.0.is_empty()) {
+            (Some(n), true) => {
+                let ttl = self
+                    .lease_ttl
+                    .as_ref()
+                    .map_or(Duration::from_secs(300), |t| t.get_ref().0);
+                let rule = Rule::concurrent(*n.get_ref(), ttl).map_err(|e| {
+                    errors.at(Some(n.span()), format!("{here}.concurrent"), e.to_string())
+                })?;
+                if let Some(a) = self.algorithm {
+                    return Err(errors.at(
+                        Some(span),
+                        format!("{here}.algorithm"),
+                        format!(
+                            "a concurrency limiter counts leases: it takes no algorithm (not {a})"
+                        ),
+                    ));
+                }
+                self.rules.0.push(rule);
+            }
+            (Some(n), false) => {
+                return Err(errors.at(
+                    Some(n.span()),
+                    format!("{here}.concurrent"),
+                    "a concurrency limiter has no `rules`: give rate rules a limiter of their own",
+                ));
+            }
+            (None, true) => {
+                return Err(errors.at(
+                    Some(span),
+                    format!("{here}.rules"),
+                    "a limiter needs at least one rule, e.g. [\"10/1m\"] (or `concurrent = N`)",
+                ));
+            }
+            (None, false) => {
+                if let Some(ttl) = &self.lease_ttl {
+                    return Err(errors.at(
+                        Some(ttl.span()),
+                        format!("{here}.lease_ttl"),
+                        "lease_ttl goes with `concurrent = N`",
+                    ));
+                }
+            }
+        }
+        let mut limiter_name = self.by.to_string();
+        if let Some(n) = &self.name {
+            if n.get_ref().is_empty() {
+                return Err(errors.at(
+                    Some(n.span()),
+                    format!("{here}.name"),
+                    "a limiter name cannot be empty",
+                ));
+            }
+            limiter_name.clone_from(n.get_ref());
+        }
+        let mut rules: Vec<Rule> = Vec::with_capacity(self.rules.0.len());
+        for (j, rule) in self.rules.0.iter().enumerate() {
+            if let Some(algorithm) = self
+                .algorithm
+                .filter(|&a| rule.calendar_window().is_some() && a != Algorithm::FixedWindow)
+            {
+                return Err(errors.at(
+                    Some(span.clone()),
+                    format!("{here}.algorithm"),
+                    format!(
+                        "rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"
+                    ),
+                ));
+            }
+            let rule = self.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
+            if rules.contains(&rule) {
+                return Err(errors.at(
+                    Some(span.clone()),
+                    format!("{here}.rules[{j}]"),
+                    format!("rule {rule} is listed twice"),
+                ));
+            }
+            rules.push(rule);
+        }
+        let dimension = self.dimension(here, errors)?;
+        let mut limiter = Limiter::new(dimension, rules).with_name(&limiter_name);
+        if let Some(message) = &self.message {
+            limiter = limiter.with_message(message);
+        }
+        if let Some(ban) = self.blocklist {
+            limiter = limiter.with_blocklist(ban.0);
+        }
+        Ok(limiter.with_shadow(self.shadow))
+    }
+
     /// `by`, with `ipv4_prefix` and `ipv6_prefix` applied (they need `by = "ip"`).
     fn dimension(&self, here: &str, errors: &Errors<'_>) -> Result<Dimension, ConfigError> {
         let Some(default) = self.by.prefix() else {
@@ -850,6 +948,23 @@ struct RawBypass {
     user_ids: Vec<String>,
     #[serde(default)]
     ips: Vec<Parsed<IpNet>>,
+}
+
+impl RawBypass {
+    /// The bypass, and what it lets through, for the summary.
+    fn build(self) -> (Bypass, String) {
+        let mut b = Bypass::new();
+        let mut shown = Vec::new();
+        for net in self.ips {
+            shown.push(format!("ip {}", net.0));
+            b = b.ip_net(net.0);
+        }
+        for id in self.user_ids {
+            shown.push(format!("user_id {id:?}"));
+            b = b.user_id(id);
+        }
+        (b, shown.join(", "))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -1426,61 +1541,8 @@ impl RawPolicy {
         for (i, raw) in self.limiters.into_iter().enumerate() {
             let span = raw.span();
             let here = format!("{field}.limiters[{i}]");
-            let mut raw = raw.into_inner();
-            // `concurrent = N` (with `lease_ttl`, default 5m) is the rule `N/TTL concurrent`.
-            match (&raw.concurrent, raw.rules.0.is_empty()) {
-                (Some(n), true) => {
-                    let ttl = raw
-                        .lease_ttl
-                        .as_ref()
-                        .map_or(Duration::from_secs(300), |t| t.get_ref().0);
-                    let rule = Rule::concurrent(*n.get_ref(), ttl).map_err(|e| {
-                        errors.at(Some(n.span()), format!("{here}.concurrent"), e.to_string())
-                    })?;
-                    if let Some(a) = raw.algorithm {
-                        return Err(errors.at(
-                            Some(span),
-                            format!("{here}.algorithm"),
-                            format!("a concurrency limiter counts leases: it takes no algorithm (not {a})"),
-                        ));
-                    }
-                    raw.rules.0.push(rule);
-                }
-                (Some(n), false) => {
-                    return Err(errors.at(
-                        Some(n.span()),
-                        format!("{here}.concurrent"),
-                        "a concurrency limiter has no `rules`: give rate rules a limiter of their own",
-                    ));
-                }
-                (None, true) => {
-                    return Err(errors.at(
-                        Some(span),
-                        format!("{here}.rules"),
-                        "a limiter needs at least one rule, e.g. [\"10/1m\"] (or `concurrent = N`)",
-                    ));
-                }
-                (None, false) => {
-                    if let Some(ttl) = &raw.lease_ttl {
-                        return Err(errors.at(
-                            Some(ttl.span()),
-                            format!("{here}.lease_ttl"),
-                            "lease_ttl goes with `concurrent = N`",
-                        ));
-                    }
-                }
-            }
-            let mut limiter_name = raw.by.to_string();
-            if let Some(n) = &raw.name {
-                if n.get_ref().is_empty() {
-                    return Err(errors.at(
-                        Some(n.span()),
-                        format!("{here}.name"),
-                        "a limiter name cannot be empty",
-                    ));
-                }
-                limiter_name.clone_from(n.get_ref());
-            }
+            let limiter = raw.into_inner().validate(&here, span.clone(), errors)?;
+            let limiter_name = limiter.name().to_owned();
             if names.contains(&limiter_name) {
                 return Err(errors.at(
                     Some(span),
@@ -1490,54 +1552,13 @@ impl RawPolicy {
                     ),
                 ));
             }
-            names.push(limiter_name.clone());
-            let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.0.len());
-            for (j, rule) in raw.rules.0.iter().enumerate() {
-                if let Some(algorithm) = raw
-                    .algorithm
-                    .filter(|&a| rule.calendar_window().is_some() && a != Algorithm::FixedWindow)
-                {
-                    return Err(errors.at(
-                        Some(span.clone()),
-                        format!("{here}.algorithm"),
-                        format!(
-                            "rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"
-                        ),
-                    ));
-                }
-                let rule = raw.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
-                if rules.contains(&rule) {
-                    return Err(errors.at(
-                        Some(span.clone()),
-                        format!("{here}.rules[{j}]"),
-                        format!("rule {rule} is listed twice"),
-                    ));
-                }
-                rules.push(rule);
-            }
-            let dimension = raw.dimension(&here, errors)?;
-            let mut limiter = Limiter::new(dimension, rules).with_name(&limiter_name);
-            if let Some(message) = &raw.message {
-                limiter = limiter.with_message(message);
-            }
-            if let Some(ban) = raw.blocklist {
-                limiter = limiter.with_blocklist(ban.0);
-            }
-            builder = builder.limiter(limiter.with_shadow(raw.shadow));
+            names.push(limiter_name);
+            builder = builder.limiter(limiter);
         }
         let mut bypass_summary = None;
         if let Some(bypass) = self.bypass {
-            let mut b = Bypass::new();
-            let mut shown = Vec::new();
-            for net in bypass.ips {
-                shown.push(format!("ip {}", net.0));
-                b = b.ip_net(net.0);
-            }
-            for id in bypass.user_ids {
-                shown.push(format!("user_id {id:?}"));
-                b = b.user_id(id);
-            }
-            bypass_summary = Some(shown.join(", "));
+            let (b, shown) = bypass.build();
+            bypass_summary = Some(shown);
             builder = builder.bypass(b);
         }
         let policy = builder
