@@ -618,48 +618,53 @@ impl<S: Store> Tollgate<S> {
             .await?)
     }
 
-    /// A check answered without a future, into `out`, when the store can answer at once
-    /// (`None` when it cannot: then [`check_async`](Self::check_async) asks it). The decision
-    /// is written in place: it is large (it holds its rules), and every move is a copy.
-    fn check_now(
+    /// A check answered without a future, into `out`, when the store can answer at once;
+    /// otherwise its keys, prepared once, for [`check_async`](Self::check_async) to ask the
+    /// store with. The decision is written in place: it is large (it holds its rules), and
+    /// every move is a copy.
+    fn check_now<'i>(
         &self,
         policy: &Policy,
-        identity: &Identity,
+        identity: &'i Identity,
         cost: u64,
         consume: bool,
         out: &mut Decision,
-    ) -> Option<Result<(), CheckError>> {
+    ) -> Now<'i> {
         let mut keys = CheckKeys::new();
         match self.prepare(policy, identity, cost, consume, &mut keys, out) {
             Ok(true) => {}
-            Ok(false) => return Some(Ok(())),
-            Err(e) => return Some(Err(e)),
+            Ok(false) => return Now::Done(Ok(())),
+            Err(e) => return Now::Done(Err(e)),
         }
-        let mut limiters = LimiterRequests::new();
-        let mut bans = BanKeys::new();
-        keys.requests(&policy.limiters, &mut limiters, &mut bans);
-        let request = CheckRequest::new(cost, consume, &limiters)
-            .with_bans(&bans, keys.ban_index(&self.ban_index));
         let mut verdict = Verdict::new(false, []);
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        let answered = self.run_now(&request, on_error, &mut verdict)?;
-        conclude(&policy.limiters, answered, &verdict, out);
-        Some(Ok(()))
+        let answered = {
+            let mut limiters = LimiterRequests::new();
+            let mut bans = BanKeys::new();
+            keys.requests(&policy.limiters, &mut limiters, &mut bans);
+            let request = CheckRequest::new(cost, consume, &limiters)
+                .with_bans(&bans, keys.ban_index(&self.ban_index));
+            self.run_now(&request, on_error, &mut verdict)
+        };
+        match answered {
+            Some(answered) => {
+                conclude(&policy.limiters, answered, &verdict, out);
+                Now::Done(Ok(()))
+            }
+            None => Now::Later(keys),
+        }
     }
 
-    /// The same check, asking the store through its future.
+    /// The same check, asking the store through its future, with the keys
+    /// [`check_now`](Self::check_now) prepared.
     async fn check_async(
         &self,
         policy: &Policy,
-        identity: &Identity,
+        keys: CheckKeys<'_>,
         cost: u64,
         consume: bool,
     ) -> Result<Decision, CheckError> {
         let mut out = Decision::without_rules(true, Reason::Ok);
-        let mut keys = CheckKeys::new();
-        if !self.prepare(policy, identity, cost, consume, &mut keys, &mut out)? {
-            return Ok(out);
-        }
         let mut limiters = LimiterRequests::new();
         let mut bans = BanKeys::new();
         keys.requests(&policy.limiters, &mut limiters, &mut bans);
@@ -879,18 +884,19 @@ impl<'a, S: Store> Future for Check<'a, S> {
             let (gate, policy, identity) = (this.gate, this.policy, this.identity);
             let mut out = Decision::without_rules(true, Reason::Ok);
             match gate.check_now(policy, identity, this.cost, this.consume, &mut out) {
-                Some(Ok(())) => {
+                Now::Done(Ok(())) => {
                     this.state = CheckState::Done;
                     return Poll::Ready(Ok(out));
                 }
-                Some(Err(e)) => {
+                Now::Done(Err(e)) => {
                     this.state = CheckState::Done;
                     return Poll::Ready(Err(e));
                 }
-                None => {}
+                Now::Later(keys) => {
+                    let waiting = gate.check_async(policy, keys, this.cost, this.consume);
+                    this.state = CheckState::Waiting(Box::pin(waiting));
+                }
             }
-            let waiting = gate.check_async(policy, identity, this.cost, this.consume);
-            this.state = CheckState::Waiting(Box::pin(waiting));
         }
         let CheckState::Waiting(waiting) = &mut this.state else {
             panic!("a tollgate check polled after it completed");
@@ -899,6 +905,17 @@ impl<'a, S: Store> Future for Check<'a, S> {
         this.state = CheckState::Done;
         Poll::Ready(done)
     }
+}
+
+/// What the first, synchronous look at a check came to.
+// It lives on the first poll's stack, and its keys move into the store's future as they are:
+// boxing them would allocate on every networked check.
+#[allow(clippy::large_enum_variant)]
+enum Now<'i> {
+    /// Decided (into the caller's decision), or failed.
+    Done(Result<(), CheckError>),
+    /// The store answers through its future: the check's keys, prepared.
+    Later(CheckKeys<'i>),
 }
 
 /// The limiters of one check, on the stack for up to [`INLINE_LIMITERS`].
