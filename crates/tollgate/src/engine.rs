@@ -223,6 +223,23 @@ impl<S: Store> Tollgate<S> {
         Check::new(self, policy, identity, cost, true)
     }
 
+    /// [`check`](Self::check) without a future, when the store answers at once (the memory
+    /// store); `None` when it cannot (then `check` asks it). For callers that would otherwise
+    /// box the check's future: a middleware's response future, say.
+    pub fn check_sync(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+    ) -> Option<Result<Decision, CheckError>> {
+        let mut out = Decision::without_rules(true, Reason::Ok);
+        match self.check_now(policy, identity, cost, true, &mut out) {
+            Now::Done(Ok(())) => Some(Ok(out)),
+            Now::Done(Err(e)) => Some(Err(e)),
+            Now::Later(_) => None,
+        }
+    }
+
     /// The decision [`check`](Self::check) would return now, recording nothing.
     pub fn peek<'a>(
         &'a self,

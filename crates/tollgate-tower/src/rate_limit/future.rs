@@ -35,11 +35,32 @@ pin_project! {
     }
 }
 
+/// A request's check: decided when the layer was called (a store that answers at once), or
+/// awaiting the store.
+// The decision is held as it is: boxing it would allocate on every check, which is what
+// deciding at once saves.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Checking {
+    Decided(Option<Result<Decision, CheckError>>),
+    Waiting(BoxFuture<'static, Result<Decision, CheckError>>),
+}
+
+impl Checking {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Decision, CheckError>> {
+        match self {
+            Checking::Decided(decided) => {
+                Poll::Ready(decided.take().expect("a check's decision is taken once"))
+            }
+            Checking::Waiting(check) => check.as_mut().poll(cx),
+        }
+    }
+}
+
 pin_project! {
     #[project = StateProj]
     enum State<S, B, F, R, E> {
         Checking {
-            check: BoxFuture<'static, Result<Decision, CheckError>>,
+            check: Checking,
             call: Option<(S, Request<B>)>,
             // The identity, kept for a refund (see `Count`).
             identity: Option<Identity>,
@@ -62,7 +83,7 @@ pin_project! {
 
 impl<S: Service<Request<B>>, B, F, R> RateLimitFuture<S, B, F, R> {
     pub(crate) fn new(
-        check: BoxFuture<'static, Result<Decision, CheckError>>,
+        check: Checking,
         inner: S,
         request: Request<B>,
         config: Arc<Config>,
@@ -96,7 +117,7 @@ where
                     call,
                     identity,
                 } => {
-                    let decision = match ready!(check.as_mut().poll(cx)) {
+                    let decision = match ready!(check.poll(cx)) {
                         Ok(decision) => decision,
                         Err(error) => {
                             let rejection = Rejection::from_check_error(error);

@@ -7,7 +7,7 @@ use std::{
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{Count, RateLimitFuture, layer::Config};
+use super::{Count, RateLimitFuture, future::Checking, layer::Config};
 use crate::{body::GateBody, identity::identity_of, rejection::is_grpc};
 
 /// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks the policy, then calls
@@ -42,12 +42,16 @@ where
         // A refund needs the identity again, once the response is known.
         let kept =
             (!matches!(config.count, Count::All) || config.concurrent).then(|| identity.clone());
-        let check = Box::pin(async move {
-            config
-                .gate
-                .check(&config.policy, &identity, config.cost)
-                .await
-        });
+        // Decided here when the store answers at once; else the check awaits the store.
+        let check = match config.gate.check_sync(&config.policy, &identity, config.cost) {
+            Some(decided) => Checking::Decided(Some(decided)),
+            None => Checking::Waiting(Box::pin(async move {
+                config
+                    .gate
+                    .check(&config.policy, &identity, config.cost)
+                    .await
+            })),
+        };
         RateLimitFuture::new(check, inner, request, self.config.clone(), grpc, kept)
     }
 }
