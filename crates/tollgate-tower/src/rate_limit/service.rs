@@ -43,7 +43,10 @@ where
         let kept =
             (!matches!(config.count, Count::All) || config.concurrent).then(|| identity.clone());
         // Decided here when the store answers at once; else the check awaits the store.
-        let check = match config.gate.check_sync(&config.policy, &identity, config.cost) {
+        let check = match config
+            .gate
+            .check_sync(&config.policy, &identity, config.cost)
+        {
             Some(decided) => Checking::Decided(Some(decided)),
             None => Checking::Waiting(Box::pin(async move {
                 config
