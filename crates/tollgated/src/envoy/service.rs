@@ -1189,16 +1189,19 @@ impl RateLimiter {
             let node = &group.counters[0].node;
             let limit = node.rules[0].limit();
             let over = after.map(|a| a > limit);
-            failed |= checked.answer.reason() == Reason::StoreUnavailable;
-            self.record_decision(
-                domain,
-                match over {
-                    None => Reason::StoreUnavailable,
-                    Some(true) => Reason::RateLimited,
-                    Some(false) => Reason::Ok,
-                },
-                over == Some(false) || node.shadow,
-            );
+            let unavailable = checked.answer.reason() == Reason::StoreUnavailable;
+            failed |= unavailable;
+            // A failed store's decision is `on_error`'s (or the local fallback's count).
+            let reason = match over {
+                _ if unavailable => Reason::StoreUnavailable,
+                Some(true) => Reason::RateLimited,
+                _ => Reason::Ok,
+            };
+            let allowed = match over {
+                Some(over) => !over || node.shadow,
+                None => checked.answer.allowed(),
+            };
+            self.record_decision(domain, reason, allowed);
             for &(i, _) in &group.members {
                 let before = after.map(|a| a.saturating_sub(group.cost));
                 self.count_stats(domain, matches, i, node, group.cost, before);
