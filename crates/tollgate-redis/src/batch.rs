@@ -257,6 +257,7 @@ mod tests {
                     ];
                     let limiters = [LimiterRequest {
                         key: "one:{batch}",
+                        compact: &[],
                         rules: &rules[..1 + i % 2],
                         ban: None,
                         shadow: false,

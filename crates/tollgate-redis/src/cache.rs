@@ -304,12 +304,14 @@ mod tests {
         let limiters = [
             LimiterRequest {
                 key: "tg:{a}",
+                compact: &[],
                 rules: &a,
                 ban: None,
                 shadow: false,
             },
             LimiterRequest {
                 key: "tg:{b}",
+                compact: &[],
                 rules: &b,
                 ban: None,
                 shadow: false,
@@ -348,6 +350,7 @@ mod tests {
             limiters[0],
             LimiterRequest {
                 key: "tg:{c}",
+                compact: &[],
                 rules: &c,
                 ban: None,
                 shadow: false,
@@ -361,6 +364,7 @@ mod tests {
         // Other rules on the same key are another limiter.
         let other = [LimiterRequest {
             key: "tg:{a}",
+            compact: &[],
             rules: &b,
             ban: None,
             shadow: false,
@@ -382,6 +386,7 @@ mod tests {
         let a = rules(&["2/1s"]);
         let limiters = [LimiterRequest {
             key: "tg:{a}",
+            compact: &[],
             rules: &a,
             ban: None,
             shadow: false,
@@ -405,6 +410,7 @@ mod tests {
         let a = rules(&["2/1s"]);
         let limiters = [LimiterRequest {
             key: "tg:{a}",
+            compact: &[],
             rules: &a,
             ban: None,
             shadow: false,

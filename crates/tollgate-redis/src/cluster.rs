@@ -491,6 +491,7 @@ mod tests {
     fn limiter(key: &str) -> LimiterRequest<'_> {
         LimiterRequest {
             key,
+            compact: &[],
             rules: RULES,
             ban: None,
             shadow: false,

@@ -667,6 +667,7 @@ mod tests {
             .leak();
         let limiters = vec![LimiterRequest {
             key: "tg:{k}",
+            compact: &[],
             rules,
             ban: None,
             shadow: false,

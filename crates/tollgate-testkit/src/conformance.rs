@@ -19,7 +19,7 @@ use std::{any::Any, fmt, net::IpAddr, sync::Arc, time::Duration};
 use tokio::sync::Barrier;
 use tollgate::{
     Algorithm, BanRule, CheckError, Clock, Decision, Dimension, Identity, Limiter, ManualClock,
-    MemoryStore, Policy, Reason, Rule, Store, Tollgate,
+    MemoryStore, NamedDecision, Policy, Reason, Rule, Store, Tollgate,
 };
 
 /// The instant every scenario starts at: 2100-01-01T00:00:00Z.
@@ -81,22 +81,23 @@ impl<S: Store> Subject<S> {
         self.clock.set(START + offset);
     }
 
-    async fn check(&self, policy: &Policy, who: &Identity, cost: u64) -> Decision {
+    async fn check(&self, policy: &Policy, who: &Identity, cost: u64) -> NamedDecision {
         let d = self
             .gate
             .check(policy, who, cost)
             .await
             .expect("the identity carries every dimension");
         assert_ne!(d.reason(), Reason::StoreUnavailable, "the store failed");
-        d
+        d.named(policy)
     }
 
-    async fn peek(&self, policy: &Policy, who: &Identity, cost: u64) -> Decision {
+    async fn peek(&self, policy: &Policy, who: &Identity, cost: u64) -> NamedDecision {
         let d = self
             .gate
             .peek(policy, who, cost)
             .await
-            .expect("the identity carries every dimension");
+            .expect("the identity carries every dimension")
+            .named(policy);
         assert_ne!(d.reason(), Reason::StoreUnavailable, "the store failed");
         d
     }
@@ -200,7 +201,7 @@ fn user(id: &str) -> Identity {
 /// Asserts a decision: allowed (`retry_after_ms == None`) or rate limited with that
 /// `retry_after`, and per rule, in policy order, `(allowed, remaining, reset_after in ms)`.
 #[track_caller]
-fn expect(d: &Decision, retry_after_ms: Option<u64>, rules: &[(bool, u64, u64)]) {
+fn expect(d: &NamedDecision, retry_after_ms: Option<u64>, rules: &[(bool, u64, u64)]) {
     let got: Vec<(bool, u64, Duration)> = d
         .rules()
         .iter()
@@ -233,7 +234,7 @@ fn expect(d: &Decision, retry_after_ms: Option<u64>, rules: &[(bool, u64, u64)])
     );
 }
 
-fn denied_rules(d: &Decision) -> Vec<String> {
+fn denied_rules(d: &NamedDecision) -> Vec<String> {
     d.denied_rules()
         .map(|r| format!("{}:{}/{}", r.limiter, r.rule, r.rule.algorithm()))
         .collect()
@@ -814,7 +815,7 @@ pub async fn all_or_nothing_across_limiters<S: Store>(s: Subject<S>) {
 /// and the shadow limiters that would have denied.
 #[track_caller]
 fn expect_shadow(
-    d: &Decision,
+    d: &NamedDecision,
     retry_after_ms: Option<u64>,
     rules: &[(bool, u64, u64)],
     shadow_denied: &[&str],
@@ -834,9 +835,9 @@ fn expect_shadow(
     );
     assert_eq!(d.allowed(), retry_after_ms.is_none(), "{d:#?}");
     assert_eq!(d.retry_after(), retry_after_ms.map(ms), "{d:#?}");
-    let mut names: Vec<&str> = d
+    let mut names: Vec<String> = d
         .shadow_denied_rules()
-        .map(|r| r.limiter.as_str())
+        .map(|r| r.limiter.to_string())
         .collect();
     names.dedup();
     assert_eq!(names, shadow_denied, "shadow denials of {d:#?}");
@@ -1012,7 +1013,7 @@ pub async fn shadow_limiters_count_but_never_deny<S: Store>(s: Subject<S>) {
 
 /// Asserts whether a decision admitted, and each rule's `remaining`, in policy order.
 #[track_caller]
-fn expect_remaining(d: &Decision, allowed: bool, remaining: &[u64]) {
+fn expect_remaining(d: &NamedDecision, allowed: bool, remaining: &[u64]) {
     let got: Vec<u64> = d.rules().iter().map(|r| r.remaining).collect();
     assert_eq!(
         (d.allowed(), got.as_slice()),
@@ -1297,7 +1298,7 @@ fn assert_missing(result: Result<Decision, CheckError>, limiter: &str, dimension
 
 /// A check's decision is its peek's, but for the receipt of what it recorded.
 #[track_caller]
-fn assert_same_as_peek(checked: &Decision, peeked: &Decision) {
+fn assert_same_as_peek(checked: &NamedDecision, peeked: &NamedDecision) {
     assert!(
         checked.receipt().is_some() == checked.allowed(),
         "{checked:#?}"
@@ -1569,8 +1570,8 @@ pub async fn keys_never_collide<S: Store>(s: Subject<S>) {
     }
 }
 
-fn limiter_names(d: &Decision) -> Vec<&str> {
-    d.rules().iter().map(|r| &*r.limiter).collect()
+fn limiter_names(d: &NamedDecision) -> Vec<String> {
+    d.rules().iter().map(|r| r.limiter.to_string()).collect()
 }
 
 /// Scenario 12: the seed's utility API. `check_group` counts all rules on one key (sliding-log
@@ -1827,7 +1828,7 @@ pub async fn concurrent_checks_never_over_admit<S: Store>(s: Subject<S>) {
             admitted, 100,
             "{scope}: admitted {admitted} of {n} under a limit of 100"
         );
-        let d = gate.peek(&p, &who, 0).await.expect("peek");
+        let d = gate.peek(&p, &who, 0).await.expect("peek").named(&p);
         expect(&d, None, &after);
     }
 }

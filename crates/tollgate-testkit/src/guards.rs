@@ -291,8 +291,12 @@ fn login_policy() -> Policy {
         .expect("valid policy")
 }
 
-async fn check<S: Store>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate::Decision {
-    s.gate().check(p, who, 1).await.expect("identity complete")
+async fn check<S: Store>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate::NamedDecision {
+    s.gate()
+        .check(p, who, 1)
+        .await
+        .expect("identity complete")
+        .named(p)
 }
 
 /// A violation bans the IP and the user at once; every policy sees the ban; a banned request
@@ -348,7 +352,7 @@ pub async fn blocklist_violation_bans_ip_and_user_everywhere<S: Store>(s: Subjec
     assert!(ok.allowed(), "{ok:?}");
     let daily = ok
         .rules()
-        .iter()
+        .into_iter()
         .find(|r| &*r.limiter == "user_id")
         .expect("user rule");
     assert_eq!(daily.remaining, 98);

@@ -42,6 +42,7 @@ impl PlanLimiter {
     pub fn state_keys(&self) -> Vec<String> {
         LimiterRequest {
             key: &self.key,
+            compact: &[],
             rules: &self.rules,
             ban: self.ban,
             shadow: self.shadow,
@@ -109,6 +110,7 @@ impl CheckPlan {
             .iter()
             .map(|l| LimiterRequest {
                 key: &l.key,
+                compact: &[],
                 rules: &l.rules,
                 ban: l.ban,
                 shadow: l.shadow,

@@ -145,7 +145,7 @@ async fn race(gate: &Arc<Tollgate<RedisStore>>, policy: &Policy, who: &Identity,
 /// The remaining count of every rule, in policy order, as a peek sees it.
 async fn remaining(gate: &Tollgate<RedisStore>, policy: &Policy, who: &Identity) -> Vec<u64> {
     let d = gate.peek(policy, who, 0).await.unwrap();
-    d.rules().iter().map(|r| r.remaining).collect()
+    d.rules(policy).iter().map(|r| r.remaining).collect()
 }
 
 /// The conformance scenario's concurrency, with the Cluster's guarantees (module docs).

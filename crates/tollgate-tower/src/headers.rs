@@ -58,16 +58,16 @@ pub(crate) fn has_fields(style: HeaderStyle, headers: &HeaderMap) -> bool {
 /// let decision = gate.check(&policy, &who, 1).await?;
 ///
 /// let mut headers = HeaderMap::new();
-/// tollgate_tower::insert_rate_limit_headers(&decision, &mut headers);
+/// tollgate_tower::insert_rate_limit_headers(&decision, &policy, &mut headers);
 /// assert_eq!(headers["ratelimit-policy"], r#""ip-1m";q=1;w=60"#);
 /// assert_eq!(headers["ratelimit"], r#""ip-1m";r=0;t=60"#);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-pub fn insert_rate_limit_headers(decision: &Decision, headers: &mut HeaderMap) {
+pub fn insert_rate_limit_headers(decision: &Decision, policy: &Policy, headers: &mut HeaderMap) {
     insert_fields(
         HeaderStyle::Draft,
-        decision.rules(),
+        &decision.rules(policy),
         decision.retry_after(),
         headers,
     );
@@ -90,10 +90,16 @@ impl PolicyFields {
     }
 
     /// Inserts the fields of `style` for `decision`.
-    pub(crate) fn insert(&self, style: HeaderStyle, decision: &Decision, headers: &mut HeaderMap) {
+    pub(crate) fn insert(
+        &self,
+        style: HeaderStyle,
+        decision: &Decision,
+        policy: &Policy,
+        headers: &mut HeaderMap,
+    ) {
         self.fields.write(
             style,
-            decision.rules(),
+            &decision.rules(policy),
             decision.retry_after(),
             |name, value| {
                 if name == fields::RATELIMIT_POLICY {

@@ -95,9 +95,9 @@ async fn admit(
         .await
         .map_err(Rejection::from_check_error)?;
     if !decision.allowed() {
-        return Err(Rejection::denied(decision));
+        return Err(Rejection::denied(decision, policy));
     }
-    context.record(&decision);
+    context.record(&decision, policy);
     Ok((context, identity, decision))
 }
 

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use serde_json::{Value, json};
-use tollgate::{CheckError, Decision, Reason, RuleDecision, StoreError};
+use tollgate::{CheckError, Decision, NamedDecision, Policy, Reason, RuleDecision, StoreError};
 
 use crate::{
     body::{BoxError, GateBody},
@@ -86,11 +86,11 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 #[non_exhaustive]
 pub enum Rejection {
     /// A rule denied the request (reason `rate_limited`, or `cost_exceeds_limit`).
-    RateLimited(Box<Decision>),
+    RateLimited(Box<NamedDecision>),
     /// The client is on the blocklist.
-    Blocked(Box<Decision>),
+    Blocked(Box<NamedDecision>),
     /// The store failed and the policy fails closed (`on_error = deny`).
-    StoreUnavailable(Box<Decision>),
+    StoreUnavailable(Box<NamedDecision>),
     /// The request lacks what a limiter or guard counts by (no user for `user_id`).
     MissingIdentity {
         /// The limiter or guard.
@@ -155,16 +155,16 @@ fn missing_address() {
 
 impl Rejection {
     /// The rejection for a denied decision; `None` if it allows.
-    pub fn from_decision(decision: Decision) -> Option<Rejection> {
-        (!decision.allowed()).then(|| Rejection::denied(decision))
+    pub fn from_decision(decision: Decision, policy: &Policy) -> Option<Rejection> {
+        (!decision.allowed()).then(|| Rejection::denied(decision, policy))
     }
 
     /// The rejection for a decision known to deny.
-    pub(crate) fn denied(decision: Decision) -> Rejection {
+    pub(crate) fn denied(decision: Decision, policy: &Policy) -> Rejection {
         // Boxed: a decision holds its rules inline, and handlers carry this error in every
-        // `Result` they return.
+        // `Result` they return. Named: the rejection's body and headers name its rules.
         let reason = decision.reason();
-        let decision = Box::new(decision);
+        let decision = Box::new(decision.named(policy));
         match reason {
             Reason::Blocked => Rejection::Blocked(decision),
             Reason::StoreUnavailable => Rejection::StoreUnavailable(decision),
@@ -222,7 +222,7 @@ impl Rejection {
     }
 
     /// The decision behind a rate-limit rejection.
-    pub fn decision(&self) -> Option<&Decision> {
+    pub fn decision(&self) -> Option<&NamedDecision> {
         match self {
             Rejection::RateLimited(d) | Rejection::Blocked(d) | Rejection::StoreUnavailable(d) => {
                 Some(d)
@@ -278,7 +278,7 @@ impl Rejection {
     ///     .build()?;
     /// let who = Identity::new().with_ip("192.0.2.1".parse()?);
     /// gate.check(&policy, &who, 1).await?;
-    /// let rejection = Rejection::from_decision(gate.check(&policy, &who, 1).await?).unwrap();
+    /// let rejection = Rejection::from_decision(gate.check(&policy, &who, 1).await?, &policy).unwrap();
     ///
     /// let problem = rejection.problem();
     /// assert_eq!(problem["type"], tollgate_tower::QUOTA_EXCEEDED);
@@ -391,7 +391,7 @@ impl Rejection {
         if let Rejection::RateLimited(decision) = &self {
             insert_fields(
                 style.for_answer(false),
-                decision.rules(),
+                &decision.rules(),
                 decision.retry_after(),
                 headers,
             );
@@ -455,7 +455,7 @@ fn grpc_message(text: &str) -> String {
 
 impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(message) = self.decision().and_then(Decision::message) {
+        if let Some(message) = self.decision().and_then(|d| d.message()) {
             return f.write_str(message);
         }
         match self {

@@ -73,7 +73,7 @@ async fn a_rejection_converts_into_a_status_with_its_metadata() {
     let who = Identity::new().with_ip("192.0.2.1".parse().unwrap());
     gate.check(&policy(), &who, 2).await.unwrap();
     let denied = gate.check(&policy(), &who, 1).await.unwrap();
-    let status = tonic::Status::from(Rejection::from_decision(denied).unwrap());
+    let status = tonic::Status::from(Rejection::from_decision(denied, &policy()).unwrap());
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(status.metadata().get("retry-after").unwrap(), "60");
     assert!(status.metadata().get("grpc-status").is_none());

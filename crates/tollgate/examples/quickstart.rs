@@ -30,7 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for minute in 0..5 {
         let decision = gate.check(&sms, &alice, 1).await?;
         let rules: Vec<String> = decision
-            .rules()
+            .rules(&sms)
             .iter()
             .map(|r| format!("{} {}: {} left", r.limiter, r.rule, r.remaining))
             .collect();

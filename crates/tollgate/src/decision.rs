@@ -6,6 +6,7 @@ use smallvec::SmallVec;
 use smol_str::SmolStr;
 
 use crate::{
+    policy::{Limiter, Policy},
     rule::Rule,
     store::{INLINE_RULES, Receipt},
 };
@@ -159,8 +160,10 @@ pub struct RuleDecision {
 
 /// The answer to a check. Being denied is a value, not an error.
 ///
-/// A decision holds its rules inline, without a heap allocation, for policies of up to
-/// [`INLINE_RULES`](crate::INLINE_RULES) rules over all limiters.
+/// A decision is compact: what every rule said is kept as numbers beside the rule's place in
+/// the policy, and named ([`RuleDecision`]) only when read, with the policy that was checked
+/// ([`rules`](Self::rules)). It holds up to [`INLINE_RULES`](crate::INLINE_RULES) rules over
+/// all limiters without a heap allocation.
 ///
 /// ```
 /// use std::time::Duration;
@@ -180,11 +183,11 @@ pub struct RuleDecision {
 ///
 /// let third = gate.check(&policy, &who, 1).await?;
 /// assert_eq!(third.reason(), Reason::RateLimited);
-/// let denied: Vec<String> = third.denied_rules().map(|r| r.rule.to_string()).collect();
+/// let denied: Vec<String> = third.denied_rules(&policy).map(|r| r.rule.to_string()).collect();
 /// assert_eq!(denied, ["2/1m"]);
 /// assert!(third.retry_after() <= Some(Duration::from_secs(60)));
 /// // All or nothing: the denied request took nothing from the hour's rule.
-/// assert_eq!(third.rules()[1].remaining, 3);
+/// assert_eq!(third.rules(&policy)[1].remaining, 3);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
@@ -192,30 +195,53 @@ pub struct RuleDecision {
 pub struct Decision {
     pub(crate) allowed: bool,
     pub(crate) reason: Reason,
+    /// Some shadow rule would have denied.
+    pub(crate) shadow_denied: bool,
     pub(crate) retry_after: Option<Duration>,
-    pub(crate) rules: SmallVec<[RuleDecision; INLINE_RULES]>,
+    /// The smallest `remaining` over the enforced rules.
+    pub(crate) remaining: Option<u64>,
+    pub(crate) said: SmallVec<[Said; INLINE_RULES]>,
     pub(crate) message: Option<Arc<str>>,
     pub(crate) receipt: Option<Receipt>,
 }
+
+/// What one rule said, as a decision keeps it: its place among the policy's rules (limiters
+/// in order, rules in limiter order) and its numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Said {
+    pub(crate) remaining: u64,
+    pub(crate) reset_after_us: u64,
+    pub(crate) index: u32,
+    pub(crate) allowed: bool,
+}
+
+/// The rules of a decision, named ([`Decision::rules`]): inline for up to
+/// [`INLINE_RULES`](crate::INLINE_RULES).
+pub type RuleDecisions = SmallVec<[RuleDecision; INLINE_RULES]>;
 
 impl Decision {
     pub(crate) fn without_rules(allowed: bool, reason: Reason) -> Decision {
         Decision {
             allowed,
             reason,
+            shadow_denied: false,
             retry_after: None,
-            rules: SmallVec::new(),
+            remaining: None,
+            said: SmallVec::new(),
             message: None,
             receipt: None,
         }
     }
 
-    /// Makes this an empty decision, in place (a decision is large: it holds its rules).
+    /// Makes this an empty decision, in place.
+    #[inline]
     pub(crate) fn reset(&mut self, allowed: bool, reason: Reason) {
         self.allowed = allowed;
         self.reason = reason;
+        self.shadow_denied = false;
         self.retry_after = None;
-        self.rules.clear();
+        self.remaining = None;
+        self.said.clear();
         self.message = None;
         self.receipt = None;
     }
@@ -236,26 +262,36 @@ impl Decision {
         self.retry_after
     }
 
-    /// Every rule of every limiter, in policy order.
-    pub fn rules(&self) -> &[RuleDecision] {
-        &self.rules
+    /// Every rule of every limiter of `policy` (the policy this decision answers), in policy
+    /// order, named; empty when no rule was evaluated (a bypass, a ban, a failed store), and
+    /// only the rules too small for the cost when the cost exceeds a limit.
+    pub fn rules(&self, policy: &Policy) -> RuleDecisions {
+        self.rules_of(&policy.limiters)
     }
 
     /// The rules that denied the request (shadow rules never deny it: see
-    /// [`shadow_denied_rules`](Self::shadow_denied_rules)).
-    pub fn denied_rules(&self) -> impl Iterator<Item = &RuleDecision> {
-        self.rules.iter().filter(|r| !r.allowed && !r.shadow)
+    /// [`shadow_denied_rules`](Self::shadow_denied_rules)), named from `policy`.
+    pub fn denied_rules<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> impl Iterator<Item = RuleDecision> + 'a {
+        self.each_named(&policy.limiters)
+            .filter(|r| !r.allowed && !r.shadow)
     }
 
     /// Some shadow limiter would have denied the request (see
     /// [`Limiter::with_shadow`](crate::Limiter::with_shadow)).
     pub fn shadow_denied(&self) -> bool {
-        self.rules.iter().any(|r| !r.allowed && r.shadow)
+        self.shadow_denied
     }
 
-    /// The shadow rules that would have denied the request.
-    pub fn shadow_denied_rules(&self) -> impl Iterator<Item = &RuleDecision> {
-        self.rules.iter().filter(|r| !r.allowed && r.shadow)
+    /// The shadow rules that would have denied the request, named from `policy`.
+    pub fn shadow_denied_rules<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> impl Iterator<Item = RuleDecision> + 'a {
+        self.each_named(&policy.limiters)
+            .filter(|r| !r.allowed && r.shadow)
     }
 
     /// Where the store recorded this admission, for an exact
@@ -273,10 +309,103 @@ impl Decision {
     /// The smallest `remaining` over the enforced rules: how many more units the policy admits
     /// now.
     pub fn remaining(&self) -> Option<u64> {
-        self.rules
+        self.remaining
+    }
+
+    /// [`rules`](Self::rules) over the limiters that were checked.
+    pub(crate) fn rules_of(&self, limiters: &[Limiter]) -> RuleDecisions {
+        self.each_named(limiters).collect()
+    }
+
+    /// Each rule's numbers, named from `limiters`.
+    fn each_named<'a>(
+        &'a self,
+        limiters: &'a [Limiter],
+    ) -> impl Iterator<Item = RuleDecision> + 'a {
+        let mut place = limiters
             .iter()
-            .filter(|r| !r.shadow)
-            .map(|r| r.remaining)
-            .min()
+            .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
+            .enumerate()
+            .peekable();
+        self.said.iter().filter_map(move |said| {
+            // The rules said are in policy order: each is found walking forward.
+            let (_, (limiter, rule)) = loop {
+                let (i, _) = place.peek()?;
+                if *i == said.index as usize {
+                    break place.next()?;
+                }
+                place.next();
+            };
+            Some(RuleDecision {
+                limiter: limiter.name.clone(),
+                rule: *rule,
+                allowed: said.allowed,
+                remaining: said.remaining,
+                reset_after: Duration::from_micros(said.reset_after_us),
+                shadow: limiter.shadow,
+            })
+        })
+    }
+}
+
+/// A decision with the limiters it answers, so that its rules can be read without the policy
+/// at hand: what [`check_group`](crate::Tollgate::check_group) and
+/// [`check_single`](crate::Tollgate::check_single) return, and what
+/// [`Decision::named`] makes. It reads as a [`Decision`] otherwise.
+#[derive(Clone, Debug)]
+pub struct NamedDecision {
+    decision: Decision,
+    limiters: Vec<Limiter>,
+}
+
+impl Decision {
+    /// This decision with the limiters of `policy` (the policy it answers), to read its rules
+    /// later without the policy.
+    pub fn named(self, policy: &Policy) -> NamedDecision {
+        NamedDecision::new(self, policy.limiters.clone())
+    }
+}
+
+impl NamedDecision {
+    pub(crate) fn new(decision: Decision, limiters: Vec<Limiter>) -> NamedDecision {
+        NamedDecision { decision, limiters }
+    }
+
+    /// Every rule, named (see [`Decision::rules`]).
+    pub fn rules(&self) -> RuleDecisions {
+        self.decision.rules_of(&self.limiters)
+    }
+
+    /// The rules that denied the request (see [`Decision::denied_rules`]).
+    pub fn denied_rules(&self) -> impl Iterator<Item = RuleDecision> + '_ {
+        self.decision
+            .each_named(&self.limiters)
+            .filter(|r| !r.allowed && !r.shadow)
+    }
+
+    /// The shadow rules that would have denied the request.
+    pub fn shadow_denied_rules(&self) -> impl Iterator<Item = RuleDecision> + '_ {
+        self.decision
+            .each_named(&self.limiters)
+            .filter(|r| !r.allowed && r.shadow)
+    }
+
+    /// The decision alone.
+    pub fn into_decision(self) -> Decision {
+        self.decision
+    }
+}
+
+impl Deref for NamedDecision {
+    type Target = Decision;
+
+    fn deref(&self) -> &Decision {
+        &self.decision
+    }
+}
+
+impl PartialEq for NamedDecision {
+    fn eq(&self, other: &NamedDecision) -> bool {
+        self.decision == other.decision && self.rules() == other.rules()
     }
 }

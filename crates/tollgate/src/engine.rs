@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::{
     blocklist::{BanEntry, BanScope, BanTarget},
-    decision::{Decision, Reason, RuleDecision},
+    decision::{Decision, NamedDecision, Reason, Said},
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
     identity::{Dimension, Identity, NetworkText},
@@ -406,7 +406,7 @@ impl<S: Store> Tollgate<S> {
     ///
     /// Sliding-log rules share one log, so `10/1m` and `100/1h` on one key cost one entry per
     /// request. Store failures follow the engine's `on_error`.
-    pub async fn check_group(&self, name: &str, rules: &[Rule], cost: u64) -> Decision {
+    pub async fn check_group(&self, name: &str, rules: &[Rule], cost: u64) -> NamedDecision {
         let mut unique: Vec<Rule> = Vec::with_capacity(rules.len());
         for rule in rules {
             if !unique.contains(rule) {
@@ -416,16 +416,17 @@ impl<S: Store> Tollgate<S> {
         let limiter = Limiter::new(Dimension::Global, unique).with_name(name);
         let key = key::group_key(&self.prefix, name);
         let mut decision = Decision::without_rules(true, Reason::Ok);
-        self.check_named(&[limiter], &[key], cost, &mut decision)
+        let limiters = vec![limiter];
+        self.check_named(&limiters, &[key], cost, &mut decision)
             .await;
-        decision
+        NamedDecision::new(decision, limiters)
     }
 
     /// The seed's single check: every rule counted on a key of its own (`name` + the rule).
     ///
     /// Each rule is its own limiter in the decision, named like the rule (`10/1m`, or
     /// `10/1m fixed_window` for a non-default algorithm).
-    pub async fn check_single(&self, name: &str, rules: &[Rule], cost: u64) -> Decision {
+    pub async fn check_single(&self, name: &str, rules: &[Rule], cost: u64) -> NamedDecision {
         let mut limiters = Vec::with_capacity(rules.len());
         let mut keys = Vec::with_capacity(rules.len());
         let base = key::group_key(&self.prefix, name);
@@ -448,7 +449,7 @@ impl<S: Store> Tollgate<S> {
         let mut decision = Decision::without_rules(true, Reason::Ok);
         self.check_named(&limiters, &keys, cost, &mut decision)
             .await;
-        decision
+        NamedDecision::new(decision, limiters)
     }
 
     /// Every active ban, with the time left.
@@ -815,13 +816,21 @@ impl<S: Store> Tollgate<S> {
         identity: &Identity,
         keys: &mut CheckKeys<'_>,
     ) -> Result<(), CheckError> {
+        keys.compact = !self.store.text_keys();
         for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
             keys.text.push_str(&self.key_start);
             keys.text.push_str(head);
-            if !limiter.dimension.push_value(identity, &mut keys.text) {
+            let found = if keys.compact {
+                keys.text.push_bytes(&[key::COMPACT_MARK]);
+                limiter.dimension.push_compact(identity, &mut keys.text)
+            } else {
+                let found = limiter.dimension.push_value(identity, &mut keys.text);
+                keys.text.push_ascii(b'}');
+                found
+            };
+            if !found {
                 return Err(missing_dimension(limiter));
             }
-            keys.text.push_ascii(b'}');
             keys.ends.push(keys.text.len());
         }
         Ok(())
@@ -843,6 +852,7 @@ impl<S: Store> Tollgate<S> {
             .zip(keys)
             .map(|(l, key)| LimiterRequest {
                 key,
+                compact: &[],
                 rules: &l.rules,
                 ban: None,
                 shadow: l.shadow,
@@ -944,7 +954,11 @@ type BanKeys<'a> = SmallVec<[BanKey<'a>; 2]>;
 /// The keys of one check, on the stack: every limiter's key and the ban keys in one buffer,
 /// and the IP ban's value.
 struct CheckKeys<'i> {
+    /// The limiters' keys (text, or compact for a store that keeps no text), then the ban
+    /// keys (text).
     text: KeyBuf,
+    /// The limiters' keys are compact ([`Store::text_keys`]).
+    compact: bool,
     /// Where each limiter's key ends.
     ends: SmallVec<[usize; INLINE_LIMITERS]>,
     ip_text: NetworkText,
@@ -969,6 +983,7 @@ impl<'i> CheckKeys<'i> {
     fn new() -> CheckKeys<'i> {
         CheckKeys {
             text: KeyBuf::default(),
+            compact: false,
             ends: SmallVec::new(),
             ip_text: NetworkText::new(),
             ip_ban: None,
@@ -982,7 +997,7 @@ impl<'i> CheckKeys<'i> {
         if self.own.index.is_empty() {
             every
         } else {
-            &self.text.text()[self.own.index.clone()]
+            self.text.text_at(self.own.index.clone())
         }
     }
 
@@ -994,50 +1009,70 @@ impl<'i> CheckKeys<'i> {
         requests: &mut LimiterRequests<'a>,
         bans: &mut BanKeys<'a>,
     ) {
-        let text = self.text.text();
+        let bytes = self.text.bytes();
+        let limiters_end = self.ends.last().copied().unwrap_or(0);
+        // Text read once, apart from the compact keys (which are not text).
+        let limiter_text = if self.compact {
+            ""
+        } else {
+            self.text.text_at(0..limiters_end)
+        };
         let mut start = 0;
         for (limiter, &end) in limiters.iter().zip(&self.ends) {
+            let (key, compact) = if self.compact {
+                ("", &bytes[start..end])
+            } else {
+                (&limiter_text[start..end], &[][..])
+            };
             requests.push(LimiterRequest {
-                key: &text[start..end],
+                key,
+                compact,
                 rules: &limiter.rules,
                 ban: limiter.ban,
                 shadow: limiter.shadow,
             });
             start = end;
         }
+        if self.text.len() == start {
+            return;
+        }
+        // The ban keys, after the limiters'.
+        let text = self.text.text_at(start..self.text.len());
+        let at = |end: usize| end - limiters_end;
+        let mut start = 0;
         // With bans of its own, the blocklist every policy sees is only read.
         let shared = self.own.index.is_empty();
         if let Some(end) = self.ip_ban {
             bans.push(BanKey {
-                key: &text[start..end],
+                key: &text[start..at(end)],
                 kind: "ip",
                 value: &self.ip_text,
                 write: shared,
             });
-            start = end;
+            start = at(end);
         }
         if let Some((end, id)) = self.user_ban {
             bans.push(BanKey {
-                key: &text[start..end],
+                key: &text[start..at(end)],
                 kind: "user_id",
                 value: id,
                 write: shared,
             });
-            start = end;
+            start = at(end);
         }
         if let Some(end) = self.own.ip {
             bans.push(BanKey {
-                key: &text[start..end],
+                key: &text[start..at(end)],
                 kind: "ip",
                 value: &self.ip_text,
                 write: true,
             });
-            start = end;
+            start = at(end);
         }
         if let Some(end) = self.own.user {
             let id = self.user_ban.map_or("", |(_, id)| id);
             bans.push(BanKey {
-                key: &text[start..end],
+                key: &text[start..at(end)],
                 kind: "user_id",
                 value: id,
                 write: true,
@@ -1105,26 +1140,36 @@ fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
     out.receipt.clone_from(&verdict.receipt);
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
+    let mut remaining = None::<u64>;
+    let mut index = 0;
+    // Every denial is a concurrency limit's (until a rate rule denies).
+    let mut concurrency = true;
     for limiter in limiters {
         for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
-            if !outcome.allowed && !limiter.shadow {
-                if out.message.is_none() {
-                    out.message.clone_from(&limiter.message);
+            if limiter.shadow {
+                out.shadow_denied |= !outcome.allowed;
+            } else {
+                remaining = Some(remaining.map_or(outcome.remaining, |r| r.min(outcome.remaining)));
+                if !outcome.allowed {
+                    if out.message.is_none() {
+                        out.message.clone_from(&limiter.message);
+                    }
+                    retry_after = retry_after.max(outcome.retry_after_us);
+                    concurrency &= rule.is_concurrent();
                 }
-                retry_after = retry_after.max(outcome.retry_after_us);
             }
-            out.rules.push(RuleDecision {
-                limiter: limiter.name.clone(),
-                rule: *rule,
-                allowed: outcome.allowed,
+            out.said.push(Said {
                 remaining: outcome.remaining,
-                reset_after: Duration::from_micros(outcome.reset_after_us),
-                shadow: limiter.shadow,
+                reset_after_us: outcome.reset_after_us,
+                index,
+                allowed: outcome.allowed,
             });
+            index += 1;
         }
     }
+    out.remaining = remaining;
     if !verdict.allowed {
-        out.reason = if out.denied_rules().all(|r| r.rule.is_concurrent()) {
+        out.reason = if concurrency {
             Reason::ConcurrencyLimited
         } else {
             Reason::RateLimited
@@ -1151,23 +1196,22 @@ fn new_token() -> String {
 
 fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
     out.reset(false, Reason::CostExceedsLimit);
-    for limiter in limiters.iter().filter(|l| !l.shadow) {
-        for rule in limiter
-            .rules
-            .iter()
-            .filter(|r| crate::policy::cost_too_large(r, cost))
-        {
-            if out.message.is_none() {
-                out.message.clone_from(&limiter.message);
+    let mut index = 0;
+    for limiter in limiters {
+        for rule in limiter.rules.iter() {
+            if !limiter.shadow && crate::policy::cost_too_large(rule, cost) {
+                if out.message.is_none() {
+                    out.message.clone_from(&limiter.message);
+                }
+                out.said.push(Said {
+                    remaining: 0,
+                    reset_after_us: 0,
+                    index,
+                    allowed: false,
+                });
+                out.remaining = Some(0);
             }
-            out.rules.push(RuleDecision {
-                limiter: limiter.name.clone(),
-                rule: *rule,
-                allowed: false,
-                remaining: 0,
-                reset_after: Duration::ZERO,
-                shadow: false,
-            });
+            index += 1;
         }
     }
 }
@@ -1196,7 +1240,7 @@ mod tests {
         assert!(check().await.unwrap().allowed());
         let denied = check().await.unwrap();
         assert!(!denied.allowed());
-        assert_eq!(denied.rules()[0].remaining, 0);
+        assert_eq!(denied.rules(&policy)[0].remaining, 0);
     }
 
     #[tokio::test]
@@ -1230,9 +1274,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(refused.reason(), Reason::CostExceedsLimit);
-        assert_eq!(refused.rules().len(), 1, "the rule is named");
+        assert_eq!(refused.rules(&policy).len(), 1, "the rule is named");
         let peek = gate.peek(&policy, &who, 1).await.unwrap();
-        assert_eq!(peek.rules()[0].remaining, 999_999, "nothing was recorded");
+        assert_eq!(
+            peek.rules(&policy)[0].remaining,
+            999_999,
+            "nothing was recorded"
+        );
         let admitted = gate
             .check(&policy, &who, crate::MAX_LOG_COST)
             .await

@@ -20,7 +20,7 @@
 //! let decision = gate.check(&policy, &who, 1).await?;
 //!
 //! let mut written = Vec::new();
-//! fields.write(HeaderStyle::Draft, decision.rules(), decision.retry_after(), |name, value| {
+//! fields.write(HeaderStyle::Draft, &decision.rules(&policy), decision.retry_after(), |name, value| {
 //!     written.push((name, value.to_owned()))
 //! });
 //! assert_eq!(written, [
@@ -29,7 +29,7 @@
 //! ]);
 //!
 //! written.clear();
-//! fields.write(HeaderStyle::Legacy, decision.rules(), decision.retry_after(), |name, value| {
+//! fields.write(HeaderStyle::Legacy, &decision.rules(&policy), decision.retry_after(), |name, value| {
 //!     written.push((name, value.to_owned()))
 //! });
 //! assert_eq!(written, [

@@ -200,6 +200,21 @@ impl IpPrefix {
         }
     }
 
+    /// Appends the network of `ip` to a compact key: the family, the prefix length and the
+    /// masked address, as bytes.
+    pub(crate) fn push_compact(self, ip: IpAddr, out: &mut key::KeyBuf) {
+        match canonical(ip) {
+            IpAddr::V4(v4) => {
+                let [a, b, c, d] = mask_v4(v4, self.v4).octets();
+                out.push_bytes(&[4, self.v4, a, b, c, d]);
+            }
+            IpAddr::V6(v6) => {
+                out.push_bytes(&[6, self.v6]);
+                out.push_bytes(&mask_v6(v6, self.v6).octets());
+            }
+        }
+    }
+
     /// The network's text in a stack buffer.
     pub(crate) fn network_inline(self, ip: IpAddr) -> NetworkText {
         let (addr, len, full) = match canonical(ip) {
@@ -340,6 +355,25 @@ impl Dimension {
             Dimension::Header(name) => identity.header(name).map(Cow::Borrowed),
             Dimension::Arg(name) => identity.arg(name).map(Cow::Borrowed),
             Dimension::Custom { extract, .. } => extract(identity).map(Cow::Owned),
+        }
+    }
+
+    /// Appends this dimension's value for `identity` to a compact key (bytes, not text: see
+    /// [`key::push_compact_part`]); false if the identity lacks it.
+    pub(crate) fn push_compact(&self, identity: &Identity, out: &mut key::KeyBuf) -> bool {
+        match (self.prefix(), identity.ip) {
+            (Some(prefix), Some(ip)) => {
+                prefix.push_compact(ip, out);
+                true
+            }
+            (Some(_), None) => false,
+            (None, _) => match self.value(identity) {
+                Some(value) => {
+                    key::push_compact_part(out, &value);
+                    true
+                }
+                None => false,
+            },
         }
     }
 

@@ -21,9 +21,44 @@ pub const MAX_PART: usize = 128;
 pub(crate) struct KeyBuf(smallvec::SmallVec<[u8; 256]>);
 
 impl KeyBuf {
-    /// The keys written so far.
+    /// The keys written so far, when they are all text.
+    #[cfg(test)]
     pub(crate) fn text(&self) -> &str {
         ascii(&self.0)
+    }
+
+    /// The text keys written in `range` (compact keys are not text: see [`push_compact_part`]).
+    pub(crate) fn text_at(&self, range: std::ops::Range<usize>) -> &str {
+        ascii(&self.0[range])
+    }
+
+    /// Everything written so far, as bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Appends bytes of a compact key.
+    #[inline]
+    pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// Where a compact key's identity value starts, after the limiter's text: no text holds this
+/// byte (it is never UTF-8), so a compact key never equals a text key, and the limiter's part
+/// ends at its first occurrence.
+pub(crate) const COMPACT_MARK: u8 = 0xff;
+
+/// Appends an identity's value to a compact key: its bytes as they are (tagged 0), or, past
+/// [`MAX_PART`], its hashed text form (tagged 1), so that memory per key stays bounded and no
+/// short value can pose as a long one's digest.
+pub(crate) fn push_compact_part(out: &mut KeyBuf, value: &str) {
+    if value.len() <= MAX_PART {
+        out.push_ascii(0);
+        out.push_bytes(value.as_bytes());
+    } else {
+        out.push_ascii(1);
+        push_escaped(out, value);
     }
 }
 

@@ -16,7 +16,7 @@
 //! let again = gate.check(&policy, &who, 1).await?;
 //! assert!(!again.allowed());
 //! // The denied request cost nothing: the user's daily quota still shows 19 left.
-//! let user_rule = again.rules().iter().find(|r| &*r.limiter == "user_id").unwrap();
+//! let user_rule = again.rules(&policy).into_iter().find(|r| &*r.limiter == "user_id").unwrap();
 //! assert_eq!(user_rule.remaining, 19);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
@@ -75,7 +75,7 @@ pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanScope, BanTarget};
 pub use bypass::{Bypass, IpNet, IpNetError};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, LimiterName, Reason, RuleDecision};
+pub use decision::{Decision, LimiterName, NamedDecision, Reason, RuleDecision, RuleDecisions};
 pub use duplicate::{
     Acquire, Duplicate, DuplicateBy, DuplicateGuard, DuplicateState, Fingerprint, Lease,
     MAX_IDEMPOTENCY_KEY_LEN, idempotency_key,

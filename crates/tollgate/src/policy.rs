@@ -108,7 +108,7 @@ impl Limiter {
     /// let second = gate.check(&policy, &who, 1).await?;
     /// assert!(second.allowed()); // the trial limit is not enforced...
     /// assert!(second.shadow_denied()); // ...but it would have denied
-    /// let trial: Vec<&str> = second.shadow_denied_rules().map(|r| r.limiter.as_str()).collect();
+    /// let trial: Vec<String> = second.shadow_denied_rules(&policy).map(|r| r.limiter.to_string()).collect();
     /// assert_eq!(trial, ["trial"]);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();

@@ -106,8 +106,14 @@ impl<'a> CheckRequest<'a> {
 /// One limiter of a [`CheckRequest`].
 #[derive(Clone, Copy, Debug)]
 pub struct LimiterRequest<'a> {
-    /// The base key, hash tag included (see [`key::limiter_key`]).
+    /// The base key as text, hash tag included (see [`key::limiter_key`]): what a store that
+    /// keeps text keys finds the limiter's state by ([`Store::text_keys`]). Empty in a request
+    /// to a store that keeps none.
     pub key: &'a str,
+    /// The limiter's compact key, for a store that keeps no text keys (the memory store): the
+    /// limiter's place and the identity's value as bytes, never text, compared whole. Empty
+    /// when [`key`](Self::key) is set. [`key_bytes`](Self::key_bytes) gives whichever is set.
+    pub compact: &'a [u8],
     /// The rules, in policy order.
     pub rules: &'a [Rule],
     /// Ban the identity when this limiter denies (never when it is shadow).
@@ -116,7 +122,28 @@ pub struct LimiterRequest<'a> {
     pub shadow: bool,
 }
 
-impl LimiterRequest<'_> {
+impl<'a> LimiterRequest<'a> {
+    /// A limiter of `rules` under the text `key`, enforced, without a ban rule.
+    pub fn new(key: &'a str, rules: &'a [Rule]) -> LimiterRequest<'a> {
+        LimiterRequest {
+            key,
+            compact: &[],
+            rules,
+            ban: None,
+            shadow: false,
+        }
+    }
+
+    /// The key the limiter's state is found by: the compact key if set, else the text key's
+    /// bytes. The two never collide: text keys are UTF-8, and a compact key is not.
+    pub fn key_bytes(&self) -> &'a [u8] {
+        if self.compact.is_empty() {
+            self.key.as_bytes()
+        } else {
+            self.compact
+        }
+    }
+
     /// Whether this limiter is a concurrency limit (its rule is a
     /// [`Rule::concurrent`](crate::Rule::concurrent)).
     pub fn is_concurrent(&self) -> bool {
@@ -449,6 +476,14 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
+    /// Whether the store finds limiter states by their text keys
+    /// ([`LimiterRequest::key`]; the default, for stores that keep text, like Redis) or by
+    /// their compact keys ([`LimiterRequest::compact`]: an in-process store, which then never
+    /// pays for building text).
+    fn text_keys(&self) -> bool {
+        true
+    }
+
     /// Takes the lock `key` with `token` for `ttl` if it is free (set-if-absent), remembering
     /// the fingerprint; otherwise describes who holds it.
     fn lock_acquire(
@@ -554,6 +589,7 @@ trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<Receipt>, StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
+    fn text_keys(&self) -> bool;
     fn lock_acquire<'a>(
         &'a self,
         key: &'a str,
@@ -636,6 +672,10 @@ impl<S: Store> DynStore for S {
 
     fn bans_possible(&self) -> bool {
         Store::bans_possible(self)
+    }
+
+    fn text_keys(&self) -> bool {
+        Store::text_keys(self)
     }
 
     fn lock_acquire<'a>(
@@ -784,6 +824,11 @@ macro_rules! forward_store {
         fn bans_possible(&self) -> bool {
             let $inner = self;
             $trait::bans_possible($to)
+        }
+
+        fn text_keys(&self) -> bool {
+            let $inner = self;
+            $trait::text_keys($to)
         }
 
         async fn lock_acquire(

@@ -224,12 +224,12 @@ impl Model {
     }
 }
 
-fn observed(d: &Decision) -> Expected {
+fn observed(d: &Decision, policy: &Policy) -> Expected {
     (
         d.allowed(),
         d.reason(),
         d.retry_after().map(|r| r.as_micros() as u64),
-        d.rules()
+        d.rules(policy)
             .iter()
             .map(|r| (r.allowed, r.remaining, r.reset_after.as_micros() as u64))
             .collect(),
@@ -342,7 +342,7 @@ fn run(limiters: &[LimiterSpec], ops: &[Op]) -> Result<(), TestCaseError> {
                     .expect("the identity carries every dimension");
                 let want = model.decide(limiters, &values, now, op.cost, consume);
                 prop_assert_eq!(
-                    observed(&decision),
+                    observed(&decision, &policy),
                     want,
                     "step {} ({:?}) at +{} ms",
                     step,

@@ -210,7 +210,7 @@ impl Auth {
             Ok(d) if !d.allowed() => {
                 Charged::Refused(d.retry_after().unwrap_or(self.limit.window()))
             }
-            Ok(d) => match d.rules().first() {
+            Ok(d) => match d.rules(policy).first() {
                 // The lockout ends when the oldest failure leaves the window, which is what
                 // a refusal would say now.
                 Some(rule) if rule.remaining == 0 => Charged::Last(

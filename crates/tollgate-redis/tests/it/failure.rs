@@ -146,6 +146,7 @@ async fn the_local_fallback_is_the_one_handed_in() {
     let rules = ["1/1m".parse().unwrap()];
     let limiters = [LimiterRequest {
         key: "prepared",
+        compact: &[],
         rules: &rules,
         ban: None,
         shadow: false,

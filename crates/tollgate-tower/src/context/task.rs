@@ -5,7 +5,7 @@ use std::{
 };
 
 use tokio::task::futures::TaskLocalFuture;
-use tollgate::{Decision, Identity, RuleDecision, Store, Tollgate};
+use tollgate::{Decision, Identity, Policy, RuleDecision, Store, Tollgate};
 
 use crate::{
     gate::{SharedGate, erase},
@@ -89,11 +89,11 @@ impl Context {
             .clone()
     }
 
-    pub(crate) fn record(&self, decision: &Decision) {
+    pub(crate) fn record(&self, decision: &Decision, policy: &Policy) {
         self.admitted
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .extend(decision.rules().iter().cloned());
+            .extend(decision.rules(policy));
     }
 }
 

@@ -125,7 +125,7 @@ where
                         }
                     };
                     if !decision.allowed() {
-                        let rejection = Rejection::denied(decision);
+                        let rejection = Rejection::denied(decision, &this.config.policy);
                         return Poll::Ready(Ok(reject(this.config, rejection, *this.grpc)));
                     }
                     let Some((mut inner, mut request)) = call.take() else {
@@ -173,9 +173,12 @@ where
                         }
                         if let Some(decision) = decision.take() {
                             let headers = response.headers_mut();
-                            this.config
-                                .fields
-                                .insert(this.config.style, &decision, headers);
+                            this.config.fields.insert(
+                                this.config.style,
+                                &decision,
+                                &this.config.policy,
+                                headers,
+                            );
                         }
                         response
                     });

@@ -460,9 +460,9 @@ async fn a_shadow_limiter_through_the_macro_never_refuses() {
             let Err(Rejection::RateLimited(decision)) = search(3).await else {
                 panic!("the enforced limit refuses the fourth");
             };
-            let denied: Vec<&str> = decision
+            let denied: Vec<String> = decision
                 .denied_rules()
-                .map(|r| r.limiter.as_str())
+                .map(|r| r.limiter.to_string())
                 .collect();
             assert_eq!(denied, ["user_id"]);
             assert!(

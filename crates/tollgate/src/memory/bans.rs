@@ -188,6 +188,8 @@ impl Inner {
         for shard in self.shards.iter() {
             for (key, entry) in shard.lock().iter() {
                 if let State::Ban(ban) = &entry.state {
+                    // Ban keys are text.
+                    let key = std::str::from_utf8(key).unwrap_or_default();
                     if ban.until > now && key.starts_with(&ban_keys) {
                         f(key, ban);
                     }

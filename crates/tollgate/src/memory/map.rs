@@ -125,7 +125,8 @@ pub(super) struct Evicted {
 }
 
 struct Slot {
-    key: Box<str>,
+    /// Text (bans, locks, limiter keys of a text request) or a limiter's compact key.
+    key: Box<[u8]>,
     /// `None` while the slot is free.
     entry: Option<Entry>,
 }
@@ -241,8 +242,8 @@ impl Shard {
     }
 
     /// The slot holding `key`.
-    pub(super) fn find(&self, hash: u64, key: &str) -> Option<SlotId> {
-        let slots = &self.slots;
+    pub(super) fn find(&self, hash: u64, key: &(impl AsRef<[u8]> + ?Sized)) -> Option<SlotId> {
+        let (slots, key) = (&self.slots, key.as_ref());
         self.table
             .find(hash, |&i| *slots[i as usize].key == *key)
             .copied()
@@ -263,18 +264,32 @@ impl Shard {
     }
 
     /// The entry under `key`, expired or not.
-    pub(super) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+    pub(super) fn get_mut(
+        &mut self,
+        hash: u64,
+        key: &(impl AsRef<[u8]> + ?Sized),
+    ) -> Option<&mut Entry> {
         let id = self.find(hash, key)?;
         Some(self.entry(id))
     }
 
     /// The entry under `key` if it has not expired.
-    pub(super) fn live(&mut self, hash: u64, key: &str, now: u64) -> Option<&mut Entry> {
+    pub(super) fn live(
+        &mut self,
+        hash: u64,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        now: u64,
+    ) -> Option<&mut Entry> {
         self.get_mut(hash, key).filter(|e| e.expires_at > now)
     }
 
     /// Puts `entry` under `key`, replacing what was there.
-    pub(super) fn insert(&mut self, hash: u64, key: &str, mut entry: Entry) -> SlotId {
+    pub(super) fn insert(
+        &mut self,
+        hash: u64,
+        key: &(impl AsRef<[u8]> + ?Sized),
+        mut entry: Entry,
+    ) -> SlotId {
         self.tick = self.tick.wrapping_add(1);
         entry.used = self.tick;
         self.usage.count(&entry.state, true);
@@ -284,7 +299,7 @@ impl Shard {
             return id;
         }
         let slot = Slot {
-            key: key.into(),
+            key: key.as_ref().into(),
             entry: Some(entry),
         };
         let id = match self.free.pop() {
@@ -304,8 +319,8 @@ impl Shard {
     }
 
     /// Removes the entry under `key`.
-    pub(super) fn remove(&mut self, hash: u64, key: &str) -> Option<Entry> {
-        let slots = &self.slots;
+    pub(super) fn remove(&mut self, hash: u64, key: &(impl AsRef<[u8]> + ?Sized)) -> Option<Entry> {
+        let (slots, key) = (&self.slots, key.as_ref());
         let found = self
             .table
             .find_entry(hash, |&i| *slots[i as usize].key == *key);
@@ -414,7 +429,7 @@ impl Shard {
     }
 
     /// Every entry with its key.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&[u8], &Entry)> {
         self.table.iter().filter_map(|&id| {
             let slot = &self.slots[id as usize];
             slot.entry.as_ref().map(|e| (&*slot.key, e))
@@ -448,8 +463,9 @@ impl Shards {
         self.shards.len()
     }
 
-    pub(super) fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
+    /// The hash of a key, as text or bytes (a key is hashed as its bytes, whatever its type).
+    pub(super) fn hash(&self, key: &(impl AsRef<[u8]> + ?Sized)) -> u64 {
+        self.hasher.hash_one(key.as_ref())
     }
 
     /// The shard of a key's hash. The table inside uses the hash's low bits (bucket) and top

@@ -347,6 +347,103 @@ fn owed(wait_us: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
     admits
 }
 
+/// Evaluates limiter `l` in its shard into `out`: where its entry is (`None` for a new key),
+/// and whether it admits.
+#[inline(always)]
+fn evaluate(
+    shard: &mut Shard,
+    hash: u64,
+    l: &LimiterRequest<'_>,
+    now: u64,
+    cost: u64,
+    out: &mut [RuleOutcome],
+) -> (Option<SlotId>, bool) {
+    let id = shard.find(hash, l.key_bytes());
+    let Some(id) = id else {
+        let admits = match shard.owed(hash, now) {
+            Some(until) => owed(until - now, cost, out),
+            None => RuleStates::default().evaluate(l.rules, now, cost, out),
+        };
+        return (None, admits);
+    };
+    shard.touch(id);
+    match shard.entry(id) {
+        Entry {
+            state: State::Rules(states),
+            expires_at,
+            ..
+        } => {
+            if *expires_at <= now {
+                states.clear();
+            }
+            (Some(id), states.evaluate(l.rules, now, cost, out))
+        }
+        // A key of another kind (never in practice): replaced, as a new key.
+        _ => (
+            None,
+            RuleStates::default().evaluate(l.rules, now, cost, out),
+        ),
+    }
+}
+
+/// After limiter `l` was not recorded: its admitting rules report the state as it stays, and
+/// its entry is marked limited if a rule denied.
+#[inline]
+fn settle(
+    shard: &mut Shard,
+    id: Option<SlotId>,
+    l: &LimiterRequest<'_>,
+    now: u64,
+    out: &mut [RuleOutcome],
+) {
+    let denied = out.iter().any(|o| !o.allowed);
+    match id.map(|id| shard.entry(id)) {
+        Some(entry) => {
+            entry.limited |= denied;
+            if let State::Rules(states) = &mut entry.state {
+                states.settle(l.rules, now, out);
+            }
+        }
+        None => RuleStates::default().settle(l.rules, now, out),
+    }
+}
+
+/// Records an admission of `cost` in limiter `l`'s entry (a new one when `id` is `None`; room
+/// was made for it), with `outcomes` its admitting outcomes.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn record(
+    shard: &mut Shard,
+    id: Option<SlotId>,
+    hash: u64,
+    l: &LimiterRequest<'_>,
+    outcomes: &[RuleOutcome],
+    now: u64,
+    cost: u64,
+    check_id: u64,
+) {
+    let used_up = outcomes.iter().any(|o| o.remaining == 0);
+    match id.map(|id| shard.entry(id)) {
+        Some(Entry {
+            state: State::Rules(states),
+            expires_at,
+            limited,
+            ..
+        }) => {
+            let until = states.record(l.rules, outcomes, now, cost, check_id);
+            *expires_at = (*expires_at).max(until);
+            *limited = used_up;
+        }
+        _ => {
+            let mut states = RuleStates::default();
+            let expires_at = states.record(l.rules, outcomes, now, cost, check_id);
+            let mut entry = Entry::new(State::Rules(states), expires_at);
+            entry.limited = used_up;
+            shard.insert(hash, l.key_bytes(), entry);
+        }
+    }
+}
+
 impl Inner {
     /// Whether a ban may be live now (false until a ban was ever written, without a clock read).
     fn bans_possible(&self) -> bool {
@@ -356,8 +453,47 @@ impl Inner {
 
     /// One atomic check (see [`CheckRequest`]), answered into `verdict`.
     fn check(&self, request: &CheckRequest<'_>, verdict: &mut Verdict) -> Result<(), StoreError> {
+        verdict.banned_us = None;
+        verdict.receipt = None;
+        verdict.rules.clear();
+        match request.limiters {
+            [one] if request.bans.is_empty() && !one.shadow => {
+                self.check_one(request, one, verdict)
+            }
+            _ => self.check_many(request, verdict),
+        }
+        Ok(())
+    }
+
+    /// A check of one enforced limiter without ban keys, the common case: one key, one shard.
+    fn check_one(&self, request: &CheckRequest<'_>, l: &LimiterRequest<'_>, verdict: &mut Verdict) {
+        let hash = self.shards.hash(l.key_bytes());
+        let mut shard = self.shards.lock_one(hash);
+        let now = self.clock.now_us();
+        verdict.blocked_us = None;
+        verdict.rules.resize(l.rules.len(), RuleOutcome::default());
+        let out = &mut verdict.rules[..];
+        let cost = request.cost;
+        let (id, admits) = evaluate(&mut shard, hash, l, now, cost, out);
+        verdict.allowed = admits;
+        if !admits {
+            settle(&mut shard, id, l, now, out);
+            return;
+        }
+        if request.consume && cost > 0 {
+            if id.is_none() {
+                self.make_room(&mut shard, Kind::Counter, 1, now, &[]);
+            }
+            let check_id = self.check_id(request);
+            record(&mut shard, id, hash, l, out, now, cost, check_id);
+            verdict.receipt = Some(Receipt::new(now, check_id, cost));
+        }
+    }
+
+    /// A check of any limiters and ban keys: every shard they live in locked at once.
+    fn check_many(&self, request: &CheckRequest<'_>, verdict: &mut Verdict) {
         let mut hashes = SmallVec::<[u64; 8]>::new();
-        for key in request.limiters.iter().map(|l| l.key) {
+        for key in request.limiters.iter().map(LimiterRequest::key_bytes) {
             hashes.push(self.shards.hash(key));
         }
         for key in request.bans.iter().map(|b| b.key) {
@@ -368,12 +504,9 @@ impl Inner {
         let now = self.clock.now_us();
 
         verdict.blocked_us = self.blocked_for(request, ban_hashes, &mut locked, now);
-        verdict.banned_us = None;
-        verdict.receipt = None;
-        verdict.rules.clear();
         if verdict.blocked_us.is_some() {
             verdict.allowed = false;
-            return Ok(());
+            return;
         }
 
         let cost = request.cost;
@@ -389,32 +522,8 @@ impl Inner {
         for (l, &hash) in request.limiters.iter().zip(limiter_hashes) {
             let out = &mut out[first..first + l.rules.len()];
             first += l.rules.len();
-            let shard = locked.shard(hash);
-            let id = shard.find(hash, l.key);
-            if let Some(id) = id {
-                shard.touch(id);
-            }
-            let admits = match id.map(|id| shard.entry(id)) {
-                Some(Entry {
-                    state: State::Rules(states),
-                    expires_at,
-                    ..
-                }) => {
-                    if *expires_at <= now {
-                        states.clear();
-                    }
-                    found.push(id);
-                    states.evaluate(l.rules, now, cost, out)
-                }
-                // A new key (or, never in practice, a key of another kind, replaced).
-                _ => {
-                    found.push(None);
-                    match shard.owed(hash, now) {
-                        Some(until) => owed(until - now, cost, out),
-                        None => RuleStates::default().evaluate(l.rules, now, cost, out),
-                    }
-                }
-            };
+            let (id, admits) = evaluate(locked.shard(hash), hash, l, now, cost, out);
+            found.push(id);
             shadow_denied.push(l.shadow && !admits);
             allowed &= admits || l.shadow;
         }
@@ -424,7 +533,7 @@ impl Inner {
             // Nothing is recorded where a limiter would deny; nothing at all if an enforced one
             // does.
             let mut first = 0;
-            for (i, ((l, &hash), id)) in request
+            for (i, ((l, &hash), &id)) in request
                 .limiters
                 .iter()
                 .zip(limiter_hashes)
@@ -436,16 +545,7 @@ impl Inner {
                 if allowed && !shadow_denies(i) {
                     continue;
                 }
-                let denied = out.iter().any(|o| !o.allowed);
-                match id.map(|id| locked.shard(hash).entry(id)) {
-                    Some(entry) => {
-                        entry.limited |= denied;
-                        if let State::Rules(states) = &mut entry.state {
-                            states.settle(l.rules, now, out);
-                        }
-                    }
-                    None => RuleStates::default().settle(l.rules, now, out),
-                }
+                settle(locked.shard(hash), id, l, now, out);
             }
         }
         if !allowed {
@@ -454,20 +554,14 @@ impl Inner {
                 verdict.banned_us =
                     self.ban_offender(request, ban_hashes, &verdict.rules, &mut locked, now);
             }
-            return Ok(());
+            return;
         }
 
         if request.consume && cost > 0 {
             self.make_room_for(limiter_hashes, &found, &mut locked, now);
-            // Leases of concurrency limits are named by the check's id (one atomic add, only
-            // for checks that take one).
-            let check_id = if request.limiters.iter().any(LimiterRequest::is_concurrent) {
-                self.next_id.fetch_add(1, Ordering::Relaxed)
-            } else {
-                0
-            };
+            let check_id = self.check_id(request);
             let mut first = 0;
-            for (i, ((l, &hash), id)) in request
+            for (i, ((l, &hash), &id)) in request
                 .limiters
                 .iter()
                 .zip(limiter_hashes)
@@ -475,30 +569,18 @@ impl Inner {
                 .enumerate()
             {
                 let outcomes = &out[first..first + l.rules.len()];
-                let used_up = outcomes.iter().any(|o| o.remaining == 0);
                 first += l.rules.len();
-                if shadow_denies(i) {
-                    continue;
-                }
-                let shard = locked.shard(hash);
-                match id.map(|id| shard.entry(id)) {
-                    Some(Entry {
-                        state: State::Rules(states),
-                        expires_at,
-                        limited,
-                        ..
-                    }) => {
-                        let until = states.record(l.rules, outcomes, now, cost, check_id);
-                        *expires_at = (*expires_at).max(until);
-                        *limited = used_up;
-                    }
-                    _ => {
-                        let mut states = RuleStates::default();
-                        let expires_at = states.record(l.rules, outcomes, now, cost, check_id);
-                        let mut entry = Entry::new(State::Rules(states), expires_at);
-                        entry.limited = used_up;
-                        shard.insert(hash, l.key, entry);
-                    }
+                if !shadow_denies(i) {
+                    record(
+                        locked.shard(hash),
+                        id,
+                        hash,
+                        l,
+                        outcomes,
+                        now,
+                        cost,
+                        check_id,
+                    );
                 }
             }
             verdict.receipt = Some(if shadow_denied.contains(&true) {
@@ -511,7 +593,16 @@ impl Inner {
             });
         }
         verdict.allowed = true;
-        Ok(())
+    }
+
+    /// The id of an admission: leases of concurrency limits are named by it (one atomic add,
+    /// only for checks that take one); 0 otherwise.
+    fn check_id(&self, request: &CheckRequest<'_>) -> u64 {
+        if request.limiters.iter().any(LimiterRequest::is_concurrent) {
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        }
     }
 
     /// Before anything is written: room in every shard for the limiter keys this admission
@@ -577,9 +668,9 @@ impl Inner {
 
     fn reset(&self, request: &CheckRequest<'_>) {
         for limiter in request.limiters {
-            let hash = self.shards.hash(limiter.key);
+            let hash = self.shards.hash(limiter.key_bytes());
             let mut shard = self.shards.lock_one(hash);
-            shard.remove(hash, limiter.key);
+            shard.remove(hash, limiter.key_bytes());
             // A key evicted at its limit is reset too.
             shard.forgive(hash);
         }
@@ -590,7 +681,7 @@ impl Inner {
         let hashes: SmallVec<[u64; 8]> = request
             .limiters
             .iter()
-            .map(|l| self.shards.hash(l.key))
+            .map(|l| self.shards.hash(l.key_bytes()))
             .collect();
         let mut locked = self.shards.lock(&hashes);
         let now = self.clock.now_us();
@@ -598,7 +689,7 @@ impl Inner {
         // First every limiter must still hold them; then they move.
         for (i, (limiter, &hash)) in request.limiters.iter().zip(&hashes).enumerate() {
             let Some(at) = receipt.at_us(i) else { continue };
-            match locked.shard(hash).live(hash, limiter.key, now) {
+            match locked.shard(hash).live(hash, limiter.key_bytes(), now) {
                 Some(Entry {
                     state: State::Rules(states),
                     ..
@@ -616,7 +707,7 @@ impl Inner {
                 state: State::Rules(states),
                 expires_at,
                 ..
-            }) = locked.shard(hash).live(hash, limiter.key, now)
+            }) = locked.shard(hash).live(hash, limiter.key_bytes(), now)
             {
                 let until = states.renew(limiter.rules, now, at, units, receipt.id());
                 *expires_at = (*expires_at).max(until);
@@ -637,13 +728,13 @@ impl Inner {
                 },
                 None => None,
             };
-            let hash = self.shards.hash(limiter.key);
+            let hash = self.shards.hash(limiter.key_bytes());
             let mut shard = self.shards.lock_one(hash);
             if let Some(Entry {
                 state: State::Rules(states),
                 expires_at,
                 ..
-            }) = shard.live(hash, limiter.key, now)
+            }) = shard.live(hash, limiter.key_bytes(), now)
             {
                 if *expires_at > now {
                     states.refund(
@@ -722,6 +813,10 @@ impl Store for MemoryStore {
 
     fn bans_possible(&self) -> bool {
         self.inner.bans_possible()
+    }
+
+    fn text_keys(&self) -> bool {
+        false
     }
 
     fn lock_acquire(

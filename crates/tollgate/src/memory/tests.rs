@@ -10,6 +10,7 @@ fn check(store: &MemoryStore, key: &str, rules: &[&str], cost: u64) -> Result<Ve
     let rules: Vec<Rule> = rules.iter().map(|r| r.parse().unwrap()).collect();
     let limiters = [LimiterRequest {
         key,
+        compact: &[],
         rules: &rules,
         ban: None,
         shadow: false,
@@ -117,6 +118,7 @@ fn a_reset_forgives_an_evicted_key() {
     let rules: Vec<Rule> = vec!["1/1h".parse().unwrap()];
     let limiters = [LimiterRequest {
         key: "hot",
+        compact: &[],
         rules: &rules,
         ban: None,
         shadow: false,
@@ -269,6 +271,7 @@ fn one_key_holds_every_rule_of_a_limiter() {
     ];
     let limiter = [LimiterRequest {
         key: "k",
+        compact: &[],
         rules: &rules,
         ban: None,
         shadow: false,
@@ -378,6 +381,7 @@ fn a_stale_gcra_receipt_refunds_nothing() {
     ];
     let limiters = [LimiterRequest {
         key: "k",
+        compact: &[],
         rules: &rules,
         ban: None,
         shadow: false,

@@ -161,7 +161,7 @@ impl Dashboard {
         let banned = decision.reason() == Reason::Blocked;
         for limiter in policy.limiters() {
             let rule = match decision
-                .denied_rules()
+                .denied_rules(policy)
                 .find(|r| &*r.limiter == limiter.name())
             {
                 Some(rule) => rule.rule.to_string(),

@@ -1261,6 +1261,7 @@ impl RateLimiter {
             }
             limiters.push(LimiterRequest {
                 key: &keys[counter.key.clone()],
+                compact: &[],
                 rules,
                 ban: counter.node.ban.filter(|_| !bans.is_empty()),
                 shadow: counter.node.shadow,

@@ -182,7 +182,13 @@ fn write_answer(
                 decision,
                 item.receipt,
             );
-            write_decision(body, decision, &item.entry.rule_texts, receipt.as_deref());
+            write_decision(
+                body,
+                decision,
+                &item.entry.policy,
+                &item.entry.rule_texts,
+                receipt.as_deref(),
+            );
         }
         // Writing an error's text into a Vec cannot fail.
         Err(e) => {

@@ -105,23 +105,32 @@ pub(super) async fn decide(
         decision,
         started,
     )?;
-    let mut body = Vec::with_capacity(decision_size_hint(&decision));
+    let mut body = Vec::with_capacity(decision_size_hint(&decision, &entry.policy));
     let receipt = sealed_receipt(app, &entry.policy, &identity, &decision, receipt);
-    write_decision(&mut body, &decision, &entry.rule_texts, receipt.as_deref());
+    write_decision(
+        &mut body,
+        &decision,
+        &entry.policy,
+        &entry.rule_texts,
+        receipt.as_deref(),
+    );
     let mut response = json_bytes(body);
     let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
     let wait = decision.retry_after();
-    entry
-        .fields
-        .write(style, decision.rules(), wait, |name, value| {
+    entry.fields.write(
+        style,
+        &decision.rules(&entry.policy),
+        wait,
+        |name, value| {
             let made = entry.policy_field.as_ref().filter(|made| {
                 name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes()
             });
             if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
                 headers.insert(HeaderName::from_static(name), value);
             }
-        });
+        },
+    );
     Ok(response)
 }
 
@@ -149,7 +158,7 @@ pub(super) fn record(
         app.dashboard
             .decided(policy, &entry.policy, identity, &decision);
         if decision.allowed() && decision.shadow_denied() {
-            shadow_denied(app, policy, &decision);
+            shadow_denied(app, policy, &entry.policy, &decision);
         }
     } else {
         app.record_store_call("peek", decision.reason(), started);
@@ -176,12 +185,12 @@ pub(super) async fn timed<T>(
 
 /// Counts and logs each shadow limiter that would have denied an admitted check.
 #[cold]
-fn shadow_denied(app: &App, policy: &str, decision: &Decision) {
-    let mut last: Option<&str> = None;
-    for rule in decision.shadow_denied_rules() {
-        if last != Some(rule.limiter.as_str()) {
-            app.metrics.shadow_denied(policy, &rule.limiter);
-            last = Some(rule.limiter.as_str());
+fn shadow_denied(app: &App, name: &str, policy: &tollgate::Policy, decision: &Decision) {
+    let mut last = None;
+    for rule in decision.shadow_denied_rules(policy) {
+        if last.as_ref() != Some(&rule.limiter) {
+            app.metrics.shadow_denied(name, &rule.limiter);
+            last = Some(rule.limiter);
         }
     }
 }

@@ -104,6 +104,7 @@ pub(crate) struct ResetRequest {
 pub(crate) fn write_decision(
     out: &mut Vec<u8>,
     d: &Decision,
+    policy: &Policy,
     texts: &[RuleText],
     receipt: Option<&str>,
 ) {
@@ -125,7 +126,7 @@ pub(crate) fn write_decision(
     }
     out.extend_from_slice(b",\"rules\":[");
     let mut next = 0;
-    for (i, r) in d.rules().iter().enumerate() {
+    for (i, r) in d.rules(policy).iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -160,16 +161,16 @@ pub(crate) fn write_decision(
     out.push(b']');
     if d.shadow_denied() {
         out.extend_from_slice(b",\"shadow_denied\":[");
-        let mut last: Option<&str> = None;
-        for r in d.shadow_denied_rules() {
-            if last == Some(r.limiter.as_str()) {
+        let mut last = None;
+        for r in d.shadow_denied_rules(policy) {
+            if last.as_ref() == Some(&r.limiter) {
                 continue;
             }
             if last.is_some() {
                 out.push(b',');
             }
             write_str(out, &r.limiter);
-            last = Some(r.limiter.as_str());
+            last = Some(r.limiter);
         }
         out.push(b']');
     }
@@ -178,7 +179,7 @@ pub(crate) fn write_decision(
         out.extend_from_slice(b",\"receipt\":\"");
         out.extend_from_slice(text.as_bytes());
         out.push(b'"');
-        if is_lease(d) {
+        if is_lease(d, policy) {
             out.extend_from_slice(b",\"lease\":\"");
             out.extend_from_slice(text.as_bytes());
             out.push(b'"');
@@ -188,8 +189,12 @@ pub(crate) fn write_decision(
 }
 
 /// A concurrency limit's slot: the receipt names the lease.
-fn is_lease(d: &Decision) -> bool {
-    d.rules().iter().any(|r| r.rule.is_concurrent())
+fn is_lease(d: &Decision, policy: &Policy) -> bool {
+    d.receipt().is_some()
+        && policy
+            .limiters()
+            .iter()
+            .any(tollgate::Limiter::is_concurrent)
 }
 
 /// The receipt an answer carries, sealed for its policy and identity: when the caller asked
@@ -203,13 +208,14 @@ pub(crate) fn sealed_receipt(
     asked: bool,
 ) -> Option<String> {
     let receipt = d.receipt()?;
-    (asked || is_lease(d)).then(|| app.receipts.seal(policy, identity, receipt))
+    (asked || is_lease(d, policy)).then(|| app.receipts.seal(policy, identity, receipt))
 }
 
 /// Room for a decision's JSON, so that writing it takes one allocation.
-pub(crate) fn decision_size_hint(d: &Decision) -> usize {
+pub(crate) fn decision_size_hint(d: &Decision, policy: &Policy) -> usize {
     // A sealed receipt (and lease) takes about 100 bytes per limiter.
-    256 + 128 * d.rules().len() + d.message().map_or(0, str::len)
+    let rules: usize = policy.limiters().iter().map(|l| l.rules().len()).sum();
+    256 + 128 * rules + d.message().map_or(0, str::len)
 }
 
 fn write_u64(out: &mut Vec<u8>, n: u64) {
@@ -361,8 +367,18 @@ mod tests {
                 let d = rt.block_on(gate.check(&entry.policy, &who, cost)).unwrap();
                 let mut out = Vec::new();
                 let receipt = d.receipt().map(|r| r.to_string());
-                write_decision(&mut out, &d, &entry.rule_texts, receipt.as_deref());
-                assert!(out.len() <= decision_size_hint(&d), "{}", out.len());
+                write_decision(
+                    &mut out,
+                    &d,
+                    &entry.policy,
+                    &entry.rule_texts,
+                    receipt.as_deref(),
+                );
+                assert!(
+                    out.len() <= decision_size_hint(&d, &entry.policy),
+                    "{}",
+                    out.len()
+                );
                 String::from_utf8(out).unwrap()
             })
             .collect()
