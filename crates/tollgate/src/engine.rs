@@ -666,7 +666,7 @@ impl<S: Store> Tollgate<S> {
         };
         match answered {
             Some(answered) => {
-                conclude(&policy.limiters, answered, &verdict, out);
+                conclude(&policy.limiters, answered, &mut verdict, out);
                 Now::Done(Ok(()))
             }
             None => Now::Later(keys),
@@ -691,7 +691,7 @@ impl<S: Store> Tollgate<S> {
         let mut verdict = Verdict::new(false, []);
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;
-        conclude(&policy.limiters, answered, &verdict, &mut out);
+        conclude(&policy.limiters, answered, &mut verdict, &mut out);
         Ok(out)
     }
 
@@ -861,7 +861,7 @@ impl<S: Store> Tollgate<S> {
         let request = CheckRequest::new(cost, true, &requests);
         let mut verdict = Verdict::new(false, []);
         let answered = self.run(&request, self.on_error, &mut verdict).await;
-        conclude(limiters, answered, &verdict, out);
+        conclude(limiters, answered, &mut verdict, out);
     }
 }
 
@@ -1116,7 +1116,7 @@ fn concurrent_part<'a>(
 }
 
 /// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
-fn conclude(limiters: &[Limiter], answered: Answered, verdict: &Verdict, out: &mut Decision) {
+fn conclude(limiters: &[Limiter], answered: Answered, verdict: &mut Verdict, out: &mut Decision) {
     match answered {
         Answered::Store => decide(limiters, verdict, out),
         Answered::Local => {
@@ -1129,15 +1129,15 @@ fn conclude(limiters: &[Limiter], answered: Answered, verdict: &Verdict, out: &m
     }
 }
 
-/// The decision from a store's verdict, into `out`.
-fn decide(limiters: &[Limiter], verdict: &Verdict, out: &mut Decision) {
+/// The decision from a store's verdict, into `out` (its receipt moves there).
+fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
     if let Some(left) = verdict.blocked_us {
         out.reset(false, Reason::Blocked);
         out.retry_after = Some(Duration::from_micros(left));
         return;
     }
     out.reset(verdict.allowed, Reason::Ok);
-    out.receipt.clone_from(&verdict.receipt);
+    out.receipt = verdict.receipt.take();
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
     let mut remaining = None::<u64>;

@@ -280,7 +280,7 @@ impl Receipt {
     /// Every limiter recorded the admission of `units` (the check's cost) at `at_us`.
     pub fn new(at_us: u64, id: u64, units: u64) -> Receipt {
         Receipt {
-            at_us: SmallVec::from_elem(at_us, 1),
+            at_us: SmallVec::from_buf([at_us]),
             id,
             units,
         }

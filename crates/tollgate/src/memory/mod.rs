@@ -471,7 +471,10 @@ impl Inner {
         let mut shard = self.shards.lock_one(hash);
         let now = self.clock.now_us();
         verdict.blocked_us = None;
-        verdict.rules.resize(l.rules.len(), RuleOutcome::default());
+        // Pushed, not resized: resizing goes through the general `extend`.
+        for _ in l.rules.iter() {
+            verdict.rules.push(RuleOutcome::default());
+        }
         let out = &mut verdict.rules[..];
         let cost = request.cost;
         let (id, admits) = evaluate(&mut shard, hash, l, now, cost, out);
