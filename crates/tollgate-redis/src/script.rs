@@ -289,8 +289,8 @@ fn too_large(what: &str, value: u64) -> StoreError {
 }
 
 /// Prepares refund.lua for the limiters `members` of `plan` (all in one slot), as the receipt
-/// says: a refund (see `Store::refund`), or with `extend` a renewal of the receipt's leases
-/// (`Store::extend`); false if none of them is concerned.
+/// says: a refund (see `RefundStore::refund`), or with `extend` a renewal of the receipt's leases
+/// (`RefundStore::extend`); false if none of them is concerned.
 pub(crate) fn prepare_refund(
     call: &mut Call<'_>,
     plan: &CheckRequest<'_>,

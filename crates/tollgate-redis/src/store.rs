@@ -5,8 +5,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, LockReply, Receipt, Store, StoreError,
-    StoreErrorKind, Verdict,
+    BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LockReply, LockStore, Receipt,
+    RefundStore, Store, StoreError, StoreErrorKind, Verdict,
 };
 
 use crate::{
@@ -167,6 +167,44 @@ impl Store for RedisStore {
         Ok(verdict)
     }
 
+    async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
+        let keys: Vec<String> = plan.limiters.iter().flat_map(|l| l.state_keys()).collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        // Forgotten before and after: a denial learnt while the keys are deleted is dropped.
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_limiters(plan);
+        }
+        let mut conn = self.backend().conn();
+        let _deleted: u64 = self
+            .backend()
+            .bounded("reset", redis::cmd("DEL").arg(keys).query_async(&mut conn))
+            .await?;
+        if let Some(cache) = &self.inner.cache {
+            cache.forget_limiters(plan);
+        }
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.backend().conn();
+        let pong: String = self
+            .backend()
+            .bounded("ping", redis::cmd("PING").query_async(&mut conn))
+            .await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("ping on {}: answered {pong:?}", self.backend().target),
+            ))
+        }
+    }
+}
+
+impl RefundStore for RedisStore {
     async fn refund(
         &self,
         plan: &CheckRequest<'_>,
@@ -244,7 +282,7 @@ impl Store for RedisStore {
                 receipt.id(),
                 receipt.units(),
             );
-            let _ = Store::refund(self, &leases, Some(&renewed)).await;
+            let _ = RefundStore::refund(self, &leases, Some(&renewed)).await;
             return Ok(None);
         }
         Ok(Some(Receipt::per_limiter(
@@ -253,43 +291,9 @@ impl Store for RedisStore {
             receipt.units(),
         )))
     }
+}
 
-    async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
-        let keys: Vec<String> = plan.limiters.iter().flat_map(|l| l.state_keys()).collect();
-        if keys.is_empty() {
-            return Ok(());
-        }
-        // Forgotten before and after: a denial learnt while the keys are deleted is dropped.
-        if let Some(cache) = &self.inner.cache {
-            cache.forget_limiters(plan);
-        }
-        let mut conn = self.backend().conn();
-        let _deleted: u64 = self
-            .backend()
-            .bounded("reset", redis::cmd("DEL").arg(keys).query_async(&mut conn))
-            .await?;
-        if let Some(cache) = &self.inner.cache {
-            cache.forget_limiters(plan);
-        }
-        Ok(())
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.backend().conn();
-        let pong: String = self
-            .backend()
-            .bounded("ping", redis::cmd("PING").query_async(&mut conn))
-            .await?;
-        if pong == "PONG" {
-            Ok(())
-        } else {
-            Err(StoreError::new(
-                StoreErrorKind::Protocol,
-                format!("ping on {}: answered {pong:?}", self.backend().target),
-            ))
-        }
-    }
-
+impl LockStore for RedisStore {
     async fn lock_acquire(
         &self,
         key: &str,
@@ -340,7 +344,9 @@ impl Store for RedisStore {
             .bounded("complete", invocation.invoke(&mut conn))
             .await
     }
+}
 
+impl BanStore for RedisStore {
     async fn bans(&self, prefix: &str) -> Result<Vec<BanEntry>, StoreError> {
         blocklist::all(self.backend(), prefix).await
     }

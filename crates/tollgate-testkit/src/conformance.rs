@@ -16,10 +16,11 @@
 
 use std::{any::Any, fmt, net::IpAddr, sync::Arc, time::Duration};
 
+use crate::FullStore;
 use tokio::sync::Barrier;
 use tollgate::{
     Algorithm, BanRule, CheckError, Clock, Decision, Dimension, Identity, Limiter, ManualClock,
-    MemoryStore, NamedDecision, Policy, Reason, Rule, Store, Tollgate,
+    MemoryStore, NamedDecision, Policy, Reason, Rule, Tollgate,
 };
 
 /// The instant every scenario starts at: 2100-01-01T00:00:00Z.
@@ -49,7 +50,7 @@ impl<S: fmt::Debug> fmt::Debug for Subject<S> {
     }
 }
 
-impl<S: Store> Subject<S> {
+impl<S: FullStore> Subject<S> {
     /// A subject over `gate`, whose store reads `clock`.
     pub fn new(gate: Tollgate<S>, clock: ManualClock) -> Subject<S> {
         Subject {
@@ -242,7 +243,7 @@ fn denied_rules(d: &NamedDecision) -> Vec<String> {
 
 /// Scenario 1: two sliding-log rules on one limiter (3/2s and 5/10s); each denies in turn, with
 /// exact `retry_after`, `remaining` and `reset_after` per rule.
-pub async fn multi_rule_limits<S: Store>(s: Subject<S>) {
+pub async fn multi_rule_limits<S: FullStore>(s: Subject<S>) {
     let p = policy(
         "multi",
         [Limiter::new(Dimension::Ip, [rule("3/2s"), rule("5/10s")])],
@@ -302,7 +303,7 @@ pub async fn multi_rule_limits<S: Store>(s: Subject<S>) {
 
 /// Scenario 2: a sliding log forgets each entry exactly `window` after it was recorded, one by
 /// one, not in batches.
-pub async fn sliding_log_entries_leave_one_by_one<S: Store>(s: Subject<S>) {
+pub async fn sliding_log_entries_leave_one_by_one<S: FullStore>(s: Subject<S>) {
     let p = policy("slide", [Limiter::new(Dimension::UserId, [rule("3/10s")])]);
     let who = user("u");
     for (i, at) in [0, 1000, 2000].into_iter().enumerate() {
@@ -362,7 +363,7 @@ pub async fn sliding_log_entries_leave_one_by_one<S: Store>(s: Subject<S>) {
 
 /// Scenario 3: a fixed window admits `limit` per epoch-aligned window and starts over at the
 /// boundary, which lets a burst straddle it (the known cost of fixed windows).
-pub async fn fixed_window_resets_at_the_aligned_boundary<S: Store>(s: Subject<S>) {
+pub async fn fixed_window_resets_at_the_aligned_boundary<S: FullStore>(s: Subject<S>) {
     let p = policy("fixed", [Limiter::new(Dimension::Ip, [fixed("3/10s")])]);
     let who = ip(1);
     s.at(ms(7000));
@@ -396,7 +397,7 @@ pub async fn fixed_window_resets_at_the_aligned_boundary<S: Store>(s: Subject<S>
 /// Scenario 3b: a sliding-window counter admits `limit` per window, then counts the previous
 /// window's units by how much of them the sliding window still covers; exact `retry_after`
 /// for that model, in this window and in the next; mixed with a sliding log, all or nothing.
-pub async fn sliding_window_weighs_the_previous_window<S: Store>(s: Subject<S>) {
+pub async fn sliding_window_weighs_the_previous_window<S: FullStore>(s: Subject<S>) {
     let sliding = |text: &str| rule(text).with_algorithm(Algorithm::SlidingWindow);
     let p = policy(
         "sliding",
@@ -477,7 +478,7 @@ pub async fn sliding_window_weighs_the_previous_window<S: Store>(s: Subject<S>) 
 
 /// Scenario 4: GCRA admits a burst of `limit`, then one request per `window / limit`, and says
 /// exactly when the next one fits.
-pub async fn gcra_spaces_requests_after_the_burst<S: Store>(s: Subject<S>) {
+pub async fn gcra_spaces_requests_after_the_burst<S: FullStore>(s: Subject<S>) {
     // One unit every 500 ms, bursts of up to 4.
     let p = policy("gcra", [Limiter::new(Dimension::Ip, [gcra("4/2s")])]);
     let who = ip(1);
@@ -517,7 +518,7 @@ pub async fn gcra_spaces_requests_after_the_burst<S: Store>(s: Subject<S>) {
 /// Scenario 5: sliding log, fixed window and GCRA in one limiter; whichever is strictest at the
 /// moment denies, `retry_after` is the longest wait among the denying rules, and a denial
 /// records nothing in the rules that would have admitted.
-pub async fn mixed_algorithms_strictest_decides<S: Store>(s: Subject<S>) {
+pub async fn mixed_algorithms_strictest_decides<S: FullStore>(s: Subject<S>) {
     let p = policy(
         "mixed",
         [Limiter::new(
@@ -591,7 +592,7 @@ pub async fn mixed_algorithms_strictest_decides<S: Store>(s: Subject<S>) {
 
 /// Scenario 6: a request of cost `n` counts `n` units in every algorithm; a cost above a limit
 /// is refused without touching the store; a cost of zero is a free look.
-pub async fn cost_is_counted_in_units<S: Store>(s: Subject<S>) {
+pub async fn cost_is_counted_in_units<S: FullStore>(s: Subject<S>) {
     let p = policy("cost", [Limiter::new(Dimension::Ip, [rule("5/10s")])]);
     let who = ip(1);
     s.at(ms(0));
@@ -671,7 +672,7 @@ pub async fn cost_is_counted_in_units<S: Store>(s: Subject<S>) {
 
 /// Scenario 7: `peek` returns what `check` would and records nothing; `reset` forgets one
 /// identity's counters of one policy, and nothing else.
-pub async fn peek_consumes_nothing_and_reset_forgets_one_identity<S: Store>(s: Subject<S>) {
+pub async fn peek_consumes_nothing_and_reset_forgets_one_identity<S: FullStore>(s: Subject<S>) {
     let limiter = || {
         Limiter::new(
             Dimension::Ip,
@@ -725,7 +726,7 @@ pub async fn peek_consumes_nothing_and_reset_forgets_one_identity<S: Store>(s: S
 
 /// Scenario 8: a request denied by one limiter costs nothing in the others, whatever their
 /// order and algorithms.
-pub async fn all_or_nothing_across_limiters<S: Store>(s: Subject<S>) {
+pub async fn all_or_nothing_across_limiters<S: FullStore>(s: Subject<S>) {
     let p = policy(
         "aon",
         [
@@ -851,7 +852,7 @@ fn expect_shadow(
 /// Scenario: shadow limiters (dry runs) in the same atomic check. A shadow limiter is counted
 /// when it would admit, records nothing when it would deny, never denies nor bans, and is not
 /// charged when an enforced limiter denies.
-pub async fn shadow_limiters_count_but_never_deny<S: Store>(s: Subject<S>) {
+pub async fn shadow_limiters_count_but_never_deny<S: FullStore>(s: Subject<S>) {
     let trial = Limiter::new(Dimension::UserId, [rule("1/1m"), gcra("1/1m")])
         .with_name("trial")
         .with_shadow(true);
@@ -1026,7 +1027,7 @@ fn expect_remaining(d: &NamedDecision, allowed: bool, remaining: &[u64]) {
 /// units; without one, the newest units of the current window; never below empty; never to a
 /// window that has ended (which would admit more than the limit in the new one); never to a
 /// shadow limiter that recorded nothing.
-pub async fn refunds_give_back_what_a_check_charged<S: Store>(s: Subject<S>) {
+pub async fn refunds_give_back_what_a_check_charged<S: FullStore>(s: Subject<S>) {
     let gate = &s.gate;
     let sliding_window = rule("2/1m").with_algorithm(Algorithm::SlidingWindow);
     let p = policy(
@@ -1140,7 +1141,7 @@ pub async fn refunds_give_back_what_a_check_charged<S: Store>(s: Subject<S>) {
 /// midnight: from 23:00 UTC in winter, and on the day the clocks go forward (2100-03-28) for 23
 /// hours only; `reset_after` and `retry_after` name the real boundary. A month of UTC is the
 /// calendar month.
-pub async fn calendar_windows_follow_the_zones_days<S: Store>(s: Subject<S>) {
+pub async fn calendar_windows_follow_the_zones_days<S: FullStore>(s: Subject<S>) {
     const HOUR: u64 = 3_600_000;
     const DAY: u64 = 24 * HOUR;
     let p = policy(
@@ -1197,7 +1198,7 @@ pub async fn calendar_windows_follow_the_zones_days<S: Store>(s: Subject<S>) {
 /// limit: a refusal for lack of a slot spends no rate quota and a rate refusal takes no slot;
 /// a release frees the slot at once (once); an extension renews it; a lease whose holder
 /// vanished ends by itself; a lost lease cannot be extended.
-pub async fn concurrency_leases_bound_what_is_in_flight<S: Store>(s: Subject<S>) {
+pub async fn concurrency_leases_bound_what_is_in_flight<S: FullStore>(s: Subject<S>) {
     let gate = &s.gate;
     let p = policy(
         "leases",
@@ -1327,7 +1328,7 @@ fn assert_same_as_peek(checked: &NamedDecision, peeked: &NamedDecision) {
 
 /// Scenario 9: an identity lacking a dimension is an error, and the check records nothing in
 /// the limiters it could have counted.
-pub async fn missing_dimension_records_nothing<S: Store>(s: Subject<S>) {
+pub async fn missing_dimension_records_nothing<S: FullStore>(s: Subject<S>) {
     let p = policy(
         "needs_user",
         [
@@ -1375,7 +1376,7 @@ pub async fn missing_dimension_records_nothing<S: Store>(s: Subject<S>) {
 
 /// From a state where `cost` is denied now, with `retry_after == want`: the request is still
 /// denied 1 ms before that instant (with 1 ms left to wait) and admitted exactly at it.
-async fn admitted_exactly_at_retry_after<S: Store>(
+async fn admitted_exactly_at_retry_after<S: FullStore>(
     s: &Subject<S>,
     p: &Policy,
     who: &Identity,
@@ -1395,7 +1396,7 @@ async fn admitted_exactly_at_retry_after<S: Store>(
 
 /// Scenario 10: `retry_after` is exact for every algorithm, with costs and across limiters:
 /// the request is admitted at `now + retry_after` and not a millisecond earlier.
-pub async fn retry_after_is_exact<S: Store>(s: Subject<S>) {
+pub async fn retry_after_is_exact<S: FullStore>(s: Subject<S>) {
     let log = policy("retry_log", [Limiter::new(Dimension::Ip, [rule("2/3s")])]);
     let who = ip(1);
     for at in [0, 1234] {
@@ -1462,7 +1463,7 @@ pub async fn retry_after_is_exact<S: Store>(s: Subject<S>) {
 
 /// Scenario 11: identities and policies that differ never share counters, however their text
 /// is built (separators, braces, escapes, empty, non-ASCII, 10 KB values).
-pub async fn keys_never_collide<S: Store>(s: Subject<S>) {
+pub async fn keys_never_collide<S: FullStore>(s: Subject<S>) {
     s.at(ms(0));
     let login = policy("login", [Limiter::new(Dimension::UserName, [rule("1/1m")])]);
     let long = "x".repeat(10_000);
@@ -1578,7 +1579,7 @@ fn limiter_names(d: &NamedDecision) -> Vec<String> {
 /// rules share one log, whatever rule set a call names); `check_single` counts every rule on a
 /// key of its own (name and rule), so a rule is shared only with calls naming the same rule.
 /// Both are all-or-nothing.
-pub async fn check_group_and_check_single<S: Store>(s: Subject<S>) {
+pub async fn check_group_and_check_single<S: FullStore>(s: Subject<S>) {
     s.at(ms(0));
     let rules = [rule("2/10s"), rule("3/1m")];
     let gate = &s.gate;
@@ -1639,7 +1640,7 @@ pub async fn check_group_and_check_single<S: Store>(s: Subject<S>) {
 
 /// Scenario 12b: `check_single` treats the same limit and window counted by two algorithms as
 /// two rules, each enforced on its own key.
-pub async fn check_single_keeps_rules_that_differ_only_in_algorithm<S: Store>(s: Subject<S>) {
+pub async fn check_single_keeps_rules_that_differ_only_in_algorithm<S: FullStore>(s: Subject<S>) {
     s.at(ms(0));
     let gate = &s.gate;
     let two_ways = [rule("2/10s"), fixed("2/10s")];
@@ -1654,7 +1655,7 @@ pub async fn check_single_keeps_rules_that_differ_only_in_algorithm<S: Store>(s:
 
 /// Scenario 14: after a quiet window every algorithm offers its full quota again, exactly at
 /// the boundary, even though stale state may still sit in the store.
-pub async fn quota_refills_after_a_quiet_window<S: Store>(s: Subject<S>) {
+pub async fn quota_refills_after_a_quiet_window<S: FullStore>(s: Subject<S>) {
     let p = policy(
         "quiet",
         [Limiter::new(
@@ -1693,7 +1694,7 @@ pub async fn quota_refills_after_a_quiet_window<S: Store>(s: Subject<S>) {
 
 /// Scenario 15: a denial carries the message of the first limiter that denied it; an
 /// admission carries none.
-pub async fn denial_names_the_first_denying_limiter<S: Store>(s: Subject<S>) {
+pub async fn denial_names_the_first_denying_limiter<S: FullStore>(s: Subject<S>) {
     let p = policy(
         "messages",
         [
@@ -1720,13 +1721,18 @@ pub async fn denial_names_the_first_denying_limiter<S: Store>(s: Subject<S>) {
 }
 
 /// Scenario 16: the store answers a ping.
-pub async fn store_answers_ping<S: Store>(s: Subject<S>) {
+pub async fn store_answers_ping<S: FullStore>(s: Subject<S>) {
     s.gate.store().ping().await.expect("ping");
 }
 
 /// Starts `n` checks of `policy` for `who` at once (a barrier releases them together) and
 /// returns how many were admitted.
-async fn race<S: Store>(gate: &Arc<Tollgate<S>>, policy: Policy, who: Identity, n: usize) -> usize {
+async fn race<S: FullStore>(
+    gate: &Arc<Tollgate<S>>,
+    policy: Policy,
+    who: Identity,
+    n: usize,
+) -> usize {
     let barrier = Arc::new(Barrier::new(n));
     let policy = Arc::new(policy);
     let who = Arc::new(who);
@@ -1754,7 +1760,7 @@ async fn race<S: Store>(gate: &Arc<Tollgate<S>>, policy: Policy, who: Identity, 
 
 /// Scenario 13: 500 checks released together against a limit of 100 admit exactly 100, for
 /// every algorithm and across limiters, and the denials leave the looser rules uncharged.
-pub async fn concurrent_checks_never_over_admit<S: Store>(s: Subject<S>) {
+pub async fn concurrent_checks_never_over_admit<S: FullStore>(s: Subject<S>) {
     // `_keep` holds the store's server until the end.
     let Subject {
         gate,

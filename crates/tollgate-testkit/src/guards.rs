@@ -7,10 +7,11 @@
 
 use std::{sync::Arc, time::Duration};
 
+use crate::FullStore;
 use tokio::sync::Barrier;
 use tollgate::{
     Acquire, BanCursor, BanRule, BanScope, BanTarget, Bypass, CheckError, Dimension, DuplicateBy,
-    DuplicateGuard, DuplicateState, Fingerprint, Identity, Limiter, Policy, Reason, Rule, Store,
+    DuplicateGuard, DuplicateState, Fingerprint, Identity, Limiter, Policy, Reason, Rule,
 };
 
 use crate::conformance::{START, Subject};
@@ -58,7 +59,7 @@ fn rule(text: &str) -> Rule {
     text.parse().expect("scenario rules are valid")
 }
 
-fn at<S: Store>(s: &Subject<S>, offset: Duration) {
+fn at<S: FullStore>(s: &Subject<S>, offset: Duration) {
     s.clock().set(START + offset);
 }
 
@@ -72,7 +73,7 @@ fn user(id: &str) -> Identity {
         .with_user_id(id)
 }
 
-async fn acquire<S: Store>(
+async fn acquire<S: FullStore>(
     s: &Subject<S>,
     guard: &DuplicateGuard,
     who: &Identity,
@@ -99,7 +100,7 @@ fn expect_duplicate(a: Acquire) -> tollgate::Duplicate {
 }
 
 /// 50 identical submissions at once: exactly one acquires.
-pub async fn duplicate_concurrent_submissions_acquire_once<S: Store>(s: Subject<S>) {
+pub async fn duplicate_concurrent_submissions_acquire_once<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let s = Arc::new(s);
     let guard = Arc::new(DuplicateGuard::new("submit", DuplicateBy::Args).with_ttl(secs(5)));
@@ -126,7 +127,7 @@ pub async fn duplicate_concurrent_submissions_acquire_once<S: Store>(s: Subject<
 
 /// Args mode: another payload is another submission; the same payload is a duplicate that
 /// says "operation in progress".
-pub async fn duplicate_different_fingerprints_are_independent<S: Store>(s: Subject<S>) {
+pub async fn duplicate_different_fingerprints_are_independent<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let guard = DuplicateGuard::new("submit", DuplicateBy::Args).with_ttl(secs(5));
     let who = user("u");
@@ -143,7 +144,7 @@ pub async fn duplicate_different_fingerprints_are_independent<S: Store>(s: Subje
 }
 
 /// A lock nobody releases frees itself at its TTL, not a millisecond before.
-pub async fn duplicate_ttl_expiry_frees_the_key<S: Store>(s: Subject<S>) {
+pub async fn duplicate_ttl_expiry_frees_the_key<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let guard = DuplicateGuard::new("profile", "user_id".parse().expect("valid"))
         .with_ttl(Duration::from_millis(2000));
@@ -163,7 +164,7 @@ pub async fn duplicate_ttl_expiry_frees_the_key<S: Store>(s: Subject<S>) {
 
 /// Release frees the lock for a retry; a lease that lost its lock cannot free the next
 /// holder's.
-pub async fn duplicate_stale_lease_cannot_release<S: Store>(s: Subject<S>) {
+pub async fn duplicate_stale_lease_cannot_release<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let guard = DuplicateGuard::new("submit", DuplicateBy::Args).with_ttl(secs(1));
     let who = user("u");
@@ -188,7 +189,7 @@ pub async fn duplicate_stale_lease_cannot_release<S: Store>(s: Subject<S>) {
 
 /// A completed submission is answered with its stored response, byte for byte, until
 /// `keep_for` ends.
-pub async fn duplicate_completed_is_replayed<S: Store>(s: Subject<S>) {
+pub async fn duplicate_completed_is_replayed<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let guard = DuplicateGuard::new(
         "orders",
@@ -223,7 +224,7 @@ pub async fn duplicate_completed_is_replayed<S: Store>(s: Subject<S>) {
 }
 
 /// The same idempotency key with another payload is reported as a mismatch.
-pub async fn duplicate_reused_key_with_other_payload_is_a_mismatch<S: Store>(s: Subject<S>) {
+pub async fn duplicate_reused_key_with_other_payload_is_a_mismatch<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let guard = DuplicateGuard::new("orders", "key".parse().expect("valid")).with_ttl(secs(5));
     let who = Identity::new().with_header("idempotency-key", "k-2");
@@ -235,7 +236,7 @@ pub async fn duplicate_reused_key_with_other_payload_is_a_mismatch<S: Store>(s: 
 }
 
 /// A global guard is one lock across actions; scoped guards are one per action.
-pub async fn duplicate_global_guard_spans_actions<S: Store>(s: Subject<S>) {
+pub async fn duplicate_global_guard_spans_actions<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let by: DuplicateBy = "user_id".parse().expect("valid");
     let a = DuplicateGuard::new("a", by.clone()).with_ttl(secs(5));
@@ -251,7 +252,7 @@ pub async fn duplicate_global_guard_spans_actions<S: Store>(s: Subject<S>) {
 }
 
 /// A guard on a dimension the request lacks is an error; so is a response over the cap.
-pub async fn duplicate_guard_errors<S: Store>(s: Subject<S>) {
+pub async fn duplicate_guard_errors<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let guard = DuplicateGuard::new("a", "user_id".parse().expect("valid"));
     let err = s
@@ -291,7 +292,11 @@ fn login_policy() -> Policy {
         .expect("valid policy")
 }
 
-async fn check<S: Store>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate::NamedDecision {
+async fn check<S: FullStore>(
+    s: &Subject<S>,
+    p: &Policy,
+    who: &Identity,
+) -> tollgate::NamedDecision {
     s.gate()
         .check(p, who, 1)
         .await
@@ -301,7 +306,7 @@ async fn check<S: Store>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate
 
 /// A violation bans the IP and the user at once; every policy sees the ban; a banned request
 /// costs nothing.
-pub async fn blocklist_violation_bans_ip_and_user_everywhere<S: Store>(s: Subject<S>) {
+pub async fn blocklist_violation_bans_ip_and_user_everywhere<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let sms = sms_policy(BanRule::new(secs(600)));
     let who = user("alice");
@@ -360,7 +365,7 @@ pub async fn blocklist_violation_bans_ip_and_user_everywhere<S: Store>(s: Subjec
 
 /// A policy whose bans are its own: a violation bans from it alone, its bans are listed and
 /// lifted apart, and the blocklist every policy sees still refuses it.
-pub async fn blocklist_policy_scope_keeps_bans_to_the_policy<S: Store>(s: Subject<S>) {
+pub async fn blocklist_policy_scope_keeps_bans_to_the_policy<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let own = Policy::builder("sms_own")
         .limiter(
@@ -425,7 +430,7 @@ pub async fn blocklist_policy_scope_keeps_bans_to_the_policy<S: Store>(s: Subjec
 }
 
 /// Unban lifts a ban at once; expiry lifts it at its end.
-pub async fn blocklist_unban_and_expiry_lift_the_ban<S: Store>(s: Subject<S>) {
+pub async fn blocklist_unban_and_expiry_lift_the_ban<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let sms = sms_policy(BanRule::new(secs(600)));
     let who = user("alice");
@@ -453,7 +458,7 @@ pub async fn blocklist_unban_and_expiry_lift_the_ban<S: Store>(s: Subject<S>) {
 }
 
 /// Repeat offenders are banned for 10 min, then 20, then 40, capped at 30.
-pub async fn blocklist_escalation_doubles_and_caps<S: Store>(s: Subject<S>) {
+pub async fn blocklist_escalation_doubles_and_caps<S: FullStore>(s: Subject<S>) {
     let sms = sms_policy(BanRule::new(secs(600)).escalate(2, secs(1800)));
     let who = user("alice");
     let mut t = Duration::ZERO;
@@ -473,7 +478,7 @@ pub async fn blocklist_escalation_doubles_and_caps<S: Store>(s: Subject<S>) {
 }
 
 /// Bans by hand are listed with their time left and end by themselves.
-pub async fn blocklist_manual_ban_and_listing<S: Store>(s: Subject<S>) {
+pub async fn blocklist_manual_ban_and_listing<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let mallory = BanTarget::UserId("mallory:{x}".into());
     let net = BanTarget::Ip("2001:db8::1".parse().expect("ip"));
@@ -503,7 +508,7 @@ pub async fn blocklist_manual_ban_and_listing<S: Store>(s: Subject<S>) {
 }
 
 /// Allowlisted networks, users and predicates pass without being counted, even when banned.
-pub async fn bypass_lets_through_without_counting<S: Store>(s: Subject<S>) {
+pub async fn bypass_lets_through_without_counting<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let policy = Policy::builder("stats")
         .limiter(Limiter::new(Dimension::Global, [rule("1/1m")]))
@@ -540,7 +545,7 @@ pub async fn bypass_lets_through_without_counting<S: Store>(s: Subject<S>) {
 /// The ban count and the pages agree with the full listing: every live ban once, in the order
 /// bans end (ties by key), a page at most its size, ended and lifted bans left out, and a
 /// cursor still good after the ban it names was lifted.
-pub async fn blocklist_counts_and_pages_in_the_order_bans_end<S: Store>(s: Subject<S>) {
+pub async fn blocklist_counts_and_pages_in_the_order_bans_end<S: FullStore>(s: Subject<S>) {
     at(&s, Duration::ZERO);
     let store = s.gate().store();
     let prefix = s.gate().prefix();

@@ -46,3 +46,9 @@ pub use certs::TestCerts;
 pub use cluster::{RedisCluster, RedisClusterBuilder};
 pub use sentinel::{RedisSentinelSet, RedisSentinelSetBuilder};
 pub use server::{RedisServer, RedisServerBuilder};
+
+/// A store with every ability: checks, refunds and leases, duplicate-guard locks and bans. The
+/// conformance suites run on such stores.
+pub trait FullStore: tollgate::BanStore + tollgate::LockStore + tollgate::RefundStore {}
+
+impl<S: tollgate::BanStore + tollgate::LockStore + tollgate::RefundStore> FullStore for S {}

@@ -9,9 +9,8 @@ use std::{
     time::Duration,
 };
 
-use tollgate::{
-    BanRule, BanTarget, Bypass, Dimension, Identity, Limiter, Policy, Reason, Rule, Store,
-};
+use crate::FullStore;
+use tollgate::{BanRule, BanTarget, Bypass, Dimension, Identity, Limiter, Policy, Reason, Rule};
 
 use crate::conformance::{START, Subject};
 
@@ -65,11 +64,11 @@ fn per_ip(scope: &str, dimension: Dimension, rules: &str) -> Policy {
         .expect("valid policy")
 }
 
-async fn check<S: Store>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate::Decision {
+async fn check<S: FullStore>(s: &Subject<S>, p: &Policy, who: &Identity) -> tollgate::Decision {
     s.gate().check(p, who, 1).await.expect("identity complete")
 }
 
-async fn admitted<S: Store>(
+async fn admitted<S: FullStore>(
     s: &Subject<S>,
     p: &Policy,
     ips: impl Iterator<Item = IpAddr>,
@@ -83,7 +82,7 @@ async fn admitted<S: Store>(
 
 /// 1,000 distinct addresses of one /64 share one quota of 5; addresses of other /64s each get
 /// their own; IPv4 addresses still count one by one.
-pub async fn ip_prefix_one_ipv6_network_shares_one_quota<S: Store>(s: Subject<S>) {
+pub async fn ip_prefix_one_ipv6_network_shares_one_quota<S: FullStore>(s: Subject<S>) {
     s.clock().set(START);
     let p = per_ip("rotate", Dimension::Ip, "5/1m");
     let rotated = admitted(&s, &p, (0..1000).map(|n| nth("2001:db8:1:2::", n))).await;
@@ -107,7 +106,7 @@ pub async fn ip_prefix_one_ipv6_network_shares_one_quota<S: Store>(s: Subject<S>
 
 /// `/48` for IPv6 groups every /64 of a site; `/24` for IPv4 groups a small network; the
 /// limiter keeps its name, and another network is counted apart.
-pub async fn ip_prefix_configured_prefixes_group_wider_networks<S: Store>(s: Subject<S>) {
+pub async fn ip_prefix_configured_prefixes_group_wider_networks<S: FullStore>(s: Subject<S>) {
     s.clock().set(START);
     let dimension = Dimension::ip_prefix(24, 48).expect("valid prefixes");
     let p = per_ip("site", dimension, "3/1m");
@@ -130,7 +129,7 @@ pub async fn ip_prefix_configured_prefixes_group_wider_networks<S: Store>(s: Sub
 /// A ban on one IPv6 address bans its /64: every neighbour is blocked, another /64 is not; the
 /// listing shows the network; a manual ban of one address bans its /64 and any address of it
 /// lifts it.
-pub async fn ip_prefix_bans_cover_the_ipv6_network<S: Store>(s: Subject<S>) {
+pub async fn ip_prefix_bans_cover_the_ipv6_network<S: FullStore>(s: Subject<S>) {
     s.clock().set(START);
     let sms = Policy::builder("sms")
         .limiter(
@@ -195,7 +194,7 @@ pub async fn ip_prefix_bans_cover_the_ipv6_network<S: Store>(s: Subject<S>) {
 
 /// A bypass network matches the full address: one allowlisted IPv6 address passes, its /64
 /// neighbours are counted (and share one quota).
-pub async fn ip_prefix_bypass_matches_the_exact_address<S: Store>(s: Subject<S>) {
+pub async fn ip_prefix_bypass_matches_the_exact_address<S: FullStore>(s: Subject<S>) {
     s.clock().set(START);
     let p = Policy::builder("admin")
         .limiter(Limiter::new(Dimension::Ip, [rule("1/1m")]))

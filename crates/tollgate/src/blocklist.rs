@@ -333,7 +333,7 @@ impl std::str::FromStr for BanCursor {
     }
 }
 
-/// One page of the blocklist (see [`Store::bans_page`](crate::Store::bans_page)).
+/// One page of the blocklist (see [`BanStore::bans_page`](crate::BanStore::bans_page)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BanPage {
     /// The bans, in the order they end.

@@ -20,8 +20,8 @@ use crate::{
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
-        AnyStore, BanKey, CheckRequest, LimiterRequest, LockReply, Receipt, Store, Verdict,
-        forward_store,
+        AnyStore, BanKey, BanStore, CheckRequest, LimiterRequest, LockReply, LockStore, Receipt,
+        RefundStore, Store, Verdict,
     },
 };
 
@@ -51,7 +51,8 @@ const INLINE_LIMITERS: usize = 4;
 /// ```
 #[derive(Debug)]
 pub struct Tollgate<S> {
-    store: S,
+    /// Shared with every engine [`erase`](Self::erase)d from this one.
+    store: Arc<S>,
     prefix: Arc<str>,
     /// `prefix:{`, where every limiter key starts.
     key_start: Arc<str>,
@@ -99,7 +100,7 @@ impl<S: Store> Tollgate<S> {
     /// An engine over `store`, with key prefix `tg` and `on_error = allow`.
     pub fn new(store: S) -> Tollgate<S> {
         Tollgate {
-            store,
+            store: Arc::new(store),
             prefix: "tg".into(),
             key_start: key::limiter_key_start("tg").into(),
             on_error: OnError::Allow,
@@ -167,24 +168,6 @@ impl<S: Store> Tollgate<S> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
-    }
-
-    /// This engine behind a store type chosen at run time: same store, settings and `local`
-    /// fallback, for code that cannot be generic over the store (middleware, a server). A
-    /// memory store still answers without a future (see [`Store::check_sync`]).
-    pub fn erase(self: &Arc<Self>) -> Tollgate<AnyStore> {
-        Tollgate {
-            store: AnyStore::new(EngineStore(self.clone())),
-            prefix: self.prefix.clone(),
-            key_start: self.key_start.clone(),
-            on_error: self.on_error,
-            blocklist: self.blocklist,
-            ban_index: self.ban_index.clone(),
-            max_stored_response: self.max_stored_response,
-            max_keep_for: self.max_keep_for,
-            local: self.local.clone(),
-            make_local: self.make_local,
-        }
     }
 
     /// The largest response [`complete`](Self::complete) stores.
@@ -261,7 +244,30 @@ impl<S: Store> Tollgate<S> {
             .await?;
         Ok(())
     }
+}
 
+impl<S: BanStore + LockStore + RefundStore> Tollgate<S> {
+    /// This engine behind a store type chosen at run time: same store, settings and `local`
+    /// fallback, for code that cannot be generic over the store (middleware, a server). The
+    /// store is shared, not wrapped: a memory store still answers without a future (see
+    /// [`Store::check_sync`]).
+    pub fn erase(&self) -> Tollgate<AnyStore> {
+        Tollgate {
+            store: Arc::new(AnyStore::shared(self.store.clone())),
+            prefix: self.prefix.clone(),
+            key_start: self.key_start.clone(),
+            on_error: self.on_error,
+            blocklist: self.blocklist,
+            ban_index: self.ban_index.clone(),
+            max_stored_response: self.max_stored_response,
+            max_keep_for: self.max_keep_for,
+            local: self.local.clone(),
+            make_local: self.make_local,
+        }
+    }
+}
+
+impl<S: RefundStore> Tollgate<S> {
     /// Gives back `cost` units to every rule of `policy` for `identity` (a refund), never below
     /// empty: for requests that should not count after all (a login that succeeded, where only
     /// failures count; a job that did not run). With the [`receipt`](Decision::receipt) of the
@@ -270,7 +276,7 @@ impl<S: Store> Tollgate<S> {
     /// returns the newest units of the current window and leaves concurrency limits alone (a
     /// slot is freed by its lease: [`release_concurrent`](Self::release_concurrent)). Refund at
     /// most what the check charged: with a receipt, `cost` is cut to the units it names; without
-    /// one, a larger cost gives back units other requests spent. See [`Store::refund`].
+    /// one, a larger cost gives back units other requests spent. See [`RefundStore::refund`].
     ///
     /// ```
     /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
@@ -401,7 +407,9 @@ impl<S: Store> Tollgate<S> {
             receipt.units(),
         )))
     }
+}
 
+impl<S: Store> Tollgate<S> {
     /// The seed's group check: all `rules` counted on one key `name`.
     ///
     /// Sliding-log rules share one log, so `10/1m` and `100/1h` on one key cost one entry per
@@ -451,7 +459,9 @@ impl<S: Store> Tollgate<S> {
             .await;
         NamedDecision::new(decision, limiters)
     }
+}
 
+impl<S: BanStore> Tollgate<S> {
     /// Every active ban, with the time left.
     ///
     /// ```
@@ -551,9 +561,11 @@ impl<S: Store> Tollgate<S> {
             None => Ok(false),
         }
     }
+}
 
+impl<S: Store> Tollgate<S> {
     /// The prefix `policy`'s own bans live under ([`BanScope::Policy`]), for the store's
-    /// listing calls ([`Store::bans_page`]); `None` for a policy whose bans every policy sees.
+    /// listing calls ([`BanStore::bans_page`]); `None` for a policy whose bans every policy sees.
     pub fn ban_prefix(&self, policy: &Policy) -> Option<String> {
         self.own_bans(policy)
     }
@@ -566,7 +578,9 @@ impl<S: Store> Tollgate<S> {
             prefix
         })
     }
+}
 
+impl<S: LockStore> Tollgate<S> {
     /// Tries to take the duplicate-guard lock for this submission.
     ///
     /// Errors when the identity lacks the guard's dimension, or when the store fails: a
@@ -635,7 +649,9 @@ impl<S: Store> Tollgate<S> {
             )
             .await?)
     }
+}
 
+impl<S: Store> Tollgate<S> {
     /// A check answered without a future, into `out`, when the store can answer at once;
     /// otherwise its keys, prepared once, for [`check_async`](Self::check_async) to ask the
     /// store with. The decision is written in place: it is large (it holds its rules), and
@@ -1081,13 +1097,6 @@ impl<'i> CheckKeys<'i> {
     }
 }
 
-/// The store of a shared engine, as a store of its own (what [`Tollgate::erase`] wraps).
-struct EngineStore<S>(Arc<Tollgate<S>>);
-
-impl<S: Store> Store for EngineStore<S> {
-    forward_store!(Store, this => &this.0.store);
-}
-
 /// The concurrency limiters of `policy` among its limiter requests `all`, and the part of
 /// `receipt` that names their leases; `None` if the policy has none.
 fn concurrent_part<'a>(
@@ -1221,7 +1230,7 @@ mod tests {
     use super::*;
     use crate::{AnyStore, ManualClock, MemoryStore};
 
-    async fn shared_state<S: Store>(gate: Tollgate<S>) {
+    async fn shared_state<S: BanStore>(gate: Tollgate<S>) {
         let policy = Policy::builder("login")
             .limiter(Limiter::new(Dimension::Ip, ["2/1m".parse().unwrap()]))
             .build()

@@ -91,8 +91,8 @@ pub use rule::{
     parse_duration, parse_rules,
 };
 pub use store::{
-    AnyStore, BanKey, CheckRequest, HeldLock, INLINE_RULES, LimiterRequest, LockReply, Outcomes,
-    Receipt, Store, Verdict,
+    AnyStore, BanKey, BanStore, CheckRequest, HeldLock, INLINE_RULES, LimiterRequest, LockReply,
+    LockStore, Outcomes, Receipt, RefundStore, Store, Verdict,
 };
 
 /// The README's example, compiled and run as a doctest.

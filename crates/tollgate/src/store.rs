@@ -221,7 +221,7 @@ pub struct Verdict {
     /// This denial banned the identity for this many microseconds.
     pub banned_us: Option<u64>,
     /// Where the admission was recorded, when it was (an admitted check that consumes): what
-    /// [`Store::refund`] needs to give back exactly its units.
+    /// [`RefundStore::refund`] needs to give back exactly its units.
     pub receipt: Option<Receipt>,
 }
 
@@ -393,8 +393,11 @@ pub enum LockReply {
     Held(HeldLock),
 }
 
-/// Where rate-limit state lives. Implemented by [`MemoryStore`](crate::MemoryStore) and by
-/// `tollgate_redis::RedisStore`.
+/// Where rate-limit state lives: the checks. A store implements what it can beside them, each
+/// an ability of its own: [`RefundStore`] (refunds and concurrency leases), [`LockStore`]
+/// (duplicate-guard locks) and [`BanStore`] (the blocklist); the engine's methods that need
+/// one ask for it. [`MemoryStore`](crate::MemoryStore) and `tollgate_redis::RedisStore`
+/// implement all four.
 pub trait Store: Send + Sync + 'static {
     /// Runs one atomic check (see [`CheckRequest`]).
     fn check(
@@ -424,51 +427,6 @@ pub trait Store: Send + Sync + 'static {
     /// Answers when the store is reachable.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Renews the leases the check of `receipt` took in the request's limiters (concurrency
-    /// limits, see [`Rule::concurrent`](crate::Rule::concurrent)): its `units` sliding-log
-    /// entries move to now, so they count for another window. Atomic per limiter; `None` if
-    /// one of them holds them no more (the lease ran out, or was released): the caller lost its
-    /// slot. The new receipt names the entries where they are now. The default answers that the
-    /// store cannot extend.
-    fn extend(
-        &self,
-        request: &CheckRequest<'_>,
-        receipt: &Receipt,
-    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send {
-        let _ = (request, receipt);
-        std::future::ready(Err(StoreError::new(
-            crate::StoreErrorKind::Protocol,
-            "this store cannot extend leases",
-        )))
-    }
-
-    /// Gives back `request.cost` units to every rule of the request's limiters (a refund),
-    /// never below empty, against the store's now:
-    ///
-    /// - a sliding log removes the entries the check of `receipt` recorded (by its instant and
-    ///   id), at most `cost`; without a receipt, its `cost` newest entries;
-    /// - a fixed window takes `cost` from the count of the window the check was recorded in
-    ///   (without a receipt: the current window), if that window is still the one stored (a
-    ///   window that has ended counts nothing anymore);
-    /// - a sliding window does the same with its current or, once it has ended, its previous
-    ///   window's count;
-    /// - GCRA moves its theoretical arrival time back by `cost` emission intervals, not before
-    ///   now.
-    ///
-    /// A limiter the receipt says recorded nothing is left alone. The default answers that
-    /// the store cannot refund.
-    fn refund(
-        &self,
-        request: &CheckRequest<'_>,
-        receipt: Option<&Receipt>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let _ = (request, receipt);
-        std::future::ready(Err(StoreError::new(
-            crate::StoreErrorKind::Protocol,
-            "this store cannot refund",
-        )))
-    }
-
     /// Whether a ban may be live now. `false` lets the engine leave ban keys out of a check
     /// that cannot write one; only a store that sees every ban (an in-process store) can say
     /// so. The default, `true`, is always correct.
@@ -483,7 +441,44 @@ pub trait Store: Send + Sync + 'static {
     fn text_keys(&self) -> bool {
         true
     }
+}
 
+/// Refunds and concurrency leases: a store that can give units back and renew a lease.
+pub trait RefundStore: Store {
+    /// Renews the leases the check of `receipt` took in the request's limiters (concurrency
+    /// limits, see [`Rule::concurrent`](crate::Rule::concurrent)): its `units` sliding-log
+    /// entries move to now, so they count for another window. Atomic per limiter; `None` if
+    /// one of them holds them no more (the lease ran out, or was released): the caller lost its
+    /// slot. The new receipt names the entries where they are now.
+    fn extend(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: &Receipt,
+    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send;
+
+    /// Gives back `request.cost` units to every rule of the request's limiters (a refund),
+    /// never below empty, against the store's now:
+    ///
+    /// - a sliding log removes the entries the check of `receipt` recorded (by its instant and
+    ///   id), at most `cost`; without a receipt, its `cost` newest entries;
+    /// - a fixed window takes `cost` from the count of the window the check was recorded in
+    ///   (without a receipt: the current window), if that window is still the one stored (a
+    ///   window that has ended counts nothing anymore);
+    /// - a sliding window does the same with its current or, once it has ended, its previous
+    ///   window's count;
+    /// - GCRA moves its theoretical arrival time back by `cost` emission intervals, not before
+    ///   now.
+    ///
+    /// A limiter the receipt says recorded nothing is left alone.
+    fn refund(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// Duplicate-guard locks (see [`Tollgate::acquire`](crate::Tollgate::acquire)).
+pub trait LockStore: Store {
     /// Takes the lock `key` with `token` for `ttl` if it is free (set-if-absent), remembering
     /// the fingerprint; otherwise describes who holds it.
     fn lock_acquire(
@@ -510,7 +505,10 @@ pub trait Store: Send + Sync + 'static {
         response: &[u8],
         keep_for: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
 
+/// The blocklist: bans written by hand and by limiters (see [`BanRule`]).
+pub trait BanStore: Store {
     /// Every ban under `prefix` that has not ended.
     fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send;
 
@@ -565,7 +563,8 @@ pub trait Store: Send + Sync + 'static {
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe mirror of [`Store`], implemented for every store: what [`AnyStore`] holds.
+/// The object-safe mirror of the four store traits, implemented for every store that has all
+/// four: what [`AnyStore`] holds.
 trait DynStore: Send + Sync + 'static {
     fn check<'a>(
         &'a self,
@@ -630,7 +629,7 @@ trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<BanPage, StoreError>>;
 }
 
-impl<S: Store> DynStore for S {
+impl<S: BanStore + LockStore + RefundStore> DynStore for S {
     fn check<'a>(
         &'a self,
         request: &'a CheckRequest<'a>,
@@ -655,7 +654,7 @@ impl<S: Store> DynStore for S {
         request: &'a CheckRequest<'a>,
         receipt: Option<&'a Receipt>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::refund(self, request, receipt))
+        Box::pin(RefundStore::refund(self, request, receipt))
     }
 
     fn extend<'a>(
@@ -663,7 +662,7 @@ impl<S: Store> DynStore for S {
         request: &'a CheckRequest<'a>,
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<Option<Receipt>, StoreError>> {
-        Box::pin(Store::extend(self, request, receipt))
+        Box::pin(RefundStore::extend(self, request, receipt))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -685,7 +684,7 @@ impl<S: Store> DynStore for S {
         fingerprint: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<LockReply, StoreError>> {
-        Box::pin(Store::lock_acquire(self, key, token, fingerprint, ttl))
+        Box::pin(LockStore::lock_acquire(self, key, token, fingerprint, ttl))
     }
 
     fn lock_release<'a>(
@@ -693,7 +692,7 @@ impl<S: Store> DynStore for S {
         key: &'a str,
         token: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::lock_release(self, key, token))
+        Box::pin(LockStore::lock_release(self, key, token))
     }
 
     fn lock_complete<'a>(
@@ -703,11 +702,13 @@ impl<S: Store> DynStore for S {
         response: &'a [u8],
         keep_for: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::lock_complete(self, key, token, response, keep_for))
+        Box::pin(LockStore::lock_complete(
+            self, key, token, response, keep_for,
+        ))
     }
 
     fn bans<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<BanEntry>, StoreError>> {
-        Box::pin(Store::bans(self, prefix))
+        Box::pin(BanStore::bans(self, prefix))
     }
 
     fn ban<'a>(
@@ -716,7 +717,7 @@ impl<S: Store> DynStore for S {
         target: &'a BanTarget,
         duration: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::ban(self, prefix, target, duration))
+        Box::pin(BanStore::ban(self, prefix, target, duration))
     }
 
     fn unban<'a>(
@@ -724,11 +725,11 @@ impl<S: Store> DynStore for S {
         prefix: &'a str,
         target: &'a BanTarget,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::unban(self, prefix, target))
+        Box::pin(BanStore::unban(self, prefix, target))
     }
 
     fn ban_count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(Store::ban_count(self, prefix))
+        Box::pin(BanStore::ban_count(self, prefix))
     }
 
     fn bans_page<'a>(
@@ -737,14 +738,15 @@ impl<S: Store> DynStore for S {
         after: Option<&'a BanCursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<BanPage, StoreError>> {
-        Box::pin(Store::bans_page(self, prefix, after, limit))
+        Box::pin(BanStore::bans_page(self, prefix, after, limit))
     }
 }
 
-/// Any store, chosen at run time (e.g. from a configuration URL), shared by cloning.
+/// Any store with all four abilities ([`Store`], [`RefundStore`], [`LockStore`],
+/// [`BanStore`]), chosen at run time (e.g. from a configuration URL), shared by cloning.
 ///
-/// Every [`Store`] call goes through to the store inside, [`Store::check_sync`] included, so
-/// an in-process store behind `AnyStore` answers checks without a future.
+/// Every call goes through to the store inside, [`Store::check_sync`] included, so an
+/// in-process store behind `AnyStore` answers checks without a future.
 ///
 /// ```
 /// use tollgate::{AnyStore, MemoryStore, Tollgate};
@@ -758,8 +760,14 @@ pub struct AnyStore(Arc<dyn DynStore>);
 
 impl AnyStore {
     /// Wraps `store`.
-    pub fn new(store: impl Store) -> AnyStore {
+    pub fn new(store: impl BanStore + LockStore + RefundStore) -> AnyStore {
         AnyStore(Arc::new(store))
+    }
+
+    /// Wraps a store that is shared already (an engine's: see
+    /// [`Tollgate::erase`](crate::Tollgate::erase)), without a second layer.
+    pub fn shared<S: BanStore + LockStore + RefundStore>(store: Arc<S>) -> AnyStore {
+        AnyStore(store)
     }
 }
 
@@ -770,7 +778,7 @@ impl std::fmt::Debug for AnyStore {
 }
 
 /// Forwards every [`Store`] method to the store `$inner` reaches (an `Arc<S>`, an
-/// [`AnyStore`]'s object, a shared engine's store).
+/// [`AnyStore`]'s object).
 macro_rules! forward_store {
     ($trait:ident, $inner:ident => $to:expr) => {
         async fn check(
@@ -798,6 +806,26 @@ macro_rules! forward_store {
             $trait::reset($to, request).await
         }
 
+        async fn ping(&self) -> Result<(), $crate::StoreError> {
+            let $inner = self;
+            $trait::ping($to).await
+        }
+
+        fn bans_possible(&self) -> bool {
+            let $inner = self;
+            $trait::bans_possible($to)
+        }
+
+        fn text_keys(&self) -> bool {
+            let $inner = self;
+            $trait::text_keys($to)
+        }
+    };
+}
+
+/// The methods of [`RefundStore`], forwarded like [`forward_store`]'s.
+macro_rules! forward_refunds {
+    ($trait:ident, $inner:ident => $to:expr) => {
         async fn refund(
             &self,
             request: &$crate::CheckRequest<'_>,
@@ -815,22 +843,12 @@ macro_rules! forward_store {
             let $inner = self;
             $trait::extend($to, request, receipt).await
         }
+    };
+}
 
-        async fn ping(&self) -> Result<(), $crate::StoreError> {
-            let $inner = self;
-            $trait::ping($to).await
-        }
-
-        fn bans_possible(&self) -> bool {
-            let $inner = self;
-            $trait::bans_possible($to)
-        }
-
-        fn text_keys(&self) -> bool {
-            let $inner = self;
-            $trait::text_keys($to)
-        }
-
+/// The methods of [`LockStore`], forwarded like [`forward_store`]'s.
+macro_rules! forward_locks {
+    ($trait:ident, $inner:ident => $to:expr) => {
         async fn lock_acquire(
             &self,
             key: &str,
@@ -857,7 +875,12 @@ macro_rules! forward_store {
             let $inner = self;
             $trait::lock_complete($to, key, token, response, keep_for).await
         }
+    };
+}
 
+/// The methods of [`BanStore`], forwarded like [`forward_store`]'s.
+macro_rules! forward_bans {
+    ($trait:ident, $inner:ident => $to:expr) => {
         async fn bans(&self, prefix: &str) -> Result<Vec<$crate::BanEntry>, $crate::StoreError> {
             let $inner = self;
             $trait::bans($to, prefix).await
@@ -899,14 +922,36 @@ macro_rules! forward_store {
     };
 }
 
-pub(crate) use forward_store;
-
 impl<S: Store> Store for Arc<S> {
     forward_store!(Store, this => &**this);
 }
 
+impl<S: RefundStore> RefundStore for Arc<S> {
+    forward_refunds!(RefundStore, this => &**this);
+}
+
+impl<S: LockStore> LockStore for Arc<S> {
+    forward_locks!(LockStore, this => &**this);
+}
+
+impl<S: BanStore> BanStore for Arc<S> {
+    forward_bans!(BanStore, this => &**this);
+}
+
 impl Store for AnyStore {
     forward_store!(DynStore, this => &*this.0);
+}
+
+impl RefundStore for AnyStore {
+    forward_refunds!(DynStore, this => &*this.0);
+}
+
+impl LockStore for AnyStore {
+    forward_locks!(DynStore, this => &*this.0);
+}
+
+impl BanStore for AnyStore {
+    forward_bans!(DynStore, this => &*this.0);
 }
 
 #[cfg(test)]

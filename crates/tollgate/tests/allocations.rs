@@ -12,7 +12,7 @@ use std::{
 };
 
 use tollgate::{
-    AnyStore, BanRule, BanTarget, CheckRequest, Decision, Dimension, Identity, Limiter, LockReply,
+    AnyStore, BanRule, BanTarget, CheckRequest, Decision, Dimension, Identity, Limiter,
     MemoryStore, Policy, Store, StoreError, Tollgate, Verdict,
 };
 
@@ -127,8 +127,8 @@ fn checks_on_existing_keys_allocate_nothing() {
     }
 }
 
-/// A store of the user's own around a memory store: it forwards, and says it can answer at
-/// once.
+/// A store of the user's own around a memory store: it forwards, says it can answer at once,
+/// and has no ability beyond checks (no refunds, locks or bans).
 struct Wrapper(MemoryStore);
 
 impl Store for Wrapper {
@@ -150,47 +150,6 @@ impl Store for Wrapper {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
-    }
-
-    async fn lock_acquire(
-        &self,
-        key: &str,
-        token: &str,
-        fingerprint: &str,
-        ttl: Duration,
-    ) -> Result<LockReply, StoreError> {
-        self.0.lock_acquire(key, token, fingerprint, ttl).await
-    }
-
-    async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
-        self.0.lock_release(key, token).await
-    }
-
-    async fn lock_complete(
-        &self,
-        key: &str,
-        token: &str,
-        response: &[u8],
-        keep_for: Duration,
-    ) -> Result<bool, StoreError> {
-        self.0.lock_complete(key, token, response, keep_for).await
-    }
-
-    async fn bans(&self, prefix: &str) -> Result<Vec<tollgate::BanEntry>, StoreError> {
-        self.0.bans(prefix).await
-    }
-
-    async fn ban(
-        &self,
-        prefix: &str,
-        target: &BanTarget,
-        duration: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.ban(prefix, target, duration).await
-    }
-
-    async fn unban(&self, prefix: &str, target: &BanTarget) -> Result<bool, StoreError> {
-        self.0.unban(prefix, target).await
     }
 }
 

@@ -8,8 +8,9 @@ use std::{
 };
 
 use tollgate::{
-    AnyStore, BanCursor, BanEntry, BanPage, BanTarget, CheckRequest, LockReply, MemoryStore,
-    OnError, Receipt, Store, StoreError, StoreErrorKind, Verdict,
+    AnyStore, BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LockReply,
+    LockStore, MemoryStore, OnError, Receipt, RefundStore, Store, StoreError, StoreErrorKind,
+    Verdict,
 };
 use tollgate_redis::{RedisStore, RedisStoreBuilder};
 
@@ -185,7 +186,9 @@ impl Store for Late {
         let store = self.store();
         async move { store?.ping().await }
     }
+}
 
+impl RefundStore for Late {
     fn extend(
         &self,
         request: &CheckRequest<'_>,
@@ -203,7 +206,9 @@ impl Store for Late {
         let store = self.store();
         async move { store?.refund(request, receipt).await }
     }
+}
 
+impl LockStore for Late {
     fn lock_acquire(
         &self,
         key: &str,
@@ -234,7 +239,9 @@ impl Store for Late {
         let store = self.store();
         async move { store?.lock_complete(key, token, response, keep_for).await }
     }
+}
 
+impl BanStore for Late {
     fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
         let store = self.store();
         async move { store?.bans(prefix).await }

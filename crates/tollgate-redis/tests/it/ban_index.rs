@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use tollgate::{BanTarget, Store, ban_index_key};
+use tollgate::{BanStore, BanTarget, ban_index_key};
 use tollgate_testkit::RedisServer;
 
 use crate::support::{raw, store};

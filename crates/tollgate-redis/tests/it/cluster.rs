@@ -14,7 +14,7 @@ use std::{
 
 use redis::{AsyncCommands, cluster::ClusterClient, cluster_async::ClusterConnection};
 use tokio::sync::Barrier;
-use tollgate::{Algorithm, BanRule, BanTarget, Store, ban_index_key};
+use tollgate::{Algorithm, BanRule, BanStore, BanTarget, ban_index_key};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::RedisCluster;
 

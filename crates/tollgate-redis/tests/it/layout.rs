@@ -2,7 +2,7 @@
 //! tags (invariants 6 and 7).
 
 use redis::AsyncCommands;
-use tollgate::{Algorithm, Store, key};
+use tollgate::{Algorithm, BanStore, LockStore, key};
 use tollgate_testkit::RedisServer;
 
 use crate::support::{PlanExt, limiter, plan, raw, rule, store};

@@ -1,6 +1,6 @@
 use std::{fmt, sync::Arc};
 
-use tollgate::{Store, Tollgate};
+use tollgate::{BanStore, LockStore, RefundStore, Tollgate};
 use tower_layer::Layer;
 
 use super::ContextService;
@@ -47,7 +47,10 @@ pub struct ContextLayer {
 
 impl ContextLayer {
     /// Identities from `resolver`, checks on `gate`.
-    pub fn new<S: Store>(gate: Arc<Tollgate<S>>, resolver: IdentityResolver) -> ContextLayer {
+    pub fn new<S: BanStore + LockStore + RefundStore>(
+        gate: Arc<Tollgate<S>>,
+        resolver: IdentityResolver,
+    ) -> ContextLayer {
         ContextLayer {
             gate: erase(gate),
             resolver: Arc::new(resolver),

@@ -5,7 +5,8 @@ use std::{
 };
 
 use tokio::task::futures::TaskLocalFuture;
-use tollgate::{Decision, Identity, Policy, RuleDecision, Store, Tollgate};
+use tollgate::{BanStore, LockStore, RefundStore};
+use tollgate::{Decision, Identity, Policy, RuleDecision, Tollgate};
 
 use crate::{
     gate::{SharedGate, erase},
@@ -31,7 +32,10 @@ pub struct Context {
 
 impl Context {
     /// A context checking on `gate` for `identity`.
-    pub fn new<S: Store>(gate: Arc<Tollgate<S>>, identity: Identity) -> Context {
+    pub fn new<S: BanStore + LockStore + RefundStore>(
+        gate: Arc<Tollgate<S>>,
+        identity: Identity,
+    ) -> Context {
         Context::erased(erase(gate), identity)
     }
 

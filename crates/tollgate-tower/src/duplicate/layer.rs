@@ -2,7 +2,10 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::Response;
-use tollgate::{Dimension, DuplicateBy, DuplicateGuard, Identity, Store, Tollgate};
+use tollgate::BanStore;
+use tollgate::{
+    Dimension, DuplicateBy, DuplicateGuard, Identity, LockStore, RefundStore, Tollgate,
+};
 use tower_layer::Layer;
 
 use super::DuplicateService;
@@ -101,7 +104,11 @@ impl DuplicateLayer {
     ///
     /// Defaults: a lock TTL of 1 s (the seed's), replays kept for 24 h, bodies up to 1 MiB,
     /// responses stored up to 64 KiB.
-    pub fn new<S: Store>(gate: Arc<Tollgate<S>>, scope: &str, by: DuplicateBy) -> DuplicateLayer {
+    pub fn new<S: BanStore + LockStore + RefundStore>(
+        gate: Arc<Tollgate<S>>,
+        scope: &str,
+        by: DuplicateBy,
+    ) -> DuplicateLayer {
         let mode = match &by {
             DuplicateBy::Args => Mode::Args,
             DuplicateBy::Dimension(Dimension::Header(h)) if h == IDEMPOTENCY_KEY => Mode::Key,
@@ -130,7 +137,10 @@ impl DuplicateLayer {
 
     /// Idempotency keys (draft-ietf-httpapi-idempotency-key-header) for the action `scope`:
     /// the first response to a key is stored and replayed to repeats.
-    pub fn idempotency_key<S: Store>(gate: Arc<Tollgate<S>>, scope: &str) -> DuplicateLayer {
+    pub fn idempotency_key<S: BanStore + LockStore + RefundStore>(
+        gate: Arc<Tollgate<S>>,
+        scope: &str,
+    ) -> DuplicateLayer {
         let by = DuplicateBy::Dimension(Dimension::Header(IDEMPOTENCY_KEY.into()));
         DuplicateLayer::new(gate, scope, by)
     }

@@ -2,7 +2,7 @@ use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
 use http::{HeaderName, Response};
-use tollgate::{Dimension, IpPrefix, Policy, Store, Tollgate};
+use tollgate::{BanStore, Dimension, IpPrefix, LockStore, Policy, RefundStore, Tollgate};
 use tower_layer::Layer;
 
 use super::{Count, RateLimitService};
@@ -64,7 +64,10 @@ pub(crate) struct Config {
 
 impl RateLimitLayer {
     /// Checks `policy` on `gate` for every request, at a cost of one unit.
-    pub fn new<S: Store>(gate: Arc<Tollgate<S>>, policy: Policy) -> RateLimitLayer {
+    pub fn new<S: BanStore + LockStore + RefundStore>(
+        gate: Arc<Tollgate<S>>,
+        policy: Policy,
+    ) -> RateLimitLayer {
         let wanted = policy
             .limiters()
             .iter()

@@ -9,8 +9,8 @@ use std::{
 use axum::{Router, http::StatusCode, response::IntoResponse, routing::get};
 use serde_json::json;
 use tollgate::{
-    BanRule, Bypass, CheckRequest, Dimension, Limiter, OnError, Policy, Store, StoreError,
-    StoreErrorKind, Tollgate, Verdict,
+    BanRule, BanStore, Bypass, CheckRequest, Dimension, Limiter, LockStore, OnError, Policy,
+    Receipt, RefundStore, Store, StoreError, StoreErrorKind, Tollgate, Verdict,
 };
 use tollgate_tower::{
     Count, FailedOpen, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer,
@@ -617,7 +617,23 @@ impl Store for DownStore {
     async fn ping(&self) -> Result<(), StoreError> {
         refused()
     }
+}
 
+impl RefundStore for DownStore {
+    async fn refund(&self, _: &CheckRequest<'_>, _: Option<&Receipt>) -> Result<(), StoreError> {
+        refused()
+    }
+
+    async fn extend(
+        &self,
+        _: &CheckRequest<'_>,
+        _: &Receipt,
+    ) -> Result<Option<Receipt>, StoreError> {
+        refused()
+    }
+}
+
+impl LockStore for DownStore {
     async fn lock_acquire(
         &self,
         _: &str,
@@ -641,7 +657,9 @@ impl Store for DownStore {
     ) -> Result<bool, StoreError> {
         refused()
     }
+}
 
+impl BanStore for DownStore {
     async fn bans(&self, _: &str) -> Result<Vec<tollgate::BanEntry>, StoreError> {
         refused()
     }

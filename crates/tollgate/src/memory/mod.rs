@@ -32,7 +32,10 @@ use crate::{
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::StoreError,
-    store::{CheckRequest, LimiterRequest, LockReply, Receipt, Store, Verdict},
+    store::{
+        BanStore, CheckRequest, LimiterRequest, LockReply, LockStore, Receipt, RefundStore, Store,
+        Verdict,
+    },
 };
 
 /// An in-process store: exact and atomic within one process, nothing shared across processes.
@@ -679,7 +682,7 @@ impl Inner {
         }
     }
 
-    /// Renews a check's leases (see `Store::extend`): all or none.
+    /// Renews a check's leases (see `RefundStore::extend`): all or none.
     fn extend(&self, request: &CheckRequest<'_>, receipt: &Receipt) -> Option<Receipt> {
         let hashes: SmallVec<[u64; 8]> = request
             .limiters
@@ -720,7 +723,7 @@ impl Inner {
         Some(Receipt::per_limiter(at_us, receipt.id(), units))
     }
 
-    /// A refund (see `Store::refund`), one limiter at a time.
+    /// A refund (see `RefundStore::refund`), one limiter at a time.
     fn refund(&self, request: &CheckRequest<'_>, receipt: Option<&Receipt>) {
         let now = self.clock.now_us();
         for (i, limiter) in request.limiters.iter().enumerate() {
@@ -793,6 +796,20 @@ impl Store for MemoryStore {
         std::future::ready(Ok(()))
     }
 
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    fn bans_possible(&self) -> bool {
+        self.inner.bans_possible()
+    }
+
+    fn text_keys(&self) -> bool {
+        false
+    }
+}
+
+impl RefundStore for MemoryStore {
     fn refund(
         &self,
         request: &CheckRequest<'_>,
@@ -809,19 +826,9 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send {
         std::future::ready(Ok(self.inner.extend(request, receipt)))
     }
+}
 
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(Ok(()))
-    }
-
-    fn bans_possible(&self) -> bool {
-        self.inner.bans_possible()
-    }
-
-    fn text_keys(&self) -> bool {
-        false
-    }
-
+impl LockStore for MemoryStore {
     fn lock_acquire(
         &self,
         key: &str,
@@ -849,7 +856,9 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         std::future::ready(self.inner.lock_complete(key, token, response, keep_for))
     }
+}
 
+impl BanStore for MemoryStore {
     fn bans(&self, prefix: &str) -> impl Future<Output = Result<Vec<BanEntry>, StoreError>> + Send {
         std::future::ready(Ok(self.inner.bans(prefix)))
     }

@@ -294,7 +294,7 @@ impl RuleStates {
         expires_at
     }
 
-    /// Gives back `cost` units to every rule at `now` (see `Store::refund`): the log's entries
+    /// Gives back `cost` units to every rule at `now` (see `RefundStore::refund`): the log's entries
     /// recorded at `at` (or its newest), the count of `at`'s window (or the current one), the
     /// GCRA arrival time; never below empty.
     pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64, id: u64) {
@@ -386,7 +386,7 @@ impl RuleStates {
     }
 
     /// Whether the log holds `units` entries recorded at `at` that still count at `now` (the
-    /// leases of a check: see `Store::extend`).
+    /// leases of a check: see `RefundStore::extend`).
     pub(super) fn holds(&self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> bool {
         let Some(window) = log_window(rules) else {
             return false;

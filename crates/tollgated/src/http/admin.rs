@@ -48,7 +48,7 @@ pub(crate) async fn blocklist(
     _: Admin,
     query: Result<Query<BlocklistQuery>, QueryRejection>,
 ) -> Result<Json<BlocklistPage>, ApiError> {
-    use tollgate::Store as _;
+    use tollgate::BanStore as _;
     let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let limit = match query.limit.as_deref() {
         None => BLOCKLIST_PAGE,

@@ -14,7 +14,7 @@ use super::error::ApiError;
 use crate::app::App;
 
 pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
-    use tollgate::Store as _;
+    use tollgate::BanStore as _;
     app.metrics
         .refresh_blocklist_size(|| async {
             let started = Instant::now();
