@@ -6,7 +6,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService as _,
 };
-use tollgate::Tollgate;
+use tollgate::{AnyStore, Tollgate};
 
 use crate::{
     app::App,
@@ -34,13 +34,29 @@ impl InProcess {
     /// Opens the store of `config`; admin endpoints accept `admin_token` (none: they answer 401).
     pub async fn new(config: Config, admin_token: Option<String>) -> Result<InProcess, String> {
         let (store, opened) = store::open(&config.store).await?;
+        Ok(InProcess::build(config, store, &opened, admin_token))
+    }
+
+    /// The same handlers over `store` instead of the store `config` names: a test's own store
+    /// (one that records what it is asked, say). The configuration's prefix and `on_error`
+    /// still apply.
+    pub fn with_store(config: Config, store: AnyStore, admin_token: Option<String>) -> InProcess {
+        InProcess::build(config, store, &store::Opened::Late, admin_token)
+    }
+
+    fn build(
+        config: Config,
+        store: AnyStore,
+        opened: &store::Opened,
+        admin_token: Option<String>,
+    ) -> InProcess {
         let gate = Tollgate::new(store)
             .with_prefix(&config.store.prefix)
             .with_on_error(config.store.on_error)
             .with_max_stored_response(config.server.max_stored_response)
             .with_max_keep_for(config.server.max_keep_for);
         let metrics = Metrics::new();
-        if let store::Opened::Memory(memory) = &opened {
+        if let store::Opened::Memory(memory) = opened {
             metrics.watch_memory_store(memory.clone());
         }
         let tokens = crate::auth::Tokens {
@@ -55,9 +71,9 @@ impl InProcess {
             crate::receipt::ReceiptKey::random(),
             Source::default(),
         ));
-        app.dashboard.watch_store(&opened);
+        app.dashboard.watch_store(opened);
         dashboard::spawn_sampler(&app);
-        Ok(InProcess { app })
+        InProcess { app }
     }
 
     /// The HTTP port's router: the JSON API and the dashboard.

@@ -21,6 +21,7 @@ pub(crate) mod grpc_health;
 mod headers;
 mod http_api;
 mod leases;
+mod one_path;
 mod redis;
 mod refund;
 mod reload;
