@@ -35,26 +35,8 @@ pin_project! {
     }
 }
 
-/// A request's check: decided when the layer was called (a store that answers at once), or
-/// awaiting the store.
-// The decision is held as it is: boxing it would allocate on every check, which is what
-// deciding at once saves.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Checking {
-    Decided(Option<Result<Decision, CheckError>>),
-    Waiting(BoxFuture<'static, Result<Decision, CheckError>>),
-}
-
-impl Checking {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Decision, CheckError>> {
-        match self {
-            Checking::Decided(decided) => {
-                Poll::Ready(decided.take().expect("a check's decision is taken once"))
-            }
-            Checking::Waiting(check) => check.as_mut().poll(cx),
-        }
-    }
-}
+/// A check awaiting the store.
+pub(crate) type Checking = BoxFuture<'static, Result<Decision, CheckError>>;
 
 pin_project! {
     #[project = StateProj]
@@ -78,18 +60,23 @@ pin_project! {
             output: Option<Result<Response<GateBody<R>>, E>>,
             slot: Option<Slot>,
         },
+        // Refused when the layer was called.
+        Refused {
+            response: Option<Response<GateBody<R>>>,
+        },
     }
 }
 
-impl<S: Service<Request<B>>, B, F, R> RateLimitFuture<S, B, F, R> {
-    pub(crate) fn new(
+impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
+    /// A request whose check awaits the store: `inner` is called once it admits.
+    pub(crate) fn waiting(
         check: Checking,
         inner: S,
         request: Request<B>,
         config: Arc<Config>,
         grpc: bool,
         identity: Option<Identity>,
-    ) -> RateLimitFuture<S, B, F, R> {
+    ) -> RateLimitFuture<S, B, S::Future, R> {
         RateLimitFuture {
             state: State::Checking {
                 check,
@@ -99,6 +86,79 @@ impl<S: Service<Request<B>>, B, F, R> RateLimitFuture<S, B, F, R> {
             config,
             grpc,
         }
+    }
+
+    /// A request whose check was decided when the layer was called: refused at once, or passed
+    /// to `inner` (ready: `poll_ready` said so) at once, without a clone of it.
+    pub(crate) fn decided(
+        decided: Result<Decision, CheckError>,
+        inner: &mut S,
+        request: Request<B>,
+        config: Arc<Config>,
+        grpc: bool,
+        identity: Option<Identity>,
+    ) -> RateLimitFuture<S, B, S::Future, R> {
+        let state = match admit(decided, &config, grpc) {
+            Ok(decision) => call(decision, inner, request, &config, identity),
+            Err(response) => State::Refused {
+                response: Some(response),
+            },
+        };
+        RateLimitFuture {
+            state,
+            config,
+            grpc,
+        }
+    }
+}
+
+/// The decision of an admitted request, or the response refusing it.
+// The response is returned as it is, once: boxing it would allocate on every refusal.
+#[allow(clippy::result_large_err)]
+fn admit<R>(
+    decided: Result<Decision, CheckError>,
+    config: &Config,
+    grpc: bool,
+) -> Result<Decision, Response<GateBody<R>>> {
+    let rejection = match decided {
+        Ok(decision) if decision.allowed() => return Ok(decision),
+        Ok(decision) => Rejection::denied(decision, &config.policy),
+        Err(error) => Rejection::from_check_error(error),
+    };
+    Err(reject(config, rejection, grpc))
+}
+
+/// Calls the inner service for an admitted request: what the response then needs (its
+/// headers, the request's refund or concurrency slot).
+fn call<S: Service<Request<B>>, B, R>(
+    decision: Decision,
+    inner: &mut S,
+    mut request: Request<B>,
+    config: &Arc<Config>,
+    mut identity: Option<Identity>,
+) -> State<S, B, S::Future, R, S::Error> {
+    let failed_open = decision.reason() == Reason::StoreUnavailable;
+    if failed_open {
+        request.extensions_mut().insert(FailedOpen);
+    }
+    let future = inner.call(request);
+    let slot = match (config.concurrent, decision.receipt(), &identity) {
+        (true, Some(receipt), Some(identity)) => {
+            Some(Slot::new(config.clone(), identity.clone(), receipt.clone()))
+        }
+        _ => None,
+    };
+    let charge = identity
+        .take()
+        .filter(|_| !matches!(config.count, Count::All))
+        .map(|identity| Charge::new(config.clone(), identity, decision.receipt().cloned()));
+    let decision = (config.style != HeaderStyle::None).then_some(decision);
+    State::Calling {
+        future,
+        decision,
+        charge,
+        slot,
+        failed_open,
     }
 }
 
@@ -117,47 +177,23 @@ where
                     call,
                     identity,
                 } => {
-                    let decision = match ready!(check.poll(cx)) {
-                        Ok(decision) => decision,
-                        Err(error) => {
-                            let rejection = Rejection::from_check_error(error);
-                            return Poll::Ready(Ok(reject(this.config, rejection, *this.grpc)));
-                        }
-                    };
-                    if !decision.allowed() {
-                        let rejection = Rejection::denied(decision, &this.config.policy);
-                        return Poll::Ready(Ok(reject(this.config, rejection, *this.grpc)));
-                    }
-                    let Some((mut inner, mut request)) = call.take() else {
+                    let decision =
+                        match admit(ready!(check.as_mut().poll(cx)), this.config, *this.grpc) {
+                            Ok(decision) => decision,
+                            Err(response) => return Poll::Ready(Ok(response)),
+                        };
+                    let Some((mut inner, request)) = call.take() else {
                         unreachable!("the inner call is taken once");
                     };
-                    let failed_open = decision.reason() == Reason::StoreUnavailable;
-                    if failed_open {
-                        request.extensions_mut().insert(FailedOpen);
-                    }
-                    let future = inner.call(request);
-                    let slot = match (this.config.concurrent, decision.receipt(), &*identity) {
-                        (true, Some(receipt), Some(identity)) => Some(Slot::new(
-                            this.config.clone(),
-                            identity.clone(),
-                            receipt.clone(),
-                        )),
-                        _ => None,
+                    let next =
+                        self::call(decision, &mut inner, request, this.config, identity.take());
+                    this.state.set(next);
+                }
+                StateProj::Refused { response } => {
+                    let Some(response) = response.take() else {
+                        unreachable!("a refusal is returned once");
                     };
-                    let charge = identity
-                        .take()
-                        .filter(|_| !matches!(this.config.count, Count::All))
-                        .map(|identity| {
-                            Charge::new(this.config.clone(), identity, decision.receipt().cloned())
-                        });
-                    let decision = (this.config.style != HeaderStyle::None).then_some(decision);
-                    this.state.set(State::Calling {
-                        future,
-                        decision,
-                        charge,
-                        slot,
-                        failed_open,
-                    });
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Calling {
                     future,

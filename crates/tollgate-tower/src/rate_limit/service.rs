@@ -33,29 +33,31 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // The service that was polled ready handles this request; the clone waits for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let identity = identity_of(&request, &self.config.resolver, &self.config.wanted);
         let grpc = is_grpc(request.headers());
-        let config = self.config.clone();
-        // A refund needs the identity again, once the response is known.
+        let config = &self.config;
         let kept =
             (!matches!(config.count, Count::All) || config.concurrent).then(|| identity.clone());
-        // Decided here when the store answers at once; else the check awaits the store.
-        let check = match config
+        if let Some(decided) = config
             .gate
             .check_sync(&config.policy, &identity, config.cost)
         {
-            Some(decided) => Checking::Decided(Some(decided)),
-            None => Checking::Waiting(Box::pin(async move {
-                config
-                    .gate
-                    .check(&config.policy, &identity, config.cost)
-                    .await
-            })),
-        };
-        RateLimitFuture::new(check, inner, request, self.config.clone(), grpc, kept)
+            // Decided at once: the inner service, which `poll_ready` made ready, is called now.
+            let config = config.clone();
+            return RateLimitFuture::decided(decided, &mut self.inner, request, config, grpc, kept);
+        }
+        // The check awaits the store: the ready service goes with the request, a clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = config.clone();
+        let checking = config.clone();
+        let check: Checking = Box::pin(async move {
+            checking
+                .gate
+                .check(&checking.policy, &identity, checking.cost)
+                .await
+        });
+        RateLimitFuture::waiting(check, inner, request, config, grpc, kept)
     }
 }
 

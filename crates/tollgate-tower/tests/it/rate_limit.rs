@@ -870,3 +870,66 @@ async fn legacy_and_draft6_header_styles() {
         assert_eq!(header(&denied, "ratelimit"), None, "{style:?}");
     }
 }
+
+/// An inner service that counts its clones.
+#[derive(Clone)]
+struct CountsClones(Arc<AtomicUsize>);
+
+struct Cloned(CountsClones);
+
+impl Clone for Cloned {
+    fn clone(&self) -> Cloned {
+        self.0.0.fetch_add(1, Ordering::SeqCst);
+        Cloned(self.0.clone())
+    }
+}
+
+impl tower::Service<http::Request<String>> for Cloned {
+    type Response = http::Response<String>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<http::Response<String>, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<String>) -> Self::Future {
+        std::future::ready(Ok(http::Response::new(String::new())))
+    }
+}
+
+/// A check the store decides at once calls the inner service the layer made ready: it is not
+/// cloned per request (only a check that awaits the store takes a clone along).
+#[tokio::test]
+async fn a_check_decided_at_once_does_not_clone_the_inner_service() {
+    use tower::{Layer as _, Service as _, ServiceExt as _};
+
+    let (gate, _) = gate();
+    let clones = Arc::new(AtomicUsize::new(0));
+    let policy = Policy::builder("clones")
+        .limiter(Limiter::new(Dimension::UserId, rules(&["2/1m"])))
+        .build()
+        .unwrap();
+    let users = IdentityResolver::new().enrich(|who, _, _| who.with_user_id("alice"));
+    let mut service = RateLimitLayer::new(gate, policy)
+        .resolver(users)
+        .layer(Cloned(CountsClones(clones.clone())));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let ready = service.ready().await.unwrap();
+        let response = ready.call(http::Request::new(String::new())).await.unwrap();
+        statuses.push(response.status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(clones.load(Ordering::SeqCst), 0, "no clone per request");
+}
