@@ -1150,7 +1150,6 @@ fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
     let mut remaining = None::<u64>;
-    let mut index = 0;
     // Every denial is a concurrency limit's (until a rate rule denies).
     let mut concurrency = true;
     for limiter in limiters {
@@ -1167,13 +1166,11 @@ fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
                     concurrency &= rule.is_concurrent();
                 }
             }
-            out.said.push(Said {
-                remaining: outcome.remaining,
-                reset_after_us: outcome.reset_after_us,
-                index,
-                allowed: outcome.allowed,
-            });
-            index += 1;
+            out.said.push(Said::new(
+                outcome.allowed,
+                outcome.remaining,
+                outcome.reset_after_us,
+            ));
         }
     }
     out.remaining = remaining;
@@ -1205,22 +1202,17 @@ fn new_token() -> String {
 
 fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
     out.reset(false, Reason::CostExceedsLimit);
-    let mut index = 0;
     for limiter in limiters {
         for rule in limiter.rules.iter() {
             if !limiter.shadow && crate::policy::cost_too_large(rule, cost) {
                 if out.message.is_none() {
                     out.message.clone_from(&limiter.message);
                 }
-                out.said.push(Said {
-                    remaining: 0,
-                    reset_after_us: 0,
-                    index,
-                    allowed: false,
-                });
+                out.said.push(Said::new(false, 0, 0));
                 out.remaining = Some(0);
+            } else {
+                out.said.push(Said::unnamed());
             }
-            index += 1;
         }
     }
 }
