@@ -186,6 +186,7 @@ fn write_answer(
                 body,
                 decision,
                 &item.entry.policy,
+                &decision.rules(&item.entry.policy),
                 &item.entry.rule_texts,
                 receipt.as_deref(),
             );

@@ -107,10 +107,13 @@ pub(super) async fn decide(
     )?;
     let mut body = Vec::with_capacity(decision_size_hint(&decision, &entry.policy));
     let receipt = sealed_receipt(app, &entry.policy, &identity, &decision, receipt);
+    // Named once, for the body and the fields.
+    let rules = decision.rules(&entry.policy);
     write_decision(
         &mut body,
         &decision,
         &entry.policy,
+        &rules,
         &entry.rule_texts,
         receipt.as_deref(),
     );
@@ -118,19 +121,15 @@ pub(super) async fn decide(
     let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
     let wait = decision.retry_after();
-    entry.fields.write(
-        style,
-        &decision.rules(&entry.policy),
-        wait,
-        |name, value| {
-            let made = entry.policy_field.as_ref().filter(|made| {
-                name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes()
-            });
-            if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
-                headers.insert(HeaderName::from_static(name), value);
-            }
-        },
-    );
+    entry.fields.write(style, &rules, wait, |name, value| {
+        let made = entry
+            .policy_field
+            .as_ref()
+            .filter(|made| name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes());
+        if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    });
     Ok(response)
 }
 

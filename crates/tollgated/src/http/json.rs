@@ -4,7 +4,7 @@ use std::{borrow::Cow, collections::BTreeMap, net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Value, value::RawValue};
-use tollgate::{Decision, DuplicateState, Identity, Policy};
+use tollgate::{Decision, DuplicateState, Identity, Policy, RuleDecision};
 
 use crate::{app::App, config::RuleText};
 
@@ -105,6 +105,7 @@ pub(crate) fn write_decision(
     out: &mut Vec<u8>,
     d: &Decision,
     policy: &Policy,
+    rules: &[RuleDecision],
     texts: &[RuleText],
     receipt: Option<&str>,
 ) {
@@ -126,7 +127,7 @@ pub(crate) fn write_decision(
     }
     out.extend_from_slice(b",\"rules\":[");
     let mut next = 0;
-    for (i, r) in d.rules(policy).iter().enumerate() {
+    for (i, r) in rules.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -162,15 +163,15 @@ pub(crate) fn write_decision(
     if d.shadow_denied() {
         out.extend_from_slice(b",\"shadow_denied\":[");
         let mut last = None;
-        for r in d.shadow_denied_rules(policy) {
-            if last.as_ref() == Some(&r.limiter) {
+        for r in rules.iter().filter(|r| !r.allowed && r.shadow) {
+            if last == Some(&r.limiter) {
                 continue;
             }
             if last.is_some() {
                 out.push(b',');
             }
             write_str(out, &r.limiter);
-            last = Some(r.limiter);
+            last = Some(&r.limiter);
         }
         out.push(b']');
     }
@@ -371,6 +372,7 @@ mod tests {
                     &mut out,
                     &d,
                     &entry.policy,
+                    &d.rules(&entry.policy),
                     &entry.rule_texts,
                     receipt.as_deref(),
                 );
