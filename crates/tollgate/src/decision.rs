@@ -444,7 +444,7 @@ mod tests {
     /// rules inline), with the numbers of 8 rules inline.
     #[test]
     fn a_decision_stays_small() {
-        assert!(INLINE_RULES >= 8);
+        const { assert!(INLINE_RULES >= 8) };
         assert!(
             std::mem::size_of::<Decision>() <= 240,
             "{} bytes",
