@@ -110,9 +110,6 @@ impl RedisClusterBuilder {
         let mut tls_ports = Vec::new();
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
-                // The bus port defaults to port + 10000, which may be taken or above 65535.
-                let bus =
-                    free_port().unwrap_or_else(|e| panic!("tollgate-testkit: no free port: {e}"));
                 let mut tls: Vec<String> = Vec::new();
                 if let Some([cert, key, ca]) = &self.tls {
                     let port = free_port()
@@ -123,12 +120,14 @@ impl RedisClusterBuilder {
                         ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
                     );
                 }
+                // The bus port defaults to port + 10000, which may be taken or above 65535: one
+                // is chosen free with each attempt's port.
                 RedisServer::builder()
+                    .cluster_bus()
                     .args(&tls)
                     .args(["--cluster-enabled", "yes"])
                     .args(["--cluster-config-file", "nodes.conf"])
                     .args(["--cluster-node-timeout", &node_timeout])
-                    .args(["--cluster-port", &bus.to_string()])
                     // A replica whose primary just died may always take over: tests kill
                     // primaries on purpose and need the replica to win.
                     .args(["--cluster-replica-validity-factor", "0"])

@@ -34,6 +34,8 @@ const LOG_FILE: &str = "redis.log";
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    /// A Cluster node's bus port, chosen with the port (and kept across restarts).
+    bus_port: Option<u16>,
     dir: PathBuf,
     extra_args: Vec<OsString>,
     startup_timeout: Duration,
@@ -57,6 +59,7 @@ pub struct RedisServer {
 pub struct RedisServerBuilder {
     extra_args: Vec<OsString>,
     startup_timeout: Duration,
+    cluster_bus: bool,
 }
 
 impl Default for RedisServerBuilder {
@@ -64,6 +67,7 @@ impl Default for RedisServerBuilder {
         Self {
             extra_args: Vec::new(),
             startup_timeout: Duration::from_secs(10),
+            cluster_bus: false,
         }
     }
 }
@@ -88,6 +92,13 @@ impl RedisServerBuilder {
         self
     }
 
+    /// A Cluster node: its bus port (`--cluster-port`) is chosen free with its port, again at
+    /// each attempt, so that a bus port another process took meanwhile is not tried twice.
+    pub(crate) fn cluster_bus(mut self) -> Self {
+        self.cluster_bus = true;
+        self
+    }
+
     /// How long to wait for the server to answer `PING` after each (re)start. Default 10 s.
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
         self.startup_timeout = timeout;
@@ -107,6 +118,7 @@ impl RedisServerBuilder {
             .unwrap_or_else(|e| panic!("tollgate-testkit: cannot create a temporary dir: {e}"));
         let mut server = RedisServer {
             port: 0,
+            bus_port: None,
             dir,
             extra_args: self.extra_args,
             startup_timeout: self.startup_timeout,
@@ -116,6 +128,12 @@ impl RedisServerBuilder {
         for _ in 0..PORT_ATTEMPTS {
             server.port = free_port()
                 .unwrap_or_else(|e| panic!("tollgate-testkit: cannot find a free port: {e}"));
+            if self.cluster_bus {
+                server.bus_port =
+                    Some(free_port().unwrap_or_else(|e| {
+                        panic!("tollgate-testkit: cannot find a free port: {e}")
+                    }));
+            }
             match server.spawn_and_wait() {
                 Ok(()) => return server,
                 Err(StartError::PortTaken(msg)) => last_error = msg,
@@ -211,6 +229,12 @@ impl RedisServer {
             .arg("--dir")
             .arg(&self.dir)
             .args(["--protected-mode", "no"])
+            .args(
+                self.bus_port
+                    .map(|bus| ["--cluster-port".to_owned(), bus.to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
