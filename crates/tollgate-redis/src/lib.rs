@@ -125,6 +125,7 @@ mod cache;
 mod cluster;
 mod conn;
 mod error;
+mod persistence;
 mod script;
 mod sentinel;
 mod shared;
@@ -134,4 +135,5 @@ mod url;
 
 pub use builder::RedisStoreBuilder;
 pub use error::redact as redact_url;
+pub use persistence::Persistence;
 pub use store::RedisStore;

@@ -86,6 +86,13 @@ impl RedisStore {
         self.inner.cache.as_ref().map_or(0, LocalCache::answered)
     }
 
+    /// How the server keeps its counters across a restart (AOF, RDB), as it says. A server
+    /// that keeps neither starts empty after a restart: long windows (days, calendar months)
+    /// are given again in full.
+    pub async fn persistence(&self) -> Result<crate::Persistence, StoreError> {
+        crate::persistence::read(self.backend()).await
+    }
+
     /// What the clones share.
     #[cfg(test)]
     pub(crate) fn inner(&self) -> &Arc<Inner> {

@@ -2,7 +2,7 @@
 
 use std::{
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicBool, Ordering},
     },
     time::Instant,
@@ -32,6 +32,8 @@ pub(crate) struct App {
     source: Source,
     /// Shutdown has begun: `/healthcheck` fails so load balancers stop sending.
     draining: AtomicBool,
+    /// How the Redis store keeps its counters across a restart, once read.
+    persistence: OnceLock<tollgate_redis::Persistence>,
 }
 
 impl App {
@@ -54,6 +56,63 @@ impl App {
             dashboard,
             source,
             draining: AtomicBool::new(false),
+            persistence: OnceLock::new(),
+        }
+    }
+
+    /// How the Redis store keeps its counters across a restart, once read (see
+    /// `check_persistence`); `None` for the memory store, or before it was read.
+    pub(crate) fn persistence(&self) -> Option<&tollgate_redis::Persistence> {
+        self.persistence.get()
+    }
+
+    /// How the Redis store keeps its counters across a restart, and the windows of a day or
+    /// longer that would start again if it keeps nothing (`/readyz` and the dashboard show
+    /// it); `None` until read, and for the memory store.
+    pub(crate) fn persistence_report(&self) -> Option<serde_json::Value> {
+        let persistence = self.persistence()?;
+        let at_risk = match persistence.survives_restart() {
+            Some(true) => Vec::new(),
+            _ => self.config().long_windows(),
+        };
+        Some(serde_json::json!({
+            "aof": persistence.aof,
+            "rdb": persistence.rdb,
+            "survives_restart": persistence.survives_restart(),
+            "long_windows_at_risk": at_risk,
+        }))
+    }
+
+    /// Reads how `redis` keeps its counters, once it answers, and warns when the windows of a
+    /// day or longer that the configuration holds would start again after a restart.
+    pub(crate) async fn check_persistence(&self, redis: &tollgate_redis::RedisStore) {
+        let persistence = loop {
+            match redis.persistence().await {
+                Ok(persistence) => break persistence,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the store's persistence: trying again");
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            }
+        };
+        let _ = self.persistence.set(persistence);
+        let long = self.config().long_windows();
+        if long.is_empty() {
+            return;
+        }
+        match persistence.survives_restart() {
+            Some(true) => {}
+            Some(false) => tracing::warn!(
+                policies = %long.join(", "),
+                "the Redis store keeps nothing across a restart (no append-only file, no RDB \
+                 snapshots): these windows of a day or longer start again, their quotas given \
+                 in full, whenever it restarts"
+            ),
+            None => tracing::info!(
+                policies = %long.join(", "),
+                "the Redis store does not say whether it keeps its data across a restart \
+                 (CONFIG refused): these windows of a day or longer need it to"
+            ),
         }
     }
 

@@ -293,6 +293,23 @@ impl Config {
         self.policies.keys().map(String::as_str)
     }
 
+    /// The policies and Envoy descriptors (`domain/path`) with a window of a day or longer
+    /// (or a calendar window): what a store that keeps nothing across a restart gives again
+    /// in full when it restarts.
+    pub(crate) fn long_windows(&self) -> Vec<String> {
+        let mut found: Vec<String> = self
+            .policies
+            .iter()
+            .filter(|(_, entry)| {
+                let mut rules = entry.policy.limiters().iter().flat_map(|l| l.rules());
+                rules.any(long_window)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        found.extend(self.envoy.with_rules(long_window));
+        found
+    }
+
     /// A human-readable summary of the policies and Envoy domains (`check-config` prints it).
     pub fn summary(&self) -> String {
         use fmt::Write as _;
@@ -1582,6 +1599,13 @@ impl RawPolicy {
             metrics: Arc::default(),
         })
     }
+}
+
+/// A rate rule whose window is a day or longer, or a calendar window (a lease's time to live is
+/// not a window of counts).
+pub(crate) fn long_window(rule: &tollgate::Rule) -> bool {
+    !rule.is_concurrent()
+        && (rule.calendar_window().is_some() || rule.window() >= Duration::from_secs(86_400))
 }
 
 #[cfg(test)]

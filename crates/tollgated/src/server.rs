@@ -155,6 +155,10 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     let app = Arc::new(App::new(gate, config, metrics, &tokens, receipts, source));
     app.dashboard.watch_store(&opened);
     crate::dashboard::spawn_sampler(&app);
+    if let store::Opened::Redis(redis) = &opened {
+        let (app, redis) = (app.clone(), redis.clone());
+        tokio::spawn(async move { app.check_persistence(&redis).await });
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let draining = app.clone();

@@ -15,6 +15,7 @@ mod layout;
 mod leases;
 mod local_cache;
 mod parity;
+mod persistence;
 mod redis_time;
 mod round_trip;
 mod script;

@@ -147,6 +147,7 @@ pub(super) async fn stats(
             "store_unavailable_decisions": unavailable,
             "memory_evictions_total": history.evictions,
             "local_cache_answers_total": app.dashboard.local_answers(),
+            "persistence": app.persistence_report(),
         });
         (decisions, store)
     };

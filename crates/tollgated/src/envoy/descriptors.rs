@@ -76,6 +76,17 @@ impl Domains {
         &self.summary
     }
 
+    /// The descriptors (`domain/path`) with a rule whose window is `long` (see
+    /// `config::long_window`), sorted.
+    pub(crate) fn with_rules(&self, long: impl Fn(&Rule) -> bool) -> Vec<String> {
+        let mut found = Vec::new();
+        for domain in self.map.values() {
+            domain.root.with_rules(&domain.name, &long, &mut found);
+        }
+        found.sort();
+        found
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<Domain>> {
         self.map.get(name)
     }
@@ -171,6 +182,25 @@ pub(crate) struct Domain {
 #[derive(Debug, Default)]
 struct Level {
     by_key: HashMap<String, KeyEntry>,
+}
+
+impl Level {
+    /// The nodes under this level with a rule that `long` picks, as `domain/path`.
+    fn with_rules(&self, domain: &str, long: &impl Fn(&Rule) -> bool, found: &mut Vec<String>) {
+        for entry in self.by_key.values() {
+            let nodes = entry
+                .by_value
+                .values()
+                .chain(entry.wildcards.iter().map(|(_, node)| node))
+                .chain(&entry.any);
+            for node in nodes {
+                if node.rules.iter().any(long) {
+                    found.push(format!("{domain}/{}", node.path));
+                }
+                node.children.with_rules(domain, long, found);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]

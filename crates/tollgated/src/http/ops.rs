@@ -66,11 +66,15 @@ pub(crate) async fn readyz(State(app): State<Arc<App>>) -> Result<Json<Value>, A
     result.map_err(|e| ApiError::store("ping", &e))?;
     // The store answers now; decisions it could not make lately are reported beside.
     let (decisions, ago) = app.metrics.unavailable();
-    Ok(Json(serde_json::json!({
+    let mut ready = serde_json::json!({
         "status": "ready",
         "store_unavailable": {
             "decisions": decisions,
             "last_ms_ago": ago.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         },
-    })))
+    });
+    if let Some(persistence) = app.persistence_report() {
+        ready["persistence"] = persistence;
+    }
+    Ok(Json(ready))
 }

@@ -375,5 +375,26 @@ async fn the_dashboard_works_in_a_real_browser() {
         "document.querySelector('#top').hidden && document.querySelector('#admin-badge').hidden",
     )
     .await;
+
+    // On a Redis that keeps nothing on disk, the store panel names the long windows at risk.
+    let redis = tollgate_testkit::RedisServer::start();
+    let on_redis = Server::start(&format!(
+        r#"
+[store]
+url = "{}"
+
+[policies.monthly]
+limiters = [{{ by = "user_id", rules = ["1000/1mo@UTC"] }}]
+"#,
+        redis.url()
+    ));
+    browser.goto(&on_redis.http).await.unwrap();
+    wait_until(
+        &browser,
+        "the store's persistence and the windows at risk",
+        "document.querySelector('#store').innerText.includes('no append-only file · no RDB snapshots') \
+         && document.querySelector('#store').innerText.includes('start again if the store restarts: monthly')",
+    )
+    .await;
     browser.close().await.unwrap();
 }

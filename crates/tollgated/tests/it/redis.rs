@@ -205,3 +205,85 @@ async fn a_server_starts_degraded_while_redis_is_down() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A configuration on `url` with windows of a minute, a day, a calendar month and an Envoy
+/// descriptor's day.
+fn long_and_short(url: &str) -> String {
+    format!(
+        r#"
+[store]
+url = "{url}"
+
+[policies.short]
+limiters = [{{ by = "ip", rules = ["10/1m"] }}]
+
+[policies.daily]
+limiters = [{{ by = "ip", rules = ["10/1m", "100/1d"] }}]
+
+[policies.monthly]
+limiters = [{{ by = "user_id", rules = ["1000/1mo@UTC"] }}]
+
+[[envoy.domains]]
+name = "edge"
+descriptors = [{{ key = "tenant", rules = ["5/1d"] }}, {{ key = "path", rules = ["5/1s"] }}]
+"#
+    )
+}
+
+/// `/readyz` once the server has read the store's persistence (it reads it after starting).
+async fn persistence_when_read(server: &Server) -> serde_json::Value {
+    for _ in 0..200 {
+        let (status, ready) = server.get("/readyz").await;
+        assert_eq!(status, 200, "{ready}");
+        if !ready["persistence"].is_null() {
+            return ready["persistence"].clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("/readyz never reported the store's persistence");
+}
+
+#[tokio::test]
+async fn long_windows_on_a_redis_that_keeps_nothing_are_named_in_the_log_and_readyz() {
+    // The kit's servers keep nothing on disk (`--save "" --appendonly no`).
+    let redis = RedisServer::start();
+    let mut server = Server::start(&long_and_short(&redis.url()));
+    let line = server.wait_for_line("keeps nothing across a restart", 1);
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("policies=daily, monthly, edge/tenant"),
+        "the policies, then the Envoy descriptors, with a day or more: {line}"
+    );
+    assert!(
+        !line.contains("short") && !line.contains("edge/path"),
+        "{line}"
+    );
+    let persistence = persistence_when_read(&server).await;
+    assert_eq!(
+        persistence,
+        json!({
+            "aof": false,
+            "rdb": false,
+            "survives_restart": false,
+            "long_windows_at_risk": ["daily", "monthly", "edge/tenant"],
+        })
+    );
+}
+
+#[tokio::test]
+async fn an_append_only_redis_puts_no_window_at_risk() {
+    let redis = RedisServer::builder()
+        .arg("--appendonly")
+        .arg("yes")
+        .start();
+    let server = Server::start(&long_and_short(&redis.url()));
+    let persistence = persistence_when_read(&server).await;
+    assert_eq!(persistence["aof"], true, "{persistence}");
+    assert_eq!(persistence["survives_restart"], true, "{persistence}");
+    assert_eq!(
+        persistence["long_windows_at_risk"],
+        json!([]),
+        "{persistence}"
+    );
+    assert_eq!(server.count_lines("keeps nothing across a restart"), 0);
+}

@@ -156,6 +156,16 @@ function drawStore(store) {
   row('on_error decisions, 15 min', u.allowed + ' allowed · ' + u.denied + ' denied');
   row('local cache answers, total', store.local_cache_answers_total);
   row('memory store evictions, total', store.memory_evictions_total);
+  const p = store.persistence;
+  if (p) {
+    const files = (p.aof ? 'append-only file' : 'no append-only file') + ' · ' +
+      (p.rdb === null ? 'RDB unknown' : p.rdb ? 'RDB snapshots' : 'no RDB snapshots');
+    row('persistence', files);
+    if (p.long_windows_at_risk.length) {
+      const what = p.survives_restart === false ? 'start again if the store restarts: ' : 'need the store to persist: ';
+      row('windows of a day or more', what + p.long_windows_at_risk.join(', '));
+    }
+  }
 }
 
 function drawPolicies(stats) {
