@@ -2,7 +2,7 @@
 
 use std::{
     sync::{
-        Arc, OnceLock,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Instant,
@@ -32,8 +32,8 @@ pub(crate) struct App {
     source: Source,
     /// Shutdown has begun: `/healthcheck` fails so load balancers stop sending.
     draining: AtomicBool,
-    /// How the Redis store keeps its counters across a restart, once read.
-    persistence: OnceLock<tollgate_redis::Persistence>,
+    /// How the Redis store keeps its counters across a restart, as last read.
+    persistence: Mutex<Option<tollgate_redis::Persistence>>,
 }
 
 impl App {
@@ -56,14 +56,17 @@ impl App {
             dashboard,
             source,
             draining: AtomicBool::new(false),
-            persistence: OnceLock::new(),
+            persistence: Mutex::new(None),
         }
     }
 
-    /// How the Redis store keeps its counters across a restart, once read (see
-    /// `check_persistence`); `None` for the memory store, or before it was read.
-    pub(crate) fn persistence(&self) -> Option<&tollgate_redis::Persistence> {
-        self.persistence.get()
+    /// How the Redis store keeps its counters across a restart, as last read (see
+    /// `watch_persistence`); `None` for the memory store, or before it was read.
+    pub(crate) fn persistence(&self) -> Option<tollgate_redis::Persistence> {
+        *self
+            .persistence
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How the Redis store keeps its counters across a restart, and the windows of a day or
@@ -83,25 +86,46 @@ impl App {
         }))
     }
 
-    /// Reads how `redis` keeps its counters, once it answers, and warns when the windows of a
-    /// day or longer that the configuration holds would start again after a restart.
-    pub(crate) async fn check_persistence(&self, redis: &tollgate_redis::RedisStore) {
-        let persistence = loop {
-            match redis.persistence().await {
-                Ok(persistence) => break persistence,
-                Err(e) => {
-                    tracing::debug!(error = %e, "reading the store's persistence: trying again");
-                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    /// Reads how the Redis store keeps its counters once it answers (a store unreachable at
+    /// start, once it is reached), and again every minute (a failover may bring a primary set
+    /// up otherwise); logs when the windows of a day or longer the configuration holds would
+    /// start again after a restart, each time that changes.
+    pub(crate) async fn watch_persistence(&self, opened: &crate::store::Opened) {
+        let mut said = None;
+        loop {
+            let read = match opened.redis() {
+                Some(redis) => redis.persistence().await.ok(),
+                None => None,
+            };
+            if let Some(persistence) = read {
+                *self
+                    .persistence
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(persistence);
+                let survives = persistence.survives_restart();
+                if said != Some(survives) {
+                    said = Some(survives);
+                    self.say_persistence(survives);
                 }
             }
-        };
-        let _ = self.persistence.set(persistence);
+            let wait = if said.is_some() { 60 } else { 5 };
+            tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+        }
+    }
+
+    /// Logs what a store that survives a restart (or not, or does not say) means for the
+    /// configuration's long windows.
+    fn say_persistence(&self, survives: Option<bool>) {
         let long = self.config().long_windows();
         if long.is_empty() {
             return;
         }
-        match persistence.survives_restart() {
-            Some(true) => {}
+        match survives {
+            Some(true) => tracing::info!(
+                policies = %long.join(", "),
+                "the Redis store keeps its data across a restart: these windows of a day or \
+                 longer keep their counts"
+            ),
             Some(false) => tracing::warn!(
                 policies = %long.join(", "),
                 "the Redis store keeps nothing across a restart (no append-only file, no RDB \

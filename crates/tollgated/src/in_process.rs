@@ -41,7 +41,7 @@ impl InProcess {
     /// (one that records what it is asked, say). The configuration's prefix and `on_error`
     /// still apply.
     pub fn with_store(config: Config, store: AnyStore, admin_token: Option<String>) -> InProcess {
-        InProcess::build(config, store, &store::Opened::Late, admin_token)
+        InProcess::build(config, store, &store::Opened::Given, admin_token)
     }
 
     fn build(

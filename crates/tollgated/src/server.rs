@@ -155,9 +155,9 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     let app = Arc::new(App::new(gate, config, metrics, &tokens, receipts, source));
     app.dashboard.watch_store(&opened);
     crate::dashboard::spawn_sampler(&app);
-    if let store::Opened::Redis(redis) = &opened {
-        let (app, redis) = (app.clone(), redis.clone());
-        tokio::spawn(async move { app.check_persistence(&redis).await });
+    if matches!(opened, store::Opened::Redis(_) | store::Opened::Late(_)) {
+        let app = app.clone();
+        tokio::spawn(async move { app.watch_persistence(&opened).await });
     }
 
     let (stop_tx, stop_rx) = watch::channel(false);

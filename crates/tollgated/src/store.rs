@@ -91,7 +91,20 @@ pub(crate) enum Opened {
     Memory(MemoryStore),
     Redis(RedisStore),
     /// Redis did not answer at start; it is being reached (see [`Late`]).
-    Late,
+    Late(Late),
+    /// A store the caller gave (`InProcess::with_store`).
+    Given,
+}
+
+impl Opened {
+    /// The Redis store, once there is one (a late one once it answers).
+    pub(crate) fn redis(&self) -> Option<RedisStore> {
+        match self {
+            Opened::Redis(redis) => Some(redis.clone()),
+            Opened::Late(late) => late.0.get().cloned(),
+            Opened::Memory(_) | Opened::Given => None,
+        }
+    }
 }
 
 /// Opens the store of `settings`: the embedded memory store, or Redis. The store is also
@@ -119,7 +132,7 @@ pub(crate) async fn open(settings: &StoreSettings) -> Result<(AnyStore, Opened),
             );
             let late = Late::default();
             tokio::spawn(late.clone().reach(settings.clone()));
-            Ok((AnyStore::new(late), Opened::Late))
+            Ok((AnyStore::new(late.clone()), Opened::Late(late)))
         }
         Err(e) => Err(cannot(e)),
     }

@@ -287,3 +287,24 @@ async fn an_append_only_redis_puts_no_window_at_risk() {
     );
     assert_eq!(server.count_lines("keeps nothing across a restart"), 0);
 }
+
+#[tokio::test]
+async fn a_redis_reached_after_start_is_read_once_it_answers() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let config = long_and_short(&redis.url()).replace(
+        "[store]\n",
+        "[store]\non_error = \"allow\"\ntimeout = \"200ms\"\n",
+    );
+    let mut server = Server::start(&config);
+    let (status, ready) = server.get("/readyz").await;
+    assert_eq!(status, 503, "the store is down: {ready}");
+    redis.restart();
+    let line = server.wait_for_line("keeps nothing across a restart", 1);
+    assert!(
+        line.contains("policies=daily, monthly, edge/tenant"),
+        "{line}"
+    );
+    let persistence = persistence_when_read(&server).await;
+    assert_eq!(persistence["survives_restart"], false, "{persistence}");
+}
