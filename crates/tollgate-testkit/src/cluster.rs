@@ -2,7 +2,7 @@
 //! loopback ports, joined with `redis-cli --cluster create`.
 
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -557,12 +557,7 @@ pub(crate) fn is_up(port: u16, auth: &Auth) -> bool {
     matches!(command(port, auth, &["PING"]), Ok(Reply::Simple(pong)) if pong == "PONG")
 }
 
-/// A port that was free a moment ago.
-pub(crate) fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
-}
+pub(crate) use crate::server::free_port;
 
 #[cfg(test)]
 mod tests {

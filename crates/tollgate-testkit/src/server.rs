@@ -334,8 +334,32 @@ fn fatal(msg: String) -> StartError {
     StartError::Fatal(msg)
 }
 
-/// A port that was free a moment ago: bind `127.0.0.1:0`, note the port, release it.
-fn free_port() -> io::Result<u16> {
+/// A port that was free a moment ago, for a server to bind next. Taken below the kernel's
+/// ephemeral range (32768 and up on Linux), where the operating system never hands ports to
+/// outgoing connections, so that a test's own client connections cannot take it first (which
+/// binding port 0 allows): random ports in 15000..32768, each bound and released, until one is
+/// free; the ephemeral range if none is.
+pub(crate) fn free_port() -> io::Result<u16> {
+    const LOW: u64 = 15_000;
+    const HIGH: u64 = 32_768;
+    static DRAWN: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut state =
+        nanos ^ u64::from(std::process::id()) << 32 ^ DRAWN.fetch_add(1, Ordering::Relaxed);
+    for _ in 0..64 {
+        // splitmix64: spreads consecutive seeds over the range.
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut x = state;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        let port = u16::try_from(LOW + x % (HIGH - LOW)).unwrap_or(0);
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
         .local_addr()?
         .port())
