@@ -14,8 +14,8 @@ use tollgate::{AnyStore, Reason, Tollgate};
 use crate::{
     auth::{Auth, Tokens},
     config::{Config, ConfigError, Source},
-    dashboard::Dashboard,
     metrics::{DecisionHandles, Metrics},
+    observed::Observed,
     receipt::ReceiptKey,
 };
 
@@ -28,7 +28,7 @@ pub(crate) struct App {
     pub(crate) auth: Auth,
     /// Seals the receipts and leases callers are given.
     pub(crate) receipts: ReceiptKey,
-    pub(crate) dashboard: Dashboard,
+    pub(crate) observed: Observed,
     source: Source,
     /// Shutdown has begun: `/healthcheck` fails so load balancers stop sending.
     draining: AtomicBool,
@@ -46,14 +46,14 @@ impl App {
         source: Source,
     ) -> App {
         let auth = Auth::new(tokens, config.server.admin_failure_limit);
-        let dashboard = Dashboard::new(config.server.dashboard_enabled());
+        let observed = Observed::new(config.server.dashboard_enabled());
         App {
             gate,
             config: ArcSwap::from_pointee(config),
             metrics,
             auth,
             receipts,
-            dashboard,
+            observed,
             source,
             draining: AtomicBool::new(false),
             persistence: Mutex::new(None),
@@ -196,7 +196,7 @@ impl App {
                 // configuration being in force.
                 self.config.store(Arc::new(new));
                 self.metrics.reload(true);
-                self.dashboard.reloaded(Ok(()));
+                self.observed.reloaded(Ok(()));
                 let path = self
                     .source
                     .path
@@ -207,7 +207,7 @@ impl App {
             }
             Err(e) => {
                 self.metrics.reload(false);
-                self.dashboard.reloaded(Err(e.to_string()));
+                self.observed.reloaded(Err(e.to_string()));
                 tracing::error!(error = %e, "configuration rejected; the previous one stays in force");
                 Err(e)
             }

@@ -11,9 +11,9 @@ use tollgate::{AnyStore, Tollgate};
 use crate::{
     app::App,
     config::{Config, Source},
-    dashboard, envoy,
+    envoy,
     metrics::Metrics,
-    store,
+    observed, store,
 };
 
 /// A server's handlers over one store and configuration, as `serve` builds them.
@@ -71,8 +71,8 @@ impl InProcess {
             crate::receipt::ReceiptKey::random(),
             Source::default(),
         ));
-        app.dashboard.watch_store(opened);
-        dashboard::spawn_sampler(&app);
+        app.observed.watch_store(opened);
+        observed::spawn_sampler(&app);
         InProcess { app }
     }
 

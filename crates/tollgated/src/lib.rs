@@ -37,7 +37,10 @@
 //! - `grpc`: the gRPC port's two services, picked by the request path's service name.
 //! - `health`: gRPC health checking (`grpc.health.v1`): the server, and the store apart.
 //! - `metrics`: Prometheus metrics.
-//! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls.
+//! - `observed`: what the server observed lately (top limited identities, its metrics' last 15
+//!   minutes, reloads), which front ends report into and none owns.
+//! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls, read from
+//!   `observed`.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
 //! - `trace`: request spans (tower-http's `TraceLayer`) when the log filter asks for them.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.
@@ -54,6 +57,7 @@ mod http;
 mod in_process;
 mod listen;
 mod metrics;
+mod observed;
 mod receipt;
 mod server;
 mod store;

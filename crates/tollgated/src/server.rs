@@ -153,8 +153,8 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             .map_or("the environment".into(), |p| p.display().to_string())
     );
     let app = Arc::new(App::new(gate, config, metrics, &tokens, receipts, source));
-    app.dashboard.watch_store(&opened);
-    crate::dashboard::spawn_sampler(&app);
+    app.observed.watch_store(&opened);
+    crate::observed::spawn_sampler(&app);
     if matches!(opened, store::Opened::Redis(_) | store::Opened::Late(_)) {
         let app = app.clone();
         tokio::spawn(async move { app.watch_persistence(&opened).await });

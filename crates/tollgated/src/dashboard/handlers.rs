@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tollgate::OnError;
 
-use super::{TOP_CAPACITY, TOP_GENERATION, exposition, history, lock};
+use crate::observed::{TOP_CAPACITY, TOP_GENERATION, exposition, history, lock};
 use crate::{
     app::App,
     http::{Admin, ApiError},
@@ -100,7 +100,7 @@ pub(super) async fn stats(
         .transpose()?;
     let config = app.config();
     let (decisions, store) = {
-        let history = lock(&app.dashboard.history);
+        let history = lock(&app.observed.history);
         let (seconds, series) = history.series(since);
         let mut unavailable = BTreeMap::from([("allowed", 0u64), ("denied", 0u64)]);
         let series: Vec<Value> = series
@@ -146,7 +146,7 @@ pub(super) async fn stats(
             "errors_total": totals.map(|t| t.errors),
             "store_unavailable_decisions": unavailable,
             "memory_evictions_total": history.evictions,
-            "local_cache_answers_total": app.dashboard.local_answers(),
+            "local_cache_answers_total": app.observed.local_answers(),
             "persistence": app.persistence_report(),
         });
         (decisions, store)
@@ -176,7 +176,7 @@ pub(super) async fn stats(
         })
         .collect();
     let reload = {
-        let status = lock(&app.dashboard.reload).clone();
+        let status = lock(&app.observed.reload).clone();
         json!({
             "path": app.source().path.as_deref().map_or("(environment)".into(), |p| p.display().to_string()),
             "loaded_at": status.loaded_at,
@@ -229,7 +229,7 @@ pub(super) async fn top(
                 )
             })?,
     };
-    let top = lock(&app.dashboard.top);
+    let top = lock(&app.observed.top);
     let entries: Vec<Value> = top
         .sketch
         .top(limit)

@@ -1128,7 +1128,7 @@ impl RateLimiter {
                 .map(|e| format!("{}={}", e.key, e.value))
                 .collect();
             self.app
-                .dashboard
+                .observed
                 .envoy_limited(&domain.scope, &node.path, &entries.join(", "), &rule);
         }
     }

@@ -154,7 +154,7 @@ pub(super) fn record(
             decision.allowed(),
             started,
         );
-        app.dashboard
+        app.observed
             .decided(policy, &entry.policy, identity, &decision);
         if decision.allowed() && decision.shadow_denied() {
             shadow_denied(app, policy, &entry.policy, &decision);
