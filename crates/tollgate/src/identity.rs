@@ -358,43 +358,45 @@ impl Dimension {
         }
     }
 
+    /// What this dimension counts `identity` by, as a key writes it: the client's network for an
+    /// IP dimension, the value for any other; `None` if the identity lacks it.
+    fn key_part<'a>(&self, identity: &'a Identity) -> Option<KeyPart<'a>> {
+        match (self.prefix(), identity.ip) {
+            (Some(prefix), Some(ip)) => Some(KeyPart::Network(prefix, ip)),
+            (Some(_), None) => None,
+            (None, _) => self.value(identity).map(KeyPart::Value),
+        }
+    }
+
     /// Appends this dimension's value for `identity` to a compact key (bytes, not text: see
     /// [`key::push_compact_part`]); false if the identity lacks it.
     pub(crate) fn push_compact(&self, identity: &Identity, out: &mut key::KeyBuf) -> bool {
-        match (self.prefix(), identity.ip) {
-            (Some(prefix), Some(ip)) => {
-                prefix.push_compact(ip, out);
-                true
-            }
-            (Some(_), None) => false,
-            (None, _) => match self.value(identity) {
-                Some(value) => {
-                    key::push_compact_part(out, &value);
-                    true
-                }
-                None => false,
-            },
+        match self.key_part(identity) {
+            Some(KeyPart::Network(prefix, ip)) => prefix.push_compact(ip, out),
+            Some(KeyPart::Value(value)) => key::push_compact_part(out, &value),
+            None => return false,
         }
+        true
     }
 
     /// Appends this dimension's value for `identity` to `out` as a key part (escaped, see
     /// [`key::push_part`]); false if the identity lacks it.
     pub(crate) fn push_value(&self, identity: &Identity, out: &mut impl key::KeyOut) -> bool {
-        match (self.prefix(), identity.ip) {
-            (Some(prefix), Some(ip)) => {
-                prefix.push_key(ip, out);
-                true
-            }
-            (Some(_), None) => false,
-            (None, _) => match self.value(identity) {
-                Some(value) => {
-                    key::push_escaped(out, &value);
-                    true
-                }
-                None => false,
-            },
+        match self.key_part(identity) {
+            Some(KeyPart::Network(prefix, ip)) => prefix.push_key(ip, out),
+            Some(KeyPart::Value(value)) => key::push_escaped(out, &value),
+            None => return false,
         }
+        true
     }
+}
+
+/// A dimension's value for an identity, as keys write it (see `Dimension::key_part`).
+enum KeyPart<'a> {
+    /// The client's network, by the dimension's prefixes.
+    Network(IpPrefix, IpAddr),
+    /// Any other dimension's value.
+    Value(Cow<'a, str>),
 }
 
 /// Writes `ip` as its `Display` does, without `core::fmt`. Digits and dots need no escaping.

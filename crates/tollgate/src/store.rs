@@ -123,17 +123,6 @@ pub struct LimiterRequest<'a> {
 }
 
 impl<'a> LimiterRequest<'a> {
-    /// A limiter of `rules` under the text `key`, enforced, without a ban rule.
-    pub fn new(key: &'a str, rules: &'a [Rule]) -> LimiterRequest<'a> {
-        LimiterRequest {
-            key,
-            compact: &[],
-            rules,
-            ban: None,
-            shadow: false,
-        }
-    }
-
     /// The key the limiter's state is found by: the compact key if set, else the text key's
     /// bytes. The two never collide: text keys are UTF-8, and a compact key is not.
     pub fn key_bytes(&self) -> &'a [u8] {
