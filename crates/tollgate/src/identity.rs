@@ -23,7 +23,7 @@ use crate::{bypass::IpNet, key};
 /// assert_eq!(who.header("x-api-key"), Some("k1"));
 /// # Ok::<(), std::net::AddrParseError>(())
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Identity {
     ip: Option<IpAddr>,
     user_id: Option<String>,
@@ -103,6 +103,16 @@ impl Identity {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Every header, as given (names in lower case).
+    pub fn headers(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// Every named argument, as given.
+    pub fn args(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.args.iter().map(|(n, v)| (n.as_str(), v.as_str()))
     }
 }
 

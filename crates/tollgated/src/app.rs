@@ -34,6 +34,8 @@ pub(crate) struct App {
     draining: AtomicBool,
     /// How the Redis store keeps its counters across a restart, as last read.
     persistence: Mutex<Option<tollgate_redis::Persistence>>,
+    /// Writes what the server decided (`[record]`), when asked to.
+    pub(crate) recorder: Option<crate::record::Recorder>,
 }
 
 impl App {
@@ -57,7 +59,14 @@ impl App {
             source,
             draining: AtomicBool::new(false),
             persistence: Mutex::new(None),
+            recorder: None,
         }
+    }
+
+    /// The same state, recording what it decides with `recorder`.
+    pub(crate) fn with_recorder(mut self, recorder: Option<crate::record::Recorder>) -> App {
+        self.recorder = recorder;
+        self
     }
 
     /// How the Redis store keeps its counters across a restart, as last read (see

@@ -22,6 +22,9 @@ use toml::Spanned;
 mod env;
 mod envoy_env;
 pub(crate) mod envoy_yaml;
+mod record;
+
+pub(crate) use record::RecordSettings;
 
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings},
@@ -70,6 +73,8 @@ pub struct Config {
     pub(crate) envoy_headers: HeaderStyle,
     /// The names of the limit, remaining and reset fields of YAML domains' answers.
     pub(crate) envoy_header_names: Arc<[String; 3]>,
+    /// `[record]`: where the server writes what it decided, for `tollgate plan`.
+    pub(crate) record: Option<RecordSettings>,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -653,6 +658,8 @@ struct RawConfig {
     policies: BTreeMap<String, Spanned<RawPolicy>>,
     #[serde(default)]
     envoy: RawEnvoy,
+    #[serde(default)]
+    record: record::RawRecord,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1067,6 +1074,7 @@ impl RawConfig {
         let server = self.server.validate(errors).map_err(|e| found.push(e)).ok();
         let on_error_set = self.store.on_error.is_some();
         let store = self.store.validate(errors).map_err(|e| found.push(e)).ok();
+        let record = self.record.validate(errors).map_err(|e| found.push(e)).ok();
         let on_error = store.as_ref().map_or(OnError::default(), |s| s.on_error);
         let mut policies = BTreeMap::new();
         for (name, raw) in self.policies {
@@ -1098,7 +1106,9 @@ impl RawConfig {
                 return Err(ConfigError::all(found));
             }
         };
-        let (Some(server), Some(store), true) = (server, store, found.is_empty()) else {
+        let (Some(server), Some(store), Some(record), true) =
+            (server, store, record, found.is_empty())
+        else {
             return Err(ConfigError::all(found));
         };
         Ok(Config {
@@ -1110,6 +1120,7 @@ impl RawConfig {
             require_domains,
             envoy_headers,
             envoy_header_names,
+            record,
             env: Vec::new(),
         })
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService as _,
 };
-use tollgate::{AnyStore, Tollgate};
+use tollgate::{AnyStore, Clock, SystemClock, Tollgate};
 
 use crate::{
     app::App,
@@ -34,14 +34,35 @@ impl InProcess {
     /// Opens the store of `config`; admin endpoints accept `admin_token` (none: they answer 401).
     pub async fn new(config: Config, admin_token: Option<String>) -> Result<InProcess, String> {
         let (store, opened) = store::open(&config.store).await?;
-        Ok(InProcess::build(config, store, &opened, admin_token))
+        InProcess::build(config, store, &opened, admin_token, Arc::new(SystemClock))
     }
 
     /// The same handlers over `store` instead of the store `config` names: a test's own store
     /// (one that records what it is asked, say). The configuration's prefix and `on_error`
     /// still apply.
     pub fn with_store(config: Config, store: AnyStore, admin_token: Option<String>) -> InProcess {
-        InProcess::build(config, store, &store::Opened::Given, admin_token)
+        InProcess::with_store_and_clock(config, store, admin_token, SystemClock)
+    }
+
+    /// [`with_store`](Self::with_store), the traffic record (`[record]`) timed by `clock`:
+    /// the memory store's own clock, for a record that replays exactly.
+    ///
+    /// # Panics
+    /// If the record cannot be opened.
+    pub fn with_store_and_clock(
+        config: Config,
+        store: AnyStore,
+        admin_token: Option<String>,
+        clock: impl Clock,
+    ) -> InProcess {
+        InProcess::build(
+            config,
+            store,
+            &store::Opened::Given,
+            admin_token,
+            Arc::new(clock),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn build(
@@ -49,7 +70,8 @@ impl InProcess {
         store: AnyStore,
         opened: &store::Opened,
         admin_token: Option<String>,
-    ) -> InProcess {
+        clock: Arc<dyn Clock>,
+    ) -> Result<InProcess, String> {
         let gate = Tollgate::new(store)
             .with_prefix(&config.store.prefix)
             .with_on_error(config.store.on_error)
@@ -63,17 +85,33 @@ impl InProcess {
             admin: admin_token,
             ..Default::default()
         };
-        let app = Arc::new(App::new(
-            gate,
-            config,
-            metrics,
-            &tokens,
-            crate::receipt::ReceiptKey::random(),
-            Source::default(),
-        ));
+        let recorder = crate::record::start_with_clock(
+            config.record.as_ref(),
+            &metrics,
+            |v| std::env::var(v).ok(),
+            clock,
+        )?;
+        let app = Arc::new(
+            App::new(
+                gate,
+                config,
+                metrics,
+                &tokens,
+                crate::receipt::ReceiptKey::random(),
+                Source::default(),
+            )
+            .with_recorder(recorder),
+        );
         app.observed.watch_store(opened);
         observed::spawn_sampler(&app);
-        InProcess { app }
+        Ok(InProcess { app })
+    }
+
+    /// Waits until the traffic record holds every decision made so far.
+    pub fn flush_record(&self) {
+        if let Some(recorder) = &self.app.recorder {
+            recorder.flush();
+        }
     }
 
     /// The HTTP port's router: the JSON API and the dashboard.

@@ -37,6 +37,7 @@
 //! - `grpc`: the gRPC port's two services, picked by the request path's service name.
 //! - `health`: gRPC health checking (`grpc.health.v1`): the server, and the store apart.
 //! - `metrics`: Prometheus metrics.
+//! - `record`: the traffic record (`[record]`): what the server decided, as JSON lines.
 //! - `observed`: what the server observed lately (top limited identities, its metrics' last 15
 //!   minutes, reloads), which front ends report into and none owns.
 //! - `dashboard`: the live dashboard at `/` and the `/v1/stats` JSON it polls, read from
@@ -59,6 +60,7 @@ mod listen;
 mod metrics;
 mod observed;
 mod receipt;
+mod record;
 mod server;
 mod store;
 mod tls;

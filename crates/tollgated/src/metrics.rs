@@ -125,6 +125,8 @@ struct Inner {
     memory: OnceLock<MemoryStore>,
     /// The reference service's statistics of YAML domains' descriptors.
     descriptors: crate::envoy::stats::DescriptorStats,
+    /// The traffic record's lines by result.
+    record: crate::record::Counts,
 }
 
 impl Metrics {
@@ -201,6 +203,23 @@ impl Metrics {
             "Envoy requests over their limits that the reference's SHADOW_MODE (envoy.shadow) answered OK",
             descriptors.global_shadow(),
         );
+        let record_lines = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "record_lines",
+            "Lines of the traffic record ([record]) by result: written, dropped (the writer's queue was full; the check went on) or failed (the file could not be written)",
+            record_lines.clone(),
+        );
+        let record = crate::record::Counts {
+            written: record_lines
+                .get_or_create(&ResultLabels { result: "written" })
+                .clone(),
+            dropped: record_lines
+                .get_or_create(&ResultLabels { result: "dropped" })
+                .clone(),
+            failed: record_lines
+                .get_or_create(&ResultLabels { result: "failed" })
+                .clone(),
+        };
         // Present from the start, so dashboards and alerts see 0 rather than no series.
         let check_errors = store_errors
             .get_or_create(&OpLabels { op: "check" })
@@ -225,12 +244,18 @@ impl Metrics {
             evictions,
             memory: OnceLock::new(),
             descriptors,
+            record,
             shadow_denials,
             shadow_log: OncePerSecond::default(),
             unavailable_log: OncePerSecond::default(),
             unavailable: AtomicU64::new(0),
             unavailable_at_ms: AtomicU64::new(0),
         }))
+    }
+
+    /// The traffic record's counters.
+    pub(crate) fn record_counts(&self) -> crate::record::Counts {
+        self.0.record.clone()
     }
 
     /// Counts a decision of `policy`, through `handles` (the policy's own, filled on first

@@ -152,7 +152,11 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             .as_deref()
             .map_or("the environment".into(), |p| p.display().to_string())
     );
-    let app = Arc::new(App::new(gate, config, metrics, &tokens, receipts, source));
+    let recorder =
+        crate::record::start(config.record.as_ref(), &metrics, |v| std::env::var(v).ok())?;
+    let app = Arc::new(
+        App::new(gate, config, metrics, &tokens, receipts, source).with_recorder(recorder),
+    );
     app.observed.watch_store(&opened);
     crate::observed::spawn_sampler(&app);
     if matches!(opened, store::Opened::Redis(_) | store::Opened::Late(_)) {

@@ -1,5 +1,5 @@
-//! `[server]` and `[store]` from the environment: `TOLLGATE_SERVER_<FIELD>` and
-//! `TOLLGATE_STORE_<FIELD>` (the field's name in capitals: `TOLLGATE_STORE_URL`,
+//! `[server]`, `[store]` and `[record]` from the environment: `TOLLGATE_SERVER_<FIELD>`,
+//! `TOLLGATE_STORE_<FIELD>` and `TOLLGATE_RECORD_<FIELD>` (the field's name in capitals: `TOLLGATE_STORE_URL`,
 //! `TOLLGATE_SERVER_MAX_BATCH`) replace the file's value, so that secrets (a Redis URL with its
 //! password) and per-deployment settings need not be written into the file.
 //!
@@ -151,6 +151,23 @@ pub(super) fn apply(
     }
     if let Some((_, v)) = get("store.tls_key_file") {
         st.tls_key_file = Some(string(v));
+    }
+    let r = &mut raw.record;
+    if let Some((_, v)) = get("record.path") {
+        r.path = Some(string(v));
+    }
+    if let Some((var, v)) = get("record.sample") {
+        let share = v.trim().parse::<f64>().map_err(|_| {
+            error(
+                &var,
+                "record.sample",
+                format!("{v:?}: expected a number above 0 and at most 1"),
+            )
+        })?;
+        r.sample = Some(Spanned::new(FROM_ENV, share));
+    }
+    if let Some((_, v)) = get("record.identities") {
+        r.identities = Some(string(v.trim().to_owned()));
     }
     Ok(used)
 }

@@ -405,6 +405,42 @@ impl Domain {
         None
     }
 
+    /// A descriptor's values as a shared record keeps them (`record.identities = "hashed"`):
+    /// a value the tree names at its level is kept; one a wildcard matched becomes the
+    /// wildcard with `hashed(value)` for each `*` (it still matches that wildcard, and keeps
+    /// apart from other values); any other is `hashed(value)`. So a plan matches the record
+    /// as the server matched the traffic, without the values nobody configured.
+    pub(crate) fn record_values(
+        &self,
+        entries: &[Entry],
+        hashed: &dyn Fn(&str) -> String,
+    ) -> Vec<String> {
+        let mut level = Some(&self.root);
+        entries
+            .iter()
+            .map(|entry| {
+                let Some(keyed) = level.and_then(|l| l.by_key.get(&entry.key)) else {
+                    level = None;
+                    return hashed(&entry.value);
+                };
+                if let Some(node) = keyed.by_value.get(&entry.value) {
+                    level = Some(&node.children);
+                    return entry.value.clone();
+                }
+                if let Some((wildcard, node)) = keyed
+                    .wildcards
+                    .iter()
+                    .find(|(w, _)| w.matches(&entry.value))
+                {
+                    level = Some(&node.children);
+                    return wildcard.parts.join(&*hashed(&entry.value));
+                }
+                level = keyed.any.as_deref().map(|node| &node.children);
+                hashed(&entry.value)
+            })
+            .collect()
+    }
+
     /// Writes the key the reference's statistics count a matched descriptor under:
     /// `domain.part.part...`, a part per entry. A part is the configured one (`key` or
     /// `key_value`, a wildcard as written), except where the node asks for the request's

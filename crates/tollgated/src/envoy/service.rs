@@ -99,8 +99,8 @@ impl RateLimitService for RateLimiter {
         }
         // The domain outlives a reload that happens while this request is in flight.
         let domain = self.app.config().envoy.get(&request.domain).cloned();
-        let response = match domain {
-            Some(domain) => self.decide(&domain, &request).await?,
+        let response = match &domain {
+            Some(domain) => self.decide(domain, &request).await?,
             None => {
                 let settings = self.app.config().envoy.stats();
                 self.app
@@ -110,6 +110,11 @@ impl RateLimitService for RateLimiter {
                 not_limited(request.descriptors.len())
             }
         };
+        if let Some(recorder) = &self.app.recorder {
+            let statuses = response.statuses.iter().map(|s| s.code).collect();
+            let allowed = response.overall_code != Code::OverLimit as i32;
+            recorder.envoy(domain, &request, statuses, allowed);
+        }
         Ok(tonic::Response::new(response))
     }
 }

@@ -119,6 +119,7 @@ pub(crate) async fn checks(
                             item.entry,
                             &item.policy,
                             &item.identity,
+                            item.cost,
                             true,
                             decision,
                             started,

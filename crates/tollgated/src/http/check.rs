@@ -101,6 +101,7 @@ pub(super) async fn decide(
         entry,
         &req.policy,
         &identity,
+        cost,
         consume,
         decision,
         started,
@@ -133,14 +134,16 @@ pub(super) async fn decide(
     Ok(response)
 }
 
-/// Records a check's answer in the metrics: a check counts its decision and its store call, a
-/// peek its store call only; an answer given without the store (bypassed, or over the largest
+/// Records a check's answer in the metrics (and the traffic record): a check counts its
+/// decision and its store call, a peek its store call only; an answer given without the store (bypassed, or over the largest
 /// cost) counts no store call.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn record(
     app: &App,
     entry: &PolicyEntry,
     policy: &str,
     identity: &Identity,
+    cost: u64,
     consume: bool,
     decision: Result<Decision, CheckError>,
     started: Instant,
@@ -156,6 +159,9 @@ pub(super) fn record(
         );
         app.observed
             .decided(policy, &entry.policy, identity, &decision);
+        if let Some(recorder) = &app.recorder {
+            recorder.check(policy, identity, cost, &decision);
+        }
         if decision.allowed() && decision.shadow_denied() {
             shadow_denied(app, policy, &entry.policy, &decision);
         }
