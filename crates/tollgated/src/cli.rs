@@ -26,6 +26,117 @@ pub enum Command {
     /// HOST, PORT, GRPC_HOST, GRPC_PORT, CACHE_KEY_PREFIX, RUNTIME_ROOT, ...) and its YAML
     /// runtime directory; see docs/migrating-from-envoy-ratelimit.md.
     EnvoyRatelimit(EnvoyRatelimitArgs),
+    /// Replay recorded traffic against a configuration (and, optionally, the current one) and
+    /// report who would be limited, how often and for how long, before the limits are
+    /// enforced; exits 2 when a budget (--max-newly-denied, --max-denied-identities) is
+    /// exceeded. See docs/plan.md.
+    Plan(PlanArgs),
+}
+
+/// `tollgate plan`.
+#[derive(Debug, Args, Clone)]
+pub struct PlanArgs {
+    /// The candidate configuration: tollgate's TOML, or an Envoy rate-limit YAML file.
+    #[arg(long, short, value_name = "FILE")]
+    pub config: PathBuf,
+    /// The configuration in force, to compare against. Without it, a tollgate record is
+    /// compared with the decisions it recorded, and other traffic with no limit at all.
+    #[arg(long, value_name = "FILE")]
+    pub against: Option<PathBuf>,
+    /// The traffic: files of the --input format, replayed together in time order.
+    #[arg(value_name = "TRAFFIC", required_unless_present = "synthetic")]
+    pub traffic: Vec<PathBuf>,
+    /// The traffic files' format: tollgate's record, JSON lines mapped by --map, nginx's
+    /// `combined` access log, or Envoy's default access log.
+    #[arg(long, value_enum, default_value_t = InputFormat::Record)]
+    pub input: InputFormat,
+    /// Where a dimension comes from, `DIMENSION=FIELD`: `ip`, `user_id`, `user_name`,
+    /// `header.NAME`, `arg.NAME`, `time`, `policy`, `cost` from a field (a dotted path in JSON
+    /// lines; an access log's `remote_addr`, `remote_user`, `method`, `path`, `status`,
+    /// `user_agent`, `referer`, `authority`, `forwarded_for`, `request_id`).
+    #[arg(long = "map", value_name = "DIMENSION=FIELD")]
+    pub map: Vec<String>,
+    /// Only the lines whose field matches, `FIELD=PATTERN` (`*` matches any run of
+    /// characters); repeated, all must match.
+    #[arg(long = "where", value_name = "FIELD=PATTERN")]
+    pub filter: Vec<String>,
+    /// The policy a line without one is checked against (access logs, JSON lines).
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+    /// The Envoy domain lines are checked in, each line one descriptor of --descriptor
+    /// entries (access logs and JSON lines against an Envoy configuration).
+    #[arg(long, value_name = "DOMAIN")]
+    pub domain: Option<String>,
+    /// An entry of that descriptor, `KEY=FIELD` (`remote_address=ip`), in order.
+    #[arg(long = "descriptor", value_name = "KEY=FIELD")]
+    pub descriptor: Vec<String>,
+    /// Generate traffic instead of reading it: `steady`, `bursty` or `scraper`.
+    #[arg(long, value_enum, value_name = "PATTERN")]
+    pub synthetic: Option<Synthetic>,
+    /// Synthetic traffic: requests a second, all identities together.
+    #[arg(long, default_value_t = 10.0, value_name = "N")]
+    pub rate: f64,
+    /// Synthetic traffic: how long it lasts.
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = parse_interval)]
+    pub duration: Duration,
+    /// Synthetic traffic: how many client addresses send it.
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub identities: u32,
+    /// Synthetic traffic: the random generator's seed (the same seed, the same traffic).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub seed: u64,
+    /// The report printed: a table, or JSON.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub format: ReportFormat,
+    /// Also write the report as a self-contained HTML page with charts.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// Also write each event's decision under the candidate, as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    pub decisions: Option<PathBuf>,
+    /// How many identities the report names.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+    /// Fail (exit 2) when more than this share of requests would be newly denied: `0.5%`, or
+    /// a fraction (`0.005`).
+    #[arg(long, value_name = "SHARE", value_parser = parse_share)]
+    pub max_newly_denied: Option<f64>,
+    /// Fail (exit 2) when more than this many identities would be denied at least once.
+    #[arg(long, value_name = "N")]
+    pub max_denied_identities: Option<u64>,
+}
+
+/// What a traffic file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InputFormat {
+    /// tollgate's own record (`[record]`).
+    Record,
+    /// JSON objects, one a line, mapped with --map.
+    Json,
+    /// nginx's `combined` access log.
+    Nginx,
+    /// Envoy's default access log.
+    Envoy,
+}
+
+/// A synthetic arrival pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Synthetic {
+    /// Every identity at an even share of the rate, arrivals at random (Poisson).
+    Steady,
+    /// The same, but in bursts: ten times the rate for a tenth of each minute, quiet between.
+    Bursty,
+    /// The steady crowd, plus one address sending as much as all of them together.
+    Scraper,
+}
+
+/// How the report is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    /// A table for the terminal.
+    Table,
+    /// JSON for machines.
+    Json,
 }
 
 /// `tollgate envoy-ratelimit`.
@@ -109,6 +220,21 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// `0.5%` or `0.005`: a share from 0 to 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    let share = match text.strip_suffix('%') {
+        Some(percent) => percent.trim().parse::<f64>().map(|p| p / 100.0),
+        None => text.parse::<f64>(),
+    }
+    .map_err(|_| format!("{text:?}: expected a share such as 0.5% or 0.005"))?;
+    if (0.0..=1.0).contains(&share) {
+        Ok(share)
+    } else {
+        Err(format!("{text:?}: a share is from 0% to 100%"))
+    }
 }
 
 fn parse_interval(text: &str) -> Result<Duration, String> {

@@ -21,7 +21,7 @@
 //! ```
 //!
 //! # Layout
-//! - `cli`: the command line ([`Cli`]: `serve`, `check-config`).
+//! - `cli`: the command line ([`Cli`]: `serve`, `check-config`, `envoy-ratelimit`, `plan`).
 //! - `config`: the TOML file's shape, errors naming file, line and field ([`ConfigError`]),
 //!   validation into policies and Envoy domains ([`Config`]).
 //! - `store`: `[store]` settings and opening the store they name (memory, Redis).
@@ -44,6 +44,7 @@
 //!   `observed`.
 //! - `server`: `serve` (listeners, signals, reload loop, graceful drain) and `check-config`.
 //! - `trace`: request spans (tower-http's `TraceLayer`) when the log filter asks for them.
+//! - `plan`: `tollgate plan`, traffic replayed against a configuration before it is enforced.
 //! - `in_process`: the router and the Envoy service without listeners, for tests.
 
 mod app;
@@ -59,6 +60,7 @@ mod in_process;
 mod listen;
 mod metrics;
 mod observed;
+mod plan;
 mod receipt;
 mod record;
 mod server;
@@ -66,8 +68,12 @@ mod store;
 mod tls;
 mod trace;
 
-pub use cli::{CheckConfigArgs, Cli, Command, EnvoyRatelimitArgs, LogFormat, ServeArgs};
+pub use cli::{
+    CheckConfigArgs, Cli, Command, EnvoyRatelimitArgs, InputFormat, LogFormat, PlanArgs,
+    ReportFormat, ServeArgs, Synthetic,
+};
 pub use config::{Config, ConfigError};
 #[doc(hidden)]
 pub use in_process::InProcess;
+pub use plan::{Planned, plan};
 pub use server::{check_config, serve, serve_envoy};

@@ -39,6 +39,20 @@ fn main() -> ExitCode {
             init_logs_with(format, &level);
             run(tollgated::serve_envoy(args))
         }
+        Command::Plan(args) => match tollgated::plan(&args) {
+            Ok(planned) => {
+                print!("{}", planned.output);
+                if planned.passed {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(2)
+                }
+            }
+            Err(e) => {
+                print_errors(&e);
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             init_logs(args.log_format);
             run(tollgated::serve(args))

@@ -209,16 +209,20 @@ impl Metrics {
             "Lines of the traffic record ([record]) by result: written, dropped (the writer's queue was full; the check went on) or failed (the file could not be written)",
             record_lines.clone(),
         );
+        // One at a time: a series' guard holds the family's lock.
+        let written = record_lines
+            .get_or_create(&ResultLabels { result: "written" })
+            .clone();
+        let dropped = record_lines
+            .get_or_create(&ResultLabels { result: "dropped" })
+            .clone();
+        let failed = record_lines
+            .get_or_create(&ResultLabels { result: "failed" })
+            .clone();
         let record = crate::record::Counts {
-            written: record_lines
-                .get_or_create(&ResultLabels { result: "written" })
-                .clone(),
-            dropped: record_lines
-                .get_or_create(&ResultLabels { result: "dropped" })
-                .clone(),
-            failed: record_lines
-                .get_or_create(&ResultLabels { result: "failed" })
-                .clone(),
+            written,
+            dropped,
+            failed,
         };
         // Present from the start, so dashboards and alerts see 0 rather than no series.
         let check_errors = store_errors

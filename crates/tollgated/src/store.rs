@@ -41,7 +41,14 @@ pub(crate) struct MemoryBudgets {
 
 impl MemoryBudgets {
     fn build(&self) -> MemoryStore {
-        let mut builder = MemoryStore::builder();
+        self.builder(MemoryStore::builder()).build()
+    }
+
+    /// `builder` with these budgets.
+    pub(crate) fn builder(
+        &self,
+        mut builder: tollgate::MemoryStoreBuilder,
+    ) -> tollgate::MemoryStoreBuilder {
         if let Some(n) = self.max_keys {
             builder = builder.max_keys(n);
         }
@@ -54,7 +61,7 @@ impl MemoryBudgets {
         if let Some(n) = self.max_response_bytes {
             builder = builder.max_response_bytes(n);
         }
-        builder.build()
+        builder
     }
 }
 

@@ -40,6 +40,5 @@ mod service;
 pub(crate) mod stats;
 
 pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain, Semantics};
-#[cfg(test)]
 pub(crate) use service::RateLimiter;
 pub(crate) use service::{limiter, service};

@@ -22,7 +22,7 @@ mod batch;
 mod check;
 mod duplicate;
 mod error;
-mod json;
+pub(crate) mod json;
 mod leases;
 mod ops;
 mod refund;

@@ -107,16 +107,16 @@ fn find(program: &str, also: &[&str]) -> Option<PathBuf> {
 }
 
 /// A `chromedriver` on a free loopback port; killed on drop.
-struct Chromedriver {
+pub(crate) struct Chromedriver {
     child: Child,
     url: String,
 }
 
 impl Chromedriver {
-    fn start() -> Chromedriver {
+    pub(crate) fn start() -> Chromedriver {
         let Some(binary) = find("chromedriver", &["/usr/lib/chromium/chromedriver"]) else {
             panic!(
-                "the dashboard's browser test needs chromium and its WebDriver: \
+                "the browser tests (dashboard, plan report) need chromium and its WebDriver: \
                  apt-get install -y chromium chromium-driver (scripts/test installs them when run as root)"
             );
         };
@@ -157,9 +157,34 @@ impl Drop for Chromedriver {
     }
 }
 
+/// A headless chromium session through `driver`, its profile in `profile`.
+pub(crate) async fn headless(driver: &Chromedriver, profile: &TempDir) -> Client {
+    let mut options = json!({
+        "args": [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1400,1000",
+            format!("--user-data-dir={}", profile.path().display()),
+        ],
+    });
+    if let Some(chromium) = find("chromium", &[]) {
+        options["binary"] = json!(chromium.display().to_string());
+    }
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("browserName".into(), json!("chrome"));
+    capabilities.insert("goog:chromeOptions".into(), options);
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .unwrap_or_else(|e| panic!("a chromium session through {}: {e}", driver.url))
+}
+
 /// Polls `condition` (a JavaScript expression) in the page until it is true; on the deadline,
 /// fails naming `what` and showing the page's text.
-async fn wait_until(browser: &Client, what: &str, condition: &str) {
+pub(crate) async fn wait_until(browser: &Client, what: &str, condition: &str) {
     let deadline = Instant::now() + HANG;
     let script = format!("return Boolean({condition});");
     loop {
@@ -215,27 +240,7 @@ async fn the_dashboard_works_in_a_real_browser() {
     let driver = Chromedriver::start();
     let server = Server::start(CONFIG);
     let profile = TempDir::new();
-    let mut options = json!({
-        "args": [
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--window-size=1400,1000",
-            format!("--user-data-dir={}", profile.path().display()),
-        ],
-    });
-    if let Some(chromium) = find("chromium", &[]) {
-        options["binary"] = json!(chromium.display().to_string());
-    }
-    let mut capabilities = serde_json::Map::new();
-    capabilities.insert("browserName".into(), json!("chrome"));
-    capabilities.insert("goog:chromeOptions".into(), options);
-    let browser = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(capabilities)
-        .connect(&driver.url)
-        .await
-        .unwrap_or_else(|e| panic!("a chromium session through {}: {e}", driver.url));
+    let browser = headless(&driver, &profile).await;
 
     // The token comes in the fragment, which the browser never sends to the server.
     browser

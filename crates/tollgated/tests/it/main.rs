@@ -22,6 +22,7 @@ mod headers;
 mod http_api;
 mod leases;
 mod one_path;
+mod plan;
 mod redis;
 mod refund;
 mod reload;

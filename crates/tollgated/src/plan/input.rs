@@ -1,0 +1,893 @@
+//! Traffic to replay: tollgate's record, JSON lines mapped field by field, nginx's `combined`
+//! and Envoy's default access logs; read a line at a time, several files merged in time order.
+
+use std::{
+    borrow::Cow,
+    collections::{BinaryHeap, HashMap},
+    fs::File,
+    io::{BufRead, BufReader},
+    net::IpAddr,
+    path::PathBuf,
+};
+
+use envoy_types::pb::envoy::{
+    extensions::common::ratelimit::v3::{
+        RateLimitDescriptor,
+        rate_limit_descriptor::{Entry, RateLimitOverride},
+    },
+    service::ratelimit::v3::RateLimitRequest,
+};
+use serde::Deserialize;
+use tollgate::Identity;
+
+use crate::{cli::InputFormat, http::json::IdentityJson};
+
+/// One request to replay.
+pub(crate) struct Event {
+    /// When it came, in microseconds since the epoch.
+    pub(crate) t_us: u64,
+    /// Its file (an index into the plan's files) and line.
+    pub(crate) file: u32,
+    pub(crate) line: u64,
+    pub(crate) what: What,
+    /// What the server decided, when the record says.
+    pub(crate) recorded: Option<Recorded>,
+}
+
+/// A decision as the record keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Recorded {
+    pub(crate) allowed: bool,
+    pub(crate) retry_after_us: u64,
+}
+
+/// What a request asks.
+pub(crate) enum What {
+    /// A policy check: the policy (an index into [`Names`]), identity and cost.
+    Check {
+        policy: u32,
+        identity: Identity,
+        cost: u64,
+    },
+    /// An Envoy `ShouldRateLimit`.
+    Envoy(RateLimitRequest),
+}
+
+/// Policy names, each kept once: events name them by index.
+#[derive(Default)]
+pub(crate) struct Names {
+    pub(crate) names: Vec<Box<str>>,
+    index: HashMap<Box<str>, u32>,
+}
+
+impl Names {
+    pub(crate) fn intern(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.index.get(name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.into());
+        self.index.insert(name.into(), i);
+        i
+    }
+}
+
+/// A line that could not be read as a request.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Malformed {
+    pub(crate) file: String,
+    pub(crate) line: u64,
+    pub(crate) error: String,
+}
+
+/// How lines become requests: the format, where each dimension comes from, which lines
+/// count, and the target of lines that name none.
+pub(crate) struct Reading {
+    pub(crate) format: InputFormat,
+    /// Dimension -> field.
+    map: Vec<(Dimension, String)>,
+    filters: Vec<(String, Pattern)>,
+    policy: Option<String>,
+    /// The Envoy domain and descriptor entries (key, field), for lines against a domain.
+    domain: Option<(String, Vec<(String, String)>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dimension {
+    Time,
+    Ip,
+    UserId,
+    UserName,
+    Header(String),
+    Arg(String),
+    Policy,
+    Cost,
+}
+
+impl Dimension {
+    fn parse(text: &str) -> Result<Dimension, String> {
+        Ok(match text {
+            "time" => Dimension::Time,
+            "ip" => Dimension::Ip,
+            "user_id" => Dimension::UserId,
+            "user_name" => Dimension::UserName,
+            "policy" => Dimension::Policy,
+            "cost" => Dimension::Cost,
+            other => match (other.strip_prefix("header."), other.strip_prefix("arg.")) {
+                (Some(name), _) if !name.is_empty() => Dimension::Header(name.to_ascii_lowercase()),
+                (_, Some(name)) if !name.is_empty() => Dimension::Arg(name.to_owned()),
+                _ => {
+                    return Err(format!(
+                        "--map {text:?}: expected time, ip, user_id, user_name, header.NAME, arg.NAME, policy or cost"
+                    ));
+                }
+            },
+        })
+    }
+}
+
+impl Reading {
+    /// The reading the command line asks for; an error names the flag.
+    pub(crate) fn new(
+        format: InputFormat,
+        map: &[String],
+        filters: &[String],
+        policy: Option<String>,
+        domain: Option<String>,
+        descriptor: &[String],
+    ) -> Result<Reading, String> {
+        let pair = |flag: &str, text: &str| -> Result<(String, String), String> {
+            match text.split_once('=') {
+                Some((a, b)) if !a.trim().is_empty() && !b.trim().is_empty() => {
+                    Ok((a.trim().to_owned(), b.trim().to_owned()))
+                }
+                _ => Err(format!("{flag} {text:?}: expected NAME=VALUE")),
+            }
+        };
+        let defaults: &[(&str, &str)] = match format {
+            InputFormat::Record => &[],
+            InputFormat::Json => &[
+                ("time", "time"),
+                ("ip", "ip"),
+                ("user_id", "user_id"),
+                ("user_name", "user_name"),
+                ("policy", "policy"),
+                ("cost", "cost"),
+            ],
+            InputFormat::Nginx => &[
+                ("time", "time_local"),
+                ("ip", "remote_addr"),
+                ("user_id", "remote_user"),
+            ],
+            InputFormat::Envoy => &[("time", "start_time"), ("ip", "forwarded_for")],
+        };
+        let mut mapped: Vec<(Dimension, String)> = defaults
+            .iter()
+            .map(|(d, f)| {
+                (
+                    Dimension::parse(d).expect("a known dimension"),
+                    (*f).to_owned(),
+                )
+            })
+            .collect();
+        if format == InputFormat::Record && !map.is_empty() {
+            return Err(
+                "--map applies to JSON lines and access logs; a record names its own fields".into(),
+            );
+        }
+        for text in map {
+            let (dimension, field) = pair("--map", text)?;
+            let dimension = Dimension::parse(&dimension)?;
+            mapped.retain(|(d, _)| *d != dimension);
+            mapped.push((dimension, field));
+        }
+        let filters = filters
+            .iter()
+            .map(|text| pair("--where", text).map(|(field, p)| (field, Pattern::new(&p))))
+            .collect::<Result<_, _>>()?;
+        let domain = match (domain, descriptor.is_empty()) {
+            (Some(domain), false) => Some((
+                domain,
+                descriptor
+                    .iter()
+                    .map(|text| pair("--descriptor", text))
+                    .collect::<Result<_, _>>()?,
+            )),
+            (Some(_), true) => {
+                return Err(
+                    "--domain needs the descriptor's entries: --descriptor KEY=FIELD".into(),
+                );
+            }
+            (None, false) => return Err("--descriptor needs the domain: --domain DOMAIN".into()),
+            (None, true) => None,
+        };
+        Ok(Reading {
+            format,
+            map: mapped,
+            filters,
+            policy,
+            domain,
+        })
+    }
+
+    /// The request of one line; `Ok(None)` for a line to skip (blank, or filtered out).
+    pub(crate) fn event(
+        &self,
+        text: &str,
+        names: &mut Names,
+    ) -> Result<Option<(u64, What, Option<Recorded>)>, String> {
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        match self.format {
+            InputFormat::Record => record_line(text, names).map(Some),
+            InputFormat::Json => {
+                let value: serde_json::Value =
+                    serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+                self.mapped(&JsonFields(&value), names)
+            }
+            InputFormat::Nginx => self.mapped(&nginx_fields(text)?, names),
+            InputFormat::Envoy => self.mapped(&envoy_fields(text)?, names),
+        }
+    }
+
+    /// The request of a line already in fields (synthetic traffic), through the mapping.
+    pub(crate) fn fields_event(
+        &self,
+        fields: Vec<(&'static str, &str)>,
+        names: &mut Names,
+    ) -> Result<Option<(u64, What, Option<Recorded>)>, String> {
+        self.mapped(&LogFields(fields), names)
+    }
+
+    /// A request from a line's fields, through the mapping.
+    fn mapped(
+        &self,
+        fields: &dyn Fields,
+        names: &mut Names,
+    ) -> Result<Option<(u64, What, Option<Recorded>)>, String> {
+        for (field, pattern) in &self.filters {
+            if !fields.get(field).is_some_and(|v| pattern.matches(&v)) {
+                return Ok(None);
+            }
+        }
+        let field = |dimension: &Dimension| {
+            self.map
+                .iter()
+                .find(|(d, _)| d == dimension)
+                .and_then(|(_, f)| fields.get(f).map(|v| (f, v)))
+        };
+        let (time_field, time) = field(&Dimension::Time).ok_or_else(|| {
+            let name = self.map.iter().find(|(d, _)| *d == Dimension::Time);
+            match name {
+                Some((_, f)) => format!("no time in field {f:?} (--map time=FIELD)"),
+                None => "no time: --map time=FIELD".to_owned(),
+            }
+        })?;
+        let t_us = parse_time(&time).map_err(|e| format!("field {time_field:?}: {e}"))?;
+        if let Some((domain, entries)) = &self.domain {
+            let entries = entries
+                .iter()
+                .map(|(key, f)| {
+                    fields
+                        .get(f)
+                        .map(|v| Entry {
+                            key: key.clone(),
+                            value: v.into_owned(),
+                        })
+                        .ok_or_else(|| format!("no field {f:?} for descriptor entry {key:?}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let request = RateLimitRequest {
+                domain: domain.clone(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries,
+                    ..Default::default()
+                }],
+                hits_addend: 1,
+            };
+            return Ok(Some((t_us, What::Envoy(request), None)));
+        }
+        let policy = match field(&Dimension::Policy) {
+            Some((_, p)) => names.intern(&p),
+            None => match &self.policy {
+                Some(p) => names.intern(p),
+                None => return Err("no policy: give --policy NAME or --map policy=FIELD".into()),
+            },
+        };
+        let mut identity = Identity::new();
+        for (dimension, _) in &self.map {
+            let Some((f, value)) = field(dimension) else {
+                continue;
+            };
+            identity = match dimension {
+                Dimension::Ip => {
+                    // A forwarded-for list names the client first.
+                    let first = value.split(',').next().unwrap_or("").trim();
+                    let ip: IpAddr = first
+                        .parse()
+                        .map_err(|_| format!("field {f:?}: {first:?} is not an IP address"))?;
+                    identity.with_ip(ip)
+                }
+                Dimension::UserId => identity.with_user_id(value),
+                Dimension::UserName => identity.with_user_name(value),
+                Dimension::Header(name) => identity.with_header(name, value),
+                Dimension::Arg(name) => identity.with_arg(name.clone(), value),
+                Dimension::Time | Dimension::Policy | Dimension::Cost => identity,
+            };
+        }
+        let cost = match field(&Dimension::Cost) {
+            Some((f, c)) => c
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("field {f:?}: {c:?} is not a whole number of units"))?,
+            None => 1,
+        };
+        Ok(Some((
+            t_us,
+            What::Check {
+                policy,
+                identity,
+                cost,
+            },
+            None,
+        )))
+    }
+}
+
+/// A field of a line by name; `None` when missing (or `-` in an access log).
+trait Fields {
+    fn get(&self, name: &str) -> Option<Cow<'_, str>>;
+}
+
+struct JsonFields<'a>(&'a serde_json::Value);
+
+impl Fields for JsonFields<'_> {
+    fn get(&self, name: &str) -> Option<Cow<'_, str>> {
+        let mut at = self.0;
+        for part in name.split('.') {
+            at = at.get(part)?;
+        }
+        match at {
+            serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
+            serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
+            serde_json::Value::Bool(b) => Some(Cow::Owned(b.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// An access log line's fields, by name.
+struct LogFields<'a>(Vec<(&'static str, &'a str)>);
+
+impl Fields for LogFields<'_> {
+    fn get(&self, name: &str) -> Option<Cow<'_, str>> {
+        self.0
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+            .filter(|v| *v != "-" && !v.is_empty())
+            .map(Cow::Borrowed)
+    }
+}
+
+/// Splits an access log line into its tokens: bare words, `"quoted"` (with `\"` inside) and
+/// `[bracketed]`.
+fn tokens(line: &str) -> Result<Vec<&str>, String> {
+    let mut out = Vec::new();
+    let mut rest = line.trim_end_matches(['\r', '\n']);
+    loop {
+        rest = rest.trim_start();
+        let Some(first) = rest.chars().next() else {
+            return Ok(out);
+        };
+        let (token, after) = match first {
+            '"' => {
+                let bytes = rest.as_bytes();
+                let mut i = 1;
+                loop {
+                    match bytes.get(i) {
+                        None => return Err("a quoted field is not closed".into()),
+                        Some(b'\\') => i += 2,
+                        Some(b'"') => break,
+                        Some(_) => i += 1,
+                    }
+                }
+                (&rest[1..i], &rest[i + 1..])
+            }
+            '[' => {
+                let end = rest.find(']').ok_or("a [bracketed] field is not closed")?;
+                (&rest[1..end], &rest[end + 1..])
+            }
+            _ => {
+                let end = rest.find(' ').unwrap_or(rest.len());
+                (&rest[..end], &rest[end..])
+            }
+        };
+        out.push(token);
+        rest = after;
+    }
+}
+
+/// nginx's `combined`: `$remote_addr - $remote_user [$time_local] "$request" $status
+/// $body_bytes_sent "$http_referer" "$http_user_agent"`.
+fn nginx_fields(line: &str) -> Result<LogFields<'_>, String> {
+    let t = tokens(line)?;
+    if t.len() < 9 {
+        return Err(format!(
+            "expected nginx's combined format (9 fields), found {} fields",
+            t.len()
+        ));
+    }
+    let mut request = t[4].splitn(3, ' ');
+    let (method, path) = (request.next().unwrap_or(""), request.next().unwrap_or(""));
+    Ok(LogFields(vec![
+        ("remote_addr", t[0]),
+        ("remote_user", t[2]),
+        ("time_local", t[3]),
+        ("request", t[4]),
+        ("method", method),
+        ("path", path),
+        ("status", t[5]),
+        ("body_bytes_sent", t[6]),
+        ("referer", t[7]),
+        ("user_agent", t[8]),
+    ]))
+}
+
+/// Envoy's default access log: `[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%
+/// %PROTOCOL%" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION%
+/// %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% "%REQ(X-FORWARDED-FOR)%" "%REQ(USER-AGENT)%"
+/// "%REQ(X-REQUEST-ID)%" "%REQ(:AUTHORITY)%" "%UPSTREAM_HOST%"`.
+fn envoy_fields(line: &str) -> Result<LogFields<'_>, String> {
+    let t = tokens(line)?;
+    if t.len() < 13 {
+        return Err(format!(
+            "expected Envoy's default access log format (13 fields), found {} fields",
+            t.len()
+        ));
+    }
+    let mut request = t[1].splitn(3, ' ');
+    let (method, path, protocol) = (
+        request.next().unwrap_or(""),
+        request.next().unwrap_or(""),
+        request.next().unwrap_or(""),
+    );
+    Ok(LogFields(vec![
+        ("start_time", t[0]),
+        ("method", method),
+        ("path", path),
+        ("protocol", protocol),
+        ("status", t[2]),
+        ("response_flags", t[3]),
+        ("bytes_received", t[4]),
+        ("bytes_sent", t[5]),
+        ("duration", t[6]),
+        ("upstream_service_time", t[7]),
+        ("forwarded_for", t[8]),
+        ("user_agent", t[9]),
+        ("request_id", t[10]),
+        ("authority", t[11]),
+        ("upstream_host", t[12]),
+    ]))
+}
+
+/// A time: a number since the epoch (seconds, milliseconds, microseconds or nanoseconds, told
+/// apart by size), RFC 3339 (`2026-12-05T10:00:00.250Z`), or nginx's `05/Dec/2026:10:00:00
+/// +0000`; in microseconds since the epoch.
+pub(crate) fn parse_time(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(n) = text.parse::<f64>() {
+        if !(n >= 0.0 && n.is_finite()) {
+            return Err(format!("{text:?} is not a time"));
+        }
+        let us = if n < 1e11 {
+            n * 1e6
+        } else if n < 1e14 {
+            n * 1e3
+        } else if n < 1e17 {
+            n
+        } else {
+            n / 1e3
+        };
+        return Ok(us as u64);
+    }
+    let at = match text.parse::<jiff::Timestamp>() {
+        Ok(at) => at,
+        Err(_) => jiff::fmt::strtime::parse("%d/%b/%Y:%H:%M:%S %z", text)
+            .and_then(|t| t.to_timestamp())
+            .map_err(|_| {
+                format!(
+                    "{text:?} is not a time (seconds since the epoch, RFC 3339, or nginx's 05/Dec/2026:10:00:00 +0000)"
+                )
+            })?,
+    };
+    u64::try_from(at.as_microsecond()).map_err(|_| format!("{text:?} is before 1970"))
+}
+
+/// `*` matches any run of characters; anything else itself.
+struct Pattern(Vec<String>);
+
+impl Pattern {
+    fn new(text: &str) -> Pattern {
+        Pattern(text.split('*').map(str::to_owned).collect())
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        let parts = &self.0;
+        if parts.len() == 1 {
+            return value == parts[0];
+        }
+        let (first, last) = (&parts[0], &parts[parts.len() - 1]);
+        if value.len() < first.len() + last.len()
+            || !value.starts_with(first.as_str())
+            || !value.ends_with(last.as_str())
+        {
+            return false;
+        }
+        let mut rest = &value[first.len()..value.len() - last.len()];
+        for part in &parts[1..parts.len() - 1] {
+            match rest.find(part.as_str()) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// A line of tollgate's record (see `crate::record`).
+#[derive(Deserialize)]
+struct RecordLine<'a> {
+    t_us: u64,
+    #[serde(borrow)]
+    policy: Option<Cow<'a, str>>,
+    #[serde(default)]
+    identity: IdentityJson,
+    cost: Option<u64>,
+    allowed: Option<bool>,
+    retry_after_ms: Option<u64>,
+    #[serde(borrow)]
+    domain: Option<Cow<'a, str>>,
+    descriptors: Option<Vec<RecordDescriptor>>,
+    hits_addend: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct RecordDescriptor {
+    entries: Vec<(String, String)>,
+    limit: Option<(u32, i32)>,
+    hits_addend: Option<u64>,
+}
+
+fn record_line(text: &str, names: &mut Names) -> Result<(u64, What, Option<Recorded>), String> {
+    let line: RecordLine<'_> =
+        serde_json::from_str(text).map_err(|e| format!("not a line of tollgate's record: {e}"))?;
+    let what = match (line.policy, line.domain, line.descriptors) {
+        (Some(policy), None, None) => What::Check {
+            policy: names.intern(&policy),
+            identity: line.identity.into_identity(),
+            cost: line.cost.unwrap_or(1),
+        },
+        (None, Some(domain), Some(descriptors)) => What::Envoy(RateLimitRequest {
+            domain: domain.into_owned(),
+            descriptors: descriptors
+                .into_iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|(key, value)| Entry { key, value })
+                        .collect(),
+                    limit: d.limit.map(|(requests_per_unit, unit)| RateLimitOverride {
+                        requests_per_unit,
+                        unit,
+                    }),
+                    hits_addend: d
+                        .hits_addend
+                        .map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
+                })
+                .collect(),
+            hits_addend: line.hits_addend.unwrap_or(0),
+        }),
+        _ => {
+            return Err(
+                "a record line names a policy, or a domain with its descriptors".to_owned(),
+            );
+        }
+    };
+    let recorded = line.allowed.map(|allowed| Recorded {
+        allowed,
+        retry_after_us: line.retry_after_ms.unwrap_or(0) * 1000,
+    });
+    Ok((line.t_us, what, recorded))
+}
+
+/// The files' requests in time order: each file read a line at a time, the earliest head
+/// taken first (a file's own lines in the order written).
+pub(crate) struct Merged<'r> {
+    reading: &'r Reading,
+    files: Vec<Source<'r>>,
+    heads: BinaryHeap<std::cmp::Reverse<(u64, u32, u64)>>,
+    pending: Vec<Option<Event>>,
+    pub(crate) malformed: Vec<Malformed>,
+    pub(crate) malformed_count: u64,
+    pub(crate) skipped: u64,
+}
+
+struct Source<'r> {
+    path: PathBuf,
+    lines: Box<dyn BufRead + 'r>,
+    line: u64,
+    buf: String,
+}
+
+/// The most malformed lines a report names (all are counted).
+const MALFORMED_NAMED: usize = 20;
+
+impl<'r> Merged<'r> {
+    pub(crate) fn open(reading: &'r Reading, paths: &[PathBuf]) -> Result<Merged<'r>, String> {
+        let mut files = Vec::new();
+        for path in paths {
+            let file =
+                File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            files.push(Source {
+                path: path.clone(),
+                lines: Box::new(BufReader::with_capacity(1 << 16, file)),
+                line: 0,
+                buf: String::new(),
+            });
+        }
+        Ok(Merged::of(reading, files))
+    }
+
+    fn of(reading: &'r Reading, files: Vec<Source<'r>>) -> Merged<'r> {
+        let pending = files.iter().map(|_| None).collect();
+        Merged {
+            reading,
+            files,
+            heads: BinaryHeap::new(),
+            pending,
+            malformed: Vec::new(),
+            malformed_count: 0,
+            skipped: 0,
+        }
+    }
+
+    /// The file `i`'s name.
+    pub(crate) fn file_name(&self, i: u32) -> String {
+        self.files[i as usize].path.display().to_string()
+    }
+
+    /// The next request of file `i`, its malformed lines counted on the way.
+    fn read(&mut self, i: usize, names: &mut Names) -> Option<Event> {
+        let source = &mut self.files[i];
+        loop {
+            source.buf.clear();
+            match source.lines.read_line(&mut source.buf) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => {
+                    self.malformed_count += 1;
+                    if self.malformed.len() < MALFORMED_NAMED {
+                        self.malformed.push(Malformed {
+                            file: source.path.display().to_string(),
+                            line: source.line + 1,
+                            error: format!("cannot read: {e}"),
+                        });
+                    }
+                    return None;
+                }
+            }
+            source.line += 1;
+            match self.reading.event(&source.buf, names) {
+                Ok(Some((t_us, what, recorded))) => {
+                    return Some(Event {
+                        t_us,
+                        file: i as u32,
+                        line: source.line,
+                        what,
+                        recorded,
+                    });
+                }
+                Ok(None) => self.skipped += 1,
+                Err(error) => {
+                    self.malformed_count += 1;
+                    if self.malformed.len() < MALFORMED_NAMED {
+                        self.malformed.push(Malformed {
+                            file: source.path.display().to_string(),
+                            line: source.line,
+                            error,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next request in time order.
+    pub(crate) fn next(&mut self, names: &mut Names) -> Option<Event> {
+        if self.heads.is_empty() && self.pending.iter().all(Option::is_none) {
+            // First call (or every file read): fill the heads.
+            for i in 0..self.files.len() {
+                if let Some(event) = self.read(i, names) {
+                    self.heads
+                        .push(std::cmp::Reverse((event.t_us, i as u32, event.line)));
+                    self.pending[i] = Some(event);
+                }
+            }
+        }
+        let std::cmp::Reverse((_, i, _)) = self.heads.pop()?;
+        let i = i as usize;
+        let event = self.pending[i].take()?;
+        if let Some(next) = self.read(i, names) {
+            self.heads
+                .push(std::cmp::Reverse((next.t_us, i as u32, next.line)));
+            self.pending[i] = Some(next);
+        }
+        Some(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(format: InputFormat, map: &[&str], policy: Option<&str>) -> Reading {
+        let map: Vec<String> = map.iter().map(|s| (*s).to_owned()).collect();
+        Reading::new(format, &map, &[], policy.map(str::to_owned), None, &[]).unwrap()
+    }
+
+    fn check(reading: &Reading, line: &str) -> (u64, String, Identity, u64) {
+        let mut names = Names::default();
+        match reading.event(line, &mut names).unwrap().unwrap() {
+            (
+                t,
+                What::Check {
+                    policy,
+                    identity,
+                    cost,
+                },
+                _,
+            ) => (t, names.names[policy as usize].to_string(), identity, cost),
+            _ => panic!("a check"),
+        }
+    }
+
+    #[test]
+    fn nginx_combined_lines_give_time_address_and_user() {
+        let r = reading(InputFormat::Nginx, &[], Some("login"));
+        let (t, policy, who, cost) = check(
+            &r,
+            r#"203.0.113.7 - alice [05/Dec/2026:10:00:01 +0100] "POST /login?x=1 HTTP/1.1" 429 12 "-" "curl/8.5 \"quoted\"""#,
+        );
+        assert_eq!(t, parse_time("2026-12-05T09:00:01Z").unwrap());
+        assert_eq!(policy, "login");
+        assert_eq!(who.ip(), Some("203.0.113.7".parse().unwrap()));
+        assert_eq!(who.user_id(), Some("alice"));
+        assert_eq!(cost, 1);
+        let (_, _, anonymous, _) = check(
+            &r,
+            r#"203.0.113.7 - - [05/Dec/2026:10:00:01 +0100] "GET / HTTP/1.1" 200 12 "-" "-""#,
+        );
+        assert_eq!(anonymous.user_id(), None, "'-' is no user");
+    }
+
+    #[test]
+    fn envoy_access_lines_take_the_forwarded_client() {
+        let r = reading(
+            InputFormat::Envoy,
+            &["header.user-agent=user_agent"],
+            Some("api"),
+        );
+        let (t, _, who, _) = check(
+            &r,
+            r#"[2026-12-05T10:00:00.310Z] "POST /api/v1/sms HTTP/2" 204 - 154 0 226 100 "198.51.100.4, 10.0.0.1" "app/1.0" "cc21d9b0" "api.example.com" "tcp://10.0.2.1:80""#,
+        );
+        assert_eq!(t, 1_796_464_800_310_000);
+        assert_eq!(who.ip(), Some("198.51.100.4".parse().unwrap()));
+        assert_eq!(who.header("user-agent"), Some("app/1.0"));
+    }
+
+    #[test]
+    fn json_lines_follow_the_mapping() {
+        let r = reading(
+            InputFormat::Json,
+            &["time=ts", "user_id=user.id", "cost=usage.tokens"],
+            Some("chat"),
+        );
+        let (t, _, who, cost) = check(
+            &r,
+            r#"{"ts": 1796551200.5, "user": {"id": 42}, "usage": {"tokens": 350}, "ip": "192.0.2.1"}"#,
+        );
+        assert_eq!(t, 1_796_551_200_500_000);
+        assert_eq!(who.user_id(), Some("42"));
+        assert_eq!(who.ip(), Some("192.0.2.1".parse().unwrap()));
+        assert_eq!(cost, 350);
+    }
+
+    #[test]
+    fn bad_lines_say_what_is_wrong() {
+        let r = reading(InputFormat::Json, &[], Some("chat"));
+        let mut names = Names::default();
+        let error = |line: &str| r.event(line, &mut Names::default()).err().unwrap();
+        assert!(error("{not json").starts_with("not JSON"));
+        assert_eq!(
+            error(r#"{"ip": "1.2.3.4"}"#),
+            r#"no time in field "time" (--map time=FIELD)"#
+        );
+        assert_eq!(
+            error(r#"{"time": 1, "ip": "nope"}"#),
+            r#"field "ip": "nope" is not an IP address"#
+        );
+        assert!(r.event("   ", &mut names).unwrap().is_none());
+        let nginx = reading(InputFormat::Nginx, &[], Some("p"));
+        assert!(nginx.event("just words", &mut names).is_err());
+        let record = reading(InputFormat::Record, &[], None);
+        assert!(record.event(r#"{"t_us": 1}"#, &mut names).is_err());
+    }
+
+    #[test]
+    fn filters_keep_the_lines_that_match() {
+        let filters = vec!["path=/api/sms*".to_owned(), "method=POST".to_owned()];
+        let r = Reading::new(
+            InputFormat::Nginx,
+            &[],
+            &filters,
+            Some("sms".into()),
+            None,
+            &[],
+        )
+        .unwrap();
+        let mut names = Names::default();
+        let line = |method: &str, path: &str| {
+            format!(
+                r#"203.0.113.7 - - [05/Dec/2026:10:00:01 +0000] "{method} {path} HTTP/1.1" 200 1 "-" "-""#
+            )
+        };
+        assert!(
+            r.event(&line("POST", "/api/sms/send"), &mut names)
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            r.event(&line("GET", "/api/sms/send"), &mut names)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            r.event(&line("POST", "/api/mail"), &mut names)
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn files_are_merged_in_time_order() {
+        let r = reading(InputFormat::Json, &[], Some("p"));
+        let dir = std::env::temp_dir().join(format!("tollgate-merge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
+        std::fs::write(&a, "{\"time\":1}\n{\"time\":4}\nbroken\n{\"time\":5}\n").unwrap();
+        std::fs::write(&b, "{\"time\":2}\n{\"time\":3}\n{\"time\":6}\n").unwrap();
+        let mut merged = Merged::open(&r, &[a, b]).unwrap();
+        let mut names = Names::default();
+        let mut seen = Vec::new();
+        while let Some(e) = merged.next(&mut names) {
+            seen.push((e.t_us / 1_000_000, e.file, e.line));
+        }
+        assert_eq!(
+            seen,
+            [
+                (1, 0, 1),
+                (2, 1, 1),
+                (3, 1, 2),
+                (4, 0, 2),
+                (5, 0, 4),
+                (6, 1, 3)
+            ]
+        );
+        assert_eq!(merged.malformed_count, 1);
+        assert_eq!(merged.malformed[0].line, 3);
+    }
+}
