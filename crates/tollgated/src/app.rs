@@ -200,6 +200,11 @@ impl App {
                         "[store] url, timeout, prefix or TLS files changed; they apply after a restart"
                     );
                 }
+                if new.record != old.record {
+                    tracing::warn!(
+                        "[record] changed; the traffic record's settings apply after a restart"
+                    );
+                }
                 let policies = new.policy_names().collect::<Vec<_>>().join(", ");
                 // Swap first, log after: whoever reads the log line may rely on the new
                 // configuration being in force.

@@ -37,6 +37,8 @@ const BASELINE: usize = 1;
 pub(crate) struct Tally {
     targets: Vec<TargetTally>,
     index: HashMap<TargetKey, usize>,
+    /// Each policy's target by the policy's index (the look-up of nearly every request).
+    by_policy: Vec<Option<usize>>,
     /// Identities denied on either side, or flipped, by target.
     identities: HashMap<(usize, Box<str>), Who>,
     retry: [[u64; RETRY_LABELS.len()]; 2],
@@ -81,6 +83,7 @@ impl Tally {
         Tally {
             targets: Vec::new(),
             index: HashMap::new(),
+            by_policy: Vec::new(),
             identities: HashMap::new(),
             retry: [[0; RETRY_LABELS.len()]; 2],
             timeline: BTreeMap::new(),
@@ -149,6 +152,11 @@ impl Tally {
     }
 
     fn target(&mut self, event: &Event, names: &Names) -> usize {
+        if let What::Check { policy, .. } = &event.what
+            && let Some(&Some(t)) = self.by_policy.get(*policy as usize)
+        {
+            return t;
+        }
         let key = match &event.what {
             What::Check { policy, .. } => TargetKey::Policy(*policy),
             What::Envoy(request) => TargetKey::Domain(request.domain.as_str().into()),
@@ -173,8 +181,16 @@ impl Tally {
             limiters: BTreeMap::new(),
             denied_ids: [HashSet::new(), HashSet::new()],
         });
-        self.index.insert(key, self.targets.len() - 1);
-        self.targets.len() - 1
+        let t = self.targets.len() - 1;
+        if let TargetKey::Policy(p) = key {
+            let p = p as usize;
+            if self.by_policy.len() <= p {
+                self.by_policy.resize(p + 1, None);
+            }
+            self.by_policy[p] = Some(t);
+        }
+        self.index.insert(key, t);
+        t
     }
 
     /// The report of everything counted.

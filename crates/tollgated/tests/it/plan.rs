@@ -474,3 +474,111 @@ async fn the_html_report_works_in_a_real_browser() {
     );
     browser.close().await.unwrap();
 }
+
+/// A record of hashed identities keeps no address or user id, and still replays exactly: the
+/// addresses keep their prefixes, so a /24 limiter counts them as it counted the traffic.
+#[tokio::test]
+async fn a_hashed_record_replays_exactly_and_names_nobody() {
+    let dir = TempDir::new();
+    let record = dir.path().join("hashed.jsonl");
+    // A variable every process has holds the key: long enough, and no test needs to set one.
+    let text = format!(
+        r#"
+[record]
+path = "{}"
+identities = "hashed"
+hash_key_env = "PATH"
+
+[policies.signup]
+limiters = [
+  {{ by = "ip", ipv4_prefix = 24, rules = ["4/1m"] }},
+  {{ by = "user_id", rules = ["2/1m"] }},
+]
+"#,
+        record.display()
+    );
+    let config_path = dir.write("hashed.toml", &text);
+    let clock = ManualClock::new(Duration::from_secs(1_796_551_200));
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let server = InProcess::with_store_and_clock(
+        Config::load(&config_path).unwrap(),
+        AnyStore::new(store),
+        None,
+        clock.clone(),
+    );
+    let mut draw = Draw(11);
+    let mut live = Vec::new();
+    for _ in 0..400 {
+        clock.advance(Duration::from_millis(draw.below(6000)));
+        let ip = format!("198.51.{}.{}", 100 + draw.below(2), 1 + draw.below(200));
+        let body = json!({ "policy": "signup", "identity": { "ip": ip, "user_id": format!("mail{}@example.com", draw.below(8)) } });
+        live.push(live_of(&post(&server, "/v1/check", body).await));
+    }
+    server.flush_record();
+    let written = std::fs::read_to_string(&record).unwrap();
+    assert!(
+        !written.contains("198.51.10") && !written.contains("@example.com"),
+        "{written}"
+    );
+    assert!(live.iter().any(|(allowed, _)| !allowed) && live.iter().any(|(allowed, _)| *allowed));
+
+    let decisions = dir.path().join("decisions.jsonl");
+    let planned = tollgated::plan(&plan_args(&[
+        "--config",
+        &config_path.display().to_string(),
+        "--decisions",
+        &decisions.display().to_string(),
+        "--format",
+        "json",
+        &record.display().to_string(),
+    ]))
+    .unwrap();
+    let report: Value = serde_json::from_str(&planned.output).unwrap();
+    assert_eq!(report["newly_denied"], 0, "{report:#}");
+    assert_eq!(report["newly_admitted"], 0, "{report:#}");
+    let replayed: Vec<Live> = std::fs::read_to_string(&decisions)
+        .unwrap()
+        .lines()
+        .map(|line| live_of(&serde_json::from_str(line).unwrap()))
+        .collect();
+    assert_eq!(replayed, live);
+}
+
+/// An Envoy YAML configuration is a candidate like a TOML one: an access log's lines become
+/// descriptors of `--descriptor` entries.
+#[test]
+fn an_envoy_yaml_candidate_replays_access_logs_as_descriptors() {
+    let dir = TempDir::new();
+    let yaml = dir.write(
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 3\n",
+    );
+    let log = dir.write("access.log", &nginx_log());
+    let planned = tollgated::plan(&plan_args(&[
+        "--config",
+        &yaml.display().to_string(),
+        "--input",
+        "nginx",
+        "--where",
+        "path=/login",
+        "--domain",
+        "edge",
+        "--descriptor",
+        "remote_address=remote_addr",
+        "--format",
+        "json",
+        &log.display().to_string(),
+    ]))
+    .unwrap();
+    let report: Value = serde_json::from_str(&planned.output).unwrap();
+    let edge = &report["targets"][0];
+    assert_eq!(edge["name"], "edge");
+    assert_eq!(edge["kind"], "envoy domain");
+    // The reference's fixed minute windows: 3 of the 12 logins of each minute pass.
+    assert_eq!(edge["candidate"]["denied"], 45, "{report:#}");
+    assert_eq!(edge["limiters"][0]["name"], "remote_address");
+    assert_eq!(
+        report["top_identities"][0]["identity"],
+        "remote_address=198.51.100.7"
+    );
+}
