@@ -286,6 +286,14 @@ fn policies(out: &mut String, r: &Report) {
         }
     }
     out.push_str("</table>\n");
+    for t in r.targets.iter().filter(|t| t.candidate.unchecked > 0) {
+        let _ = writeln!(
+            out,
+            "<p class=\"bad\">{}: {} requests could not be checked (the identity lacks a dimension a limiter counts by: the server answers them an error).</p>",
+            esc(&t.name),
+            t.candidate.unchecked
+        );
+    }
 }
 
 fn malformed(out: &mut String, r: &Report) {

@@ -40,6 +40,9 @@ pub(crate) struct Outcome {
     pub(crate) retry_after_us: u64,
     /// The limiters that denied it (an Envoy descriptor's keys).
     pub(crate) denied_by: SmallVec<[Arc<str>; 2]>,
+    /// Whom those limiters counted: `ip=203.0.113.0/24`, `user_id=42`, an Envoy descriptor's
+    /// entries.
+    pub(crate) counted: SmallVec<[String; 2]>,
 }
 
 impl Replay {
@@ -101,27 +104,37 @@ impl Replay {
                     .expect("the memory store answers at once");
                 match decided {
                     Ok(decision) => {
-                        let denied_by = if decision.allowed() {
-                            SmallVec::new()
-                        } else {
-                            let mut names: SmallVec<[Arc<str>; 2]> = SmallVec::new();
-                            for rule in decision.denied_rules(&entry.policy) {
-                                let name: &str = &rule.limiter;
-                                if names.last().is_none_or(|n| **n != *name) {
-                                    names.push(name.into());
-                                }
-                            }
-                            names
-                        };
-                        Outcome {
+                        let mut outcome = Outcome {
                             allowed: decision.allowed(),
                             known: true,
-                            unchecked: false,
                             retry_after_us: decision
                                 .retry_after()
                                 .map_or(0, |d| d.as_micros() as u64),
-                            denied_by,
+                            ..Outcome::default()
+                        };
+                        if !decision.allowed() {
+                            for rule in decision.denied_rules(&entry.policy) {
+                                let name: &str = &rule.limiter;
+                                if outcome.denied_by.iter().any(|n| **n == *name) {
+                                    continue;
+                                }
+                                outcome.denied_by.push(name.into());
+                                let limiter =
+                                    entry.policy.limiters().iter().find(|l| l.name() == name);
+                                if let Some(limiter) = limiter {
+                                    let value = limiter.dimension().value(identity);
+                                    let who = format!(
+                                        "{}={}",
+                                        limiter.dimension(),
+                                        value.as_deref().unwrap_or("")
+                                    );
+                                    if !outcome.counted.contains(&who) {
+                                        outcome.counted.push(who);
+                                    }
+                                }
+                            }
                         }
+                        outcome
                     }
                     Err(_) => Outcome {
                         allowed: true,

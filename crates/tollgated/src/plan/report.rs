@@ -134,21 +134,34 @@ impl Tally {
         let newly_admitted = c && !b;
         target.newly_denied += u64::from(newly_denied);
         target.newly_admitted += u64::from(newly_admitted);
-        let who = identity_text(&event.what);
-        let mut hasher = std::hash::DefaultHasher::new();
-        who.hash(&mut hasher);
-        let hash = hasher.finish();
-        if !c {
-            target.denied_ids[CANDIDATE].insert(hash);
+        // Who is limited: whom the denying limiters count (the candidate's, else the
+        // baseline's), or the whole identity where a record does not say.
+        let counted = match (c, sides[BASELINE].counted.is_empty()) {
+            (false, _) => sides[CANDIDATE].counted.to_vec(),
+            (true, false) => sides[BASELINE].counted.to_vec(),
+            (true, true) => Vec::new(),
+        };
+        let counted = if counted.is_empty() {
+            vec![identity_text(&event.what)]
+        } else {
+            counted
+        };
+        for who in counted {
+            let mut hasher = std::hash::DefaultHasher::new();
+            who.hash(&mut hasher);
+            let hash = hasher.finish();
+            if !c {
+                target.denied_ids[CANDIDATE].insert(hash);
+            }
+            if !b {
+                target.denied_ids[BASELINE].insert(hash);
+            }
+            let entry = self.identities.entry((t, who.into())).or_default();
+            entry.newly_denied += u64::from(newly_denied);
+            entry.newly_admitted += u64::from(newly_admitted);
+            entry.denied[CANDIDATE] += u64::from(!c);
+            entry.denied[BASELINE] += u64::from(!b);
         }
-        if !b {
-            target.denied_ids[BASELINE].insert(hash);
-        }
-        let entry = self.identities.entry((t, who.into())).or_default();
-        entry.newly_denied += u64::from(newly_denied);
-        entry.newly_admitted += u64::from(newly_admitted);
-        entry.denied[CANDIDATE] += u64::from(!c);
-        entry.denied[BASELINE] += u64::from(!b);
     }
 
     fn target(&mut self, event: &Event, names: &Names) -> usize {
@@ -313,8 +326,8 @@ pub(crate) struct Read {
     pub(crate) malformed_lines: Vec<Malformed>,
 }
 
-/// A request's identity as a report names it: its dimensions, or an Envoy request's
-/// descriptors.
+/// A request's identity as a report names it where no limiter says whom it counted: its
+/// dimensions, or an Envoy request's descriptors.
 fn identity_text(what: &What) -> String {
     let mut out = String::new();
     match what {
@@ -574,6 +587,15 @@ impl Report {
             }
         }
         table(&mut out, &rows, 1);
+        for t in &self.targets {
+            if t.candidate.unchecked > 0 {
+                let _ = writeln!(
+                    out,
+                    "  {}: {} requests could not be checked (the identity lacks a dimension a limiter counts by: the server answers them an error)",
+                    t.name, t.candidate.unchecked
+                );
+            }
+        }
         if !self.top_identities.is_empty() {
             let _ = writeln!(out, "\nMost affected identities:");
             let mut rows = vec![[

@@ -20,7 +20,7 @@ use tower::ServiceExt as _;
 
 use crate::{
     dashboard::{Chromedriver, headless, wait_until},
-    support::{TempDir, binary},
+    support::{HANG, Server, TempDir, binary},
 };
 
 /// Policies of several algorithms and two limiters, and an Envoy domain, recorded.
@@ -384,7 +384,10 @@ fn synthetic_traffic_is_the_same_for_the_same_seed_and_shows_the_scraper() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_html_report_works_in_a_real_browser() {
     let dir = TempDir::new();
-    let config = dir.write("login.toml", STRICT);
+    let config = dir.write(
+        "login.toml",
+        "[policies.login]\nlimiters = [{ by = \"user_id\", rules = [\"3/1m\"] }]\n",
+    );
     // JSON lines, one identity named to attack the page.
     let mut lines = String::new();
     for i in 0..40u64 {
@@ -580,5 +583,75 @@ fn an_envoy_yaml_candidate_replays_access_logs_as_descriptors() {
     assert_eq!(
         report["top_identities"][0]["identity"],
         "remote_address=198.51.100.7"
+    );
+}
+
+/// The server binary records when the environment asks it to, with hashed identities, and
+/// does not start when the hashing key is missing.
+#[tokio::test]
+async fn the_server_records_when_the_environment_switches_it_on() {
+    let dir = TempDir::new();
+    let record = dir.path().join("live.jsonl").display().to_string();
+    let server = Server::start_with_env(
+        STRICT,
+        &[
+            ("TOLLGATE_RECORD_PATH", &record),
+            ("TOLLGATE_RECORD_IDENTITIES", "hashed"),
+            (
+                "TOLLGATE_RECORD_HASH_KEY",
+                "a key of thirty-two bytes, or so",
+            ),
+        ],
+    );
+    for _ in 0..5 {
+        server.check("login", json!({ "ip": "203.0.113.5" })).await;
+    }
+    // The writer flushes once its queue is empty: wait for the five lines.
+    let deadline = std::time::Instant::now() + HANG;
+    let lines = loop {
+        let text = std::fs::read_to_string(&record).unwrap_or_default();
+        if text.lines().count() >= 5 || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(lines.lines().count(), 5, "{lines}");
+    assert!(!lines.contains("203.0.113.5"), "{lines}");
+    let allowed: Vec<bool> = lines
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["allowed"]
+                .as_bool()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(allowed, [true, true, true, false, false]);
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_record_lines_total{result=\"written\"} 5"),
+        "{metrics}"
+    );
+
+    let config = dir.write("login.toml", STRICT);
+    let out = Command::new(binary())
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("TOLLGATE_RECORD_PATH", &record)
+        .env("TOLLGATE_RECORD_IDENTITIES", "hashed")
+        .env_remove("TOLLGATE_RECORD_HASH_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains("environment variable TOLLGATE_RECORD_HASH_KEY (record.hash_key_env) must hold a key of at least 16 bytes"),
+        "{error}"
     );
 }
