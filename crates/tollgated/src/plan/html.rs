@@ -180,7 +180,7 @@ fn identities(out: &mut String, r: &Report) {
         } else {
             i.candidate_denied
         };
-        let bar = value as f64 / max * (w - 420.0);
+        let bar = value as f64 / max * (w - 480.0);
         let _ = write!(
             out,
             "<text x=\"0\" y=\"{:.1}\">{} · {}</text><rect class=\"bar now\" data-value=\"{value}\" x=\"400\" y=\"{:.1}\" width=\"{bar:.1}\" height=\"{:.1}\" fill=\"{NOW}\"><title>{value}</title></rect><text x=\"{:.1}\" y=\"{:.1}\">{value}</text>",

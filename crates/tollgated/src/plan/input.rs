@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::{
     service::ratelimit::v3::RateLimitRequest,
 };
 use serde::Deserialize;
+use smallvec::SmallVec;
 use tollgate::Identity;
 
 use crate::{cli::InputFormat, http::json::IdentityJson};
@@ -100,6 +101,8 @@ pub(crate) struct Reading {
     policy: Option<String>,
     /// The Envoy domain and descriptor entries (key, field), for lines against a domain.
     domain: Option<(String, Vec<(String, String)>)>,
+    /// The last time read, as written and parsed: access logs repeat a second for many lines.
+    last_time: std::cell::RefCell<Option<(String, u64)>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,6 +220,7 @@ impl Reading {
             filters,
             policy,
             domain,
+            last_time: Default::default(),
         })
     }
 
@@ -249,7 +253,7 @@ impl Reading {
         fields: Vec<(&'static str, &str)>,
         names: &mut Names,
     ) -> Result<Option<(u64, What, Option<Recorded>)>, String> {
-        self.mapped(&LogFields(fields), names)
+        self.mapped(&LogFields(fields.into()), names)
     }
 
     /// A request from a line's fields, through the mapping.
@@ -276,7 +280,18 @@ impl Reading {
                 None => "no time: --map time=FIELD".to_owned(),
             }
         })?;
-        let t_us = parse_time(&time).map_err(|e| format!("field {time_field:?}: {e}"))?;
+        let t_us = {
+            let mut last = self.last_time.borrow_mut();
+            match &*last {
+                Some((text, t_us)) if *text == *time => *t_us,
+                _ => {
+                    let t_us =
+                        parse_time(&time).map_err(|e| format!("field {time_field:?}: {e}"))?;
+                    *last = Some((time.to_string(), t_us));
+                    t_us
+                }
+            }
+        };
         if let Some((domain, entries)) = &self.domain {
             let entries = entries
                 .iter()
@@ -370,7 +385,7 @@ impl Fields for JsonFields<'_> {
 }
 
 /// An access log line's fields, by name.
-struct LogFields<'a>(Vec<(&'static str, &'a str)>);
+struct LogFields<'a>(SmallVec<[(&'static str, &'a str); 16]>);
 
 impl Fields for LogFields<'_> {
     fn get(&self, name: &str) -> Option<Cow<'_, str>> {
@@ -384,41 +399,47 @@ impl Fields for LogFields<'_> {
 }
 
 /// Splits an access log line into its tokens: bare words, `"quoted"` (with `\"` inside) and
-/// `[bracketed]`.
-fn tokens(line: &str) -> Result<Vec<&str>, String> {
-    let mut out = Vec::new();
-    let mut rest = line.trim_end_matches(['\r', '\n']);
-    loop {
-        rest = rest.trim_start();
-        let Some(first) = rest.chars().next() else {
-            return Ok(out);
-        };
-        let (token, after) = match first {
-            '"' => {
-                let bytes = rest.as_bytes();
-                let mut i = 1;
+/// `[bracketed]`. Walked as bytes: every delimiter is ASCII, so every cut is at a character's
+/// edge.
+fn tokens(line: &str) -> Result<SmallVec<[&str; 16]>, String> {
+    let bytes = line.as_bytes();
+    let end = line.trim_end_matches(['\r', '\n']).len();
+    let mut out = SmallVec::new();
+    let mut i = 0;
+    while i < end {
+        match bytes[i] {
+            b' ' | b'\t' => i += 1,
+            b'"' => {
+                let mut j = i + 1;
                 loop {
-                    match bytes.get(i) {
+                    match bytes[..end].get(j) {
                         None => return Err("a quoted field is not closed".into()),
-                        Some(b'\\') => i += 2,
+                        Some(b'\\') => j += 2,
                         Some(b'"') => break,
-                        Some(_) => i += 1,
+                        Some(_) => j += 1,
                     }
                 }
-                (&rest[1..i], &rest[i + 1..])
+                out.push(&line[i + 1..j]);
+                i = j + 1;
             }
-            '[' => {
-                let end = rest.find(']').ok_or("a [bracketed] field is not closed")?;
-                (&rest[1..end], &rest[end + 1..])
+            b'[' => {
+                let close = bytes[i..end]
+                    .iter()
+                    .position(|&b| b == b']')
+                    .ok_or("a [bracketed] field is not closed")?;
+                out.push(&line[i + 1..i + close]);
+                i += close + 1;
             }
             _ => {
-                let end = rest.find(' ').unwrap_or(rest.len());
-                (&rest[..end], &rest[end..])
+                let start = i;
+                while i < end && bytes[i] != b' ' && bytes[i] != b'\t' {
+                    i += 1;
+                }
+                out.push(&line[start..i]);
             }
-        };
-        out.push(token);
-        rest = after;
+        }
     }
+    Ok(out)
 }
 
 /// nginx's `combined`: `$remote_addr - $remote_user [$time_local] "$request" $status
@@ -433,7 +454,7 @@ fn nginx_fields(line: &str) -> Result<LogFields<'_>, String> {
     }
     let mut request = t[4].splitn(3, ' ');
     let (method, path) = (request.next().unwrap_or(""), request.next().unwrap_or(""));
-    Ok(LogFields(vec![
+    Ok(LogFields(smallvec::smallvec![
         ("remote_addr", t[0]),
         ("remote_user", t[2]),
         ("time_local", t[3]),
@@ -465,7 +486,7 @@ fn envoy_fields(line: &str) -> Result<LogFields<'_>, String> {
         request.next().unwrap_or(""),
         request.next().unwrap_or(""),
     );
-    Ok(LogFields(vec![
+    Ok(LogFields(smallvec::smallvec![
         ("start_time", t[0]),
         ("method", method),
         ("path", path),
@@ -942,6 +963,17 @@ mod tests {
             r#"field "ip": "nope" is not an IP address"#
         );
         assert!(r.event(b"   ", &mut names).unwrap().is_none());
+        // The last time read is reused only for the same text.
+        assert!(
+            r.event(br#"{"time": 7, "ip": "192.0.2.1"}"#, &mut names)
+                .is_ok()
+        );
+        assert!(error(r#"{"time": "", "ip": "192.0.2.1"}"#).contains("is not a time"));
+        let (t, _, _) = r
+            .event(br#"{"time": 8, "ip": "192.0.2.1"}"#, &mut names)
+            .unwrap()
+            .unwrap();
+        assert_eq!(t, 8_000_000);
         let nginx = reading(InputFormat::Nginx, &[], Some("p"));
         assert!(nginx.event(b"just words", &mut names).is_err());
         let record = reading(InputFormat::Record, &[], None);
