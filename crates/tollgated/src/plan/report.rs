@@ -616,6 +616,30 @@ impl Report {
             }
             table(&mut out, &rows, 2);
         }
+        let buckets = &self.timeline.buckets;
+        if buckets.iter().any(|b| b.candidate + b.baseline > 0) {
+            let _ = writeln!(
+                out,
+                "\nDenials over time, per {} s from {}:",
+                self.timeline.bucket_s,
+                time_text(buckets[0].start_us)
+            );
+            let most = buckets
+                .iter()
+                .map(|b| b.candidate.max(b.baseline))
+                .max()
+                .unwrap_or(1);
+            let _ = writeln!(
+                out,
+                "  now   {}",
+                spark(buckets.iter().map(|b| b.candidate), most)
+            );
+            let _ = writeln!(
+                out,
+                "  then  {}",
+                spark(buckets.iter().map(|b| b.baseline), most)
+            );
+        }
         if self
             .retry_after
             .iter()
@@ -648,6 +672,19 @@ impl Report {
         }
         out
     }
+}
+
+/// Counts as a line of bars, the tallest `most`: blank for none, then eight heights.
+fn spark(counts: impl Iterator<Item = u64>, most: u64) -> String {
+    const BARS: [char; 9] = [' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    counts
+        .map(|n| match n {
+            0 => BARS[0],
+            n => BARS[(n * 8).div_ceil(most.max(1)).clamp(1, 8) as usize],
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_owned()
 }
 
 fn budget_value(name: &str, value: f64) -> String {
