@@ -107,48 +107,19 @@ fn summary(out: &mut String, r: &Report) {
 
 /// Denials over time, the two configurations side by side in each bucket.
 fn timeline(out: &mut String, r: &Report) {
-    let buckets = &r.timeline.buckets;
     let _ = write!(
         out,
         "<h2>Denials over time</h2><p>per {} s, from {}</p>",
         r.timeline.bucket_s,
         time_text(r.from_us)
     );
-    let (w, h, pad) = (960.0, 220.0, 30.0);
-    let max = buckets
+    let pairs: Vec<(String, u64, u64)> = r
+        .timeline
+        .buckets
         .iter()
-        .map(|b| b.candidate.max(b.baseline))
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
-    let _ = write!(
-        out,
-        "<svg id=\"timeline\" width=\"{w}\" height=\"{}\" role=\"img\" aria-label=\"denials over time\">",
-        h + pad
-    );
-    let step = (w - pad) / buckets.len().max(1) as f64;
-    for (i, b) in buckets.iter().enumerate() {
-        let x = pad + i as f64 * step;
-        for (j, (value, colour, class)) in [(b.candidate, NOW, "now"), (b.baseline, THEN, "then")]
-            .into_iter()
-            .enumerate()
-        {
-            let bar = value as f64 / max * h;
-            let _ = write!(
-                out,
-                "<rect class=\"bar {class}\" data-value=\"{value}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bar:.1}\" fill=\"{colour}\"><title>{}: {value}</title></rect>",
-                x + j as f64 * step / 2.0,
-                h - bar,
-                (step / 2.0 - 0.5).max(0.5),
-                time_text(b.start_us)
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "<line x1=\"{pad}\" y1=\"{h}\" x2=\"{w}\" y2=\"{h}\" stroke=\"#888\"/><text x=\"0\" y=\"10\">{}</text><text x=\"0\" y=\"{h}\">0</text></svg>",
-        max as u64
-    );
+        .map(|b| (time_text(b.start_us), b.candidate, b.baseline))
+        .collect();
+    paired_bars(out, "timeline", "denials over time", &pairs, false);
 }
 
 /// The most affected identities, as bars of newly denied (and newly admitted) requests.
@@ -212,42 +183,69 @@ fn identities(out: &mut String, r: &Report) {
 /// How long the denied were told to wait, both configurations per bucket.
 fn retry_after(out: &mut String, r: &Report) {
     out.push_str("<h2>How long the denied were told to wait</h2>");
-    let (w, h, pad) = (960.0, 180.0, 20.0);
-    let max = r
+    let pairs: Vec<(String, u64, u64)> = r
         .retry_after
         .iter()
-        .map(|b| b.candidate.max(b.baseline))
+        .map(|b| (b.label.to_owned(), b.candidate, b.baseline))
+        .collect();
+    paired_bars(out, "retry-after", "retry-after histogram", &pairs, true);
+}
+
+/// A chart of bars in pairs, the candidate's and the baseline's, one pair for each of `pairs`
+/// (a title, then the two counts), on one scale; `labelled`: each pair's title under it, else
+/// the scale beside the chart.
+fn paired_bars(
+    out: &mut String,
+    id: &str,
+    label: &str,
+    pairs: &[(String, u64, u64)],
+    labelled: bool,
+) {
+    let (w, h) = (960.0, 200.0);
+    let (left, below) = if labelled { (0.0, 20.0) } else { (30.0, 10.0) };
+    let max = pairs
+        .iter()
+        .map(|(_, now, then)| *now.max(then))
         .max()
         .unwrap_or(0)
-        .max(1) as f64;
+        .max(1);
     let _ = write!(
         out,
-        "<svg id=\"retry-after\" width=\"{w}\" height=\"{}\" role=\"img\" aria-label=\"retry-after histogram\">",
-        h + pad
+        "<svg id=\"{id}\" width=\"{w}\" height=\"{}\" role=\"img\" aria-label=\"{label}\">",
+        h + below
     );
-    let step = w / r.retry_after.len() as f64;
-    for (i, b) in r.retry_after.iter().enumerate() {
-        let x = i as f64 * step;
-        for (j, (value, colour, class)) in [(b.candidate, NOW, "now"), (b.baseline, THEN, "then")]
+    let step = (w - left) / pairs.len().max(1) as f64;
+    // A gap between pairs where they are wide enough for one.
+    let gap = if step > 40.0 { 10.0 } else { 0.0 };
+    let width = ((step - 2.0 * gap) / 2.0 - 0.5).max(0.5);
+    for (i, (title, now, then)) in pairs.iter().enumerate() {
+        let x = left + i as f64 * step + gap;
+        for (j, (value, colour, class)) in [(*now, NOW, "now"), (*then, THEN, "then")]
             .into_iter()
             .enumerate()
         {
-            let bar = value as f64 / max * (h - 14.0);
+            let bar = value as f64 / max as f64 * h;
             let _ = write!(
                 out,
-                "<rect class=\"bar {class}\" data-value=\"{value}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bar:.1}\" fill=\"{colour}\"><title>{}: {value}</title></rect>",
-                x + 10.0 + j as f64 * (step - 20.0) / 2.0,
+                "<rect class=\"bar {class}\" data-value=\"{value}\" x=\"{:.1}\" y=\"{:.1}\" width=\"{width:.1}\" height=\"{bar:.1}\" fill=\"{colour}\"><title>{}: {value}</title></rect>",
+                x + j as f64 * (width + 0.5),
                 h - bar,
-                (step - 20.0) / 2.0,
-                b.label
+                esc(title)
             );
         }
+        if labelled {
+            let _ = write!(
+                out,
+                "<text x=\"{x:.1}\" y=\"{}\">{}</text>",
+                h + 14.0,
+                esc(title)
+            );
+        }
+    }
+    if !labelled {
         let _ = write!(
             out,
-            "<text x=\"{:.1}\" y=\"{}\">{}</text>",
-            x + 10.0,
-            h + 14.0,
-            esc(b.label)
+            "<line x1=\"{left}\" y1=\"{h}\" x2=\"{w}\" y2=\"{h}\" stroke=\"#888\"/><text x=\"0\" y=\"10\">{max}</text><text x=\"0\" y=\"{h}\">0</text>"
         );
     }
     out.push_str("</svg>\n");

@@ -6,15 +6,12 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use axum::{
-    body::Body,
-    http::{Method, Request, header},
-};
+use axum::{body::Body, http::Request};
 use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
     service::ratelimit::v3::{RateLimitRequest, rate_limit_response::Code},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use tollgate::{
     AnyStore, BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, Dimension, Identity,
     Limiter, LockReply, LockStore, MemoryStore, Policy, Receipt, RefundStore, Store, StoreError,
@@ -23,6 +20,8 @@ use tollgate::{
 use tollgate_tower::{Context, IdentityResolver, RateLimitLayer, Rejection, rate_limit};
 use tollgated::{Config, InProcess};
 use tower::{ServiceBuilder, ServiceExt as _};
+
+use crate::support::post_in_process;
 
 /// What a store was asked by one check.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -272,27 +271,12 @@ fn server(recorder: &Recorder) -> InProcess {
     InProcess::with_store(config, AnyStore::new(recorder.clone()), None)
 }
 
-async fn post(server: &InProcess, path: &str, body: Value) -> Value {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = server.router().oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    serde_json::from_slice(&bytes).unwrap()
-}
-
 #[tokio::test]
 async fn the_servers_check_asks_what_the_library_asks() {
     let recorder = Recorder::default();
     let server = server(&recorder);
     let check = json!({ "policy": "one_path", "identity": { "user_id": "alice" } });
-    let answer = post(&server, "/v1/check", check).await;
+    let answer = post_in_process(&server, "/v1/check", check).await;
     assert_eq!(answer["allowed"], true, "{answer}");
     assert_eq!(recorder.take(), [library().await]);
 }
@@ -302,7 +286,7 @@ async fn the_servers_batch_asks_what_the_library_asks_once_per_check() {
     let recorder = Recorder::default();
     let server = server(&recorder);
     let check = json!({ "policy": "one_path", "identity": { "user_id": "alice" } });
-    let answer = post(
+    let answer = post_in_process(
         &server,
         "/v1/checks",
         json!({ "checks": [check.clone(), check] }),

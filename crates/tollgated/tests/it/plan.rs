@@ -4,10 +4,6 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use axum::{
-    body::Body,
-    http::{Method, Request, header},
-};
 use clap::Parser as _;
 use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
@@ -16,11 +12,10 @@ use envoy_types::pb::envoy::{
 use serde_json::{Value, json};
 use tollgate::{AnyStore, ManualClock, MemoryStore};
 use tollgated::{Cli, Command as Sub, Config, InProcess, PlanArgs};
-use tower::ServiceExt as _;
 
 use crate::{
     dashboard::{Chromedriver, headless, wait_until},
-    support::{HANG, Server, TempDir, binary},
+    support::{HANG, Server, TempDir, binary, post_in_process},
 };
 
 /// Policies of several algorithms and two limiters, and an Envoy domain, recorded.
@@ -61,21 +56,6 @@ fn plan_args(args: &[&str]) -> PlanArgs {
     }
 }
 
-async fn post(server: &InProcess, path: &str, body: Value) -> Value {
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let response = server.router().oneshot(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    serde_json::from_slice(&bytes).unwrap()
-}
-
 /// A small, fixed pseudo-random sequence (the same traffic every run).
 struct Draw(u64);
 
@@ -111,21 +91,21 @@ async fn live_traffic(server: &InProcess, clock: &ManualClock) -> Vec<Live> {
         match draw.below(5) {
             0 | 1 => {
                 let body = json!({ "policy": "sms", "identity": { "ip": ip, "user_id": user } });
-                live.push(live_of(&post(server, "/v1/check", body).await));
+                live.push(live_of(&post_in_process(server, "/v1/check", body).await));
             }
             2 => {
                 let body = json!({ "checks": [
                     { "policy": "api", "identity": { "ip": ip } },
                     { "policy": "export", "identity": { "user_id": user }, "cost": 1 + draw.below(40) },
                 ]});
-                let answer = post(server, "/v1/checks", body).await;
+                let answer = post_in_process(server, "/v1/checks", body).await;
                 for result in answer["results"].as_array().unwrap() {
                     live.push(live_of(result));
                 }
             }
             3 => {
                 let body = json!({ "policy": "api", "identity": { "ip": ip } });
-                live.push(live_of(&post(server, "/v1/check", body).await));
+                live.push(live_of(&post_in_process(server, "/v1/check", body).await));
             }
             _ => {
                 let path = ["/login", "/home"][draw.below(2) as usize];
@@ -515,7 +495,7 @@ limiters = [
         clock.advance(Duration::from_millis(draw.below(6000)));
         let ip = format!("198.51.{}.{}", 100 + draw.below(2), 1 + draw.below(200));
         let body = json!({ "policy": "signup", "identity": { "ip": ip, "user_id": format!("mail{}@example.com", draw.below(8)) } });
-        live.push(live_of(&post(&server, "/v1/check", body).await));
+        live.push(live_of(&post_in_process(&server, "/v1/check", body).await));
     }
     server.flush_record();
     let written = std::fs::read_to_string(&record).unwrap();

@@ -36,6 +36,27 @@ pub(crate) fn now_us() -> u64 {
     .unwrap()
 }
 
+/// POSTs `body` as JSON to `path` of an in-process server's router; the answer must be `200`.
+pub(crate) async fn post_in_process(
+    server: &tollgated::InProcess,
+    path: &str,
+    body: Value,
+) -> Value {
+    use tower::ServiceExt as _;
+    let request = axum::http::Request::builder()
+        .method(axum::http::Method::POST)
+        .uri(path)
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let response = server.router().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
 pub(crate) fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_tollgate")
 }
