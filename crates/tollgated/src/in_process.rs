@@ -40,6 +40,9 @@ impl InProcess {
     /// The same handlers over `store` instead of the store `config` names: a test's own store
     /// (one that records what it is asked, say). The configuration's prefix and `on_error`
     /// still apply.
+    ///
+    /// # Panics
+    /// If the configuration's traffic record (`[record]`) cannot be opened.
     pub fn with_store(config: Config, store: AnyStore, admin_token: Option<String>) -> InProcess {
         InProcess::with_store_and_clock(config, store, admin_token, SystemClock)
     }

@@ -209,7 +209,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     // The Envoy service and the health service, picked by path, with request spans when asked
     // for; served on hyper's HTTP/2 server directly.
     let services = grpc::GrpcServices::new(
-        envoy::service(app)
+        envoy::service(app.clone())
             .max_decoding_message_size(limits.grpc_max_message_bytes)
             .max_encoding_message_size(limits.grpc_max_message_bytes),
         health,
@@ -241,6 +241,10 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
                 tollgate::format_duration(args.drain_timeout)
             );
         }
+    }
+    // What the record holds for the checks answered so far reaches the disk before the exit.
+    if let Some(recorder) = &app.recorder {
+        tokio::task::block_in_place(|| recorder.flush());
     }
     Ok(())
 }

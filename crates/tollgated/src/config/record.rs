@@ -8,7 +8,7 @@
 //! sample = 1.0               # the share of identities recorded, each with all its traffic
 //! identities = "raw"         # or "hashed": keyed hashes (see hash_key_env)
 //! hash_key_env = "TOLLGATE_RECORD_HASH_KEY"
-//! buffer = 65536             # lines queued for the writer; a full queue drops and counts
+//! buffer = 16384             # lines queued for the writer; a full queue drops and counts
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -53,7 +53,7 @@ const DEFAULT_KEEP_FILES: u32 = 4;
 /// Default `record.hash_key_env`.
 pub(crate) const DEFAULT_HASH_KEY_ENV: &str = "TOLLGATE_RECORD_HASH_KEY";
 /// Default `record.buffer`.
-const DEFAULT_BUFFER: u32 = 65_536;
+const DEFAULT_BUFFER: u32 = 16_384;
 
 impl RawRecord {
     pub(super) fn validate(

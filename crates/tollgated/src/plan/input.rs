@@ -39,7 +39,8 @@ pub(crate) struct Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Recorded {
     pub(crate) allowed: bool,
-    pub(crate) retry_after_us: u64,
+    /// The wait the server gave, when the record says (Envoy lines do not).
+    pub(crate) retry_after_us: Option<u64>,
 }
 
 /// What a request asks.
@@ -183,9 +184,16 @@ impl Reading {
                 )
             })
             .collect();
-        if format == InputFormat::Record && !map.is_empty() {
+        if format == InputFormat::Record
+            && (!map.is_empty()
+                || !filters.is_empty()
+                || policy.is_some()
+                || domain.is_some()
+                || !descriptor.is_empty())
+        {
             return Err(
-                "--map applies to JSON lines and access logs; a record names its own fields".into(),
+                "--map, --where, --policy, --domain and --descriptor apply to JSON lines and access logs; a record names its own policies and fields"
+                    .into(),
             );
         }
         for text in map {
@@ -505,6 +513,12 @@ fn envoy_fields(line: &str) -> Result<LogFields<'_>, String> {
     ]))
 }
 
+/// The times a line may give, in µs since the epoch: from 2000 to 2100. Anything else is a
+/// mistake (a unit misread, a field that is not a time), and a replay's clock never goes back:
+/// one request in the year 5000 would decide every request after it.
+pub(crate) const TIMES_US: std::ops::RangeInclusive<u64> =
+    946_684_800_000_000..=4_102_444_800_000_000;
+
 /// A time: a number since the epoch (seconds, milliseconds, microseconds or nanoseconds, told
 /// apart by size), RFC 3339 (`2026-12-05T10:00:00.250Z`), or nginx's `05/Dec/2026:10:00:00
 /// +0000`; in microseconds since the epoch.
@@ -634,7 +648,7 @@ fn record_line(text: &str, names: &mut Names) -> Result<(u64, What, Option<Recor
     };
     let recorded = line.allowed.map(|allowed| Recorded {
         allowed,
-        retry_after_us: line.retry_after_ms.unwrap_or(0) * 1000,
+        retry_after_us: line.retry_after_ms.map(|ms| ms.saturating_mul(1000)),
     });
     Ok((line.t_us, what, recorded))
 }
@@ -644,7 +658,7 @@ fn record_line(text: &str, names: &mut Names) -> Result<(u64, What, Option<Recor
 /// `None` for any other line, which the JSON parser then reads (so both read a line alike;
 /// this one is only faster, four times, on the lines nearly every record is made of).
 fn check_line(text: &str, names: &mut Names) -> Option<(u64, What, Option<Recorded>)> {
-    let mut at = Plain(text.trim_end().as_bytes());
+    let mut at = Plain(text.trim_ascii_end().as_bytes());
     at.expect(b"{\"t_us\":")?;
     let t_us = at.number()?;
     at.expect(b",\"policy\":")?;
@@ -660,10 +674,11 @@ fn check_line(text: &str, names: &mut Names) -> Option<(u64, What, Option<Record
         let field = at.text()?;
         at.expect(b":")?;
         let value = at.text()?;
+        // A field given twice is the JSON parser's to refuse.
         identity = match field {
-            "ip" => identity.with_ip(value.parse().ok()?),
-            "user_id" => identity.with_user_id(value),
-            "user_name" => identity.with_user_name(value),
+            "ip" if identity.ip().is_none() => identity.with_ip(value.parse().ok()?),
+            "user_id" if identity.user_id().is_none() => identity.with_user_id(value),
+            "user_name" if identity.user_name().is_none() => identity.with_user_name(value),
             _ => return None,
         };
     }
@@ -679,7 +694,11 @@ fn check_line(text: &str, names: &mut Names) -> Option<(u64, What, Option<Record
     at.expect(b",\"reason\":")?;
     at.text()?;
     at.expect(b",\"retry_after_ms\":")?;
-    let retry_after_ms = if at.take(b"null") { 0 } else { at.number()? };
+    let retry_after_ms = if at.take(b"null") {
+        None
+    } else {
+        Some(at.number()?)
+    };
     at.expect(b"}")?;
     if !at.0.is_empty() {
         return None;
@@ -691,7 +710,7 @@ fn check_line(text: &str, names: &mut Names) -> Option<(u64, What, Option<Record
     };
     let recorded = Recorded {
         allowed,
-        retry_after_us: retry_after_ms.checked_mul(1000)?,
+        retry_after_us: retry_after_ms.map(|ms| ms.saturating_mul(1000)),
     };
     Some((t_us, what, Some(recorded)))
 }
@@ -751,6 +770,8 @@ pub(crate) struct Merged<'r> {
     pub(crate) malformed: Vec<Malformed>,
     pub(crate) malformed_count: u64,
     pub(crate) skipped: u64,
+    /// Every file's first request is read.
+    started: bool,
 }
 
 struct Source<'r> {
@@ -758,6 +779,14 @@ struct Source<'r> {
     lines: Box<dyn BufRead + 'r>,
     line: u64,
     buf: Vec<u8>,
+}
+
+/// Counts a malformed line, and names it while fewer than [`MALFORMED_NAMED`] are.
+fn note(count: &mut u64, named: &mut Vec<Malformed>, line: Malformed) {
+    *count += 1;
+    if named.len() < MALFORMED_NAMED {
+        named.push(line);
+    }
 }
 
 /// The most malformed lines a report names (all are counted).
@@ -789,6 +818,7 @@ impl<'r> Merged<'r> {
             malformed: Vec::new(),
             malformed_count: 0,
             skipped: 0,
+            started: false,
         }
     }
 
@@ -806,19 +836,30 @@ impl<'r> Merged<'r> {
                 Ok(0) => return None,
                 Ok(_) => {}
                 Err(e) => {
-                    self.malformed_count += 1;
-                    if self.malformed.len() < MALFORMED_NAMED {
-                        self.malformed.push(Malformed {
-                            file: source.path.display().to_string(),
-                            line: source.line + 1,
+                    let (file, line) = (source.path.display().to_string(), source.line + 1);
+                    note(
+                        &mut self.malformed_count,
+                        &mut self.malformed,
+                        Malformed {
+                            file,
+                            line,
                             error: format!("cannot read: {e}"),
-                        });
-                    }
+                        },
+                    );
                     return None;
                 }
             }
             source.line += 1;
-            match self.reading.event(&source.buf, names) {
+            let read = self
+                .reading
+                .event(&source.buf, names)
+                .and_then(|e| match e {
+                    Some((t_us, ..)) if !TIMES_US.contains(&t_us) => Err(format!(
+                        "time {t_us} µs since the epoch is not between the years 2000 and 2100"
+                    )),
+                    e => Ok(e),
+                });
+            match read {
                 Ok(Some((t_us, what, recorded))) => {
                     return Some(Event {
                         t_us,
@@ -830,14 +871,12 @@ impl<'r> Merged<'r> {
                 }
                 Ok(None) => self.skipped += 1,
                 Err(error) => {
-                    self.malformed_count += 1;
-                    if self.malformed.len() < MALFORMED_NAMED {
-                        self.malformed.push(Malformed {
-                            file: source.path.display().to_string(),
-                            line: source.line,
-                            error,
-                        });
-                    }
+                    let (file, line) = (source.path.display().to_string(), source.line);
+                    note(
+                        &mut self.malformed_count,
+                        &mut self.malformed,
+                        Malformed { file, line, error },
+                    );
                 }
             }
         }
@@ -845,8 +884,8 @@ impl<'r> Merged<'r> {
 
     /// The next request in time order.
     pub(crate) fn next(&mut self, names: &mut Names) -> Option<Event> {
-        if self.heads.is_empty() && self.pending.iter().all(Option::is_none) {
-            // First call (or every file read): fill the heads.
+        if !self.started {
+            self.started = true;
             for i in 0..self.files.len() {
                 if let Some(event) = self.read(i, names) {
                     self.heads
@@ -1009,7 +1048,7 @@ mod tests {
                 parsed.cost.unwrap(),
                 parsed.allowed.map(|allowed| Recorded {
                     allowed,
-                    retry_after_us: parsed.retry_after_ms.unwrap_or(0) * 1000,
+                    retry_after_us: parsed.retry_after_ms.map(|ms| ms.saturating_mul(1000)),
                 }),
             );
             match quick(line) {
@@ -1070,15 +1109,19 @@ mod tests {
         let (a, b) = (dir.join("a.jsonl"), dir.join("b.jsonl"));
         std::fs::write(
             &a,
-            b"{\"time\":1}\n{\"time\":4}\nbroken \xff\n{\"time\":5}\n",
+            b"{\"time\":1796551201}\n{\"time\":1796551204}\nbroken \xff\n{\"time\":1796551205}\n",
         )
         .unwrap();
-        std::fs::write(&b, "{\"time\":2}\n{\"time\":3}\n{\"time\":6}\n").unwrap();
+        std::fs::write(
+            &b,
+            "{\"time\":1796551202}\n{\"time\":1796551203}\n{\"time\":1796551206}\n",
+        )
+        .unwrap();
         let mut merged = Merged::open(&r, &[a, b]).unwrap();
         let mut names = Names::default();
         let mut seen = Vec::new();
         while let Some(e) = merged.next(&mut names) {
-            seen.push((e.t_us / 1_000_000, e.file, e.line));
+            seen.push((e.t_us / 1_000_000 - 1_796_551_200, e.file, e.line));
         }
         assert_eq!(
             seen,

@@ -115,7 +115,8 @@ pub fn plan(args: &PlanArgs) -> Result<Planned, String> {
                 Some(r) => Outcome {
                     allowed: r.allowed,
                     known: true,
-                    retry_after_us: r.retry_after_us,
+                    retry_after_us: r.retry_after_us.unwrap_or(0),
+                    wait_unknown: r.retry_after_us.is_none(),
                     ..Outcome::default()
                 },
                 None => admitted(),
@@ -144,6 +145,18 @@ pub fn plan(args: &PlanArgs) -> Result<Planned, String> {
             malformed_lines: Vec::new(),
         },
     };
+    if tally.events == 0 {
+        // An empty or unreadable input would pass every budget: it is an error instead.
+        let first = read
+            .malformed_lines
+            .first()
+            .map(|m| format!("; the first: {}:{}: {}", m.file, m.line, m.error))
+            .unwrap_or_default();
+        return Err(format!(
+            "no request to replay: {} lines malformed, {} skipped{first}",
+            read.malformed, read.skipped
+        ));
+    }
     let mut report = tally.report(labels, read, args.top);
     report.judge(args.max_newly_denied, args.max_denied_identities);
     if let Some(path) = &args.html {

@@ -38,6 +38,8 @@ pub(crate) struct Outcome {
     /// by, say): the server would have answered an error.
     pub(crate) unchecked: bool,
     pub(crate) retry_after_us: u64,
+    /// The wait is not known (a record's Envoy line keeps none): left out of the histogram.
+    pub(crate) wait_unknown: bool,
     /// The limiters that denied it (an Envoy descriptor's keys).
     pub(crate) denied_by: SmallVec<[Arc<str>; 2]>,
     /// Whom those limiters counted: `ip=203.0.113.0/24`, `user_id=42`, an Envoy descriptor's

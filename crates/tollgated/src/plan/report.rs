@@ -44,6 +44,8 @@ pub(crate) struct Tally {
     retry: [[u64; RETRY_LABELS.len()]; 2],
     /// Denials by second.
     timeline: BTreeMap<u64, [u64; 2]>,
+    /// Hashes of whom each side denied at least once, every policy together.
+    denied_ids: [HashSet<u64>; 2],
     pub(crate) events: u64,
     pub(crate) out_of_order: u64,
     last_us: u64,
@@ -87,6 +89,7 @@ impl Tally {
             identities: HashMap::new(),
             retry: [[0; RETRY_LABELS.len()]; 2],
             timeline: BTreeMap::new(),
+            denied_ids: [HashSet::new(), HashSet::new()],
             events: 0,
             out_of_order: 0,
             last_us: 0,
@@ -97,11 +100,13 @@ impl Tally {
     /// Counts one request and what each side decided.
     pub(crate) fn add(&mut self, event: &Event, names: &Names, sides: [&Outcome; 2]) {
         self.events += 1;
-        self.first_us.get_or_insert(event.t_us);
+        // The time the request was replayed at: its own, or the latest before it.
+        let t_us = event.t_us.max(self.last_us);
+        self.first_us.get_or_insert(t_us);
         if event.t_us < self.last_us {
             self.out_of_order += 1;
         }
-        self.last_us = self.last_us.max(event.t_us);
+        self.last_us = t_us;
         let t = self.target(event, names);
         let target = &mut self.targets[t];
         target.requests += 1;
@@ -117,13 +122,15 @@ impl Tally {
                 for limiter in &outcome.denied_by {
                     target.limiters.entry(limiter.clone()).or_default()[side] += 1;
                 }
-                let wait_ms = outcome.retry_after_us.div_ceil(1000);
-                let bucket = RETRY_BOUNDS_MS
-                    .iter()
-                    .position(|&b| wait_ms <= b)
-                    .unwrap_or(RETRY_BOUNDS_MS.len());
-                self.retry[side][bucket] += 1;
-                self.timeline.entry(event.t_us / 1_000_000).or_default()[side] += 1;
+                if !outcome.wait_unknown {
+                    let wait_ms = outcome.retry_after_us.div_ceil(1000);
+                    let bucket = RETRY_BOUNDS_MS
+                        .iter()
+                        .position(|&b| wait_ms <= b)
+                        .unwrap_or(RETRY_BOUNDS_MS.len());
+                    self.retry[side][bucket] += 1;
+                }
+                self.timeline.entry(t_us / 1_000_000).or_default()[side] += 1;
             }
         }
         let (c, b) = (sides[CANDIDATE].allowed, sides[BASELINE].allowed);
@@ -152,9 +159,11 @@ impl Tally {
             let hash = hasher.finish();
             if !c {
                 target.denied_ids[CANDIDATE].insert(hash);
+                self.denied_ids[CANDIDATE].insert(hash);
             }
             if !b {
                 target.denied_ids[BASELINE].insert(hash);
+                self.denied_ids[BASELINE].insert(hash);
             }
             let entry = self.identities.entry((t, who.into())).or_default();
             entry.newly_denied += u64::from(newly_denied);
@@ -297,7 +306,7 @@ impl Tally {
             } else {
                 newly_denied as f64 / self.events as f64
             },
-            denied_identities: targets.iter().map(|t| t.candidate.denied_identities).sum(),
+            denied_identities: self.denied_ids[CANDIDATE].len() as u64,
             targets,
             top_identities: identities,
             retry_after,
@@ -390,7 +399,8 @@ pub(crate) struct Report {
     pub(crate) newly_denied: u64,
     pub(crate) newly_admitted: u64,
     pub(crate) newly_denied_share: f64,
-    /// Identities the candidate denies at least once, all policies together.
+    /// Identities the candidate denies at least once (whom a denying limiter counts: an
+    /// address, a user, a descriptor), counted once however many policies deny them.
     pub(crate) denied_identities: u64,
     pub(crate) targets: Vec<TargetReport>,
     pub(crate) top_identities: Vec<IdentityReport>,

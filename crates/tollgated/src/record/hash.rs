@@ -54,7 +54,9 @@ impl Hasher {
 
     /// The address hashed within its family, its prefixes kept (see the module docs).
     pub(crate) fn ip(&self, ip: IpAddr) -> IpAddr {
-        match ip {
+        // An IPv4 address written as IPv6 (`::ffff:a.b.c.d`) is the IPv4 address the engine
+        // counts it as.
+        match ip.to_canonical() {
             IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(self.octets(v4.octets()))),
             IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(self.octets(v6.octets()))),
         }

@@ -38,6 +38,7 @@ use std::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, rate_limit_response::Code};
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
+use sha2::{Digest as _, Sha256};
 use tollgate::{Clock, Decision, Identity};
 
 use crate::{config::RecordSettings, envoy::descriptors::Domain};
@@ -227,12 +228,12 @@ impl Recorder {
     }
 
     /// Whether the identity `feed` hashes is in the sample.
-    fn sampled(&self, feed: impl FnOnce(&mut std::hash::DefaultHasher)) -> bool {
+    fn sampled(&self, feed: impl FnOnce(&mut Sha256Hasher)) -> bool {
         if self.sample_below == u64::MAX {
             return true;
         }
         // A fixed hash: the same identities are kept by every instance and every restart.
-        let mut hasher = std::hash::DefaultHasher::new();
+        let mut hasher = Sha256Hasher(Sha256::new());
         feed(&mut hasher);
         hasher.finish() < self.sample_below
     }
@@ -244,6 +245,24 @@ impl Recorder {
                 self.counts.dropped.inc();
             }
         }
+    }
+}
+
+/// The most lines written between two flushes.
+const MAX_BATCH: usize = 1024;
+
+/// A hash that stays the same across builds and toolchains (the standard library's may
+/// not): every instance, old and new, samples the same identities.
+pub(crate) struct Sha256Hasher(Sha256);
+
+impl std::hash::Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
     }
 }
 
@@ -261,8 +280,11 @@ impl Writer {
         while let Ok(first) = events.recv() {
             let mut next = Some(first);
             let mut flushed = Vec::new();
-            // Everything queued now, then one flush.
+            // What is queued now (a batch at most, so that a steady load flushes too), then
+            // one flush.
+            let mut batch = 0;
             while let Some(event) = next {
+                batch += 1;
                 match event {
                     Event::Flush(done) => flushed.push(done),
                     event => {
@@ -283,7 +305,11 @@ impl Writer {
                         };
                     }
                 }
-                next = events.try_recv().ok();
+                next = if batch < MAX_BATCH {
+                    events.try_recv().ok()
+                } else {
+                    None
+                };
             }
             if let Err(e) = self.file.flush() {
                 tracing::warn!(error = %e, "cannot flush the traffic record");
@@ -457,8 +483,23 @@ struct Rotating {
 
 impl Rotating {
     fn open(path: PathBuf, max_bytes: u64, keep: u32) -> io::Result<Rotating> {
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        let bytes = file.metadata()?.len();
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)?;
+        let mut bytes = file.metadata()?.len();
+        // A line cut short (a disk that filled, a crash) ends here, not in the next one.
+        if bytes > 0 {
+            use std::io::{Read as _, Seek as _};
+            let mut last = [0u8];
+            file.seek(io::SeekFrom::End(-1))?;
+            file.read_exact(&mut last)?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n")?;
+                bytes += 1;
+            }
+        }
         Ok(Rotating {
             path,
             out: BufWriter::with_capacity(64 << 10, file),
@@ -482,17 +523,20 @@ impl Rotating {
         self.out.flush()
     }
 
+    /// Moves the files one place up and starts a new live file. A file moved away meanwhile
+    /// (by hand, by another tool) is skipped; whatever fails, the next rotation is a file's
+    /// size away, so a failure does not shuffle the files on every line.
     fn rotate(&mut self) -> io::Result<()> {
+        self.bytes = 0;
         self.out.flush()?;
         for k in (1..self.keep).rev() {
             rename_if_there(&numbered(&self.path, k), &numbered(&self.path, k + 1))?;
         }
         if self.keep > 0 {
-            fs::rename(&self.path, numbered(&self.path, 1))?;
+            rename_if_there(&self.path, &numbered(&self.path, 1))?;
         }
         let file = File::create(&self.path)?;
         self.out = BufWriter::with_capacity(64 << 10, file);
-        self.bytes = 0;
         Ok(())
     }
 }
@@ -648,6 +692,57 @@ mod tests {
                     && text.lines().all(|l| l.starts_with('{') && l.ends_with('}'))
             );
         }
+    }
+
+    /// A live file moved away (by hand, by another tool) does not stop the record: the next
+    /// rotation starts a new file and the rotated ones stay in order.
+    #[tokio::test]
+    async fn a_live_file_moved_away_is_started_again() {
+        let dir = temp_dir("moved");
+        let counts = Counts::default();
+        let recorder = Recorder::open(
+            &settings(&dir, 4096, 2, 1024),
+            None,
+            Arc::new(ManualClock::new(Duration::from_secs(1))),
+            counts.clone(),
+        )
+        .unwrap();
+        let decision = denied_decision().await;
+        let who = Identity::new().with_ip("203.0.113.7".parse().unwrap());
+        for _ in 0..10 {
+            recorder.check("sms", &who, 1, &decision);
+        }
+        recorder.flush();
+        fs::rename(dir.join("traffic.jsonl"), dir.join("elsewhere.jsonl")).unwrap();
+        for _ in 0..100 {
+            recorder.check("sms", &who, 1, &decision);
+        }
+        recorder.flush();
+        assert_eq!(counts.failed.get(), 0);
+        let live = fs::read_to_string(dir.join("traffic.jsonl")).unwrap();
+        assert!(!live.is_empty() && live.ends_with('\n'));
+    }
+
+    /// A line cut short (a disk that filled) is ended before the next one is written.
+    #[tokio::test]
+    async fn a_line_cut_short_does_not_swallow_the_next() {
+        let dir = temp_dir("cut");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("traffic.jsonl"), "{\"t_us\":1,\"pol").unwrap();
+        let recorder = Recorder::open(
+            &settings(&dir, 1 << 20, 2, 16),
+            None,
+            Arc::new(ManualClock::new(Duration::from_secs(1))),
+            Counts::default(),
+        )
+        .unwrap();
+        let who = Identity::new().with_ip("203.0.113.7".parse().unwrap());
+        recorder.check("sms", &who, 1, &denied_decision().await);
+        recorder.flush();
+        let text = fs::read_to_string(dir.join("traffic.jsonl")).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[1].starts_with("{\"t_us\":1000000,"), "{text}");
     }
 
     #[tokio::test]

@@ -635,3 +635,68 @@ async fn the_server_records_when_the_environment_switches_it_on() {
         "{error}"
     );
 }
+
+/// Lines out of time order are replayed at the latest time seen and counted; a time outside
+/// 2000-2100 is a malformed line, not a clock moved to another century; traffic with no
+/// request to replay is an error, not a plan that passes its budgets.
+#[test]
+fn times_out_of_order_or_out_of_range_are_counted_not_followed() {
+    let dir = TempDir::new();
+    let config = dir.write("login.toml", STRICT).display().to_string();
+    let mut lines = String::new();
+    for t in [10.5, 9.8, 11.0, 99_999_999_999.0, 11.2, 11.3, 11.4] {
+        let t = 1_796_551_200.0 + t;
+        lines.push_str(&json!({ "time": t, "ip": "192.0.2.7" }).to_string());
+        lines.push('\n');
+    }
+    let traffic = dir.write("t.jsonl", &lines).display().to_string();
+    let planned = tollgated::plan(&plan_args(&[
+        "--config", &config, "--input", "json", "--policy", "login", "--format", "json", &traffic,
+    ]))
+    .unwrap();
+    let report: Value = serde_json::from_str(&planned.output).unwrap();
+    assert_eq!(report["requests"], 6);
+    assert_eq!(report["out_of_order"], 1);
+    assert_eq!(report["malformed"], 1);
+    assert!(
+        report["malformed_lines"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not between the years 2000 and 2100"),
+        "{report:#}"
+    );
+    // Three a minute: the fourth, fifth and sixth are denied, and all of them are drawn.
+    assert_eq!(report["targets"][0]["candidate"]["denied"], 3);
+    let drawn: u64 = report["timeline"]["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["candidate"].as_u64().unwrap())
+        .sum();
+    assert_eq!(drawn, 3);
+
+    let garbage = dir
+        .write("garbage.jsonl", "not json\n")
+        .display()
+        .to_string();
+    let error = tollgated::plan(&plan_args(&[
+        "--config", &config, "--input", "json", "--policy", "login", &garbage,
+    ]))
+    .unwrap_err();
+    assert_eq!(
+        error,
+        format!(
+            "no request to replay: 1 lines malformed, 0 skipped; the first: {garbage}:1: not JSON: expected ident at line 1 column 2"
+        )
+    );
+    // A record names its own policies: flags for other inputs are refused, not ignored.
+    let error = tollgated::plan(&plan_args(&[
+        "--config",
+        &config,
+        "--where",
+        "policy=sms",
+        &garbage,
+    ]))
+    .unwrap_err();
+    assert!(error.starts_with("--map, --where, --policy"), "{error}");
+}
