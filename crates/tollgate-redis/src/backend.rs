@@ -5,10 +5,11 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use redis::{RedisError, RedisResult};
-use tollgate::{Clock, StoreError};
+use tokio::sync::OnceCell;
+use tollgate::{Clock, Durability, StoreError, StoreErrorKind};
 
 use crate::{
-    conn::Conn,
+    conn::{Call, Conn, Dial},
     error,
     script::{Scripts, now_arg},
 };
@@ -16,6 +17,10 @@ use crate::{
 /// The connection, the scripts, the timeout and the clock of one store (shared by its clones).
 pub(crate) struct Backend {
     pub(crate) conn: Conn,
+    /// How to open the connection of replicated checks, and that connection once opened (at
+    /// the first replicated check: a store whose policies never ask pays nothing).
+    pub(crate) dial: Dial,
+    pub(crate) durable: OnceCell<Conn>,
     pub(crate) scripts: Scripts,
     pub(crate) timeout: Duration,
     /// The test clock, if any (production: `None`, the scripts read `TIME`).
@@ -28,6 +33,45 @@ impl Backend {
     /// A handle on the connection (cheap: the connection is shared).
     pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// Runs a call of the check script on the connection its durability takes: the shared one
+    /// for [`Durability::Async`]; for [`Durability::Replicated`], the replicated checks' own,
+    /// followed by one `WAIT` (a batch's checks share it), and a store error when fewer
+    /// replicas than asked acknowledged the writes in time. Not bounded: the caller bounds it.
+    pub(crate) async fn check_call(
+        &self,
+        call: &Call<'_>,
+        durability: Durability,
+    ) -> Result<Vec<Vec<i64>>, StoreError> {
+        let Durability::Replicated { replicas, timeout } = durability else {
+            let mut conn = self.conn();
+            return call
+                .invoke(&mut conn)
+                .await
+                .map_err(|e| self.redis_error("check", e));
+        };
+        let mut conn = self
+            .durable
+            .get_or_try_init(|| self.dial.connect())
+            .await
+            .map_err(|e| self.redis_error("connect for replicated checks", e))?
+            .clone();
+        let (replies, acknowledged) = call
+            .invoke_waiting(&mut conn, replicas, timeout)
+            .await
+            .map_err(|e| self.redis_error("check", e))?;
+        if acknowledged < u64::from(replicas) {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!(
+                    "check on {}: {acknowledged} of {replicas} replicas acknowledged its writes \
+                     within {timeout:?} (durability replicated)",
+                    self.target
+                ),
+            ));
+        }
+        Ok(replies)
     }
 
     /// Whether this is a Redis Cluster (a call's keys must share one hash slot).

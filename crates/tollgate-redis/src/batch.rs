@@ -10,6 +10,10 @@
 //! each call carries what arrived during the previous one, and the server pays the cost of a
 //! call (the command, the script's setup, `TIME`) once per batch.
 //!
+//! Replicated checks ([`Durability::Replicated`]) queue apart, one queue per lane and
+//! durability: a batch of them is one call followed by one `WAIT` on the replicated checks'
+//! own connection, so a replica that lags holds up only the checks that wait for it.
+//!
 //! Each check keeps its own timeout (the caller bounds its wait); a check whose caller gave
 //! up before its batch left is not sent. A failed call fails every check it carried.
 
@@ -21,7 +25,7 @@ use std::{
 
 use redis::cluster_routing::Slot;
 use tokio::sync::oneshot;
-use tollgate::{StoreError, StoreErrorKind};
+use tollgate::{Durability, StoreError, StoreErrorKind};
 
 use crate::shared::Inner;
 
@@ -30,6 +34,9 @@ pub(crate) const MAX_BATCH: usize = 64;
 
 /// Where one call may go: `None` for the one server, the hash slot on a Cluster.
 pub(crate) type Lane = Option<Slot>;
+
+/// The checks that may share a call: one lane, one durability.
+type Queue = (Lane, Durability);
 
 /// One encoded check, waiting for its call.
 pub(crate) struct Job {
@@ -42,18 +49,18 @@ pub(crate) struct Job {
 /// entry, so the map holds at most as many lanes as there are calls in flight.
 #[derive(Default)]
 pub(crate) struct Lanes {
-    busy: Mutex<HashMap<Lane, Vec<Job>>>,
+    busy: Mutex<HashMap<Queue, Vec<Job>>>,
 }
 
 impl Lanes {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Lane, Vec<Job>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Queue, Vec<Job>>> {
         // A panic while holding the lock leaves a consistent map: every step is one insert or
         // one removal.
         self.busy.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The next batch of `lane`, or `None` (and the lane idle) when nothing waits.
-    fn next_batch(&self, lane: Lane) -> Option<Vec<Job>> {
+    fn next_batch(&self, lane: Queue) -> Option<Vec<Job>> {
         let mut busy = self.lock();
         let queue = busy.get_mut(&lane)?;
         if queue.is_empty() {
@@ -66,15 +73,17 @@ impl Lanes {
 }
 
 /// Runs one check (its keys and arguments, as [`Call::into_parts`] gives them) on `lane`,
-/// alone or with others; its reply.
+/// alone or with others of the same durability; its reply.
 ///
 /// [`Call::into_parts`]: crate::conn::Call::into_parts
 pub(crate) async fn submit(
     inner: &Arc<Inner>,
     lane: Lane,
+    durability: Durability,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
 ) -> Result<Vec<i64>, StoreError> {
+    let lane = (lane, durability);
     let (reply, answer) = oneshot::channel();
     let job = Job { keys, args, reply };
     let lead = match inner.lanes.lock().entry(lane) {
@@ -91,7 +100,7 @@ pub(crate) async fn submit(
         // The lane was idle: this check goes now, alone. Whatever queued meanwhile is handed
         // to a drain task when it returns, or if this future is dropped first.
         let hand_off = HandOff { inner, lane };
-        run(inner, vec![job]).await;
+        run(inner, durability, vec![job]).await;
         drop(hand_off);
     }
     answer.await.unwrap_or_else(|_| {
@@ -108,7 +117,7 @@ pub(crate) async fn submit(
 /// Hands a lane's queue on when the call that made it busy is over.
 struct HandOff<'a> {
     inner: &'a Arc<Inner>,
-    lane: Lane,
+    lane: Queue,
 }
 
 impl Drop for HandOff<'_> {
@@ -137,9 +146,9 @@ impl Drop for HandOff<'_> {
 }
 
 /// Sends `lane`'s waiting checks, a batch per call, until none waits.
-async fn drain(inner: Arc<Inner>, lane: Lane) {
+async fn drain(inner: Arc<Inner>, lane: Queue) {
     /// Leaves the lane idle if this task is dropped (its runtime shut down) mid-way.
-    struct Idle<'a>(&'a Inner, Lane);
+    struct Idle<'a>(&'a Inner, Queue);
     impl Drop for Idle<'_> {
         fn drop(&mut self) {
             self.0.lanes.lock().remove(&self.1);
@@ -147,14 +156,14 @@ async fn drain(inner: Arc<Inner>, lane: Lane) {
     }
     let idle = Idle(&inner, lane);
     while let Some(batch) = inner.lanes.next_batch(lane) {
-        run(&inner, batch).await;
+        run(&inner, lane.1, batch).await;
     }
     // next_batch left the lane idle (a new check may already have made it busy again).
     mem::forget(idle);
 }
 
 /// One call of check.lua carrying `jobs`, in order; each job gets its own reply.
-async fn run(inner: &Inner, mut jobs: Vec<Job>) {
+async fn run(inner: &Inner, durability: Durability, mut jobs: Vec<Job>) {
     // A check whose caller gave up (its timeout) is not sent.
     jobs.retain(|job| !job.reply.is_closed());
     if jobs.is_empty() {
@@ -164,10 +173,9 @@ async fn run(inner: &Inner, mut jobs: Vec<Job>) {
     for job in &mut jobs {
         call.append(&mut job.keys, &mut job.args);
     }
-    let mut conn = inner.backend.conn();
     let replies = inner
         .backend
-        .bounded("check", call.invoke::<Vec<Vec<i64>>>(&mut conn))
+        .bounded_store("check", inner.backend.check_call(&call, durability))
         .await;
     match replies {
         Ok(replies) if replies.len() == jobs.len() => {
@@ -212,21 +220,86 @@ mod tests {
     use crate::RedisStore;
 
     async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+        calls(conn, "evalsha").await
+    }
+
+    async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(conn)
             .await
             .unwrap();
+        let head = format!("cmdstat_{command}:calls=");
         info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:"))
-            .map(|l| {
-                l["cmdstat_evalsha:calls=".len()..]
-                    .split(',')
-                    .next()
-                    .unwrap()
-            })
-            .map(|n| n.parse::<u64>().unwrap())
+            .filter_map(|l| l.strip_prefix(&head))
+            .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
             .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicated_checks_queued_together_share_one_call_and_one_wait() {
+        let server = RedisServer::start();
+        let _replica = RedisServer::replica_of(&server);
+        let store = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(10))
+            .local_cache(false)
+            .build()
+            .await
+            .unwrap();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let durability = Durability::replicated(1, Duration::from_secs(5));
+        let inner = store.inner().clone();
+        let queue = (None, durability);
+        inner.lanes.lock().insert(queue, Vec::new());
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let rules = ["7/1h".parse::<Rule>().unwrap()];
+                    let limiters = [LimiterRequest {
+                        key: "one:{durable}",
+                        compact: &[],
+                        rules: &rules,
+                        ban: None,
+                        shadow: false,
+                    }];
+                    let request = CheckRequest::new(1, true, &limiters).with_durability(durability);
+                    store.check(&request).await.unwrap().allowed
+                })
+            })
+            .collect();
+        for _ in 0..10_000 {
+            if inner.lanes.lock().get(&queue).map_or(0, Vec::len) == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(inner.lanes.lock().get(&queue).map(Vec::len), Some(20));
+        assert!(
+            !inner.lanes.lock().contains_key(&(None, Durability::Async)),
+            "async checks queue apart"
+        );
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        drop(HandOff {
+            inner: &inner,
+            lane: queue,
+        });
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += usize::from(task.await.unwrap());
+        }
+        assert_eq!(admitted, 7);
+        // The drain's call may be EVALSHA, or EVAL where the script was not loaded.
+        let scripts = calls(&mut conn, "evalsha").await + calls(&mut conn, "eval").await;
+        assert_eq!((scripts, calls(&mut conn, "wait").await), (1, 1));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,7 +318,10 @@ mod tests {
             .unwrap();
         let inner = store.inner().clone();
         // The lane is busy (as if a call were in flight): every check queues behind it.
-        inner.lanes.lock().insert(None, Vec::new());
+        inner
+            .lanes
+            .lock()
+            .insert((None, Durability::Async), Vec::new());
         let tasks: Vec<_> = (0..20)
             .map(|i| {
                 let store = store.clone();
@@ -272,12 +348,25 @@ mod tests {
             .collect();
         // Wait (bounded) until all 20 have queued.
         for _ in 0..10_000 {
-            if inner.lanes.lock().get(&None).map_or(0, Vec::len) == 20 {
+            if inner
+                .lanes
+                .lock()
+                .get(&(None, Durability::Async))
+                .map_or(0, Vec::len)
+                == 20
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        assert_eq!(inner.lanes.lock().get(&None).map(Vec::len), Some(20));
+        assert_eq!(
+            inner
+                .lanes
+                .lock()
+                .get(&(None, Durability::Async))
+                .map(Vec::len),
+            Some(20)
+        );
         let _: () = redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query_async(&mut conn)
@@ -286,7 +375,7 @@ mod tests {
         // The call returns: its hand-off drains the queue, all 20 in one call.
         drop(HandOff {
             inner: &inner,
-            lane: None,
+            lane: (None, Durability::Async),
         });
         let mut admitted = 0;
         for task in tasks {

@@ -15,13 +15,14 @@ use redis::{
     cluster::ClusterClientBuilder,
     sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType},
 };
+use tokio::sync::OnceCell;
 use tollgate::{Clock, StoreError, StoreErrorKind};
 
 use crate::{
     backend::Backend,
     batch::Lanes,
     cache::LocalCache,
-    conn::{Conn, Lua},
+    conn::{Conn, Dial, Lua},
     error,
     script::Scripts,
     sentinel::SentinelConnection,
@@ -210,7 +211,7 @@ impl RedisStoreBuilder {
             |err: RedisError| unavailable(format!("invalid Redis URL {target:?}")).with_source(err);
 
         let scripts = Scripts::new();
-        let (conn, cluster) = match parsed {
+        let (conn, dial, cluster) = match parsed {
             Target::Standalone(url) => {
                 let client = match certs {
                     Some(certs) => Client::build_with_tls(url.as_str(), certs),
@@ -234,13 +235,14 @@ impl RedisStoreBuilder {
                     .set_min_delay(Duration::from_millis(50))
                     // Keeps recovery prompt once the server is back.
                     .set_max_delay(Duration::from_secs(1));
+                let dial = Dial::Standalone(client.clone(), config.clone());
                 let conn = connecting(
                     &target,
                     limit,
                     ConnectionManager::new_with_config(client, config),
                 )
                 .await?;
-                (Conn::Standalone(conn), false)
+                (Conn::Standalone(conn), dial, false)
             }
             Target::Cluster { nodes } => {
                 let mut builder = ClusterClientBuilder::new(nodes);
@@ -258,15 +260,17 @@ impl RedisStoreBuilder {
                     .build()
                     .map_err(invalid)?;
                 let conn = connecting(&target, limit, client.get_async_connection()).await?;
-                (Conn::Cluster(conn), true)
+                (Conn::Cluster(conn), Dial::Cluster(client), true)
             }
             Target::Sentinel(t) => {
-                let sentinel = sentinel_client(&t, certs).map_err(invalid)?;
+                let sentinel = sentinel_client(&t, certs.clone()).map_err(invalid)?;
+                let durable = sentinel_client(&t, certs).map_err(invalid)?;
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(self.timeout));
+                let dial = Dial::Sentinel(SentinelConnection::new(durable, config.clone(), t.db));
                 let conn = SentinelConnection::new(sentinel, config, t.db);
-                (Conn::Sentinel(conn), false)
+                (Conn::Sentinel(conn), dial, false)
             }
         };
 
@@ -285,6 +289,8 @@ impl RedisStoreBuilder {
             inner: Arc::new(Inner {
                 backend: Backend {
                     conn,
+                    dial,
+                    durable: OnceCell::new(),
                     scripts,
                     timeout: self.timeout,
                     clock: self.clock,

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use futures_util::future::join_all;
-use redis::{RedisResult, cluster_routing::Slot};
+use redis::cluster_routing::Slot;
 use tollgate::{
     Algorithm, CheckRequest, LimiterRequest, Receipt, StoreError, StoreErrorKind, Verdict,
     algorithm::RuleOutcome, key,
@@ -192,16 +192,14 @@ pub(crate) async fn check(
         .collect();
 
     // Round trip 1: every slot, and the bans, at once.
-    let slots = join_all(calls.iter().map(|c| {
-        let mut conn = store.conn();
-        async move {
-            let request = c.request(plan);
-            let mut call = scripts.check.call();
-            script::prepare(&mut call, &request, now, nonce, Some(report))?;
-            let replies: RedisResult<Vec<Vec<i64>>> = call.invoke(&mut conn).await;
-            let reply = replies.map_err(|e| store.redis_error("check", e))?;
-            script::slot_reply(&request, &script::only_reply(reply)?, report)
-        }
+    // A replicated check waits for each slot's replicas (a slot short of them fails, and the
+    // others' reservations are undone as for any failed slot).
+    let slots = join_all(calls.iter().map(|c| async move {
+        let request = c.request(plan);
+        let mut call = scripts.check.call();
+        script::prepare(&mut call, &request, now, nonce, Some(report))?;
+        let reply = store.check_call(&call, plan.durability).await?;
+        script::slot_reply(&request, &script::only_reply(reply)?, report)
     }));
     // The longest live ban over every ban slot.
     let bans = async {

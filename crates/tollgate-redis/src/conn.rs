@@ -1,10 +1,13 @@
 //! The connection behind a store, whatever the deployment, and script calls that survive a
 //! node without the script.
 
+use std::time::Duration;
+
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, ServerErrorKind,
+    Client, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, ServerErrorKind,
     ToRedisArgs, Value,
-    aio::{ConnectionLike, ConnectionManager},
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    cluster::ClusterClient,
     cluster_async::ClusterConnection,
 };
 
@@ -49,6 +52,28 @@ impl ConnectionLike for Conn {
             Conn::Cluster(c) => c.get_db(),
             Conn::Sentinel(c) => c.get_db(),
         }
+    }
+}
+
+/// How to open another connection to the same deployment, with the same settings: the
+/// connection replicated checks wait on (`WAIT` blocks the connection it is sent on, so it
+/// gets one of its own). Nothing connects until [`connect`](Self::connect).
+pub(crate) enum Dial {
+    Standalone(Client, ConnectionManagerConfig),
+    Cluster(ClusterClient),
+    /// A handle of its own on the sentinels' primary, not connected yet.
+    Sentinel(SentinelConnection),
+}
+
+impl Dial {
+    pub(crate) async fn connect(&self) -> RedisResult<Conn> {
+        Ok(match self {
+            Dial::Standalone(client, config) => Conn::Standalone(
+                ConnectionManager::new_with_config(client.clone(), config.clone()).await?,
+            ),
+            Dial::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+            Dial::Sentinel(conn) => Conn::Sentinel(conn.clone()),
+        })
     }
 }
 
@@ -139,6 +164,35 @@ impl Call<'_> {
             cmd.arg(&arg[..]);
         }
         cmd
+    }
+
+    /// [`invoke`](Self::invoke), followed on the same connection by `WAIT replicas timeout`:
+    /// the script's reply and how many replicas acknowledged every write the connection had
+    /// sent by then. One pipeline: the `WAIT` leaves with the script (on a Cluster, to the
+    /// node of the script's keys).
+    pub(crate) async fn invoke_waiting<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<(T, u64)> {
+        let waiting = |by_hash: bool| {
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(replicas).arg(
+                u64::try_from(timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            );
+            let mut pipe = redis::pipe();
+            pipe.add_command(self.cmd(by_hash)).add_command(wait);
+            pipe
+        };
+        match waiting(true).query_async(conn).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                waiting(false).query_async(conn).await
+            }
+            other => other,
+        }
     }
 
     /// `EVALSHA`, and `EVAL` with the source if the node does not know the script (a node

@@ -125,12 +125,12 @@ impl RedisStore {
         script::prepare(&mut call, plan, backend.test_now(), nonce, None)?;
         let reply = if self.inner.batching {
             let (keys, args) = call.into_parts();
-            backend
-                .bounded_store("check", batch::submit(&self.inner, lane, keys, args))
-                .await?
+            let batched = batch::submit(&self.inner, lane, plan.durability, keys, args);
+            backend.bounded_store("check", batched).await?
         } else {
-            let mut conn = backend.conn();
-            let replies: Vec<Vec<i64>> = backend.bounded("check", call.invoke(&mut conn)).await?;
+            let replies = backend
+                .bounded_store("check", backend.check_call(&call, plan.durability))
+                .await?;
             script::only_reply(replies)?
         };
         script::verdict(plan, &reply, u64::from_be_bytes(nonce))

@@ -184,6 +184,76 @@ impl RedisServer {
             .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
+    /// Starts a server that replicates `primary` (`--replicaof`) and waits until its link to
+    /// the primary is up and the first synchronisation is done.
+    ///
+    /// # Panics
+    ///
+    /// If the server does not start, or does not synchronise within its startup timeout.
+    pub fn replica_of(primary: &RedisServer) -> RedisServer {
+        // Redis waits 5 s by default before a diskless full sync, for more replicas to join.
+        let _ = crate::cluster::command(
+            primary.port,
+            &crate::cluster::Auth::default(),
+            &["CONFIG", "SET", "repl-diskless-sync-delay", "0"],
+        );
+        let replica = RedisServer::builder()
+            .args(["--replicaof", "127.0.0.1", &primary.port.to_string()])
+            .start();
+        let start = Instant::now();
+        loop {
+            let link = crate::cluster::info_field(
+                replica.port,
+                &crate::cluster::Auth::default(),
+                &["INFO", "replication"],
+                "master_link_status",
+            );
+            match link {
+                Ok(status) if status == "up" => return replica,
+                _ if start.elapsed() > replica.startup_timeout => panic!(
+                    "tollgate-testkit: replica {} of {} not in sync after {:?}: {link:?}",
+                    replica.port, primary.port, replica.startup_timeout
+                ),
+                _ => thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// Stops the process (SIGSTOP) without killing it: it holds its port and its connections
+    /// but reads and answers nothing, as a server stalled by a long fork, a full disk or a
+    /// partition would; its peers' writes pile up in the kernel's buffers and then in theirs.
+    /// [`resume`](Self::resume) lets it go on. A no-op if it is not running.
+    ///
+    /// # Panics
+    ///
+    /// If the signal cannot be sent.
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a server stopped by [`pause`](Self::pause) go on (SIGCONT).
+    ///
+    /// # Panics
+    ///
+    /// If the signal cannot be sent.
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&mut self, which: &str) {
+        let Some(child) = &self.child else { return };
+        let status = Command::new("kill")
+            .arg(which)
+            .arg(child.id().to_string())
+            .status()
+            .unwrap_or_else(|e| panic!("tollgate-testkit: cannot run kill {which}: {e}"));
+        assert!(
+            status.success(),
+            "tollgate-testkit: kill {which} {} failed",
+            child.id()
+        );
+    }
+
     /// Kills the process with SIGKILL and waits for it to exit; a no-op if it is not running.
     ///
     /// The server keeps its port number, so [`restart`](Self::restart) comes back on the same

@@ -677,7 +677,8 @@ impl<S: Store> Tollgate<S> {
             let mut bans = BanKeys::new();
             keys.requests(&policy.limiters, &mut limiters, &mut bans);
             let request = CheckRequest::new(cost, consume, &limiters)
-                .with_bans(&bans, keys.ban_index(&self.ban_index));
+                .with_bans(&bans, keys.ban_index(&self.ban_index))
+                .with_durability(policy.durability);
             self.run_now(&request, on_error, &mut verdict)
         };
         match answered {
@@ -703,7 +704,8 @@ impl<S: Store> Tollgate<S> {
         let mut bans = BanKeys::new();
         keys.requests(&policy.limiters, &mut limiters, &mut bans);
         let request = CheckRequest::new(cost, consume, &limiters)
-            .with_bans(&bans, keys.ban_index(&self.ban_index));
+            .with_bans(&bans, keys.ban_index(&self.ban_index))
+            .with_durability(policy.durability);
         let mut verdict = Verdict::new(false, []);
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;

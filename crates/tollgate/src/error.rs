@@ -130,6 +130,10 @@ pub enum PolicyError {
     /// No limiters.
     #[error("policy {0:?} has no limiters")]
     NoLimiters(String),
+    /// A replicated durability that waits for no replica, or for no time (Redis would wait
+    /// forever).
+    #[error("durability {0}: a replicated check waits for at least 1 replica and at least 1 ms")]
+    Durability(String),
     /// A limiter without rules.
     #[error("limiter {0:?} has no rules")]
     NoRules(String),

@@ -85,7 +85,9 @@ pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity, IpPrefix};
 pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryUsage};
-pub use policy::{Limiter, MAX_LOG_COST, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder};
+pub use policy::{
+    Durability, Limiter, MAX_LOG_COST, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder,
+};
 pub use rule::{
     Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,
     parse_duration, parse_rules,

@@ -1,6 +1,6 @@
 //! Limiters and policies: what guards one action.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{collections::HashSet, fmt, sync::Arc, time::Duration};
 
 use crate::{
     blocklist::{BanRule, BanScope},
@@ -51,6 +51,69 @@ pub enum OnError {
     Deny,
     /// Decide with an in-process memory store holding the same rules (per-instance limits).
     Local,
+}
+
+/// How far a check's writes must reach before its decision is final; see
+/// [`PolicyBuilder::durability`].
+///
+/// Redis replicates asynchronously: a primary that dies before its replica has its latest
+/// writes takes them along, and the replica promoted in its place admits those units again.
+/// `Replicated` closes that hole for the limits where it matters (monthly paid quotas): a
+/// check that admits is final only once `replicas` replicas hold its writes; when they do not
+/// within `timeout`, the check is a store failure and the policy's `on_error` decides.
+///
+/// A store without replicas (the memory store) has nothing to wait for: every durability is
+/// met as soon as the check is.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Dimension, Durability, Limiter, OnError, Policy};
+///
+/// let quota = Policy::builder("monthly_exports")
+///     .limiter(Limiter::new(Dimension::UserId, ["10000/30d".parse()?]))
+///     .durability(Durability::replicated(1, Duration::from_millis(50)))
+///     .on_error(OnError::Deny)
+///     .build()?;
+/// assert!(quota.durability().is_replicated());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Final when the primary has recorded it (the default): a failover can lose what the
+    /// replicas had not yet received.
+    #[default]
+    Async,
+    /// Final when at least `replicas` replicas have acknowledged the check's writes, within
+    /// `timeout` (Redis `WAIT`, one per batch of checks).
+    Replicated {
+        /// How many replicas must hold the writes (at least 1).
+        replicas: u32,
+        /// How long to wait for them (at least 1 ms).
+        timeout: Duration,
+    },
+}
+
+impl Durability {
+    /// [`Durability::Replicated`] with these numbers (checked by [`PolicyBuilder::build`]).
+    pub const fn replicated(replicas: u32, timeout: Duration) -> Durability {
+        Durability::Replicated { replicas, timeout }
+    }
+
+    /// Whether a check waits for replicas.
+    pub const fn is_replicated(&self) -> bool {
+        matches!(self, Durability::Replicated { .. })
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Durability::Async => f.write_str("async"),
+            Durability::Replicated { replicas, timeout } => {
+                write!(f, "replicated ({replicas} replicas within {timeout:?})")
+            }
+        }
+    }
 }
 
 /// One dimension and its rules, e.g. "per IP: 1/1m, 10/1h, 60/1d".
@@ -231,6 +294,7 @@ pub struct Policy {
     pub(crate) scope: Arc<str>,
     pub(crate) limiters: Vec<Limiter>,
     pub(crate) on_error: Option<OnError>,
+    pub(crate) durability: Durability,
     pub(crate) bypass: Option<Bypass>,
     pub(crate) max_units: u64,
     /// Per limiter, the part of its keys the policy fixes (see [`key::limiter_head`]).
@@ -250,6 +314,7 @@ impl Policy {
             scope: scope.as_ref().into(),
             limiters: Vec::new(),
             on_error: None,
+            durability: Durability::Async,
             bypass: None,
             shadow: false,
             ban_scope: BanScope::Everywhere,
@@ -274,6 +339,11 @@ impl Policy {
     /// The policy's own `on_error`, overriding the engine's.
     pub fn on_error(&self) -> Option<OnError> {
         self.on_error
+    }
+
+    /// How far a check's writes must reach before its decision is final.
+    pub fn durability(&self) -> Durability {
+        self.durability
     }
 
     /// Who passes without being counted.
@@ -323,6 +393,7 @@ pub struct PolicyBuilder {
     scope: Arc<str>,
     limiters: Vec<Limiter>,
     on_error: Option<OnError>,
+    durability: Durability,
     bypass: Option<Bypass>,
     shadow: bool,
     ban_scope: BanScope,
@@ -365,6 +436,13 @@ impl PolicyBuilder {
         self
     }
 
+    /// How far a check's writes must reach before its decision is final (see
+    /// [`Durability`]; the default is [`Durability::Async`]).
+    pub fn durability(mut self, durability: Durability) -> PolicyBuilder {
+        self.durability = durability;
+        self
+    }
+
     /// Validates and builds.
     pub fn build(mut self) -> Result<Policy, PolicyError> {
         if self.shadow {
@@ -377,6 +455,11 @@ impl PolicyBuilder {
         }
         if self.limiters.is_empty() {
             return Err(PolicyError::NoLimiters(self.scope.to_string()));
+        }
+        if let Durability::Replicated { replicas, timeout } = self.durability
+            && (replicas == 0 || timeout < Duration::from_millis(1))
+        {
+            return Err(PolicyError::Durability(self.durability.to_string()));
         }
         let mut names = HashSet::new();
         for limiter in &self.limiters {
@@ -444,6 +527,7 @@ impl PolicyBuilder {
             scope: self.scope,
             limiters: self.limiters,
             on_error: self.on_error,
+            durability: self.durability,
             bypass: self.bypass,
             max_units,
             ban_scope: self.ban_scope,

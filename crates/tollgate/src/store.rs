@@ -11,6 +11,7 @@ use crate::{
     blocklist::{self, BanCursor, BanEntry, BanPage, BanRule, BanTarget},
     error::StoreError,
     key,
+    policy::Durability,
     rule::{Algorithm, Rule},
 };
 
@@ -47,6 +48,9 @@ pub struct CheckRequest<'a> {
     /// The key of the ban index (see [`crate::key::ban_index_key`]), for stores that
     /// keep one: the engine's, or a policy's own when its bans are its own.
     pub ban_index: &'a str,
+    /// How far the check's writes must reach before its verdict is final (the policy's):
+    /// a store with replicas waits for them, or fails the check.
+    pub durability: Durability,
 }
 
 /// One ban key of a [`CheckRequest`]: where the ban lives and whom it bans.
@@ -81,7 +85,15 @@ impl<'a> CheckRequest<'a> {
             limiters,
             bans: &[],
             ban_index: "",
+            durability: Durability::Async,
         }
+    }
+
+    /// Asks for this durability (see [`Durability`]).
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> CheckRequest<'a> {
+        self.durability = durability;
+        self
     }
 
     /// Adds the identity's ban keys.

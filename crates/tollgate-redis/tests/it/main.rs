@@ -8,6 +8,7 @@ mod batching;
 mod cluster;
 mod concurrency;
 mod connect;
+mod durability;
 mod failover;
 mod failure;
 mod guards;
