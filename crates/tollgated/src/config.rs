@@ -12,8 +12,8 @@ use std::{
 
 use serde::{Deserialize, Deserializer, de};
 use tollgate::{
-    Algorithm, BanRule, Bypass, Dimension, DuplicateBy, DuplicateGuard, IpNet, Limiter, OnError,
-    Policy, Rule,
+    Algorithm, BanRule, Bypass, Dimension, DuplicateBy, DuplicateGuard, Durability, IpNet, Limiter,
+    OnError, Policy, Rule,
     fields::{HeaderStyle, PolicyFields},
     parse_duration,
 };
@@ -731,7 +731,24 @@ struct RawPolicy {
     /// `"everywhere"` (default) or `"policy"`: whom this policy's bans refuse.
     #[serde(default)]
     ban_scope: RawBanScope,
+    /// `"async"` (default) or `"replicated"`: whether a check waits for replicas.
+    durability: Option<Spanned<RawDurability>>,
+    /// With `durability = "replicated"`: how many replicas (default 1).
+    replicas: Option<Spanned<u32>>,
+    /// With `durability = "replicated"`: how long to wait for them (default 50ms).
+    replication_timeout: Option<Spanned<DurationText>>,
 }
+
+/// `durability` of a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawDurability {
+    Async,
+    Replicated,
+}
+
+/// How long a replicated check waits for its replicas when the config does not say.
+const DEFAULT_REPLICATION_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// `ban_scope` of a policy.
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -1543,6 +1560,51 @@ impl RawStore {
 }
 
 impl RawPolicy {
+    /// `durability`, `replicas` and `replication_timeout` together.
+    fn durability(&self, field: &str, errors: &Errors<'_>) -> Result<Durability, ConfigError> {
+        let replicated = self
+            .durability
+            .as_ref()
+            .is_some_and(|d| *d.get_ref() == RawDurability::Replicated);
+        if !replicated {
+            let stray = (self.replicas.as_ref().map(|r| ("replicas", r.span()))).or_else(|| {
+                let timeout = self.replication_timeout.as_ref();
+                timeout.map(|t| ("replication_timeout", t.span()))
+            });
+            if let Some((name, span)) = stray {
+                return Err(errors.at(
+                    Some(span),
+                    format!("{field}.{name}"),
+                    format!("`{name}` goes with `durability = \"replicated\"`"),
+                ));
+            }
+            return Ok(Durability::Async);
+        }
+        let replicas = match &self.replicas {
+            None => 1,
+            Some(r) if *r.get_ref() == 0 => {
+                return Err(errors.at(
+                    Some(r.span()),
+                    format!("{field}.replicas"),
+                    "expected at least 1 replica to wait for",
+                ));
+            }
+            Some(r) => *r.get_ref(),
+        };
+        let timeout = match &self.replication_timeout {
+            None => DEFAULT_REPLICATION_TIMEOUT,
+            Some(t) if t.get_ref().0 < Duration::from_millis(1) => {
+                return Err(errors.at(
+                    Some(t.span()),
+                    format!("{field}.replication_timeout"),
+                    "expected at least 1ms (Redis would wait forever for 0)",
+                ));
+            }
+            Some(t) => t.get_ref().0,
+        };
+        Ok(Durability::replicated(replicas, timeout))
+    }
+
     fn validate(
         self,
         name: &str,
@@ -1558,7 +1620,9 @@ impl RawPolicy {
                 "a policy needs at least one limiter",
             ));
         }
+        let durability = self.durability(field, errors)?;
         let mut builder = Policy::builder(name)
+            .durability(durability)
             .on_error(self.on_error.unwrap_or(default_on_error))
             .shadow(self.shadow)
             .ban_scope(match self.ban_scope {
@@ -1625,6 +1689,52 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse("t.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn durability_is_async_unless_replicated_and_its_numbers_are_checked() {
+        let policy = |extra: &str| {
+            format!(
+                "[policies.q]\nlimiters = [{{ by = \"user_id\", rules = \"100/30d\" }}]\n{extra}"
+            )
+        };
+        let config = Config::parse("t.toml", &policy("")).unwrap();
+        assert_eq!(config.policies["q"].policy.durability(), Durability::Async);
+        let config = Config::parse("t.toml", &policy("durability = \"replicated\"\n")).unwrap();
+        assert_eq!(
+            config.policies["q"].policy.durability(),
+            Durability::replicated(1, Duration::from_millis(50))
+        );
+        let config = Config::parse(
+            "t.toml",
+            &policy("durability = \"replicated\"\nreplicas = 2\nreplication_timeout = \"1s\"\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            config.policies["q"].policy.durability(),
+            Durability::replicated(2, Duration::from_secs(1))
+        );
+        let e = err(&policy("replicas = 2\n"));
+        assert!(
+            e.contains("t.toml:3")
+                && e.contains("policies.q.replicas")
+                && e.contains("goes with `durability = \"replicated\"`"),
+            "{e}"
+        );
+        let e = err(&policy("durability = \"replicated\"\nreplicas = 0\n"));
+        assert!(
+            e.contains("policies.q.replicas") && e.contains("at least 1"),
+            "{e}"
+        );
+        let e = err(&policy(
+            "durability = \"replicated\"\nreplication_timeout = \"0s\"\n",
+        ));
+        assert!(e.contains("policies.q.replication_timeout"), "{e}");
+        let e = err(&policy("durability = \"sync\"\n"));
+        assert!(
+            e.contains("t.toml:3") && e.contains("unknown variant `sync`"),
+            "{e}"
+        );
     }
 
     #[test]
