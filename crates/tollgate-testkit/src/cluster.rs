@@ -288,6 +288,44 @@ impl RedisCluster {
         port
     }
 
+    /// The ports of the running replicas of the primary on `primary`, as the first live node
+    /// sees them.
+    pub fn replicas_of(&self, primary: u16) -> Vec<u16> {
+        let live = self.live_ports();
+        live.iter()
+            .find_map(|&port| cluster_nodes(port, &self.auth).ok())
+            .map(|nodes| {
+                let Some(id) = nodes.iter().find(|n| n.port == primary).map(|n| &n.id) else {
+                    return Vec::new();
+                };
+                nodes
+                    .iter()
+                    .filter(|n| n.master.as_ref() == Some(id))
+                    .map(|n| n.port)
+                    .filter(|p| live.contains(p))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Stops the node on `port` without killing it (see [`RedisServer::pause`]).
+    ///
+    /// # Panics
+    ///
+    /// If no node of this cluster has that port.
+    pub fn pause_node(&mut self, port: u16) {
+        self.node_mut(port).pause();
+    }
+
+    /// Lets a node stopped by [`pause_node`](Self::pause_node) go on.
+    ///
+    /// # Panics
+    ///
+    /// If no node of this cluster has that port.
+    pub fn resume_node(&mut self, port: u16) {
+        self.node_mut(port).resume();
+    }
+
     /// Kills the node listening on `port`.
     ///
     /// # Panics
@@ -412,8 +450,11 @@ impl RedisCluster {
 /// One line of `CLUSTER NODES`.
 #[derive(Debug)]
 struct Node {
+    id: String,
     port: u16,
     flags: Vec<String>,
+    /// The id of the primary this node replicates (`None` for a primary).
+    master: Option<String>,
     slots: Vec<(u16, u16)>,
 }
 
@@ -452,7 +493,17 @@ fn parse_node(line: &str) -> Option<Node> {
             None => s.parse().ok().map(|a| (a, a)),
         })
         .collect();
-    Some(Node { port, flags, slots })
+    let master = fields
+        .get(3)
+        .filter(|m| **m != "-")
+        .map(|m| (*m).to_owned());
+    Some(Node {
+        id: (*fields.first()?).to_owned(),
+        port,
+        flags,
+        master,
+        slots,
+    })
 }
 
 /// One field of an `INFO`-style reply (`name:value` lines).

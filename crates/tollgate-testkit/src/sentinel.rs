@@ -295,6 +295,37 @@ impl RedisSentinelSet {
             .unwrap_or_else(|| panic!("tollgate-testkit: no sentinel knows {MASTER_NAME}"))
     }
 
+    /// The plain ports of the running data servers other than the primary the sentinels
+    /// name.
+    pub fn replica_ports(&mut self) -> Vec<u16> {
+        let primary = self.primary_port();
+        let mut ports = Vec::new();
+        for server in &mut self.servers {
+            if server.port() != primary && server.is_running() {
+                ports.push(server.port());
+            }
+        }
+        ports
+    }
+
+    /// Stops the data server on `port` without killing it (see [`RedisServer::pause`]).
+    ///
+    /// # Panics
+    ///
+    /// If no data server has that port.
+    pub fn pause_server(&mut self, port: u16) {
+        self.server_mut(port).pause();
+    }
+
+    /// Lets a data server stopped by [`pause_server`](Self::pause_server) go on.
+    ///
+    /// # Panics
+    ///
+    /// If no data server has that port.
+    pub fn resume_server(&mut self, port: u16) {
+        self.server_mut(port).resume();
+    }
+
     /// Kills (SIGKILL) the current primary and returns its plain port.
     pub fn kill_primary(&mut self) -> u16 {
         let port = self.primary_port();

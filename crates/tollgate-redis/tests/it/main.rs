@@ -5,6 +5,7 @@
 
 mod ban_index;
 mod batching;
+mod chaos;
 mod cluster;
 mod concurrency;
 mod connect;
