@@ -24,6 +24,7 @@ use crate::{
     cache::LocalCache,
     conn::{Conn, Dial, Lua},
     error,
+    repair::{Journal, WATCH_EVERY},
     script::Scripts,
     sentinel::SentinelConnection,
     shared::Inner,
@@ -60,6 +61,7 @@ pub struct RedisStoreBuilder {
     tls: TlsFiles,
     batching: Option<bool>,
     local_cache: Option<bool>,
+    repair: Option<Duration>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -71,6 +73,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("tls", &self.tls)
             .field("batching", &self.batching)
             .field("local_cache", &self.local_cache)
+            .field("repair", &self.repair)
             .finish()
     }
 }
@@ -84,7 +87,26 @@ impl RedisStoreBuilder {
             tls: TlsFiles::default(),
             batching: None,
             local_cache: None,
+            repair: None,
         }
+    }
+
+    /// Repairs after a failover (off by default): the store remembers what its own
+    /// admissions of the last `horizon` wrote and, when it finds Redis has lost some of it (a
+    /// call failed, or a key is behind this store's own last write: a promoted replica that
+    /// never received them), writes them again, idempotently, before its next check. Give a
+    /// horizon longer than the replication lag a failover can lose (a few seconds).
+    ///
+    /// Sliding logs are repaired exactly (their members are named by each check); a counter
+    /// (fixed or sliding window, GCRA) is raised back to the highest value this store wrote,
+    /// so admissions other instances made on the new primary before the last instance's
+    /// repair can count once too few. What instances that died with the primary admitted is
+    /// not repaired. Costs a little memory per recent admission (bounded) and, per check,
+    /// the record of what it wrote; nothing on Redis until a repair runs. See
+    /// [`RedisStore::repairs`].
+    pub fn repair(mut self, horizon: Duration) -> RedisStoreBuilder {
+        self.repair = Some(horizon).filter(|h| !h.is_zero());
+        self
     }
 
     /// The bound on every store call: check, reset, ping, locks and bans (default 100 ms).
@@ -285,7 +307,7 @@ impl RedisStoreBuilder {
             Ok(conn)
         };
         let conn = connecting(&target, limit, loading).await?;
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 backend: Backend {
                     conn,
@@ -299,9 +321,16 @@ impl RedisStoreBuilder {
                 batching,
                 lanes: Lanes::default(),
                 cache: local_cache.then(LocalCache::new),
+                journal: self
+                    .repair
+                    .map(|horizon| Journal::new(horizon, self.timeout + 2 * WATCH_EVERY)),
                 epoch: Instant::now(),
             }),
-        })
+        };
+        if store.inner.journal.is_some() {
+            tokio::spawn(crate::repair::watch(Arc::downgrade(&store.inner)));
+        }
+        Ok(store)
     }
 }
 

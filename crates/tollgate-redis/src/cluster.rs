@@ -29,6 +29,7 @@ use tollgate::{
 use crate::{
     backend::Backend,
     batch::Lane,
+    repair::Journal,
     script::{self, Record, Report, SlotReply},
 };
 
@@ -174,6 +175,7 @@ pub(crate) async fn check(
     plan: &CheckRequest<'_>,
     limiters: Vec<Group>,
     bans: Vec<Group>,
+    journal: Option<&Journal>,
 ) -> Result<Verdict, StoreError> {
     let report = if limiters.len() > 1 {
         Report::RecordAndZero
@@ -240,6 +242,18 @@ pub(crate) async fn check(
         .all(|a| a.reply.as_ref().is_some_and(|r| r.verdict.allowed));
     let receipt = allowed.then(|| receipt(plan, &answers, nonce)).flatten();
     if failure.is_none() && blocked.is_none() && allowed {
+        if let Some(journal) = journal {
+            for answer in &answers {
+                if let Some(SlotReply {
+                    verdict,
+                    record: Some(record),
+                    ..
+                }) = &answer.reply
+                {
+                    journal.learn(&answer.call.request(plan), &verdict.rules, record, nonce);
+                }
+            }
+        }
         let mut verdict = assemble(plan, answers, true);
         verdict.receipt = receipt;
         return Ok(verdict);

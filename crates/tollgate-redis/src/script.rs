@@ -76,6 +76,8 @@ pub(crate) struct Scripts {
     pub(crate) ban_count: Lua,
     /// Give units back (`scripts/refund.lua`).
     pub(crate) refund: Lua,
+    /// Write a remembered admission again after a failover (`scripts/redo.lua`).
+    pub(crate) redo: Lua,
     /// Cluster only: reverse a slot's reservation (`scripts/undo.lua`).
     pub(crate) undo: Lua,
     /// Cluster only: read the identity's bans beside the limiters' slots.
@@ -98,6 +100,7 @@ impl Scripts {
             bans: guard(lua_file!("bans.lua")),
             ban_count: guard(lua_file!("ban_count.lua")),
             refund: guard(lua_file!("refund.lua")),
+            redo: guard(lua_file!("redo.lua")),
             undo: guard(lua_file!("undo.lua")),
             banned: guard(lua_file!("banned.lua")),
             offend: guard(lua_file!("offend.lua")),
@@ -106,10 +109,11 @@ impl Scripts {
     }
 
     /// The scripts every deployment loads up front.
-    pub(crate) fn standalone(&self) -> [&Lua; 9] {
+    pub(crate) fn standalone(&self) -> [&Lua; 10] {
         [
             &self.check,
             &self.refund,
+            &self.redo,
             &self.lock_acquire,
             &self.lock_release,
             &self.lock_complete,
@@ -441,18 +445,29 @@ pub(crate) fn verdict(
         if !allowed {
             return Err(bad("a record time without an admission"));
         }
-        let at = per_limiter(plan.limiters, &verdict.rules)
-            .zip(plan.limiters)
-            .map(|(mine, l)| {
-                if shadow_denies(l, mine) {
-                    Receipt::NOT_RECORDED
-                } else {
-                    at
-                }
-            });
-        verdict.receipt = Some(Receipt::per_limiter(at, id, plan.cost));
+        verdict.receipt = Some(receipt(plan, &verdict.rules, at, id));
     }
     Ok(verdict)
+}
+
+/// The receipt of an admission recorded at `at` (the script's now) with nonce `id`: every
+/// limiter but the shadow ones that would deny (they recorded nothing).
+pub(crate) fn receipt(
+    plan: &CheckRequest<'_>,
+    outcomes: &[RuleOutcome],
+    at: u64,
+    id: u64,
+) -> Receipt {
+    let at = per_limiter(plan.limiters, outcomes)
+        .zip(plan.limiters)
+        .map(|(mine, l)| {
+            if shadow_denies(l, mine) {
+                Receipt::NOT_RECORDED
+            } else {
+                at
+            }
+        });
+    Receipt::per_limiter(at, id, plan.cost)
 }
 
 /// Each limiter's slice of `outcomes` (one per rule, `limiters` in order).

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::{backend::Backend, batch::Lanes, cache::LocalCache};
+use crate::{backend::Backend, batch::Lanes, cache::LocalCache, repair::Journal};
 
 /// What every clone of a store shares, and what its batches are sent with.
 pub(crate) struct Inner {
@@ -15,6 +15,8 @@ pub(crate) struct Inner {
     pub(crate) lanes: Lanes,
     /// The local over-limit cache, if on.
     pub(crate) cache: Option<LocalCache>,
+    /// What recent admissions wrote, to write again after a failover, if on.
+    pub(crate) journal: Option<Journal>,
     /// The cache's clock without a test clock: µs since this instant.
     pub(crate) epoch: Instant,
 }

@@ -17,7 +17,7 @@ use crate::{
     cache::LocalCache,
     cluster::{self, Layout},
     conn::Conn,
-    script::{self, micros},
+    script::{self, Report, SlotReply, micros},
     shared::Inner,
 };
 
@@ -86,6 +86,15 @@ impl RedisStore {
         self.inner.cache.as_ref().map_or(0, LocalCache::answered)
     }
 
+    /// How many repairs after a failover this store ran, and how many keys they wrote again
+    /// (always zero without [`RedisStoreBuilder::repair`]).
+    pub fn repairs(&self) -> crate::Repairs {
+        self.inner
+            .journal
+            .as_ref()
+            .map_or_else(crate::Repairs::default, crate::repair::Journal::repairs)
+    }
+
     /// How the server keeps its counters across a restart (AOF, RDB), as it says. A server
     /// that keeps neither starts empty after a restart: long windows (days, calendar months)
     /// are given again in full.
@@ -122,7 +131,14 @@ impl RedisStore {
         let backend = self.backend();
         let mut call = backend.scripts.check.call();
         let nonce: [u8; 8] = rand::random();
-        script::prepare(&mut call, plan, backend.test_now(), nonce, None)?;
+        // With repair on, an admission says what it wrote, for the journal.
+        let journal = self
+            .inner
+            .journal
+            .as_ref()
+            .filter(|_| plan.consume && plan.cost > 0);
+        let report = journal.map(|_| Report::Record);
+        script::prepare(&mut call, plan, backend.test_now(), nonce, report)?;
         let reply = if self.inner.batching {
             let (keys, args) = call.into_parts();
             let batched = batch::submit(&self.inner, lane, plan.durability, keys, args);
@@ -133,7 +149,25 @@ impl RedisStore {
                 .await?;
             script::only_reply(replies)?
         };
-        script::verdict(plan, &reply, u64::from_be_bytes(nonce))
+        let id = u64::from_be_bytes(nonce);
+        match journal {
+            // Blocked by a ban: the plain reply, nothing evaluated.
+            Some(journal) if reply.get(1) == Some(&-1) => {
+                let SlotReply {
+                    mut verdict,
+                    record,
+                    ..
+                } = script::slot_reply(plan, &reply, Report::Record)?;
+                if let Some(record) = record {
+                    journal.learn(plan, &verdict.rules, &record, nonce);
+                    let at = u64::try_from(record.now)
+                        .map_err(|_| script::protocol("check", "a negative record time"))?;
+                    verdict.receipt = Some(script::receipt(plan, &verdict.rules, at, id));
+                }
+                Ok(verdict)
+            }
+            _ => script::verdict(plan, &reply, id),
+        }
     }
 }
 
@@ -159,15 +193,34 @@ impl Store for RedisStore {
         {
             return Ok(denied);
         }
-        let verdict = match &self.backend().conn {
+        let journal = self.inner.journal.as_ref();
+        if let Some(journal) = journal {
+            // Redis lost writes: they are written again before this check reads its keys. A
+            // key whose repair fails stays due, and its checks fail (`on_error` decides).
+            let _ = journal.repair_if_due(self.backend()).await;
+            journal.ready(plan, &self.backend().target)?;
+        }
+        let checked = match &self.backend().conn {
             Conn::Cluster(_) => match cluster::layout(plan)? {
-                Layout::OneSlot(lane) => self.check_one_call(plan, lane).await?,
+                Layout::OneSlot(lane) => self.check_one_call(plan, lane).await,
                 Layout::Slots { limiters, bans } => {
-                    cluster::check(self.backend(), plan, limiters, bans).await?
+                    cluster::check(self.backend(), plan, limiters, bans, journal).await
                 }
             },
-            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan, None).await?,
+            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan, None).await,
         };
+        if let Some(journal) = journal {
+            match &checked {
+                // The primary may be gone (refused, timed out, CLUSTERDOWN, READONLY...): its
+                // successor may lack what this store wrote.
+                Err(_) => journal.suspect(),
+                // This check found a key behind this store's writes: repaired at once.
+                _ => {
+                    let _ = journal.repair_if_due(self.backend()).await;
+                }
+            }
+        }
+        let verdict = checked?;
         if let (Some(cache), Some(sent)) = (cache, sent_us) {
             cache.learn(plan, &verdict, sent);
         }
@@ -182,6 +235,9 @@ impl Store for RedisStore {
         // Forgotten before and after: a denial learnt while the keys are deleted is dropped.
         if let Some(cache) = &self.inner.cache {
             cache.forget_limiters(plan);
+        }
+        if let Some(journal) = &self.inner.journal {
+            journal.forget(plan);
         }
         let mut conn = self.backend().conn();
         let _deleted: u64 = self
@@ -217,9 +273,13 @@ impl RefundStore for RedisStore {
         plan: &CheckRequest<'_>,
         receipt: Option<&Receipt>,
     ) -> Result<(), StoreError> {
-        // A denial remembered here may not hold anymore.
+        // A denial remembered here may not hold anymore; a count lowered on purpose is no
+        // loss to repair.
         if let Some(cache) = &self.inner.cache {
             cache.forget_limiters(plan);
+        }
+        if let Some(journal) = &self.inner.journal {
+            journal.forget(plan);
         }
         let backend = self.backend();
         for members in self.slot_groups(plan)? {

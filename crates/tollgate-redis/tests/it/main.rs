@@ -19,6 +19,7 @@ mod local_cache;
 mod parity;
 mod persistence;
 mod redis_time;
+mod repair;
 mod round_trip;
 mod script;
 mod sentinel;

@@ -1,0 +1,555 @@
+//! Repair after a failover (on with [`RedisStoreBuilder::repair`]): the store remembers what
+//! its own recent admissions wrote (for as long as the horizon: the replication lag it can
+//! lose) and, when it finds that Redis lost some of it, writes it again, idempotently
+//! (`scripts/redo.lua`).
+//!
+//! What is remembered, per state key: a sliding log's members (named by each check's nonce,
+//! so a member already there is that very admission and is not added twice); a counter's last
+//! write (a fixed or sliding window's count in its window, a GCRA's tat), raised to again
+//! with a max, which is idempotent. A counter so repaired counts at least what this instance
+//! last saw; what other instances admitted on the new primary between the first and the last
+//! instance's repair can be counted once too few for a counter (never for a log).
+//!
+//! When: after a failed call (the primary went away); when the store sees a new primary (a
+//! watch looks every [`WATCH_EVERY`]: a new replication id on one server, a promoted replica
+//! or a server restarted empty has one; a node newly serving slots as a primary on a
+//! Cluster); and when a check finds a key behind this
+//! instance's own writes (a log with fewer live entries than this instance recorded in it, a
+//! window counting less than this instance added to it, a tat earlier than the one it
+//! wrote; that check already ran against the key as it was). The repair runs before the
+//! store's next check, and checks that find it running wait for it.
+//!
+//! [`RedisStoreBuilder::repair`]: crate::RedisStoreBuilder::repair
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::{
+        Mutex, MutexGuard, Weak,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use futures_util::future::join_all;
+use tollgate::{Algorithm, CheckRequest, StoreError, StoreErrorKind, algorithm::RuleOutcome};
+
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+
+use crate::{
+    backend::Backend,
+    batch::Lane,
+    conn::Conn,
+    script::{self, Record},
+    shared::Inner,
+};
+
+/// The most state keys remembered; past it, new keys are not (a bound on memory).
+const MAX_KEYS: usize = 100_000;
+/// The most admissions remembered per sliding log; past it, the oldest are dropped.
+const MAX_MEMBERS: usize = 10_000;
+/// How many admissions between two sweeps of the keys no admission touches anymore.
+const SWEEP_EVERY: u64 = 4_096;
+/// How often the watch reads the primaries' replication ids.
+pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// What a store remembers of its recent admissions, and its repairs.
+pub(crate) struct Journal {
+    horizon: Duration,
+    keys: Mutex<HashMap<String, Remembered>>,
+    learnt: AtomicU64,
+    /// A repair is due: Redis may have lost writes (`pending` is not empty).
+    suspect: AtomicBool,
+    /// The keys still to write again; a check of one of them fails until it is.
+    pending: Mutex<HashSet<String>>,
+    /// The keys written again, until when their checks still fail: the other instances'
+    /// time to write theirs (see [`Journal::new`]).
+    settling: Mutex<HashMap<String, Instant>>,
+    unsettled: AtomicBool,
+    settle: Duration,
+    /// One repair at a time; checks that find one due wait for it.
+    repairing: tokio::sync::Mutex<()>,
+    runs: AtomicU64,
+    rewritten: AtomicU64,
+    /// The replication id of each watched lane's primary, as the watch last read it.
+    primaries: Mutex<HashMap<Lane, String>>,
+}
+
+/// What one state key holds of this instance's admissions.
+enum Remembered {
+    /// A sliding log: the members this instance added.
+    Log {
+        members: VecDeque<Member>,
+        /// When the log's longest window has passed the newest member (server µs).
+        deadline_us: i64,
+    },
+    /// A fixed window (op 2), a GCRA (op 3) or a sliding window (op 4): the last write.
+    Counter {
+        op: u8,
+        a: i64,
+        b: i64,
+        deadline_us: i64,
+        /// Units this instance added in window `a` (fixed and sliding windows).
+        units: u64,
+        at: Instant,
+    },
+}
+
+/// One admission in a sliding log.
+struct Member {
+    at: Instant,
+    nonce: [u8; 8],
+    score: i64,
+    cost: u64,
+    retried: i64,
+}
+
+/// How many repairs a store ran, and how many state keys they changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Repairs {
+    /// Repairs run (each re-applies every remembered admission).
+    pub runs: u64,
+    /// State keys a repair found behind and wrote again.
+    pub keys_rewritten: u64,
+}
+
+impl Journal {
+    /// A journal of the last `horizon` of admissions. After a repair, a repaired key's checks
+    /// fail for `settle` more: each instance writes back only its own admissions, and one
+    /// that checked a key repaired by it alone could admit again what the others have not
+    /// yet written back. `settle` gives them the time to notice (a failed call, the watch)
+    /// and repair.
+    pub(crate) fn new(horizon: Duration, settle: Duration) -> Journal {
+        Journal {
+            horizon,
+            settling: Mutex::default(),
+            unsettled: AtomicBool::new(false),
+            settle,
+            keys: Mutex::default(),
+            learnt: AtomicU64::new(0),
+            suspect: AtomicBool::new(false),
+            pending: Mutex::default(),
+            repairing: tokio::sync::Mutex::new(()),
+            runs: AtomicU64::new(0),
+            rewritten: AtomicU64::new(0),
+            primaries: Mutex::default(),
+        }
+    }
+
+    /// Takes the replication id of `lane`'s primary as the watch read it: a repair is due
+    /// when it changed (a promoted replica, a restarted server).
+    fn saw_primary(&self, lane: Lane, id: String) {
+        let mut known = self.primaries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(before) = known.insert(lane, id.clone())
+            && before != id
+        {
+            self.suspect();
+        }
+    }
+
+    /// The lanes of the keys remembered: the server, or on a Cluster their slots (at most
+    /// [`MAX_WATCHED`]).
+    fn lanes(&self, cluster: bool) -> Vec<Lane> {
+        let keys = self.keys();
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        if !cluster {
+            return vec![None];
+        }
+        let slots: HashSet<Slot> = keys.keys().map(Slot::for_key).collect();
+        slots.into_iter().take(MAX_WATCHED).map(Some).collect()
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, Remembered>> {
+        // Every step leaves the map consistent: a panic cannot leave half an entry.
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn repairs(&self) -> Repairs {
+        Repairs {
+            runs: self.runs.load(Ordering::Relaxed),
+            keys_rewritten: self.rewritten.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Redis may have lost writes (a call failed, a new primary): every remembered key is
+    /// to be written again before it is checked.
+    pub(crate) fn suspect(&self) {
+        let all: Vec<String> = self.keys().keys().cloned().collect();
+        let mut pending = self.pending();
+        pending.extend(all);
+        self.suspect.store(!pending.is_empty(), Ordering::Relaxed);
+    }
+
+    fn pending(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An error if one of `plan`'s keys still waits for its repair: checked against a
+    /// promoted replica that lacks this store's writes, it could admit them again.
+    pub(crate) fn ready(&self, plan: &CheckRequest<'_>, target: &str) -> Result<(), StoreError> {
+        if !self.is_suspect() && !self.unsettled.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let pending = self.pending();
+        let mut settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        settling.retain(|_, until| *until > now);
+        self.unsettled
+            .store(!settling.is_empty(), Ordering::Relaxed);
+        for limiter in plan.limiters {
+            for key in limiter.state_keys() {
+                let why = if pending.contains(&key) {
+                    "may have lost writes in a failover and is not yet repaired"
+                } else if settling.contains_key(&key) {
+                    "was repaired after a failover; the other instances are given time to repair it too"
+                } else {
+                    continue;
+                };
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("check on {target}: {key:?} {why}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::Relaxed)
+    }
+
+    /// Forgets what the journal holds of `plan`'s keys (a reset, a refund: a lower count
+    /// there is no loss, and must not be raised again).
+    pub(crate) fn forget(&self, plan: &CheckRequest<'_>) {
+        let mut keys = self.keys();
+        for limiter in plan.limiters {
+            for key in limiter.state_keys() {
+                keys.remove(&key);
+            }
+        }
+    }
+
+    /// Remembers what an admission wrote: `record`, the call's, over `plan`'s rules (whose
+    /// outcomes are `outcomes`), with the check's `nonce` and cost. Whether a key was found
+    /// behind this instance's own writes (then a repair is due).
+    pub(crate) fn learn(
+        &self,
+        plan: &CheckRequest<'_>,
+        outcomes: &[RuleOutcome],
+        record: &Record,
+        nonce: [u8; 8],
+    ) -> bool {
+        let now = Instant::now();
+        let cost = plan.cost;
+        let mut behind = false;
+        let mut keys = self.keys();
+        let mut writes = record.writes.iter();
+        let mut outcomes_left = outcomes;
+        for limiter in plan.limiters {
+            let (mine, rest) = outcomes_left.split_at(limiter.rules.len().min(outcomes_left.len()));
+            outcomes_left = rest;
+            let writes: Vec<(i64, i64)> =
+                writes.by_ref().take(limiter.rules.len()).copied().collect();
+            if script::shadow_denies(limiter, mine) {
+                continue;
+            }
+            let mut log_done = false;
+            for (rule, &(a, b)) in limiter.rules.iter().zip(&writes) {
+                let window_us = i64::try_from(rule.window_us()).unwrap_or(i64::MAX);
+                let key = tollgate::key::rule_key(limiter.key, rule);
+                let full = keys.len() >= MAX_KEYS;
+                if rule.algorithm() == Algorithm::SlidingLog {
+                    if log_done {
+                        continue;
+                    }
+                    log_done = true;
+                    let longest = limiter.log_window_us().unwrap_or(0);
+                    let longest_i = i64::try_from(longest).unwrap_or(i64::MAX);
+                    // The count before this check, over the longest window.
+                    let before = limiter
+                        .rules
+                        .iter()
+                        .zip(mine)
+                        .filter(|(r, _)| r.algorithm() == Algorithm::SlidingLog)
+                        .max_by_key(|(r, _)| r.window_us())
+                        .map_or(0, |(r, o)| {
+                            r.limit().saturating_sub(o.remaining).saturating_sub(cost)
+                        });
+                    let member = Member {
+                        at: now,
+                        nonce,
+                        score: record.now,
+                        cost,
+                        retried: a,
+                    };
+                    let deadline_us = record.now.saturating_add(longest_i);
+                    match keys.get_mut(&key) {
+                        Some(Remembered::Log {
+                            members,
+                            deadline_us: d,
+                            ..
+                        }) => {
+                            let edge = record.now.saturating_sub(longest_i);
+                            while members
+                                .front()
+                                .is_some_and(|m| m.score <= edge || now - m.at > self.horizon)
+                            {
+                                members.pop_front();
+                            }
+                            let live: u64 = members.iter().map(|m| m.cost).sum();
+                            behind |= before < live;
+                            if members.len() >= MAX_MEMBERS {
+                                members.pop_front();
+                            }
+                            members.push_back(member);
+                            *d = deadline_us;
+                        }
+                        _ if full => {}
+                        _ => {
+                            keys.insert(
+                                key,
+                                Remembered::Log {
+                                    members: VecDeque::from([member]),
+                                    deadline_us,
+                                },
+                            );
+                        }
+                    }
+                    continue;
+                }
+                let (op, deadline_us) = match rule.algorithm() {
+                    Algorithm::FixedWindow => (2, a.saturating_add(window_us)),
+                    Algorithm::SlidingWindow => {
+                        (4, (a - a.rem_euclid(1000)).saturating_add(2 * window_us))
+                    }
+                    _ => (3, b),
+                };
+                let window = |v: i64| if op == 4 { v - v.rem_euclid(1000) } else { v };
+                match keys.get_mut(&key) {
+                    Some(Remembered::Counter {
+                        a: last_a,
+                        b: last_b,
+                        deadline_us: d,
+                        units,
+                        at,
+                        ..
+                    }) => {
+                        let recent = now - *at <= self.horizon;
+                        // What this check wrote, or, when Redis lost what this instance wrote
+                        // before, that plus this check: what the key should hold.
+                        let mut should = b;
+                        if op == 3 {
+                            // The tat before this check is at least the one this instance
+                            // wrote last, unless Redis lost it.
+                            if recent && *last_b > a {
+                                behind = true;
+                                should = last_b.saturating_add(b - a);
+                            }
+                        } else if window(*last_a) == window(a) {
+                            *units += cost;
+                            let units = i64::try_from(*units).unwrap_or(i64::MAX);
+                            if recent && b < units {
+                                behind = true;
+                                should = units;
+                            }
+                        } else {
+                            *units = cost;
+                        }
+                        (*last_a, *last_b, *d, *at) = (a, should, deadline_us, now);
+                    }
+                    _ if full => {}
+                    _ => {
+                        keys.insert(
+                            key,
+                            Remembered::Counter {
+                                op,
+                                a,
+                                b,
+                                deadline_us,
+                                units: cost,
+                                at: now,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        if self.learnt.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            self.sweep(&mut keys, now);
+        }
+        drop(keys);
+        if behind {
+            self.suspect();
+        }
+        behind
+    }
+
+    /// Drops what has passed the horizon.
+    fn sweep(&self, keys: &mut HashMap<String, Remembered>, now: Instant) {
+        keys.retain(|_, remembered| match remembered {
+            Remembered::Log { members, .. } => {
+                while members.front().is_some_and(|m| now - m.at > self.horizon) {
+                    members.pop_front();
+                }
+                !members.is_empty()
+            }
+            Remembered::Counter { at, .. } => now - *at <= self.horizon,
+        });
+    }
+
+    /// Runs the repair if one is due (one at a time: a check that finds one running waits
+    /// for it). A failed repair stays due.
+    pub(crate) async fn repair_if_due(&self, backend: &Backend) -> Result<(), StoreError> {
+        if !self.is_suspect() {
+            return Ok(());
+        }
+        let _one = self.repairing.lock().await;
+        if !self.is_suspect() {
+            return Ok(()); // repaired while this check waited
+        }
+        // Due until done: the checks that arrive meanwhile wait for the lock.
+        self.repair(backend).await
+    }
+
+    /// Writes every pending key's remembered admissions again (`scripts/redo.lua`, one call
+    /// per key, all at once, each within the store's timeout); a key whose call fails stays
+    /// pending.
+    async fn repair(&self, backend: &Backend) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let calls: Vec<_> = {
+            let mut keys = self.keys();
+            self.sweep(&mut keys, now);
+            let mut pending = self.pending();
+            // A key forgotten since (passed the horizon, reset, refunded) needs nothing.
+            pending.retain(|key| keys.contains_key(key));
+            pending
+                .iter()
+                .filter_map(|key| Some((key.clone(), redo(backend, key, keys.get(key)?))))
+                .collect()
+        };
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        let replies = join_all(calls.iter().map(|(key, call)| async move {
+            let mut conn = backend.conn();
+            let changed = backend
+                .bounded("repair", call.invoke::<i64>(&mut conn))
+                .await;
+            (key, changed)
+        }))
+        .await;
+        let mut first_error = None;
+        let mut pending = self.pending();
+        let mut settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
+        let until = Instant::now() + self.settle;
+        for (key, changed) in replies {
+            match changed {
+                Ok(changed) => {
+                    pending.remove(key);
+                    settling.insert(key.clone(), until);
+                    self.unsettled.store(true, Ordering::Relaxed);
+                    self.rewritten
+                        .fetch_add(u64::try_from(changed).unwrap_or(0), Ordering::Relaxed);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.suspect.store(!pending.is_empty(), Ordering::Relaxed);
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// The redo.lua call that writes `remembered` into `key` again.
+fn redo<'a>(backend: &'a Backend, key: &str, remembered: &Remembered) -> crate::conn::Call<'a> {
+    let mut call = backend.scripts.redo.call();
+    call.key(key).arg(backend.now_arg());
+    match remembered {
+        Remembered::Log {
+            members,
+            deadline_us,
+        } => {
+            call.arg(1).arg(deadline_us).arg(members.len());
+            for m in members {
+                call.arg(&m.nonce[..])
+                    .arg(m.score)
+                    .arg(m.cost)
+                    .arg(m.retried);
+            }
+        }
+        Remembered::Counter {
+            op,
+            a,
+            b,
+            deadline_us,
+            ..
+        } => {
+            call.arg(op);
+            if *op == 3 {
+                call.arg(b).arg(0).arg(deadline_us);
+            } else {
+                call.arg(a).arg(b).arg(deadline_us);
+            }
+        }
+    }
+    call
+}
+
+/// Watches a store's primaries for as long as the store lives: every [`WATCH_EVERY`], the
+/// replication id of the primary holding each key the journal remembers (one server's, or on
+/// a Cluster each remembered slot's primary, asked through the slot, so the store's own
+/// routing finds a promoted replica); a new one makes a repair due. Started by the builder
+/// with repair on.
+pub(crate) async fn watch(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(WATCH_EVERY).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let Some(journal) = &inner.journal else {
+            return;
+        };
+        let lanes = journal.lanes(inner.backend.is_cluster());
+        let reads = join_all(lanes.into_iter().map(|lane| {
+            let backend = &inner.backend;
+            async move { (lane, replication_id(backend, lane).await) }
+        }))
+        .await;
+        for (lane, read) in reads {
+            // A read that fails (a primary down) changes nothing: the failed checks say it.
+            if let Ok(Some(id)) = read {
+                journal.saw_primary(lane, id);
+            }
+        }
+    }
+}
+
+/// The most slots the watch asks about per round.
+const MAX_WATCHED: usize = 64;
+
+/// The replication id of the primary serving `lane` (a Cluster's slot; `None`: the server).
+async fn replication_id(backend: &Backend, lane: Lane) -> Result<Option<String>, StoreError> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("replication");
+    let info: String = match (&backend.conn, lane) {
+        (Conn::Cluster(conn), Some(slot)) => {
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_slot(slot, SlotAddr::Master),
+            ));
+            let mut conn = conn.clone();
+            let value = backend
+                .bounded("INFO replication", conn.route_command(cmd, route))
+                .await?;
+            redis::from_redis_value(value)
+                .map_err(|e| backend.redis_error("INFO replication", e.into()))?
+        }
+        _ => {
+            let mut conn = backend.conn();
+            backend
+                .bounded("INFO replication", cmd.query_async(&mut conn))
+                .await?
+        }
+    };
+    Ok(info
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("master_replid:"))
+        .map(str::to_owned))
+}
