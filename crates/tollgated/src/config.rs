@@ -717,6 +717,8 @@ struct RawStore {
     max_bans: Option<Spanned<u32>>,
     max_locks: Option<Spanned<u32>>,
     max_response_bytes: Option<Spanned<u64>>,
+    /// Redis: repair after a failover, remembering this long of admissions (`"0s"`: off).
+    pub(super) repair: Option<Spanned<DurationText>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1547,6 +1549,18 @@ impl RawStore {
             max_locks: self.max_locks.map(|n| n.into_inner() as usize),
             max_response_bytes: self.max_response_bytes.map(|n| n.into_inner() as usize),
         };
+        let repair = match self.repair {
+            Some(r) if !r.get_ref().0.is_zero() && url.starts_with("memory") => {
+                return Err(errors.at(
+                    Some(r.span()),
+                    "store.repair",
+                    "repair after a failover is for a Redis store (store.url is memory://); \
+                     remove it or give a redis URL",
+                ));
+            }
+            Some(r) => Some(r.into_inner().0).filter(|d| !d.is_zero()),
+            None => None,
+        };
         Ok(StoreSettings {
             url,
             on_error: self.on_error.unwrap_or_default(),
@@ -1555,6 +1569,7 @@ impl RawStore {
             tls_ca_file,
             tls_client_cert,
             memory,
+            repair,
         })
     }
 }
@@ -1689,6 +1704,30 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse("t.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn repair_is_for_redis_and_zero_turns_it_off() {
+        let store = |extra: &str| format!("[store]\n{extra}\n");
+        let config = Config::parse(
+            "t.toml",
+            &store("url = \"redis://127.0.0.1:6379\"\nrepair = \"5s\""),
+        )
+        .unwrap();
+        assert_eq!(config.store.repair, Some(Duration::from_secs(5)));
+        let config = Config::parse(
+            "t.toml",
+            &store("url = \"redis://127.0.0.1:6379\"\nrepair = \"0s\""),
+        )
+        .unwrap();
+        assert_eq!(config.store.repair, None);
+        let config = Config::parse("t.toml", &store("url = \"redis://127.0.0.1:6379\"")).unwrap();
+        assert_eq!(config.store.repair, None, "off unless asked");
+        let e = err(&store("repair = \"5s\""));
+        assert!(
+            e.contains("t.toml:2") && e.contains("store.repair") && e.contains("for a Redis store"),
+            "{e}"
+        );
     }
 
     #[test]

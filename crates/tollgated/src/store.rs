@@ -27,6 +27,8 @@ pub(crate) struct StoreSettings {
     pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
     /// The memory store's budgets (`max_keys`, `max_bans`, ...): unset, the library's defaults.
     pub(crate) memory: MemoryBudgets,
+    /// Redis: repair after a failover, remembering this long of admissions (`[store] repair`).
+    pub(crate) repair: Option<Duration>,
 }
 
 /// `[store] max_keys`, `max_bans`, `max_locks`, `max_response_bytes`: the memory store's
@@ -152,6 +154,9 @@ fn redis_builder(settings: &StoreSettings) -> RedisStoreBuilder {
     }
     if let Some((cert, key)) = &settings.tls_client_cert {
         builder = builder.tls_client_cert(cert, key);
+    }
+    if let Some(horizon) = settings.repair {
+        builder = builder.repair(horizon);
     }
     builder
 }

@@ -140,6 +140,9 @@ pub(super) fn apply(
     if let Some((var, v)) = get("store.timeout") {
         st.timeout = Some(duration("store.timeout", var, v)?);
     }
+    if let Some((var, v)) = get("store.repair") {
+        st.repair = Some(duration("store.repair", var, v)?);
+    }
     if let Some((_, v)) = get("store.prefix") {
         st.prefix = Some(string(v));
     }
@@ -210,6 +213,7 @@ prefix = "file"
                 ("TOLLGATE_STORE_PREFIX", "env"),
                 ("TOLLGATE_STORE_ON_ERROR", "deny"),
                 ("TOLLGATE_STORE_URL", "redis://:s3cret@10.0.0.5:6379/0"),
+                ("TOLLGATE_STORE_REPAIR", "3s"),
                 ("TOLLGATE_SERVERHTTP", "ignored"),
             ],
         )
@@ -225,9 +229,10 @@ prefix = "file"
         assert_eq!(config.server.headers, tollgate::fields::HeaderStyle::Legacy);
         assert_eq!(config.store.prefix, "env");
         assert_eq!(config.store.on_error, tollgate::OnError::Deny);
+        assert_eq!(config.store.repair, Some(std::time::Duration::from_secs(3)));
         let summary = config.summary();
         assert!(
-            summary.contains("from the environment: TOLLGATE_SERVER_HTTP, TOLLGATE_SERVER_HEADER_READ_TIMEOUT, TOLLGATE_SERVER_MAX_BATCH, TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT, TOLLGATE_SERVER_DASHBOARD, TOLLGATE_SERVER_HEADERS, TOLLGATE_STORE_URL, TOLLGATE_STORE_ON_ERROR, TOLLGATE_STORE_PREFIX"),
+            summary.contains("from the environment: TOLLGATE_SERVER_HTTP, TOLLGATE_SERVER_HEADER_READ_TIMEOUT, TOLLGATE_SERVER_MAX_BATCH, TOLLGATE_SERVER_ADMIN_FAILURE_LIMIT, TOLLGATE_SERVER_DASHBOARD, TOLLGATE_SERVER_HEADERS, TOLLGATE_STORE_URL, TOLLGATE_STORE_ON_ERROR, TOLLGATE_STORE_REPAIR, TOLLGATE_STORE_PREFIX"),
             "{summary}"
         );
         assert!(!summary.contains("s3cret"), "{summary}");
