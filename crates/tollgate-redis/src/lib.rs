@@ -80,6 +80,10 @@
 //!   through it and need nothing of each other to do so.
 //! - `batch`: natural batching, the checks of one lane sent together while a call is in flight.
 //! - `cache`: the local over-limit cache.
+//! - `repair`: repair after a failover ([`RedisStoreBuilder::repair`]): the journal of what
+//!   recent admissions wrote, when to write it again, the watch on the primaries.
+//! - `backend` also runs replicated checks ([`tollgate::Durability::Replicated`]): on a
+//!   connection of their own, each call followed by one `WAIT`.
 //! - `cluster`: where a plan's keys live (one slot or several), and the multi-slot check:
 //!   per-slot calls at once, undo, bans beside them.
 //! - `blocklist`: counting the bans (one `ZCOUNT` of the ban index) and listing them a page
@@ -104,7 +108,8 @@
 //!   is written once.
 //! - `scripts/prelude.lua` + `lock_acquire.lua`, `lock_release.lua`, `lock_complete.lua`,
 //!   `ban.lua`, `unban.lua`, `bans.lua` (one page), `ban_count.lua`: one small script per
-//!   guard operation; and, for a Cluster, `undo.lua` (reverse one slot's reservation),
+//!   guard operation; `redo.lua` (write a remembered admission again after a failover); and,
+//!   for a Cluster, `undo.lua` (reverse one slot's reservation),
 //!   `banned.lua` (read the bans beside the limiters), `offend.lua` (ban after a denial).
 //!
 //! # Keys

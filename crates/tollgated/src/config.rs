@@ -737,7 +737,7 @@ struct RawPolicy {
     durability: Option<Spanned<RawDurability>>,
     /// With `durability = "replicated"`: how many replicas (default 1).
     replicas: Option<Spanned<u32>>,
-    /// With `durability = "replicated"`: how long to wait for them (default 50ms).
+    /// With `durability = "replicated"`: how long to wait for them (default 20ms).
     replication_timeout: Option<Spanned<DurationText>>,
 }
 
@@ -750,7 +750,7 @@ enum RawDurability {
 }
 
 /// How long a replicated check waits for its replicas when the config does not say.
-const DEFAULT_REPLICATION_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_REPLICATION_TIMEOUT: Duration = Duration::from_millis(20);
 
 /// `ban_scope` of a policy.
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -1742,7 +1742,7 @@ mod tests {
         let config = Config::parse("t.toml", &policy("durability = \"replicated\"\n")).unwrap();
         assert_eq!(
             config.policies["q"].policy.durability(),
-            Durability::replicated(1, Duration::from_millis(50))
+            Durability::replicated(1, Duration::from_millis(20))
         );
         let config = Config::parse(
             "t.toml",
