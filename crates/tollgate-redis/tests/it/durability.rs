@@ -195,3 +195,77 @@ async fn async_checks_are_not_held_up_by_a_replicated_check_waiting_on_a_stalled
     );
     replica.resume();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_check_across_cluster_slots_waits_for_each_slots_replicas() {
+    let mut cluster = tollgate_testkit::RedisCluster::start();
+    let store = RedisStore::builder(&cluster.url())
+        .timeout(Duration::from_secs(5))
+        .local_cache(false)
+        .build()
+        .await
+        .unwrap();
+    let gate = Tollgate::new(store);
+    let rule = || ["5/1h".parse::<tollgate::Rule>().unwrap()];
+    let quota = Policy::builder("across")
+        .limiter(Limiter::new(Dimension::Ip, rule()))
+        .limiter(Limiter::new(Dimension::UserId, rule()))
+        .durability(Durability::replicated(1, Duration::from_millis(300)))
+        .on_error(OnError::Deny)
+        .build()
+        .unwrap();
+    let who = Identity::new()
+        .with_ip("192.0.2.44".parse().unwrap())
+        .with_user_id("across");
+    let ip_key = tollgate::key::limiter_key(gate.prefix(), "across", "ip", "192.0.2.44");
+    let user_key = tollgate::key::limiter_key(gate.prefix(), "across", "user_id", "across");
+    assert_ne!(
+        cluster.slot_of(&ip_key),
+        cluster.slot_of(&user_key),
+        "the test needs the two limiters in two slots"
+    );
+    let d = gate.check(&quota, &who, 1).await.unwrap();
+    assert_eq!((d.allowed(), d.reason()), (true, Reason::Ok));
+
+    // The user limiter's replica stalls: that slot's writes are not final, so neither is
+    // the check, and the IP limiter's slot gives its reservation back.
+    let primary = cluster
+        .primary_for_slot(cluster.slot_of(&user_key))
+        .unwrap();
+    let replica = cluster.replicas_of(primary)[0];
+    cluster.pause_node(replica);
+    let d = gate.check(&quota, &who, 1).await.unwrap();
+    cluster.resume_node(replica);
+    assert_eq!((d.allowed(), d.reason()), (false, Reason::StoreUnavailable));
+
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let d = gate.check(&quota, &who, 1).await.unwrap();
+        assert!(
+            matches!(d.reason(), Reason::Ok | Reason::RateLimited),
+            "{d:?}"
+        );
+        admitted += usize::from(d.allowed());
+    }
+    // The user limiter's stalled slot ran its script: the refused attempt counts there, as
+    // on one server (conservative: never an admission too many): 1 + 1 + 3. The IP
+    // limiter's slot gave its reservation back: 1 + 3.
+    assert_eq!(admitted, 3);
+    let rule = rule()[0];
+    let mut logged = Vec::new();
+    for key in [&ip_key, &user_key] {
+        let port = cluster.primary_for_slot(cluster.slot_of(key)).unwrap();
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let n: u64 = redis::cmd("ZCARD")
+            .arg(tollgate::key::rule_key(key, &rule))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        logged.push(n);
+    }
+    assert_eq!(logged, [4, 5], "IP undone, the stalled slot's attempt kept");
+}

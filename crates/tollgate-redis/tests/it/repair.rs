@@ -182,3 +182,83 @@ async fn a_repair_changes_nothing_where_nothing_was_lost_and_keeps_refunds() {
         }
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_across_cluster_slots_is_repaired_in_every_slot() {
+    let cluster = tollgate_testkit::RedisCluster::start();
+    let store = RedisStore::builder(&cluster.url())
+        .timeout(Duration::from_millis(300))
+        .local_cache(false)
+        .repair(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap();
+    let gate = Tollgate::new(store);
+    let rule = || {
+        ["7/1h"
+            .parse::<tollgate::Rule>()
+            .unwrap()
+            .with_algorithm(Algorithm::Gcra)]
+    };
+    let policy = Policy::builder("slots")
+        .limiter(Limiter::new(Dimension::Ip, rule()))
+        .limiter(Limiter::new(Dimension::UserId, rule()))
+        .on_error(OnError::Deny)
+        .build()
+        .unwrap();
+    let who = Identity::new()
+        .with_ip("192.0.2.45".parse().unwrap())
+        .with_user_id("u1");
+    let keys = [
+        key::limiter_key(gate.prefix(), "slots", "ip", "192.0.2.45"),
+        key::limiter_key(gate.prefix(), "slots", "user_id", "u1"),
+    ];
+    assert_ne!(cluster.slot_of(&keys[0]), cluster.slot_of(&keys[1]));
+    for _ in 0..5 {
+        assert!(gate.check(&policy, &who, 1).await.unwrap().allowed());
+    }
+    // Both slots' primaries lost everything.
+    for base in &keys {
+        let port = cluster.primary_for_slot(cluster.slot_of(base)).unwrap();
+        let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let deleted: u64 = redis::cmd("DEL")
+            .arg(key::rule_key(base, &rule()[0]))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1);
+    }
+    assert!(
+        gate.check(&policy, &who, 1).await.unwrap().allowed(),
+        "the finding check"
+    );
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let d = answered_by(&gate, &policy, &who).await;
+        admitted += usize::from(d.allowed());
+    }
+    assert_eq!(
+        admitted, 1,
+        "5 repaired in both slots, the finding check, 1 more"
+    );
+    assert_eq!(gate.store().repairs().keys_rewritten, 2);
+}
+
+async fn answered_by(
+    gate: &Tollgate<RedisStore>,
+    policy: &Policy,
+    who: &Identity,
+) -> tollgate::Decision {
+    for _ in 0..100 {
+        let d = gate.check(policy, who, 1).await.unwrap();
+        if d.reason() != Reason::StoreUnavailable {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never answered by Redis again")
+}
