@@ -63,7 +63,7 @@ impl Backend {
             .map_err(|e| self.redis_error("check", e))?;
         if acknowledged < u64::from(replicas) {
             return Err(StoreError::new(
-                StoreErrorKind::Unavailable,
+                StoreErrorKind::NotReplicated,
                 format!(
                     "check on {}: {acknowledged} of {replicas} replicas acknowledged its writes \
                      within {timeout:?} (durability replicated)",

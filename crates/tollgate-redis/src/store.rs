@@ -211,6 +211,8 @@ impl Store for RedisStore {
         };
         if let Some(journal) = journal {
             match &checked {
+                // Replicas that are slow to acknowledge lost nothing.
+                Err(e) if e.kind() == StoreErrorKind::NotReplicated => {}
                 // The primary may be gone (refused, timed out, CLUSTERDOWN, READONLY...): its
                 // successor may lack what this store wrote.
                 Err(_) => journal.suspect(),

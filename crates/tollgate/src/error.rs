@@ -24,6 +24,10 @@ pub enum StoreErrorKind {
     Capacity,
     /// The store answered something unexpected.
     Protocol,
+    /// The store applied the writes, but fewer replicas than the policy's
+    /// [`Durability`](crate::Durability) asks acknowledged them in time: the decision is not
+    /// final. Not a sign that the store lost anything.
+    NotReplicated,
 }
 
 impl StoreError {
@@ -71,6 +75,7 @@ impl fmt::Display for StoreError {
             StoreErrorKind::Unavailable => "store unavailable",
             StoreErrorKind::Capacity => "store full",
             StoreErrorKind::Protocol => "unexpected store reply",
+            StoreErrorKind::NotReplicated => "store writes not replicated in time",
         };
         write!(f, "{kind}: {}", self.message)?;
         if let Some(source) = &self.source {

@@ -54,6 +54,10 @@ impl ApiError {
                 "the store's budget for this kind of entry is full; retry later",
             ),
             StoreErrorKind::Timeout => ("store_unavailable", "the store timed out"),
+            StoreErrorKind::NotReplicated => (
+                "store_unavailable",
+                "the store's replicas did not acknowledge the writes in time",
+            ),
             _ => ("store_unavailable", "the store is unavailable"),
         };
         ApiError::new(

@@ -307,3 +307,49 @@ async fn a_redis_reached_after_start_is_read_once_it_answers() {
     let persistence = persistence_when_read(&server).await;
     assert_eq!(persistence["survives_restart"], false, "{persistence}");
 }
+
+#[tokio::test]
+async fn a_replicated_policy_waits_for_the_replica_and_repair_is_on() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::replica_of(&primary);
+    let config = format!(
+        r#"
+[store]
+url = "{}"
+on_error = "deny"
+timeout = "500ms"
+repair = "5s"
+
+[policies.quota]
+limiters = [{{ by = "user_id", rules = ["100/30d"] }}]
+durability = "replicated"
+replication_timeout = "100ms"
+
+[policies.burst]
+limiters = [{{ by = "user_id", rules = ["100/1s"] }}]
+"#,
+        primary.url()
+    );
+    let server = Server::start(&config);
+    let who = json!({ "user_id": "u1" });
+    let d = server.check("quota", who.clone()).await;
+    assert_eq!(
+        (d["allowed"].clone(), d["reason"].clone()),
+        (json!(true), json!("ok")),
+        "{d}"
+    );
+
+    replica.pause();
+    let d = server.check("quota", who.clone()).await;
+    assert_eq!(
+        d["reason"], "store_unavailable",
+        "not final without the replica: {d}"
+    );
+    assert_eq!(d["allowed"], false, "{d}");
+    let d = server.check("burst", who.clone()).await;
+    assert_eq!(d["reason"], "ok", "an async policy goes on: {d}");
+    replica.resume();
+
+    let d = server.check("quota", who).await;
+    assert_eq!(d["reason"], "ok", "{d}");
+}
