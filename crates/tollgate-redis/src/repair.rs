@@ -79,6 +79,8 @@ enum Remembered {
     /// A sliding log: the members this instance added.
     Log {
         members: VecDeque<Member>,
+        /// Their units (costs), summed.
+        units: u64,
         /// When the log's longest window has passed the newest member (server µs).
         deadline_us: i64,
     },
@@ -287,21 +289,21 @@ impl Journal {
                     match keys.get_mut(&key) {
                         Some(Remembered::Log {
                             members,
+                            units,
                             deadline_us: d,
-                            ..
                         }) => {
                             let edge = record.now.saturating_sub(longest_i);
-                            while members
-                                .front()
-                                .is_some_and(|m| m.score <= edge || now - m.at > self.horizon)
+                            while let Some(first) = members.front()
+                                && (first.score <= edge
+                                    || now - first.at > self.horizon
+                                    || members.len() >= MAX_MEMBERS)
                             {
+                                *units -= first.cost;
                                 members.pop_front();
                             }
-                            let live: u64 = members.iter().map(|m| m.cost).sum();
-                            behind |= before < live;
-                            if members.len() >= MAX_MEMBERS {
-                                members.pop_front();
-                            }
+                            // This instance's live members alone are at least that many.
+                            behind |= before < *units;
+                            *units += member.cost;
                             members.push_back(member);
                             *d = deadline_us;
                         }
@@ -310,6 +312,7 @@ impl Journal {
                             keys.insert(
                                 key,
                                 Remembered::Log {
+                                    units: member.cost,
                                     members: VecDeque::from([member]),
                                     deadline_us,
                                 },
@@ -388,8 +391,11 @@ impl Journal {
     /// Drops what has passed the horizon.
     fn sweep(&self, keys: &mut HashMap<String, Remembered>, now: Instant) {
         keys.retain(|_, remembered| match remembered {
-            Remembered::Log { members, .. } => {
-                while members.front().is_some_and(|m| now - m.at > self.horizon) {
+            Remembered::Log { members, units, .. } => {
+                while let Some(first) = members.front()
+                    && now - first.at > self.horizon
+                {
+                    *units -= first.cost;
                     members.pop_front();
                 }
                 !members.is_empty()
@@ -468,6 +474,7 @@ fn redo<'a>(backend: &'a Backend, key: &str, remembered: &Remembered) -> crate::
         Remembered::Log {
             members,
             deadline_us,
+            ..
         } => {
             call.arg(1).arg(deadline_us).arg(members.len());
             for m in members {
