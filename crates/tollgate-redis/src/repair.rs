@@ -560,3 +560,118 @@ async fn replication_id(backend: &Backend, lane: Lane) -> Result<Option<String>,
         .find_map(|l| l.trim().strip_prefix("master_replid:"))
         .map(str::to_owned))
 }
+
+#[cfg(test)]
+mod tests {
+    use tollgate::{LimiterRequest, Rule};
+
+    use super::*;
+
+    fn outcome(remaining: u64) -> RuleOutcome {
+        RuleOutcome {
+            allowed: true,
+            remaining,
+            reset_after_us: 0,
+            retry_after_us: None,
+        }
+    }
+
+    /// One admission of cost 1 into `rule` of limiter `key`: the record `(a, b)` and the
+    /// remaining count the script answered.
+    fn learn(journal: &Journal, rule: Rule, now: i64, write: (i64, i64), remaining: u64) -> bool {
+        let rules = [rule];
+        let limiters = [LimiterRequest {
+            key: "tg:{k}",
+            compact: &[],
+            rules: &rules,
+            ban: None,
+            shadow: false,
+        }];
+        let plan = CheckRequest::new(1, true, &limiters);
+        let record = Record {
+            now,
+            writes: vec![write],
+        };
+        journal.learn(&plan, &[outcome(remaining)], &record, rand::random())
+    }
+
+    const NOW: i64 = 1_800_000_000_000_000;
+
+    #[test]
+    fn a_log_behind_this_stores_own_members_is_found() {
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        let rule: Rule = "100/1h".parse().unwrap();
+        for i in 0..5 {
+            // Others' admissions too: the count before grows faster than this store's own.
+            assert!(!learn(
+                &journal,
+                rule,
+                NOW + i,
+                (0, 0),
+                100 - 2 * u64::try_from(i).unwrap() - 1
+            ));
+        }
+        assert!(!journal.is_suspect());
+        // The log now holds 2 before this check: fewer than this store's own 5.
+        assert!(learn(&journal, rule, NOW + 10, (0, 0), 100 - 2 - 1));
+        assert!(journal.is_suspect(), "every remembered key is pending");
+    }
+
+    #[test]
+    fn a_counter_behind_this_stores_own_writes_is_found() {
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        let fixed = "100/1h"
+            .parse::<Rule>()
+            .unwrap()
+            .with_algorithm(Algorithm::FixedWindow);
+        let start = NOW - 10;
+        // Counts written 1, 2, 3 in one window; then a write of 1 in the same window.
+        for count in 1..=3 {
+            assert!(!learn(&journal, fixed, NOW, (start, count), 0));
+        }
+        assert!(
+            learn(&journal, fixed, NOW, (start, 1), 0),
+            "the window lost 3"
+        );
+        // A new window starts over.
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        assert!(!learn(&journal, fixed, NOW, (start, 3), 0));
+        assert!(!learn(&journal, fixed, NOW, (start + 3_600_000_000, 1), 0));
+        // GCRA: the tat before this check is earlier than the one this store wrote.
+        let gcra = "100/1h"
+            .parse::<Rule>()
+            .unwrap()
+            .with_algorithm(Algorithm::Gcra);
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        assert!(!learn(&journal, gcra, NOW, (NOW, NOW + 36_000_000), 0));
+        assert!(!learn(
+            &journal,
+            gcra,
+            NOW,
+            (NOW + 36_000_000, NOW + 72_000_000),
+            0
+        ));
+        assert!(learn(&journal, gcra, NOW, (NOW, NOW + 36_000_000), 0));
+    }
+
+    #[test]
+    fn a_log_remembers_at_most_max_members() {
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        let rule: Rule = "100000/1h".parse().unwrap();
+        for i in 0..MAX_MEMBERS + 5 {
+            let before = u64::try_from(i).unwrap();
+            learn(
+                &journal,
+                rule,
+                NOW + i64::try_from(i).unwrap(),
+                (0, 0),
+                100_000 - before - 1,
+            );
+        }
+        let keys = journal.keys();
+        let Some(Remembered::Log { members, units, .. }) = keys.values().next() else {
+            panic!("a log");
+        };
+        assert_eq!((members.len(), *units), (MAX_MEMBERS, MAX_MEMBERS as u64));
+    }
+}
