@@ -288,24 +288,43 @@ impl RedisCluster {
         port
     }
 
-    /// The ports of the running replicas of the primary on `primary`, as the first live node
-    /// sees them.
+    /// The ports of the replicas in sync with the primary on `primary`, as it says
+    /// (`INFO replication`, `state=online`).
     pub fn replicas_of(&self, primary: u16) -> Vec<u16> {
-        let live = self.live_ports();
-        live.iter()
-            .find_map(|&port| cluster_nodes(port, &self.auth).ok())
-            .map(|nodes| {
-                let Some(id) = nodes.iter().find(|n| n.port == primary).map(|n| &n.id) else {
-                    return Vec::new();
-                };
-                nodes
-                    .iter()
-                    .filter(|n| n.master.as_ref() == Some(id))
-                    .map(|n| n.port)
-                    .filter(|p| live.contains(p))
-                    .collect()
+        let Ok(Reply::Bulk(Some(text))) = command(primary, &self.auth, &["INFO", "replication"])
+        else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .filter_map(|l| {
+                l.split(',')
+                    .find_map(|f| f.strip_prefix("port="))?
+                    .trim()
+                    .parse()
+                    .ok()
             })
-            .unwrap_or_default()
+            .collect()
+    }
+
+    /// A replica in sync with the primary on `primary`, waiting for one (a replica syncs
+    /// after the cluster forms).
+    ///
+    /// # Panics
+    ///
+    /// If none is in sync within `timeout`.
+    pub fn wait_for_replica_of(&self, primary: u16, timeout: Duration) -> u16 {
+        let start = Instant::now();
+        loop {
+            if let Some(&port) = self.replicas_of(primary).first() {
+                return port;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "tollgate-testkit: no replica of {primary} in sync within {timeout:?}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Stops the node on `port` without killing it (see [`RedisServer::pause`]).
@@ -450,11 +469,8 @@ impl RedisCluster {
 /// One line of `CLUSTER NODES`.
 #[derive(Debug)]
 struct Node {
-    id: String,
     port: u16,
     flags: Vec<String>,
-    /// The id of the primary this node replicates (`None` for a primary).
-    master: Option<String>,
     slots: Vec<(u16, u16)>,
 }
 
@@ -493,17 +509,7 @@ fn parse_node(line: &str) -> Option<Node> {
             None => s.parse().ok().map(|a| (a, a)),
         })
         .collect();
-    let master = fields
-        .get(3)
-        .filter(|m| **m != "-")
-        .map(|m| (*m).to_owned());
-    Some(Node {
-        id: (*fields.first()?).to_owned(),
-        port,
-        flags,
-        master,
-        slots,
-    })
+    Some(Node { port, flags, slots })
 }
 
 /// One field of an `INFO`-style reply (`name:value` lines).

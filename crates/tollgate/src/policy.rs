@@ -110,7 +110,8 @@ impl fmt::Display for Durability {
         match self {
             Durability::Async => f.write_str("async"),
             Durability::Replicated { replicas, timeout } => {
-                write!(f, "replicated ({replicas} replicas within {timeout:?})")
+                let s = if *replicas == 1 { "" } else { "s" };
+                write!(f, "replicated ({replicas} replica{s} within {timeout:?})")
             }
         }
     }

@@ -123,6 +123,10 @@ struct Inner {
     /// Keys the memory store evicted, brought up to date at every scrape.
     evictions: Counter,
     memory: OnceLock<MemoryStore>,
+    /// The Redis store's repairs after a failover, brought up to date at every scrape.
+    repairs: Counter,
+    repaired_keys: Counter,
+    redis: OnceLock<tollgate_redis::RedisStore>,
     /// The reference service's statistics of YAML domains' descriptors.
     descriptors: crate::envoy::stats::DescriptorStats,
     /// The traffic record's lines by result.
@@ -187,6 +191,18 @@ impl Metrics {
             "Keys the memory store evicted to make room for new ones (an evicted key forgets its count)",
             evictions.clone(),
         );
+        let repairs = Counter::default();
+        registry.register(
+            "redis_repairs",
+            "Repairs after a failover this instance ran ([store] repair): each writes back what its recent admissions wrote where Redis lost it",
+            repairs.clone(),
+        );
+        let repaired_keys = Counter::default();
+        registry.register(
+            "redis_repaired_keys",
+            "State keys a repair after a failover found behind and wrote again",
+            repaired_keys.clone(),
+        );
         let descriptors = crate::envoy::stats::DescriptorStats::default();
         registry.register(
             "envoy_descriptor_hits",
@@ -247,6 +263,9 @@ impl Metrics {
             reloads,
             evictions,
             memory: OnceLock::new(),
+            repairs,
+            repaired_keys,
+            redis: OnceLock::new(),
             descriptors,
             record,
             shadow_denials,
@@ -415,10 +434,21 @@ impl Metrics {
         let _ = self.0.memory.set(store);
     }
 
+    /// Reports the repairs of `store` (the server's Redis store) from now on.
+    pub(crate) fn watch_redis_store(&self, store: tollgate_redis::RedisStore) {
+        let _ = self.0.redis.set(store);
+    }
+
     pub(crate) fn render(&self) -> String {
         if let Some(memory) = self.0.memory.get() {
             let (now, seen) = (memory.evictions(), self.0.evictions.get());
             self.0.evictions.inc_by(now.saturating_sub(seen));
+        }
+        if let Some(redis) = self.0.redis.get() {
+            let now = redis.repairs();
+            let (runs, keys) = (&self.0.repairs, &self.0.repaired_keys);
+            runs.inc_by(now.runs.saturating_sub(runs.get()));
+            keys.inc_by(now.keys_rewritten.saturating_sub(keys.get()));
         }
         let mut out = String::new();
         // Writing to a String cannot fail.

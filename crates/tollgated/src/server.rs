@@ -152,6 +152,9 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             .as_deref()
             .map_or("the environment".into(), |p| p.display().to_string())
     );
+    if let store::Opened::Redis(redis) = &opened {
+        metrics.watch_redis_store(redis.clone());
+    }
     let recorder =
         crate::record::start(config.record.as_ref(), &metrics, |v| std::env::var(v).ok())?;
     let app = Arc::new(

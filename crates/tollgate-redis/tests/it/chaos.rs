@@ -76,7 +76,7 @@ impl Fleet {
         let mut gates = Vec::new();
         for _ in 0..INSTANCES {
             let mut builder = RedisStore::builder(url)
-                .timeout(Duration::from_secs(1))
+                .timeout(Duration::from_secs(2))
                 .local_cache(false);
             if mode.repair {
                 builder = builder.repair(Duration::from_secs(10));
@@ -186,7 +186,7 @@ impl Deployment for RedisCluster {
     }
     fn pair(&mut self, key: &str) -> (u16, u16) {
         let primary = self.primary_for_slot(self.slot_of(key)).unwrap();
-        (primary, self.replicas_of(primary)[0])
+        (primary, self.wait_for_replica_of(primary, DEADLINE))
     }
     fn pause(&mut self, port: u16) {
         self.pause_node(port);
@@ -362,7 +362,7 @@ async fn chaos<D: Deployment>(deployment: D, name: &str) {
         over_repaired * 10 <= over_async,
         "{name}: async with repair over-admitted {over_repaired}, async alone {over_async}"
     );
-    let replicated = plain(Durability::replicated(1, Duration::from_millis(100)));
+    let replicated = plain(Durability::replicated(1, Duration::from_secs(1)));
     let (_deployment, over_replicated) =
         run(deployment, &format!("{name}_replicated"), replicated).await;
     assert_eq!(

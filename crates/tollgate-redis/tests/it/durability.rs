@@ -95,10 +95,11 @@ async fn a_stalled_replica_makes_a_replicated_check_a_store_failure_that_on_erro
     let primary = RedisServer::start();
     let mut replica = RedisServer::replica_of(&primary);
     let gate = gate(&primary, Duration::from_secs(5)).await;
+    // Long enough for a replica on a loaded machine; each refused check waits for it.
     let quota = policy(
         "stalled",
         100,
-        Durability::replicated(1, Duration::from_millis(200)),
+        Durability::replicated(1, Duration::from_secs(1)),
     );
     assert!(gate.check(&quota, &who(), 1).await.unwrap().allowed());
 
@@ -111,7 +112,7 @@ async fn a_stalled_replica_makes_a_replicated_check_a_store_failure_that_on_erro
     assert_eq!(d.reason(), Reason::StoreUnavailable);
     let allow = Policy::builder("stalled")
         .limiter(quota.limiters()[0].clone())
-        .durability(Durability::replicated(1, Duration::from_millis(200)))
+        .durability(Durability::replicated(1, Duration::from_secs(1)))
         .on_error(OnError::Allow)
         .build()
         .unwrap();
@@ -161,13 +162,13 @@ async fn without_a_replica_replicated_checks_fail_and_async_ones_go_on() {
 async fn async_checks_are_not_held_up_by_a_replicated_check_waiting_on_a_stalled_replica() {
     let primary = RedisServer::start();
     let mut replica = RedisServer::replica_of(&primary);
-    // The store's bound (500 ms) is far below the replicated check's wait (10 s): an async
+    // The store's bound (2 s) is far below the replicated check's wait (60 s): an async
     // check queued behind that WAIT would time out.
-    let gate = std::sync::Arc::new(gate(&primary, Duration::from_millis(500)).await);
+    let gate = std::sync::Arc::new(gate(&primary, Duration::from_secs(2)).await);
     let slow = policy(
         "slow",
         100,
-        Durability::replicated(1, Duration::from_secs(10)),
+        Durability::replicated(1, Duration::from_secs(60)),
     );
     replica.pause();
     let waiting = {
@@ -210,7 +211,7 @@ async fn a_replicated_check_across_cluster_slots_waits_for_each_slots_replicas()
     let quota = Policy::builder("across")
         .limiter(Limiter::new(Dimension::Ip, rule()))
         .limiter(Limiter::new(Dimension::UserId, rule()))
-        .durability(Durability::replicated(1, Duration::from_millis(300)))
+        .durability(Durability::replicated(1, Duration::from_secs(1)))
         .on_error(OnError::Deny)
         .build()
         .unwrap();
@@ -232,7 +233,7 @@ async fn a_replicated_check_across_cluster_slots_waits_for_each_slots_replicas()
     let primary = cluster
         .primary_for_slot(cluster.slot_of(&user_key))
         .unwrap();
-    let replica = cluster.replicas_of(primary)[0];
+    let replica = cluster.wait_for_replica_of(primary, Duration::from_secs(30));
     cluster.pause_node(replica);
     let d = gate.check(&quota, &who, 1).await.unwrap();
     cluster.resume_node(replica);

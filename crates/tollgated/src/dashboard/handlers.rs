@@ -147,6 +147,11 @@ pub(super) async fn stats(
             "store_unavailable_decisions": unavailable,
             "memory_evictions_total": history.evictions,
             "local_cache_answers_total": app.observed.local_answers(),
+            "repair": config.store.repair.map(|h| json!({
+                "horizon_ms": h.as_millis(),
+                "runs_total": app.observed.repairs().map(|r| r.runs),
+                "keys_rewritten_total": app.observed.repairs().map(|r| r.keys_rewritten),
+            })),
             "persistence": app.persistence_report(),
         });
         (decisions, store)
@@ -159,6 +164,7 @@ pub(super) async fn stats(
             json!({
                 "name": name,
                 "on_error": on_error_name(policy.on_error().unwrap_or(config.store.on_error)),
+                "durability": policy.durability().to_string(),
                 "limiters": policy.limiters().iter().map(|l| json!({
                     "name": l.name(),
                     "by": l.dimension().to_string(),

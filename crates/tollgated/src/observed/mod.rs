@@ -127,6 +127,11 @@ impl Observed {
         self.redis.get().map(RedisStore::local_denials)
     }
 
+    /// The Redis store's repairs after a failover; `None` on the memory store.
+    pub(crate) fn repairs(&self) -> Option<tollgate_redis::Repairs> {
+        self.redis.get().map(RedisStore::repairs)
+    }
+
     /// Counts a decision of `policy` (named `name`) for `identity` in the top list if it
     /// was rate limited; costs a comparison otherwise.
     #[inline]
