@@ -219,6 +219,24 @@ mod tests {
     use super::*;
     use crate::RedisStore;
 
+    /// A store on `server` with no local cache, and a plain connection to inspect it.
+    async fn store_and_conn(
+        server: &RedisServer,
+    ) -> (RedisStore, redis::aio::MultiplexedConnection) {
+        let store = RedisStore::builder(&server.url())
+            .timeout(Duration::from_secs(10))
+            .local_cache(false)
+            .build()
+            .await
+            .unwrap();
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        (store, conn)
+    }
+
     async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         calls(conn, "evalsha").await
     }
@@ -240,17 +258,7 @@ mod tests {
     async fn replicated_checks_queued_together_share_one_call_and_one_wait() {
         let server = RedisServer::start();
         let _replica = RedisServer::replica_of(&server);
-        let store = RedisStore::builder(&server.url())
-            .timeout(Duration::from_secs(10))
-            .local_cache(false)
-            .build()
-            .await
-            .unwrap();
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let (store, mut conn) = store_and_conn(&server).await;
         let durability = Durability::replicated(1, Duration::from_secs(5));
         let inner = store.inner().clone();
         let queue = (None, durability);
@@ -305,17 +313,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn checks_of_one_key_in_one_batch_admit_exactly_the_limit() {
         let server = RedisServer::start();
-        let store = RedisStore::builder(&server.url())
-            .timeout(Duration::from_secs(10))
-            .local_cache(false)
-            .build()
-            .await
-            .unwrap();
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let (store, mut conn) = store_and_conn(&server).await;
         let inner = store.inner().clone();
         // The lane is busy (as if a call were in flight): every check queues behind it.
         inner
