@@ -18,9 +18,9 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
 ];
 
-async fn gate(server: &RedisServer, repair: bool) -> Tollgate<RedisStore> {
+async fn gate(url: &str, repair: bool) -> Tollgate<RedisStore> {
     // A short timeout: a repaired key settles for it plus half a second.
-    let mut builder = RedisStore::builder(&server.url())
+    let mut builder = RedisStore::builder(url)
         .timeout(Duration::from_millis(300))
         .local_cache(false);
     if repair {
@@ -85,7 +85,7 @@ async fn a_key_that_lost_this_stores_writes_is_written_again_on_every_algorithm(
     let server = RedisServer::start();
     for repair in [true, false] {
         for algorithm in ALGORITHMS {
-            let gate = gate(&server, repair).await;
+            let gate = gate(&server.url(), repair).await;
             let policy = policy(&format!("lost_{repair}_{algorithm}"), algorithm);
             assert_eq!(admitted(&gate, &policy, 5).await, 5);
             // The primary died before its replica had any of them.
@@ -125,7 +125,7 @@ async fn a_key_that_lost_this_stores_writes_is_written_again_on_every_algorithm(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_is_repaired_before_the_next_check() {
     let mut server = RedisServer::start();
-    let gate = gate(&server, true).await;
+    let gate = gate(&server.url(), true).await;
     let policy = policy("restart", Algorithm::SlidingLog);
     assert_eq!(admitted(&gate, &policy, 5).await, 5);
     server.kill();
@@ -149,14 +149,7 @@ async fn a_restarted_server_is_repaired_before_the_next_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repair_changes_nothing_where_nothing_was_lost_and_keeps_refunds() {
     let mut server = RedisServer::start();
-    let store = RedisStore::builder(&server.url())
-        .timeout(Duration::from_millis(300))
-        .local_cache(false)
-        .repair(Duration::from_secs(30))
-        .build()
-        .await
-        .unwrap();
-    let gate = Tollgate::new(store);
+    let gate = gate(&server.url(), true).await;
     let log = policy("intact_log", Algorithm::SlidingLog);
     let window = policy("intact_window", Algorithm::FixedWindow);
     assert_eq!(admitted(&gate, &log, 3).await, 3);
@@ -190,14 +183,7 @@ async fn a_repair_changes_nothing_where_nothing_was_lost_and_keeps_refunds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_across_cluster_slots_is_repaired_in_every_slot() {
     let cluster = tollgate_testkit::RedisCluster::start();
-    let store = RedisStore::builder(&cluster.url())
-        .timeout(Duration::from_millis(300))
-        .local_cache(false)
-        .repair(Duration::from_secs(30))
-        .build()
-        .await
-        .unwrap();
-    let gate = Tollgate::new(store);
+    let gate = gate(&cluster.url(), true).await;
     let rule = || {
         ["7/1h"
             .parse::<tollgate::Rule>()
