@@ -154,6 +154,11 @@ trait Deployment: Send + 'static {
     fn wait_for_failover(&self);
     /// Starts the killed node again: it comes back as a replica, empty.
     fn restart(&mut self, port: u16);
+    /// Whether a restarted node must be told whom to replicate (the sentinels do it too,
+    /// but only after watching it for a while: seconds to tens of seconds on a busy machine).
+    fn told_to_replicate(&self) -> bool {
+        false
+    }
 }
 
 impl Deployment for RedisSentinelSet {
@@ -177,6 +182,9 @@ impl Deployment for RedisSentinelSet {
     }
     fn restart(&mut self, port: u16) {
         self.restart_server(port);
+    }
+    fn told_to_replicate(&self) -> bool {
+        true
     }
 }
 
@@ -313,6 +321,14 @@ async fn run<D: Deployment>(deployment: D, scope: &str, mode: Mode) -> (D, u64) 
         during.add(fleet.round(30).await);
     }
     deployment.restart(primary);
+    if deployment.told_to_replicate() {
+        let () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(replica)
+            .query_async(&mut node(primary).await)
+            .await
+            .unwrap();
+    }
     synced(primary).await;
 
     let after = fleet.until_the_limit_holds().await;
