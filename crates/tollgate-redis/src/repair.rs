@@ -16,15 +16,15 @@
 //! Cluster); and when a check finds a key behind this
 //! instance's own writes (a log with fewer live entries than this instance recorded in it, a
 //! window counting less than this instance added to it, a tat earlier than the one it
-//! wrote; that check already ran against the key as it was). The repair runs before the
-//! store's next check, and checks that find it running wait for it.
+//! wrote; that check already ran against the key as it was). The repair runs in the
+//! background; until a key is repaired, and while it settles, its checks fail at once.
 //!
 //! [`RedisStoreBuilder::repair`]: crate::RedisStoreBuilder::repair
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     sync::{
-        Mutex, MutexGuard, Weak,
+        Arc, Mutex, MutexGuard, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -66,8 +66,8 @@ pub(crate) struct Journal {
     settling: Mutex<HashMap<String, Instant>>,
     unsettled: AtomicBool,
     settle: Duration,
-    /// One repair at a time; checks that find one due wait for it.
-    repairing: tokio::sync::Mutex<()>,
+    /// A repair is running (in the background: one at a time, and no check waits for it).
+    running: AtomicBool,
     runs: AtomicU64,
     rewritten: AtomicU64,
     /// The replication id of each watched lane's primary, as the watch last read it.
@@ -130,7 +130,7 @@ impl Journal {
             learnt: AtomicU64::new(0),
             suspect: AtomicBool::new(false),
             pending: Mutex::default(),
-            repairing: tokio::sync::Mutex::new(()),
+            running: AtomicBool::new(false),
             runs: AtomicU64::new(0),
             rewritten: AtomicU64::new(0),
             primaries: Mutex::default(),
@@ -404,18 +404,38 @@ impl Journal {
         });
     }
 
-    /// Runs the repair if one is due (one at a time: a check that finds one running waits
-    /// for it). A failed repair stays due.
-    pub(crate) async fn repair_if_due(&self, backend: &Backend) -> Result<(), StoreError> {
-        if !self.is_suspect() {
-            return Ok(());
+    /// Starts the repair of `inner`'s store in the background if one is due and none runs.
+    /// No check waits for it: until a key is repaired its checks fail at once (see
+    /// [`ready`](Self::ready)), so a check stays within the store's timeout even while Redis
+    /// is away and every attempt fails. A failed repair stays due; the next check starts it
+    /// again.
+    pub(crate) fn kick(inner: &Arc<Inner>) {
+        let Some(journal) = &inner.journal else {
+            return;
+        };
+        if !journal.is_suspect() || journal.running.swap(true, Ordering::AcqRel) {
+            return;
         }
-        let _one = self.repairing.lock().await;
-        if !self.is_suspect() {
-            return Ok(()); // repaired while this check waited
+        /// Lets the next repair start however this one ends.
+        struct Done(Arc<Inner>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                if let Some(journal) = &self.0.journal {
+                    journal.running.store(false, Ordering::Release);
+                }
+            }
         }
-        // Due until done: the checks that arrive meanwhile wait for the lock.
-        self.repair(backend).await
+        let done = Done(inner.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Some(journal) = &done.0.journal {
+                        let _ = journal.repair(&done.0.backend).await;
+                    }
+                });
+            }
+            Err(_) => drop(done),
+        }
     }
 
     /// Writes every pending key's remembered admissions again (`scripts/redo.lua`, one call

@@ -17,6 +17,7 @@ use crate::{
     cache::LocalCache,
     cluster::{self, Layout},
     conn::Conn,
+    repair::Journal,
     script::{self, Report, SlotReply, micros},
     shared::Inner,
 };
@@ -195,9 +196,9 @@ impl Store for RedisStore {
         }
         let journal = self.inner.journal.as_ref();
         if let Some(journal) = journal {
-            // Redis lost writes: they are written again before this check reads its keys. A
-            // key whose repair fails stays due, and its checks fail (`on_error` decides).
-            let _ = journal.repair_if_due(self.backend()).await;
+            // Redis lost writes: they are written again (in the background) before this
+            // store checks those keys again; until then their checks fail (`on_error`).
+            Journal::kick(&self.inner);
             journal.ready(plan, &self.backend().target)?;
         }
         let checked = match &self.backend().conn {
@@ -217,9 +218,7 @@ impl Store for RedisStore {
                 // successor may lack what this store wrote.
                 Err(_) => journal.suspect(),
                 // This check found a key behind this store's writes: repaired at once.
-                _ => {
-                    let _ = journal.repair_if_due(self.backend()).await;
-                }
+                _ => Journal::kick(&self.inner),
             }
         }
         let verdict = checked?;

@@ -237,3 +237,41 @@ async fn a_check_across_cluster_slots_is_repaired_in_every_slot() {
     );
     assert_eq!(gate.store().repairs().keys_rewritten, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_away_no_check_waits_for_a_repair() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .timeout(Duration::from_millis(200))
+        .local_cache(false)
+        .repair(Duration::from_secs(30))
+        .build()
+        .await
+        .unwrap();
+    let gate = std::sync::Arc::new(Tollgate::new(store));
+    let log = policy("away", Algorithm::SlidingLog);
+    assert_eq!(admitted(&gate, &log, 3).await, 3);
+    server.pause();
+    // Each check fails within the store's timeout (a hang detector: 3 s), even though every
+    // one of them finds a repair due that cannot be made: none queues behind another's.
+    let checks: Vec<_> = (0..20)
+        .map(|_| {
+            let (gate, log) = (gate.clone(), log.clone());
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let d = gate.check(&log, &who(), 1).await.unwrap();
+                (d.reason(), started.elapsed())
+            })
+        })
+        .collect();
+    for check in checks {
+        let (reason, took) = check.await.unwrap();
+        assert_eq!(reason, Reason::StoreUnavailable);
+        assert!(took < Duration::from_secs(3), "a check hung for {took:?}");
+    }
+    server.resume();
+    // Answered by Redis again once repaired (how many fit depends on how many of the
+    // timed-out checks Redis ran when it resumed: a timed-out check may have been recorded).
+    admitted(&gate, &log, 3).await;
+    assert!(gate.store().repairs().runs >= 1);
+}
