@@ -93,17 +93,18 @@ impl RedisStoreBuilder {
 
     /// Repairs after a failover (off by default): the store remembers what its own
     /// admissions of the last `horizon` wrote and, when it finds Redis has lost some of it (a
-    /// call failed, or a key is behind this store's own last write: a promoted replica that
-    /// never received them), writes them again, idempotently, before its next check. Give a
-    /// horizon longer than the replication lag a failover can lose (a few seconds).
+    /// call failed; a watch, every 250 ms, sees a new primary; or a key is behind this
+    /// store's own last write), writes them again, idempotently, in the background. Until a
+    /// key is written back, and for the store's timeout plus half a second after (the other
+    /// instances' time to write back theirs), its checks fail and `on_error` answers them.
+    /// Give a horizon longer than the replication lag a failover can lose (a few seconds).
     ///
     /// Sliding logs are repaired exactly (their members are named by each check); a counter
-    /// (fixed or sliding window, GCRA) is raised back to the highest value this store wrote,
-    /// so admissions other instances made on the new primary before the last instance's
-    /// repair can count once too few. What instances that died with the primary admitted is
-    /// not repaired. Costs a little memory per recent admission (bounded) and, per check,
-    /// the record of what it wrote; nothing on Redis until a repair runs. See
-    /// [`RedisStore::repairs`].
+    /// (fixed or sliding window, GCRA) is raised back to the highest value this store wrote.
+    /// What instances that died with the primary admitted is not repaired. Costs a little
+    /// memory per recent admission (bounded) and, per check, the record of what it wrote;
+    /// nothing on Redis until a repair runs but the watch's `INFO replication`. See
+    /// [`RedisStore::repairs`] and `docs/deployment.md`.
     pub fn repair(mut self, horizon: Duration) -> RedisStoreBuilder {
         self.repair = Some(horizon).filter(|h| !h.is_zero());
         self
