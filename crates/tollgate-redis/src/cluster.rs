@@ -250,7 +250,9 @@ pub(crate) async fn check(
                     ..
                 }) = &answer.reply
                 {
-                    journal.learn(&answer.call.request(plan), &verdict.rules, record, nonce);
+                    let request = answer.call.request(plan);
+                    let lane = request.limiters.first().map(|l| Slot::for_key(l.key));
+                    journal.learn(lane, &request, &verdict.rules, record, nonce);
                 }
             }
         }

@@ -144,7 +144,8 @@ impl Journal {
         if let Some(before) = known.insert(lane, id.clone())
             && before != id
         {
-            self.suspect();
+            drop(known);
+            self.suspect(&[lane]);
         }
     }
 
@@ -174,13 +175,34 @@ impl Journal {
         }
     }
 
-    /// Redis may have lost writes (a call failed, a new primary): every remembered key is
-    /// to be written again before it is checked.
-    pub(crate) fn suspect(&self) {
-        let all: Vec<String> = self.keys().keys().cloned().collect();
+    /// Redis may have lost writes in `lanes` (a call there failed, a new primary there):
+    /// every remembered key of those lanes (`None`: the one server, every key) is to be
+    /// written again before it is checked. Keys of other slots go on being checked.
+    pub(crate) fn suspect(&self, lanes: &[Lane]) {
+        let keys = self.keys();
         let mut pending = self.pending();
-        pending.extend(all);
+        // Every remembered key pending already (a whole server away): nothing to add, and
+        // no walk of the keys per failed check.
+        if pending.len() < keys.len() {
+            let every = lanes.contains(&None);
+            let lost = keys
+                .keys()
+                .filter(|k| every || lanes.contains(&Some(Slot::for_key(k.as_str()))));
+            pending.extend(lost.cloned());
+        }
         self.suspect.store(!pending.is_empty(), Ordering::Relaxed);
+    }
+
+    /// The lanes `plan`'s keys live in: on a Cluster, each limiter's slot; else the server.
+    pub(crate) fn lanes_of(plan: &CheckRequest<'_>, cluster: bool) -> Vec<Lane> {
+        if cluster {
+            plan.limiters
+                .iter()
+                .map(|l| Some(Slot::for_key(l.key)))
+                .collect()
+        } else {
+            vec![None]
+        }
     }
 
     fn pending(&self) -> MutexGuard<'_, HashSet<String>> {
@@ -225,18 +247,22 @@ impl Journal {
     /// there is no loss, and must not be raised again).
     pub(crate) fn forget(&self, plan: &CheckRequest<'_>) {
         let mut keys = self.keys();
+        let mut pending = self.pending();
         for limiter in plan.limiters {
             for key in limiter.state_keys() {
                 keys.remove(&key);
+                pending.remove(&key);
             }
         }
     }
 
     /// Remembers what an admission wrote: `record`, the call's, over `plan`'s rules (whose
-    /// outcomes are `outcomes`), with the check's `nonce` and cost. Whether a key was found
-    /// behind this instance's own writes (then a repair is due).
+    /// outcomes are `outcomes`), with the check's `nonce` and cost; the call went to `lane`.
+    /// Whether a key was found behind this instance's own writes (then a repair of that
+    /// lane is due).
     pub(crate) fn learn(
         &self,
+        lane: Lane,
         plan: &CheckRequest<'_>,
         outcomes: &[RuleOutcome],
         record: &Record,
@@ -383,7 +409,7 @@ impl Journal {
         }
         drop(keys);
         if behind {
-            self.suspect();
+            self.suspect(&[lane]);
         }
         behind
     }
@@ -402,6 +428,8 @@ impl Journal {
             }
             Remembered::Counter { at, .. } => now - *at <= self.horizon,
         });
+        // Pending keys are remembered keys (`suspect` counts on it).
+        self.pending().retain(|key| keys.contains_key(key));
     }
 
     /// Starts the repair of `inner`'s store in the background if one is due and none runs.
@@ -612,7 +640,7 @@ mod tests {
             now,
             writes: vec![write],
         };
-        journal.learn(&plan, &[outcome(remaining)], &record, rand::random())
+        journal.learn(None, &plan, &[outcome(remaining)], &record, rand::random())
     }
 
     const NOW: i64 = 1_800_000_000_000_000;
@@ -672,6 +700,45 @@ mod tests {
             0
         ));
         assert!(learn(&journal, gcra, NOW, (NOW, NOW + 36_000_000), 0));
+    }
+
+    #[test]
+    fn a_failure_in_one_slot_holds_back_that_slots_keys_only() {
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        let rules: [Rule; 1] = ["100/1h".parse().unwrap()];
+        let limiter = |key| LimiterRequest {
+            key,
+            compact: &[],
+            rules: &rules,
+            ban: None,
+            shadow: false,
+        };
+        let (a, b) = ([limiter("tg:{a}")], [limiter("tg:{b}")]);
+        let (plan_a, plan_b) = (
+            CheckRequest::new(1, true, &a),
+            CheckRequest::new(1, true, &b),
+        );
+        let (slot_a, slot_b) = (Slot::for_key("tg:{a}"), Slot::for_key("tg:{b}"));
+        assert_ne!(slot_a, slot_b);
+        let record = Record {
+            now: NOW,
+            writes: vec![(0, 0)],
+        };
+        for (lane, plan) in [(slot_a, &plan_a), (slot_b, &plan_b)] {
+            assert!(!journal.learn(Some(lane), plan, &[outcome(99)], &record, rand::random()));
+        }
+        journal.suspect(&Journal::lanes_of(&plan_a, true));
+        assert!(
+            journal.ready(&plan_a, "t").is_err(),
+            "slot a waits for its repair"
+        );
+        assert!(journal.ready(&plan_b, "t").is_ok(), "slot b goes on");
+        // On one server, a failure holds back every key.
+        journal.suspect(&Journal::lanes_of(&plan_b, false));
+        assert!(journal.ready(&plan_b, "t").is_err());
+        // A forgotten key (reset, refund) waits for nothing.
+        journal.forget(&plan_b);
+        assert!(journal.ready(&plan_b, "t").is_ok());
     }
 
     #[test]

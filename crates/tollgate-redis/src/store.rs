@@ -152,7 +152,8 @@ impl RedisStore {
         };
         let id = u64::from_be_bytes(nonce);
         match journal {
-            // Blocked by a ban: the plain reply, nothing evaluated.
+            // Not blocked by a ban (a blocked check's reply is the plain one): the reply ends
+            // with what the check wrote, for the journal.
             Some(journal) if reply.get(1) == Some(&-1) => {
                 let SlotReply {
                     mut verdict,
@@ -160,7 +161,7 @@ impl RedisStore {
                     ..
                 } = script::slot_reply(plan, &reply, Report::Record)?;
                 if let Some(record) = record {
-                    journal.learn(plan, &verdict.rules, &record, nonce);
+                    journal.learn(lane, plan, &verdict.rules, &record, nonce);
                     let at = u64::try_from(record.now)
                         .map_err(|_| script::protocol("check", "a negative record time"))?;
                     verdict.receipt = Some(script::receipt(plan, &verdict.rules, at, id));
@@ -216,7 +217,7 @@ impl Store for RedisStore {
                 Err(e) if e.kind() == StoreErrorKind::NotReplicated => {}
                 // The primary may be gone (refused, timed out, CLUSTERDOWN, READONLY...): its
                 // successor may lack what this store wrote.
-                Err(_) => journal.suspect(),
+                Err(_) => journal.suspect(&Journal::lanes_of(plan, self.backend().is_cluster())),
                 // This check found a key behind this store's writes: repaired at once.
                 _ => Journal::kick(&self.inner),
             }
