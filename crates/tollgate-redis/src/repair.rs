@@ -30,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures_util::future::join_all;
+use futures_util::{StreamExt as _, future::join_all, stream};
 use tollgate::{Algorithm, CheckRequest, StoreError, StoreErrorKind, algorithm::RuleOutcome};
 
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
@@ -49,6 +49,8 @@ const MAX_KEYS: usize = 100_000;
 const MAX_MEMBERS: usize = 10_000;
 /// How many admissions between two sweeps of the keys no admission touches anymore.
 const SWEEP_EVERY: u64 = 4_096;
+/// How many redo.lua calls a repair has in flight at once.
+const REPAIR_CALLS: usize = 64;
 /// How often the watch reads the primaries' replication ids.
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(250);
 
@@ -467,8 +469,8 @@ impl Journal {
     }
 
     /// Writes every pending key's remembered admissions again (`scripts/redo.lua`, one call
-    /// per key, all at once, each within the store's timeout); a key whose call fails stays
-    /// pending.
+    /// per key, [`REPAIR_CALLS`] at once, each within the store's timeout); a key whose call
+    /// fails stays pending.
     async fn repair(&self, backend: &Backend) -> Result<(), StoreError> {
         let now = Instant::now();
         let calls: Vec<_> = {
@@ -483,14 +485,15 @@ impl Journal {
                 .collect()
         };
         self.runs.fetch_add(1, Ordering::Relaxed);
-        let replies = join_all(calls.iter().map(|(key, call)| async move {
-            let mut conn = backend.conn();
-            let changed = backend
-                .bounded("repair", call.invoke::<i64>(&mut conn))
-                .await;
-            (key, changed)
-        }))
-        .await;
+        // At most REPAIR_CALLS at once: a repair of many keys must not bury the new primary.
+        let calls: Vec<_> = calls
+            .into_iter()
+            .map(|(key, call)| redo_call(backend, key, call))
+            .collect();
+        let replies: Vec<_> = stream::iter(calls)
+            .buffer_unordered(REPAIR_CALLS)
+            .collect()
+            .await;
         let mut first_error = None;
         let mut pending = self.pending();
         let mut settling = self.settling.lock().unwrap_or_else(|p| p.into_inner());
@@ -498,8 +501,8 @@ impl Journal {
         for (key, changed) in replies {
             match changed {
                 Ok(changed) => {
-                    pending.remove(key);
-                    settling.insert(key.clone(), until);
+                    pending.remove(&key);
+                    settling.insert(key, until);
                     self.unsettled.store(true, Ordering::Relaxed);
                     self.rewritten
                         .fetch_add(u64::try_from(changed).unwrap_or(0), Ordering::Relaxed);
@@ -512,6 +515,19 @@ impl Journal {
         self.suspect.store(!pending.is_empty(), Ordering::Relaxed);
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Runs one redo.lua call within the store's timeout: the key and whether it changed.
+async fn redo_call(
+    backend: &Backend,
+    key: String,
+    call: crate::conn::Call<'_>,
+) -> (String, Result<i64, StoreError>) {
+    let mut conn = backend.conn();
+    let changed = backend
+        .bounded("repair", call.invoke::<i64>(&mut conn))
+        .await;
+    (key, changed)
 }
 
 /// The redo.lua call that writes `remembered` into `key` again.
