@@ -566,6 +566,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_replicated_durability_waits_for_a_replica_and_some_time() {
+        let build = |durability| {
+            Policy::builder("q")
+                .limiter(Limiter::new(Dimension::UserId, ["10/1d".parse().unwrap()]))
+                .durability(durability)
+                .build()
+        };
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            build(Durability::replicated(0, second)).unwrap_err(),
+            PolicyError::Durability("replicated (0 replicas within 1s)".into())
+        );
+        assert!(matches!(
+            build(Durability::replicated(1, Duration::from_micros(999))),
+            Err(PolicyError::Durability(_))
+        ));
+        let built = build(Durability::replicated(2, second)).unwrap();
+        assert_eq!(built.durability(), Durability::replicated(2, second));
+        assert_eq!(
+            build(Durability::Async).unwrap().durability(),
+            Durability::Async
+        );
+        assert_eq!(
+            Policy::builder("q")
+                .limiter(Limiter::new(Dimension::UserId, ["10/1d".parse().unwrap()]))
+                .build()
+                .unwrap()
+                .durability(),
+            Durability::Async,
+            "async unless asked"
+        );
+    }
+
+    #[test]
     fn build_rejects_what_would_share_or_lose_state() {
         let r = |t: &str| t.parse::<Rule>().unwrap();
         let ip = || Limiter::new(Dimension::Ip, [r("1/1m")]);
