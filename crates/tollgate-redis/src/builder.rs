@@ -325,6 +325,7 @@ impl RedisStoreBuilder {
                 journal: self
                     .repair
                     .map(|horizon| Journal::new(horizon, self.timeout + 2 * WATCH_EVERY)),
+                leases: crate::lease::Leases::new(),
                 epoch: Instant::now(),
             }),
         };

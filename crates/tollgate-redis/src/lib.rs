@@ -130,6 +130,7 @@ mod cache;
 mod cluster;
 mod conn;
 mod error;
+mod lease;
 mod persistence;
 mod repair;
 mod script;
@@ -141,6 +142,7 @@ mod url;
 
 pub use builder::RedisStoreBuilder;
 pub use error::redact as redact_url;
+pub use lease::{LeaseStats, LeasedKey};
 pub use persistence::Persistence;
 pub use repair::Repairs;
 pub use store::RedisStore;

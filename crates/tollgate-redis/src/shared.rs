@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::{backend::Backend, batch::Lanes, cache::LocalCache, repair::Journal};
+use crate::{backend::Backend, batch::Lanes, cache::LocalCache, lease::Leases, repair::Journal};
 
 /// What every clone of a store shares, and what its batches are sent with.
 pub(crate) struct Inner {
@@ -17,6 +17,8 @@ pub(crate) struct Inner {
     pub(crate) cache: Option<LocalCache>,
     /// What recent admissions wrote, to write again after a failover, if on.
     pub(crate) journal: Option<Journal>,
+    /// The quota leases in hand (see `lease`).
+    pub(crate) leases: Leases,
     /// The cache's clock without a test clock: µs since this instant.
     pub(crate) epoch: Instant,
 }

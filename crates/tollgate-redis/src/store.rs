@@ -87,6 +87,19 @@ impl RedisStore {
         self.inner.cache.as_ref().map_or(0, LocalCache::answered)
     }
 
+    /// The figures of this store's quota leases (see [`tollgate::QuotaLease`]), since it was
+    /// built (shared by its clones).
+    pub fn leases(&self) -> crate::LeaseStats {
+        self.inner.leases.stats()
+    }
+
+    /// The identities with a lease in hand now, most units first, at most `at_most`.
+    pub fn leased_keys(&self, at_most: usize) -> Vec<crate::LeasedKey> {
+        self.inner
+            .leases
+            .leased_keys(self.inner.local_now_us(), at_most)
+    }
+
     /// How many repairs after a failover this store ran, and how many keys they wrote again
     /// (always zero without [`RedisStoreBuilder::repair`]).
     pub fn repairs(&self) -> crate::Repairs {
@@ -113,8 +126,6 @@ impl RedisStore {
         &self.inner.backend
     }
 
-    /// The whole plan as one check of check.lua: every key must live on `lane` (one slot,
-    /// or the one server). Sent with the other checks of its lane when batching is on.
     /// The plan's limiters, one group per call of a per-slot script: by hash slot on a
     /// Cluster, all together on one server.
     fn slot_groups(&self, plan: &CheckRequest<'_>) -> Result<Vec<Vec<usize>>, StoreError> {
@@ -124,6 +135,51 @@ impl RedisStore {
         }
     }
 
+    /// A check asked of Redis (the local over-limit cache first), without a lease.
+    pub(crate) async fn check_store(&self, plan: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+        let cache = self.inner.cache.as_ref();
+        let sent_us = cache.map(|_| self.inner.local_now_us());
+        if let (Some(cache), Some(now)) = (cache, sent_us)
+            && let Some(denied) = cache.answer(plan, now)
+        {
+            return Ok(denied);
+        }
+        let journal = self.inner.journal.as_ref();
+        if let Some(journal) = journal {
+            // Redis lost writes: they are written again (in the background) before this
+            // store checks those keys again; until then their checks fail (`on_error`).
+            Journal::kick(&self.inner);
+            journal.ready(plan, &self.backend().target)?;
+        }
+        let checked = match &self.backend().conn {
+            Conn::Cluster(_) => match cluster::layout(plan)? {
+                Layout::OneSlot(lane) => self.check_one_call(plan, lane).await,
+                Layout::Slots { limiters, bans } => {
+                    cluster::check(self.backend(), plan, limiters, bans, journal).await
+                }
+            },
+            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan, None).await,
+        };
+        if let Some(journal) = journal {
+            match &checked {
+                // Replicas that are slow to acknowledge lost nothing.
+                Err(e) if e.kind() == StoreErrorKind::NotReplicated => {}
+                // The primary may be gone (refused, timed out, CLUSTERDOWN, READONLY...): its
+                // successor may lack what this store wrote.
+                Err(_) => journal.suspect(&Journal::lanes_of(plan, self.backend().is_cluster())),
+                // This check found a key behind this store's writes: repaired at once.
+                _ => Journal::kick(&self.inner),
+            }
+        }
+        let verdict = checked?;
+        if let (Some(cache), Some(sent)) = (cache, sent_us) {
+            cache.learn(plan, &verdict, sent);
+        }
+        Ok(verdict)
+    }
+
+    /// The whole plan as one check of check.lua: every key must live on `lane` (one slot,
+    /// or the one server). Sent with the other checks of its lane when batching is on.
     async fn check_one_call(
         &self,
         plan: &CheckRequest<'_>,
@@ -188,45 +244,26 @@ impl fmt::Debug for RedisStore {
 
 impl Store for RedisStore {
     async fn check(&self, plan: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
-        let cache = self.inner.cache.as_ref();
-        let sent_us = cache.map(|_| self.inner.local_now_us());
-        if let (Some(cache), Some(now)) = (cache, sent_us)
-            && let Some(denied) = cache.answer(plan, now)
-        {
-            return Ok(denied);
+        match plan.lease {
+            Some(lease) if plan.consume && plan.cost > 0 => self.check_leased(plan, lease).await,
+            _ => self.check_store(plan).await,
         }
-        let journal = self.inner.journal.as_ref();
-        if let Some(journal) = journal {
-            // Redis lost writes: they are written again (in the background) before this
-            // store checks those keys again; until then their checks fail (`on_error`).
-            Journal::kick(&self.inner);
-            journal.ready(plan, &self.backend().target)?;
+    }
+
+    fn check_sync(
+        &self,
+        plan: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Option<Result<(), StoreError>> {
+        // Only a lease in hand answers without Redis.
+        if plan.lease.is_none() || !plan.consume || plan.cost == 0 {
+            return None;
         }
-        let checked = match &self.backend().conn {
-            Conn::Cluster(_) => match cluster::layout(plan)? {
-                Layout::OneSlot(lane) => self.check_one_call(plan, lane).await,
-                Layout::Slots { limiters, bans } => {
-                    cluster::check(self.backend(), plan, limiters, bans, journal).await
-                }
-            },
-            Conn::Standalone(_) | Conn::Sentinel(_) => self.check_one_call(plan, None).await,
-        };
-        if let Some(journal) = journal {
-            match &checked {
-                // Replicas that are slow to acknowledge lost nothing.
-                Err(e) if e.kind() == StoreErrorKind::NotReplicated => {}
-                // The primary may be gone (refused, timed out, CLUSTERDOWN, READONLY...): its
-                // successor may lack what this store wrote.
-                Err(_) => journal.suspect(&Journal::lanes_of(plan, self.backend().is_cluster())),
-                // This check found a key behind this store's writes: repaired at once.
-                _ => Journal::kick(&self.inner),
-            }
-        }
-        let verdict = checked?;
-        if let (Some(cache), Some(sent)) = (cache, sent_us) {
-            cache.learn(plan, &verdict, sent);
-        }
-        Ok(verdict)
+        let now = self.inner.local_now_us();
+        self.inner
+            .leases
+            .admit(plan, now, verdict)
+            .then_some(Ok(()))
     }
 
     async fn reset(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
@@ -241,6 +278,7 @@ impl Store for RedisStore {
         if let Some(journal) = &self.inner.journal {
             journal.forget(plan);
         }
+        self.inner.leases.forget(plan);
         let mut conn = self.backend().conn();
         let _deleted: u64 = self
             .backend()

@@ -678,7 +678,8 @@ impl<S: Store> Tollgate<S> {
             keys.requests(&policy.limiters, &mut limiters, &mut bans);
             let request = CheckRequest::new(cost, consume, &limiters)
                 .with_bans(&bans, keys.ban_index(&self.ban_index))
-                .with_durability(policy.durability);
+                .with_durability(policy.durability)
+                .with_lease(policy.lease);
             self.run_now(&request, on_error, &mut verdict)
         };
         match answered {
@@ -705,7 +706,8 @@ impl<S: Store> Tollgate<S> {
         keys.requests(&policy.limiters, &mut limiters, &mut bans);
         let request = CheckRequest::new(cost, consume, &limiters)
             .with_bans(&bans, keys.ban_index(&self.ban_index))
-            .with_durability(policy.durability);
+            .with_durability(policy.durability)
+            .with_lease(policy.lease);
         let mut verdict = Verdict::new(false, []);
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;

@@ -139,6 +139,9 @@ pub enum PolicyError {
     /// forever).
     #[error("durability {0}: a replicated check waits for at least 1 replica and at least 1 ms")]
     Durability(String),
+    /// A quota lease with numbers out of range, or over rules it cannot lease.
+    #[error("lease: {0}")]
+    Lease(String),
     /// A limiter without rules.
     #[error("limiter {0:?} has no rules")]
     NoRules(String),

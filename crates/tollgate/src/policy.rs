@@ -117,6 +117,119 @@ impl fmt::Display for Durability {
     }
 }
 
+/// Quota an instance takes from a shared store in advance and spends locally; see
+/// [`PolicyBuilder::lease`].
+///
+/// Each check that finds no quota left in hand takes `k` units of the identity's limits at
+/// once, with one ordinary check of cost `k` (all-or-nothing over every limiter and rule, timed
+/// by the store's clock, as any check), and admits the next checks of the same identity in this
+/// process until those units are spent or the lease ends. What a lease did not spend goes back
+/// with the exact refund of its receipt. `k` follows this instance's own rate (enough for
+/// `ttl`), never more than `share` of what the store said was left nor `max_units`, so that
+/// quiet instances are not starved by busy ones; near the limit it shrinks to the check's cost.
+///
+/// A lease ends after `ttl`, and always before the end of the window that counted its units:
+/// leased policies count in [`FixedWindow`](Algorithm::FixedWindow)s or
+/// [`SlidingWindow`](Algorithm::SlidingWindow)s, so every unit is spent inside the window
+/// that counted it and a fleet never admits more than the limit in a window. A store that is
+/// already in this process (the memory store) ignores leases.
+///
+/// Trade-offs: a lease's unspent units are unavailable to other instances until it ends or is
+/// given back (at most `share` of what was left, per instance); a ban or a reset reaches a key
+/// leased here when its lease ends.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Algorithm, Dimension, Limiter, Policy, QuotaLease, Rule};
+///
+/// let api = Policy::builder("tenant_api")
+///     .limiter(Limiter::new(
+///         Dimension::Header("x-tenant".into()),
+///         [Rule::new(100_000, Duration::from_secs(60))?.with_algorithm(Algorithm::FixedWindow)],
+///     ))
+///     .lease(QuotaLease::new(Duration::from_secs(1)).share(0.25))
+///     .build()?;
+/// assert_eq!(api.lease().unwrap().ttl(), Duration::from_secs(1));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuotaLease {
+    ttl: Duration,
+    share: f64,
+    max_units: u64,
+}
+
+impl QuotaLease {
+    /// The default share of what is left one lease may take.
+    pub const DEFAULT_SHARE: f64 = 0.25;
+
+    /// Leases that last at most `ttl` (at least 1 ms, at most an hour), each at most
+    /// [`DEFAULT_SHARE`](Self::DEFAULT_SHARE) of what is left, with no bound of their own.
+    pub const fn new(ttl: Duration) -> QuotaLease {
+        QuotaLease {
+            ttl,
+            share: QuotaLease::DEFAULT_SHARE,
+            max_units: u64::MAX,
+        }
+    }
+
+    /// At most this share (above 0, at most 1) of what the store last said was left.
+    #[must_use]
+    pub const fn share(mut self, share: f64) -> QuotaLease {
+        self.share = share;
+        self
+    }
+
+    /// At most `units` per lease (at least 1).
+    #[must_use]
+    pub const fn max_units(mut self, units: u64) -> QuotaLease {
+        self.max_units = units;
+        self
+    }
+
+    /// How long a lease lasts at most.
+    pub const fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The share of what is left a lease takes at most.
+    pub const fn share_of_remaining(&self) -> f64 {
+        self.share
+    }
+
+    /// The units a lease takes at most.
+    pub const fn units_at_most(&self) -> u64 {
+        self.max_units
+    }
+
+    /// Why these numbers are no lease, if they are not.
+    fn invalid(&self) -> Option<&'static str> {
+        if self.ttl < Duration::from_millis(1) || self.ttl > Duration::from_secs(3600) {
+            Some("its ttl must be between 1ms and 1h")
+        } else if !(self.share > 0.0 && self.share <= 1.0) {
+            Some("its share must be above 0 and at most 1")
+        } else if self.max_units == 0 {
+            Some("its max_units must be at least 1")
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for QuotaLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lease of at most {:?}, {} of what is left",
+            self.ttl, self.share
+        )?;
+        if self.max_units != u64::MAX {
+            write!(f, ", at most {} units", self.max_units)?;
+        }
+        Ok(())
+    }
+}
+
 /// One dimension and its rules, e.g. "per IP: 1/1m, 10/1h, 60/1d".
 ///
 /// ```
@@ -296,6 +409,7 @@ pub struct Policy {
     pub(crate) limiters: Vec<Limiter>,
     pub(crate) on_error: Option<OnError>,
     pub(crate) durability: Durability,
+    pub(crate) lease: Option<QuotaLease>,
     pub(crate) bypass: Option<Bypass>,
     pub(crate) max_units: u64,
     /// Per limiter, the part of its keys the policy fixes (see [`key::limiter_head`]).
@@ -316,6 +430,7 @@ impl Policy {
             limiters: Vec::new(),
             on_error: None,
             durability: Durability::Async,
+            lease: None,
             bypass: None,
             shadow: false,
             ban_scope: BanScope::Everywhere,
@@ -345,6 +460,11 @@ impl Policy {
     /// How far a check's writes must reach before its decision is final.
     pub fn durability(&self) -> Durability {
         self.durability
+    }
+
+    /// The policy's quota lease, if its quota is leased (see [`PolicyBuilder::lease`]).
+    pub fn lease(&self) -> Option<QuotaLease> {
+        self.lease
     }
 
     /// Who passes without being counted.
@@ -395,6 +515,7 @@ pub struct PolicyBuilder {
     limiters: Vec<Limiter>,
     on_error: Option<OnError>,
     durability: Durability,
+    lease: Option<QuotaLease>,
     bypass: Option<Bypass>,
     shadow: bool,
     ban_scope: BanScope,
@@ -444,6 +565,15 @@ impl PolicyBuilder {
         self
     }
 
+    /// Leases this policy's quota (see [`QuotaLease`]): an instance takes units of an
+    /// identity's limits from the store in advance and admits locally from them, for keys too
+    /// busy to ask the store each time. Every rule must count in fixed or sliding windows, and
+    /// no limiter may be a concurrency limit.
+    pub fn lease(mut self, lease: QuotaLease) -> PolicyBuilder {
+        self.lease = Some(lease);
+        self
+    }
+
     /// Validates and builds.
     pub fn build(mut self) -> Result<Policy, PolicyError> {
         if self.shadow {
@@ -461,6 +591,9 @@ impl PolicyBuilder {
             && (replicas == 0 || timeout < Duration::from_millis(1))
         {
             return Err(PolicyError::Durability(self.durability.to_string()));
+        }
+        if let Some(lease) = self.lease {
+            self.check_lease(lease)?;
         }
         let mut names = HashSet::new();
         for limiter in &self.limiters {
@@ -529,10 +662,48 @@ impl PolicyBuilder {
             limiters: self.limiters,
             on_error: self.on_error,
             durability: self.durability,
+            lease: self.lease,
             bypass: self.bypass,
             max_units,
             ban_scope: self.ban_scope,
         })
+    }
+
+    /// A lease's numbers, and rules whose windows hold what a lease spends.
+    fn check_lease(&self, lease: QuotaLease) -> Result<(), PolicyError> {
+        if let Some(why) = lease.invalid() {
+            return Err(PolicyError::Lease(format!("{lease}: {why}")));
+        }
+        for limiter in &self.limiters {
+            if limiter.ban.is_some() {
+                return Err(PolicyError::Lease(format!(
+                    "limiter {:?} bans on a violation, and a lease that asks for more than is \
+                     left is no client's violation",
+                    limiter.name
+                )));
+            }
+            for rule in limiter.rules.iter() {
+                if rule.is_concurrent() {
+                    return Err(PolicyError::Lease(format!(
+                        "limiter {:?} is a concurrency limit, whose slots cannot be leased",
+                        limiter.name
+                    )));
+                }
+                if !matches!(
+                    rule.algorithm(),
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow
+                ) {
+                    return Err(PolicyError::Lease(format!(
+                        "limiter {:?}: rule {rule} counts with {}; a leased policy counts in \
+                         fixed_window or sliding_window, where a lease spends its units inside \
+                         the window that counted them",
+                        limiter.name,
+                        rule.algorithm()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -564,6 +735,67 @@ pub(crate) fn cost_too_large(rule: &Rule, cost: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_takes_fixed_or_sliding_windows_and_sane_numbers() {
+        let fixed = |text: &str| {
+            text.parse::<Rule>()
+                .unwrap()
+                .with_algorithm(Algorithm::FixedWindow)
+        };
+        let build = |limiter: Limiter, lease: QuotaLease| {
+            Policy::builder("leased")
+                .limiter(limiter)
+                .lease(lease)
+                .build()
+        };
+        let second = QuotaLease::new(Duration::from_secs(1));
+        let ok = build(Limiter::new(Dimension::Ip, [fixed("100/1m")]), second).unwrap();
+        assert_eq!(ok.lease(), Some(second));
+        let windows = Limiter::new(
+            Dimension::Ip,
+            [
+                fixed("100/1m"),
+                fixed("1000/1h").with_algorithm(Algorithm::SlidingWindow),
+            ],
+        );
+        assert!(build(windows, second.share(1.0).max_units(10)).is_ok());
+
+        let refused = |limiter: Limiter, lease: QuotaLease, says: &str| {
+            let PolicyError::Lease(why) = build(limiter, lease).unwrap_err() else {
+                panic!("not a lease error");
+            };
+            assert!(why.contains(says), "{why:?} does not say {says:?}");
+        };
+        let log = Limiter::new(Dimension::Ip, ["100/1m".parse().unwrap()]);
+        refused(log, second, "counts with sliding_log");
+        let gcra = Limiter::new(
+            Dimension::Ip,
+            [fixed("100/1m").with_algorithm(Algorithm::Gcra)],
+        );
+        refused(gcra, second, "counts with gcra");
+        let slots = Limiter::concurrent(Dimension::Ip, 3, Duration::from_secs(60)).unwrap();
+        refused(slots, second, "concurrency limit");
+        let bans = Limiter::new(Dimension::Ip, [fixed("100/1m")])
+            .with_blocklist(crate::BanRule::new(Duration::from_secs(60)));
+        refused(bans, second, "bans on a violation");
+        let plain = || Limiter::new(Dimension::Ip, [fixed("100/1m")]);
+        refused(plain(), QuotaLease::new(Duration::ZERO), "ttl");
+        refused(plain(), QuotaLease::new(Duration::from_secs(3601)), "ttl");
+        refused(plain(), second.share(0.0), "share");
+        refused(plain(), second.share(1.5), "share");
+        refused(plain(), second.share(f64::NAN), "share");
+        refused(plain(), second.max_units(0), "max_units");
+        // Leases are off unless asked.
+        assert_eq!(
+            Policy::builder("plain")
+                .limiter(plain())
+                .build()
+                .unwrap()
+                .lease(),
+            None
+        );
+    }
 
     #[test]
     fn a_replicated_durability_waits_for_a_replica_and_some_time() {

@@ -11,7 +11,7 @@ use crate::{
     blocklist::{self, BanCursor, BanEntry, BanPage, BanRule, BanTarget},
     error::StoreError,
     key,
-    policy::Durability,
+    policy::{Durability, QuotaLease},
     rule::{Algorithm, Rule},
 };
 
@@ -51,6 +51,9 @@ pub struct CheckRequest<'a> {
     /// How far the check's writes must reach before its verdict is final (the policy's):
     /// a store with replicas waits for them, or fails the check.
     pub durability: Durability,
+    /// The policy's quota lease: a store that is not in this process may admit from units it
+    /// took in advance (see [`QuotaLease`]); others ignore it.
+    pub lease: Option<QuotaLease>,
 }
 
 /// One ban key of a [`CheckRequest`]: where the ban lives and whom it bans.
@@ -86,7 +89,15 @@ impl<'a> CheckRequest<'a> {
             bans: &[],
             ban_index: "",
             durability: Durability::Async,
+            lease: None,
         }
+    }
+
+    /// Lets the store lease this request's quota (see [`QuotaLease`]).
+    #[must_use]
+    pub fn with_lease(mut self, lease: Option<QuotaLease>) -> CheckRequest<'a> {
+        self.lease = lease;
+        self
     }
 
     /// Asks for this durability (see [`Durability`]).
@@ -314,6 +325,17 @@ impl Receipt {
     /// The check's id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The same record, naming `units` of it: a check's share of units taken together (a
+    /// quota lease), which a refund of this receipt gives back at most.
+    #[must_use]
+    pub fn with_units(&self, units: u64) -> Receipt {
+        Receipt {
+            at_us: self.at_us.clone(),
+            id: self.id,
+            units,
+        }
     }
 }
 

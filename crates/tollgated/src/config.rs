@@ -739,6 +739,30 @@ struct RawPolicy {
     replicas: Option<Spanned<u32>>,
     /// With `durability = "replicated"`: how long to wait for them (default 20ms).
     replication_timeout: Option<Spanned<DurationText>>,
+    /// Lease the policy's quota: `{ ttl = "1s", share = 0.25, max_units = 1000 }`.
+    lease: Option<Spanned<RawLease>>,
+}
+
+/// `lease` of a policy (see `tollgate::QuotaLease`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    ttl: DurationText,
+    share: Option<f64>,
+    max_units: Option<u64>,
+}
+
+impl RawLease {
+    fn lease(&self) -> tollgate::QuotaLease {
+        let mut lease = tollgate::QuotaLease::new(self.ttl.0);
+        if let Some(share) = self.share {
+            lease = lease.share(share);
+        }
+        if let Some(units) = self.max_units {
+            lease = lease.max_units(units);
+        }
+        lease
+    }
 }
 
 /// `durability` of a policy.
@@ -1668,9 +1692,16 @@ impl RawPolicy {
             bypass_summary = Some(shown);
             builder = builder.bypass(b);
         }
-        let policy = builder
-            .build()
-            .map_err(|e| errors.at(Some(span), field.to_owned(), e.to_string()))?;
+        let lease_span = self.lease.as_ref().map(Spanned::span);
+        if let Some(lease) = &self.lease {
+            builder = builder.lease(lease.get_ref().lease());
+        }
+        let policy = builder.build().map_err(|e| match (&e, lease_span) {
+            (tollgate::PolicyError::Lease(_), Some(at)) => {
+                errors.at(Some(at), format!("{field}.lease"), e.to_string())
+            }
+            _ => errors.at(Some(span), field.to_owned(), e.to_string()),
+        })?;
         let duplicate = self.duplicate.map(|d| {
             let mut guard = DuplicateGuard::new(name, d.by.0).global(d.global);
             if let Some(ttl) = d.ttl {
@@ -1772,6 +1803,51 @@ mod tests {
         let e = err(&policy("durability = \"sync\"\n"));
         assert!(
             e.contains("t.toml:3") && e.contains("unknown variant `sync`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_lease_is_off_unless_asked_and_its_numbers_and_rules_are_checked() {
+        let policy = |algorithm: &str, extra: &str| {
+            format!(
+                "[policies.q]\nlimiters = [{{ by = \"ip\", rules = \"1000/1m\", algorithm = \"{algorithm}\" }}]\n{extra}"
+            )
+        };
+        let config = Config::parse("t.toml", &policy("fixed_window", "")).unwrap();
+        assert_eq!(config.policies["q"].policy.lease(), None);
+        let config = Config::parse(
+            "t.toml",
+            &policy(
+                "fixed_window",
+                "lease = { ttl = \"2s\", share = 0.5, max_units = 100 }\n",
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            config.policies["q"].policy.lease(),
+            Some(
+                tollgate::QuotaLease::new(Duration::from_secs(2))
+                    .share(0.5)
+                    .max_units(100)
+            )
+        );
+        let e = err(&policy("sliding_log", "lease = { ttl = \"1s\" }\n"));
+        assert!(
+            e.contains("t.toml:3") && e.contains("policies.q.lease") && e.contains("sliding_log"),
+            "{e}"
+        );
+        let e = err(&policy(
+            "fixed_window",
+            "lease = { ttl = \"1s\", share = 2.0 }\n",
+        ));
+        assert!(e.contains("policies.q.lease") && e.contains("share"), "{e}");
+        let e = err(&policy(
+            "fixed_window",
+            "lease = { ttl = \"1s\", units = 5 }\n",
+        ));
+        assert!(
+            e.contains("t.toml:3") && e.contains("unknown field `units`"),
             "{e}"
         );
     }

@@ -126,6 +126,8 @@ struct Inner {
     /// The Redis store's repairs after a failover, brought up to date at every scrape.
     repairs: Counter,
     repaired_keys: Counter,
+    /// The Redis store's quota leases, brought up to date at every scrape.
+    leases: LeaseMetrics,
     redis: OnceLock<tollgate_redis::RedisStore>,
     /// The reference service's statistics of YAML domains' descriptors.
     descriptors: crate::envoy::stats::DescriptorStats,
@@ -203,6 +205,7 @@ impl Metrics {
             "State keys a repair after a failover found behind and wrote again",
             repaired_keys.clone(),
         );
+        let leases = LeaseMetrics::register(&mut registry);
         let descriptors = crate::envoy::stats::DescriptorStats::default();
         registry.register(
             "envoy_descriptor_hits",
@@ -265,6 +268,7 @@ impl Metrics {
             memory: OnceLock::new(),
             repairs,
             repaired_keys,
+            leases,
             redis: OnceLock::new(),
             descriptors,
             record,
@@ -449,11 +453,67 @@ impl Metrics {
             let (runs, keys) = (&self.0.repairs, &self.0.repaired_keys);
             runs.inc_by(now.runs.saturating_sub(runs.get()));
             keys.inc_by(now.keys_rewritten.saturating_sub(keys.get()));
+            self.0.leases.update(redis.leases());
         }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
         out
+    }
+}
+
+/// The Redis store's quota leases (see `tollgate::QuotaLease`).
+#[derive(Debug, Default)]
+struct LeaseMetrics {
+    calls: Counter,
+    local: Counter,
+    returned: Counter,
+    outstanding: Gauge,
+    keys: Gauge,
+}
+
+impl LeaseMetrics {
+    fn register(registry: &mut Registry) -> LeaseMetrics {
+        let m = LeaseMetrics::default();
+        registry.register(
+            "redis_lease_calls",
+            "Checks of leased policies that asked Redis for a lease (one call each, one per slot on a Cluster)",
+            m.calls.clone(),
+        );
+        registry.register(
+            "redis_lease_local_admissions",
+            "Checks of leased policies admitted from a lease in hand, without a call to Redis",
+            m.local.clone(),
+        );
+        registry.register(
+            "redis_lease_returned_units",
+            "Units leases gave back unspent (by refund) when they ended",
+            m.returned.clone(),
+        );
+        registry.register(
+            "redis_lease_outstanding_units",
+            "Units this instance holds in leases now, taken from Redis and not yet spent or given back",
+            m.outstanding.clone(),
+        );
+        registry.register(
+            "redis_leased_keys",
+            "Identities this instance holds a lease for now",
+            m.keys.clone(),
+        );
+        m
+    }
+
+    fn update(&self, now: tollgate_redis::LeaseStats) {
+        self.calls
+            .inc_by(now.calls.saturating_sub(self.calls.get()));
+        let local = now.local_admissions.saturating_sub(self.local.get());
+        self.local.inc_by(local);
+        let returned = now.units_returned.saturating_sub(self.returned.get());
+        self.returned.inc_by(returned);
+        self.outstanding
+            .set(i64::try_from(now.units_outstanding).unwrap_or(i64::MAX));
+        self.keys
+            .set(i64::try_from(now.leased_keys).unwrap_or(i64::MAX));
     }
 }
 

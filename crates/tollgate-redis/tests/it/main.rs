@@ -18,6 +18,7 @@ mod leases;
 mod local_cache;
 mod parity;
 mod persistence;
+mod quota_leases;
 mod redis_time;
 mod repair;
 mod round_trip;

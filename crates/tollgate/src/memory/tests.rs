@@ -396,3 +396,26 @@ fn a_stale_gcra_receipt_refunds_nothing() {
         "a stale receipt gave a unit back"
     );
 }
+
+#[test]
+fn a_leased_policy_counts_here_as_any_other() {
+    // The memory store is in this process: a lease would save nothing, and it takes none.
+    let gate = crate::Tollgate::new(MemoryStore::new());
+    let rule = "3/1m"
+        .parse::<Rule>()
+        .unwrap()
+        .with_algorithm(Algorithm::FixedWindow);
+    let policy = crate::Policy::builder("leased")
+        .limiter(crate::Limiter::new(crate::Dimension::Ip, [rule]))
+        .lease(crate::QuotaLease::new(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let who = crate::Identity::new().with_ip("192.0.2.5".parse().unwrap());
+    let remaining: Vec<Option<u64>> = (0..4)
+        .map(|_| {
+            let d = gate.check_sync(&policy, &who, 1).unwrap().unwrap();
+            d.allowed().then(|| d.remaining().unwrap())
+        })
+        .collect();
+    assert_eq!(remaining, [Some(2), Some(1), Some(0), None]);
+}

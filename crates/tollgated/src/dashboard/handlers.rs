@@ -18,6 +18,9 @@ use crate::{
     http::{Admin, ApiError},
 };
 
+/// Leased identities the dashboard lists at most.
+const LEASED_KEYS_SHOWN: usize = 20;
+
 const PAGE: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/dashboard.js");
 const STYLE: &str = include_str!("assets/dashboard.css");
@@ -153,6 +156,17 @@ pub(super) async fn stats(
                 "keys_rewritten_total": app.observed.repairs().map(|r| r.keys_rewritten),
             })),
             "persistence": app.persistence_report(),
+            "leases": app.observed.leases(LEASED_KEYS_SHOWN).map(|(stats, keys)| json!({
+                "calls_total": stats.calls,
+                "local_admissions_total": stats.local_admissions,
+                "outstanding_units": stats.units_outstanding,
+                "returned_units_total": stats.units_returned,
+                "keys": keys.iter().map(|k| json!({
+                    "keys": k.keys,
+                    "units": k.units,
+                    "ends_in_ms": k.ends_in.as_millis(),
+                })).collect::<Vec<_>>(),
+            })),
         });
         (decisions, store)
     };
@@ -165,6 +179,7 @@ pub(super) async fn stats(
                 "name": name,
                 "on_error": on_error_name(policy.on_error().unwrap_or(config.store.on_error)),
                 "durability": policy.durability().to_string(),
+                "lease": policy.lease().map(|l| l.to_string()),
                 "limiters": policy.limiters().iter().map(|l| json!({
                     "name": l.name(),
                     "by": l.dimension().to_string(),

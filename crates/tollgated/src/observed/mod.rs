@@ -127,6 +127,17 @@ impl Observed {
         self.redis.get().map(RedisStore::local_denials)
     }
 
+    /// The Redis store's quota leases and the identities leased now (at most `at_most`, most
+    /// units first); `None` on the memory store.
+    pub(crate) fn leases(
+        &self,
+        at_most: usize,
+    ) -> Option<(tollgate_redis::LeaseStats, Vec<tollgate_redis::LeasedKey>)> {
+        self.redis
+            .get()
+            .map(|store| (store.leases(), store.leased_keys(at_most)))
+    }
+
     /// The Redis store's repairs after a failover; `None` on the memory store.
     pub(crate) fn repairs(&self) -> Option<tollgate_redis::Repairs> {
         self.redis.get().map(RedisStore::repairs)

@@ -393,3 +393,82 @@ limiters = [{{ by = "user_id", rules = ["100/1s"] }}]
         "{stats}"
     );
 }
+
+/// Three servers on one Redis, each leasing the quota of a hot identity: by the clients' own
+/// count they admit exactly the limit together, mostly from leases in hand, and the metrics and
+/// the dashboard's figures say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_servers_admit_exactly_the_limit_together() {
+    const LIMIT: u64 = 600;
+    let redis = RedisServer::start();
+    let config = format!(
+        r#"
+[store]
+url = "{}"
+timeout = "5s"
+
+[policies.tenant]
+limiters = [{{ by = "user_id", rules = "{LIMIT}/30d", algorithm = "fixed_window" }}]
+lease = {{ ttl = "10s", share = 0.25 }}
+"#,
+        redis.url()
+    );
+    let servers: Vec<Server> = (0..3).map(|_| Server::start(&config)).collect();
+    let mut clients = Vec::new();
+    for server in &servers {
+        for _ in 0..4 {
+            let (client, url) = (reqwest::Client::new(), format!("{}/v1/check", server.http));
+            clients.push(tokio::spawn(async move {
+                let mut admitted = 0u64;
+                loop {
+                    let body = json!({ "policy": "tenant", "identity": { "user_id": "t1" } });
+                    let response = client.post(&url).json(&body).send().await.unwrap();
+                    assert_eq!(response.status(), 200);
+                    let d: serde_json::Value = response.json().await.unwrap();
+                    if d["allowed"] != true {
+                        assert_eq!(d["reason"], "rate_limited", "{d}");
+                        return admitted;
+                    }
+                    admitted += 1;
+                }
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for client in clients {
+        admitted += client.await.unwrap();
+    }
+    assert_eq!(admitted, LIMIT);
+
+    let mut local = 0;
+    for server in &servers {
+        let (_, metrics) = server.get_text("/metrics").await;
+        let figure = |name: &str| -> u64 {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} in {metrics}"))
+        };
+        local += figure("tollgate_redis_lease_local_admissions_total ");
+        assert!(
+            figure("tollgate_redis_lease_calls_total ") >= 1,
+            "{metrics}"
+        );
+        assert_eq!(
+            figure("tollgate_redis_lease_outstanding_units "),
+            0,
+            "{metrics}"
+        );
+        let (_, stats) = server.get("/v1/stats").await;
+        let leases = &stats["store"]["leases"];
+        assert_eq!(leases["outstanding_units"], 0, "{stats}");
+        assert_eq!(
+            stats["policies"][0]["lease"], "lease of at most 10s, 0.25 of what is left",
+            "{stats}"
+        );
+    }
+    assert!(
+        local >= LIMIT / 2,
+        "{local} of {LIMIT} admitted from leases"
+    );
+}

@@ -156,6 +156,14 @@ function drawStore(store) {
   row('on_error decisions, 15 min', u.allowed + ' allowed · ' + u.denied + ' denied');
   row('local cache answers, total', store.local_cache_answers_total);
   row('memory store evictions, total', store.memory_evictions_total);
+  const l = store.leases;
+  if (l && (l.calls_total || l.keys.length)) {
+    row('leases: calls / local admissions, total', l.calls_total + ' / ' + l.local_admissions_total);
+    row('leased units in hand / given back', l.outstanding_units + ' / ' + l.returned_units_total);
+    for (const k of l.keys) {
+      row('leased ' + k.keys.join(' + '), k.units + ' units, ends in ' + formatDuration(k.ends_in_ms));
+    }
+  }
   const p = store.persistence;
   if (p) {
     const files = (p.aof ? 'append-only file' : 'no append-only file') + ' · ' +
@@ -174,7 +182,7 @@ function drawPolicies(stats) {
   for (const p of stats.policies) {
     const div = el('div', null, { class: 'policy' });
     div.appendChild(el('strong', p.name));
-    div.append(' — on_error ' + p.on_error + (p.bypass ? ', bypass' : '') + (p.duplicate ? ', duplicate guard ' + p.duplicate : ''));
+    div.append(' — on_error ' + p.on_error + (p.bypass ? ', bypass' : '') + (p.duplicate ? ', duplicate guard ' + p.duplicate : '') + (p.lease ? ', ' + p.lease : ''));
     const ul = el('ul');
     for (const l of p.limiters) {
       const rules = l.rules.map((r) => r.rule + ' ' + r.algorithm).join(', ');
