@@ -23,8 +23,10 @@ mod env;
 mod envoy_env;
 pub(crate) mod envoy_yaml;
 mod record;
+mod rlqs;
 
 pub(crate) use record::RecordSettings;
+pub(crate) use rlqs::RlqsBuckets;
 
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings},
@@ -75,6 +77,8 @@ pub struct Config {
     pub(crate) envoy_header_names: Arc<[String; 3]>,
     /// `[record]`: where the server writes what it decided, for `tollgate plan`.
     pub(crate) record: Option<RecordSettings>,
+    /// `[[rlqs.buckets]]`: the buckets Envoy's rate-limit quota service serves.
+    pub(crate) rlqs: RlqsBuckets,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -660,6 +664,8 @@ struct RawConfig {
     envoy: RawEnvoy,
     #[serde(default)]
     record: record::RawRecord,
+    #[serde(default)]
+    rlqs: rlqs::RawRlqs,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1118,6 +1124,7 @@ impl RawConfig {
         let on_error_set = self.store.on_error.is_some();
         let store = self.store.validate(errors).map_err(|e| found.push(e)).ok();
         let record = self.record.validate(errors).map_err(|e| found.push(e)).ok();
+        let rlqs = self.rlqs.validate(errors).map_err(|e| found.push(e)).ok();
         let on_error = store.as_ref().map_or(OnError::default(), |s| s.on_error);
         let mut policies = BTreeMap::new();
         for (name, raw) in self.policies {
@@ -1149,8 +1156,8 @@ impl RawConfig {
                 return Err(ConfigError::all(found));
             }
         };
-        let (Some(server), Some(store), Some(record), true) =
-            (server, store, record, found.is_empty())
+        let (Some(server), Some(store), Some(record), Some(rlqs), true) =
+            (server, store, record, rlqs, found.is_empty())
         else {
             return Err(ConfigError::all(found));
         };
@@ -1164,6 +1171,7 @@ impl RawConfig {
             envoy_headers,
             envoy_header_names,
             record,
+            rlqs,
             env: Vec::new(),
         })
     }

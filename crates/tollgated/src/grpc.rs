@@ -1,8 +1,9 @@
 //! The gRPC port's services, chosen by the service name at the start of the request path.
 //!
-//! Two services share the port: Envoy's `RateLimitService` and `grpc.health.v1.Health`. A
-//! general router (tonic's `Routes`) matches the path through a route table and converts every
-//! body on the way; this picks one of two services with one prefix comparison. Health `Watch`
+//! Three services share the port: Envoy's `RateLimitService`, its rate-limit quota service
+//! (`RateLimitQuotaService`, RLQS) and `grpc.health.v1.Health`. A general router (tonic's
+//! `Routes`) matches the path through a route table and converts every body on the way; this
+//! picks a service with a prefix comparison or two. Health `Watch`
 //! streams, which never end on their own, are bounded (`server.max_health_watches`).
 
 use std::{
@@ -22,20 +23,23 @@ use tower::Service;
 /// The path of the health service's streaming method.
 const WATCH: &str = "/grpc.health.v1.Health/Watch";
 
-/// Sends a request whose path names `E`'s service to `envoy`, every other request to `health`
-/// (which answers `UNIMPLEMENTED` for a path it does not serve, as a router would).
+/// Sends a request whose path names `E`'s service to `envoy`, one naming `Q`'s to `quotas`,
+/// every other request to `health` (which answers `UNIMPLEMENTED` for a path it does not
+/// serve, as a router would).
 #[derive(Clone)]
-pub(crate) struct GrpcServices<E, H> {
+pub(crate) struct GrpcServices<E, Q, H> {
     envoy: E,
+    quotas: Q,
     health: H,
     /// One permit per Watch stream that may be open.
     watches: Arc<Semaphore>,
 }
 
-impl<E: NamedService, H> GrpcServices<E, H> {
-    pub(crate) fn new(envoy: E, health: H, max_watches: usize) -> GrpcServices<E, H> {
+impl<E: NamedService, Q: NamedService, H> GrpcServices<E, Q, H> {
+    pub(crate) fn new(envoy: E, quotas: Q, health: H, max_watches: usize) -> GrpcServices<E, Q, H> {
         GrpcServices {
             envoy,
+            quotas,
             health,
             watches: Arc::new(Semaphore::new(max_watches)),
         }
@@ -43,19 +47,26 @@ impl<E: NamedService, H> GrpcServices<E, H> {
 
     /// Whether `path` (`/package.Service/Method`) names the Envoy service.
     fn is_envoy(path: &str) -> bool {
-        path.strip_prefix('/')
-            .and_then(|p| p.strip_prefix(E::NAME))
-            .is_some_and(|rest| rest.starts_with('/'))
+        names::<E>(path)
     }
+}
+
+/// Whether `path` (`/package.Service/Method`) names `S`.
+fn names<S: NamedService>(path: &str) -> bool {
+    path.strip_prefix('/')
+        .and_then(|p| p.strip_prefix(S::NAME))
+        .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// A health answer: at once (a refused Watch), or the health service's, holding a Watch's
 /// permit in its body.
 type HealthFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-impl<E, H, B> Service<Request<B>> for GrpcServices<E, H>
+impl<E, Q, H, B> Service<Request<B>> for GrpcServices<E, Q, H>
 where
     E: Service<Request<B>, Response = Response<Body>, Error = Infallible> + NamedService,
+    Q: Service<Request<B>, Response = Response<Body>, Error = Infallible> + NamedService,
+    Q::Future: Send + 'static,
     H: Service<Request<B>, Response = Response<Body>, Error = Infallible>,
     H::Future: Send + 'static,
 {
@@ -64,9 +75,13 @@ where
     type Future = Either<E::Future, HealthFuture>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // tonic's generated services are always ready; ask both all the same.
-        match (self.envoy.poll_ready(cx), self.health.poll_ready(cx)) {
-            (Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => Poll::Ready(Ok(())),
+        // tonic's generated services are always ready; ask each all the same.
+        match (
+            self.envoy.poll_ready(cx),
+            self.quotas.poll_ready(cx),
+            self.health.poll_ready(cx),
+        ) {
+            (Poll::Ready(Ok(())), Poll::Ready(Ok(())), Poll::Ready(Ok(()))) => Poll::Ready(Ok(())),
             _ => Poll::Pending,
         }
     }
@@ -74,6 +89,10 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         if Self::is_envoy(request.uri().path()) {
             return Either::Left(self.envoy.call(request));
+        }
+        if names::<Q>(request.uri().path()) {
+            // A stream that lasts as long as its Envoy: boxed, as the health answers are.
+            return Either::Right(Box::pin(self.quotas.call(request)));
         }
         if request.uri().path() != WATCH {
             return Either::Right(Box::pin(self.health.call(request)));
@@ -125,25 +144,36 @@ impl http_body::Body for Held {
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    use envoy_types::pb::envoy::service::{
+        rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer,
+        ratelimit::v3::rate_limit_service_server::RateLimitServiceServer,
+    };
 
     use super::*;
-    use crate::envoy::RateLimiter;
+    use crate::{envoy::RateLimiter, rlqs::Quotas};
 
-    type Services = GrpcServices<RateLimitServiceServer<RateLimiter>, ()>;
+    type Envoy = RateLimitServiceServer<RateLimiter>;
+    type Rlqs = RateLimitQuotaServiceServer<Quotas>;
 
     #[test]
-    fn the_envoy_service_is_picked_by_its_whole_name() {
-        assert!(Services::is_envoy(
+    fn a_service_is_picked_by_its_whole_name() {
+        assert!(names::<Envoy>(
             "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
         ));
-        assert!(!Services::is_envoy("/grpc.health.v1.Health/Check"));
-        assert!(!Services::is_envoy(
+        assert!(!names::<Envoy>("/grpc.health.v1.Health/Check"));
+        assert!(!names::<Envoy>(
             "/envoy.service.ratelimit.v3.RateLimitServiceX/ShouldRateLimit"
         ));
-        assert!(!Services::is_envoy(
+        assert!(!names::<Envoy>(
             "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
         ));
-        assert!(!Services::is_envoy("/"));
+        assert!(!names::<Envoy>("/"));
+        let stream =
+            "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas";
+        assert!(names::<Rlqs>(stream));
+        assert!(!names::<Envoy>(stream));
+        assert!(!names::<Rlqs>(
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        ));
     }
 }

@@ -63,6 +63,7 @@ mod observed;
 mod plan;
 mod receipt;
 mod record;
+mod rlqs;
 mod server;
 mod store;
 mod tls;

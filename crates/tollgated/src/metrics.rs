@@ -31,6 +31,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShadowLabels {
     policy: String,
     limiter: String,
@@ -128,6 +133,10 @@ struct Inner {
     repaired_keys: Counter,
     /// The Redis store's quota leases, brought up to date at every scrape.
     leases: LeaseMetrics,
+    /// RLQS streams open now.
+    rlqs_streams: Gauge,
+    /// RLQS bucket actions sent, by kind.
+    rlqs_actions: Family<ActionLabels, Counter>,
     redis: OnceLock<tollgate_redis::RedisStore>,
     /// The reference service's statistics of YAML domains' descriptors.
     descriptors: crate::envoy::stats::DescriptorStats,
@@ -206,6 +215,18 @@ impl Metrics {
             repaired_keys.clone(),
         );
         let leases = LeaseMetrics::register(&mut registry);
+        let rlqs_streams = Gauge::default();
+        registry.register(
+            "rlqs_streams",
+            "Envoy rate-limit quota service (RLQS) streams open now",
+            rlqs_streams.clone(),
+        );
+        let rlqs_actions = Family::<ActionLabels, Counter>::default();
+        registry.register(
+            "rlqs_actions",
+            "RLQS bucket actions sent, by action: token_bucket (an assignment charged to the store), deny_all (nothing left, or the store failing with on_error deny), allow_all (the store failing with on_error allow), abandon (a bucket no [[rlqs.buckets]] entry serves)",
+            rlqs_actions.clone(),
+        );
         let descriptors = crate::envoy::stats::DescriptorStats::default();
         registry.register(
             "envoy_descriptor_hits",
@@ -269,6 +290,8 @@ impl Metrics {
             repairs,
             repaired_keys,
             leases,
+            rlqs_streams,
+            rlqs_actions,
             redis: OnceLock::new(),
             descriptors,
             record,
@@ -424,6 +447,19 @@ impl Metrics {
             .get_or_create(&ResultLabels {
                 result: if ok { "ok" } else { "error" },
             })
+            .inc();
+    }
+
+    /// An RLQS stream opened (`1`) or ended (`-1`).
+    pub(crate) fn rlqs_stream(&self, change: i64) {
+        self.0.rlqs_streams.inc_by(change);
+    }
+
+    /// An RLQS bucket action sent.
+    pub(crate) fn rlqs_action(&self, action: &'static str) {
+        self.0
+            .rlqs_actions
+            .get_or_create(&ActionLabels { action })
             .inc();
     }
 

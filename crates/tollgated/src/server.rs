@@ -215,6 +215,9 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         envoy::service(app.clone())
             .max_decoding_message_size(limits.grpc_max_message_bytes)
             .max_encoding_message_size(limits.grpc_max_message_bytes),
+        crate::rlqs::service(app.clone())
+            .max_decoding_message_size(limits.grpc_max_message_bytes)
+            .max_encoding_message_size(limits.grpc_max_message_bytes),
         health,
         limits.max_health_watches,
     );

@@ -27,6 +27,7 @@ mod redis;
 mod refund;
 mod reload;
 mod request_spans;
+mod rlqs;
 mod shadow;
 mod slow_clients;
 mod support;
