@@ -15,6 +15,7 @@ mod envoy_bans;
 mod envoy_migration;
 mod envoy_reference;
 mod envoy_reference_suite;
+mod envoy_sim;
 mod fuzz;
 mod grpc;
 pub(crate) mod grpc_health;
