@@ -18,9 +18,6 @@ use crate::{
     http::{Admin, ApiError},
 };
 
-/// Leased identities the dashboard lists at most.
-const LEASED_KEYS_SHOWN: usize = 20;
-
 const PAGE: &str = include_str!("assets/index.html");
 const SCRIPT: &str = include_str!("assets/dashboard.js");
 const STYLE: &str = include_str!("assets/dashboard.css");
@@ -156,16 +153,13 @@ pub(super) async fn stats(
                 "keys_rewritten_total": app.observed.repairs().map(|r| r.keys_rewritten),
             })),
             "persistence": app.persistence_report(),
-            "leases": app.observed.leases(LEASED_KEYS_SHOWN).map(|(stats, keys)| json!({
+            // Aggregates only: the leased identities are the admin's (`/v1/stats/top`).
+            "leases": app.observed.leases(0).map(|(stats, _)| json!({
                 "calls_total": stats.calls,
                 "local_admissions_total": stats.local_admissions,
                 "outstanding_units": stats.units_outstanding,
                 "returned_units_total": stats.units_returned,
-                "keys": keys.iter().map(|k| json!({
-                    "keys": k.keys,
-                    "units": k.units,
-                    "ends_in_ms": k.ends_in.as_millis(),
-                })).collect::<Vec<_>>(),
+                "leased_keys": stats.leased_keys,
             })),
         });
         (decisions, store)
@@ -267,10 +261,26 @@ pub(super) async fn top(
             })
         })
         .collect();
+    // The identities with a quota lease in hand (Redis), most units first.
+    let leased: Vec<Value> = app
+        .observed
+        .leases(limit)
+        .map(|(_, keys)| keys)
+        .unwrap_or_default()
+        .iter()
+        .map(|k| {
+            json!({
+                "keys": k.keys,
+                "units": k.units,
+                "ends_in_ms": k.ends_in.as_millis(),
+            })
+        })
+        .collect();
     Ok(Json(json!({
         "window_seconds": [TOP_GENERATION.as_secs(), 2 * TOP_GENERATION.as_secs()],
         "denials": top.sketch.total(),
         "capacity": TOP_CAPACITY,
         "top": entries,
+        "leased": leased,
     })))
 }

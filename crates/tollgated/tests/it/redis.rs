@@ -403,6 +403,9 @@ async fn leasing_servers_admit_exactly_the_limit_together() {
     let redis = RedisServer::start();
     let config = format!(
         r#"
+[server]
+admin_token_env = "TG_TEST_ADMIN"
+
 [store]
 url = "{}"
 timeout = "5s"
@@ -414,6 +417,27 @@ lease = {{ ttl = "10s", share = 0.25 }}
         redis.url()
     );
     let servers: Vec<Server> = (0..3).map(|_| Server::start(&config)).collect();
+    // Two checks of another identity: the second takes a lease, which the admin sees.
+    for _ in 0..2 {
+        let d = servers[0].check("tenant", json!({ "user_id": "t0" })).await;
+        assert_eq!(d["allowed"], true, "{d}");
+    }
+    let (status, top) = servers[0].get_admin("/v1/stats/top").await;
+    assert_eq!(status, 200, "{top}");
+    let leased = top["leased"].as_array().unwrap();
+    assert_eq!(leased.len(), 1, "{top}");
+    assert!(
+        leased[0]["keys"][0].as_str().unwrap().contains("t0"),
+        "{top}"
+    );
+    let t0_units = leased[0]["units"].as_u64().unwrap();
+    assert!(t0_units > 0, "{top}");
+    let (_, stats) = servers[0].get("/v1/stats").await;
+    assert_eq!(stats["store"]["leases"]["leased_keys"], 1, "{stats}");
+    assert!(
+        !stats.to_string().contains("t0"),
+        "no identity without the token: {stats}"
+    );
     let mut clients = Vec::new();
     for server in &servers {
         for _ in 0..4 {
@@ -441,7 +465,7 @@ lease = {{ ttl = "10s", share = 0.25 }}
     assert_eq!(admitted, LIMIT);
 
     let mut local = 0;
-    for server in &servers {
+    for (i, server) in servers.iter().enumerate() {
         let (_, metrics) = server.get_text("/metrics").await;
         let figure = |name: &str| -> u64 {
             metrics
@@ -454,14 +478,19 @@ lease = {{ ttl = "10s", share = 0.25 }}
             figure("tollgate_redis_lease_calls_total ") >= 1,
             "{metrics}"
         );
+        // Nothing in hand but t0's lease on the first server.
+        let held = if i == 0 { t0_units } else { 0 };
         assert_eq!(
             figure("tollgate_redis_lease_outstanding_units "),
-            0,
+            held,
             "{metrics}"
         );
         let (_, stats) = server.get("/v1/stats").await;
         let leases = &stats["store"]["leases"];
-        assert_eq!(leases["outstanding_units"], 0, "{stats}");
+        assert!(
+            leases["local_admissions_total"].as_u64().unwrap() > 0,
+            "{stats}"
+        );
         assert_eq!(
             stats["policies"][0]["lease"], "lease of at most 10s, 0.25 of what is left",
             "{stats}"

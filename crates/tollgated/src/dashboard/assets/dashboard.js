@@ -157,12 +157,9 @@ function drawStore(store) {
   row('local cache answers, total', store.local_cache_answers_total);
   row('memory store evictions, total', store.memory_evictions_total);
   const l = store.leases;
-  if (l && (l.calls_total || l.keys.length)) {
-    row('leases: calls / local admissions, total', l.calls_total + ' / ' + l.local_admissions_total);
-    row('leased units in hand / given back', l.outstanding_units + ' / ' + l.returned_units_total);
-    for (const k of l.keys) {
-      row('leased ' + k.keys.join(' + '), k.units + ' units, ends in ' + formatDuration(k.ends_in_ms));
-    }
+  if (l && l.calls_total) {
+    row('quota leases: calls / local admissions, total', l.calls_total + ' / ' + l.local_admissions_total);
+    row('leased identities / units in hand / given back', l.leased_keys + ' / ' + l.outstanding_units + ' / ' + l.returned_units_total);
   }
   const p = store.persistence;
   if (p) {
@@ -220,6 +217,12 @@ let topDrawn = null;
 async function pollTop() {
   const result = await api('/v1/stats/top?limit=10');
   if (!result.ok) return adminRefused(result);
+  const leased = $('leased');
+  leased.replaceChildren();
+  for (const k of result.body.leased) {
+    leased.appendChild(el('li', k.keys.join(' + ') + ': ' + k.units + ' units in hand, for ' + formatDuration(k.ends_in_ms)));
+  }
+  $('leased-hint').hidden = !result.body.leased.length;
   $('top-hint').textContent = result.body.top.length
     ? 'By denials over the last ' + result.body.window_seconds[0] / 60 + ' to ' + result.body.window_seconds[1] / 60 + ' minutes.'
     : 'Nobody was rate limited in the last minutes.';
