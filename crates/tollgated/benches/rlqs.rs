@@ -134,5 +134,6 @@ fn main() {
         println!("A's rates after: {:?}", a.rates.iter().filter(|(at, _)| *at > quiet).map(|(_, r)| (r * 100.0).round() / 100.0).collect::<Vec<_>>());
     });
     server.kill().unwrap();
+    server.wait().unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
