@@ -26,7 +26,7 @@ mod record;
 mod rlqs;
 
 pub(crate) use record::RecordSettings;
-pub(crate) use rlqs::RlqsBuckets;
+pub(crate) use rlqs::{RlqsBuckets, Serves};
 
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings},

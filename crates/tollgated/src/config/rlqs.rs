@@ -13,13 +13,20 @@
 //! A bucket counts in fixed windows: what an assignment admits lies inside the window that
 //! counted it.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, PoisonError},
+};
 
 use serde::Deserialize;
 use tollgate::{Algorithm, Dimension, Identity, Limiter, Policy, Rule};
 use toml::Spanned;
 
 use super::{ConfigError, Errors, valid_name};
+use crate::envoy::{
+    Domains,
+    descriptors::{Domain, Node, NodeKind},
+};
 
 /// The bucket id entry a bucket's value is found under (the identity of its checks).
 const VALUE: &str = "bucket";
@@ -43,30 +50,67 @@ struct RawBucket {
     rule: Spanned<String>,
 }
 
-/// One configured bucket: what bucket ids it matches, and its fleet-wide rule as a policy of
-/// one limiter by the matched values.
+/// What serves a bucket id: a fleet-wide quota, or a blanket answer.
 #[derive(Debug, Clone)]
+pub(crate) enum Serves {
+    /// A policy of one limiter by the matched values (fixed windows).
+    Quota(Arc<Policy>),
+    /// Every request admitted (a YAML descriptor that is `unlimited` or in shadow mode).
+    AllowAll,
+    /// Every request refused (a YAML descriptor of `requests_per_unit: 0`).
+    DenyAll,
+}
+
+/// A bucket: its name (distinct among buckets; part of its counters' keys) and what serves it.
+#[derive(Debug)]
 pub(crate) struct RlqsBucket {
     pub(crate) name: String,
+    pub(crate) serves: Serves,
+}
+
+/// A `[[rlqs.buckets]]` entry: what bucket ids it matches, and its bucket.
+#[derive(Debug, Clone)]
+struct TomlBucket {
     domain: Option<String>,
     /// The id's entries, by key: a fixed value, or `None` for any.
     entries: BTreeMap<String, Option<String>>,
-    pub(crate) policy: Arc<Policy>,
+    bucket: Arc<RlqsBucket>,
 }
 
-/// Every configured bucket, in file order (the first that matches an id serves it).
+/// Every configured bucket: `[[rlqs.buckets]]` in file order (the first that matches an id
+/// serves it), then the descriptors of the stream's Envoy domain (`[[envoy.domains]]` or
+/// Envoy's YAML), whose buckets are made at their first report and kept for the configuration's
+/// life (at most one per descriptor node).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct RlqsBuckets(pub(crate) Vec<RlqsBucket>);
+pub(crate) struct RlqsBuckets {
+    toml: Vec<TomlBucket>,
+    nodes: Arc<Mutex<NodeBuckets>>,
+}
+
+/// The buckets of descriptor nodes, by domain and node path.
+type NodeBuckets = HashMap<(String, Arc<str>), Arc<RlqsBucket>>;
 
 impl RlqsBuckets {
-    /// The bucket serving `id` (its entries, sorted by key) on a stream of `domain`, and the
-    /// identity its checks count by: the values of its `*` entries.
+    /// The bucket serving `id` on a stream of `domain`, and the identity its checks count by:
+    /// a `[[rlqs.buckets]]` entry whose entries are exactly the id's (the values of its `*`
+    /// entries), else the node of `domain`'s descriptor tree that limits the id's entries in
+    /// some order (see `Domain::find_unordered`; the values the node's path does not fix).
     pub(crate) fn find(
+        &self,
+        domains: &Domains,
+        domain: &str,
+        id: &BTreeMap<String, String>,
+    ) -> Option<(Arc<RlqsBucket>, Identity)> {
+        self.find_toml(domain, id)
+            .or_else(|| self.find_node(domains.get(domain)?, id))
+    }
+
+    fn find_toml(
         &self,
         domain: &str,
         id: &BTreeMap<String, String>,
-    ) -> Option<(&RlqsBucket, Identity)> {
-        self.0.iter().find_map(|b| {
+    ) -> Option<(Arc<RlqsBucket>, Identity)> {
+        self.toml.iter().find_map(|b| {
             if b.domain.as_deref().is_some_and(|d| d != domain) || b.entries.len() != id.len() {
                 return None;
             }
@@ -76,41 +120,101 @@ impl RlqsBuckets {
                     return None;
                 }
                 if wanted.is_none() {
-                    // Escaped parts joined by ':' (which escaping replaces): no two lists of
-                    // values make one text.
-                    tollgate::key::push_part(&mut value, given);
-                    value.push(':');
+                    push_value(&mut value, given);
                 }
             }
-            Some((b, Identity::new().with_header(VALUE, value)))
+            Some((b.bucket.clone(), Identity::new().with_header(VALUE, value)))
         })
     }
+
+    fn find_node(
+        &self,
+        domain: &Domain,
+        id: &BTreeMap<String, String>,
+    ) -> Option<(Arc<RlqsBucket>, Identity)> {
+        let (found, entries) = domain.find_unordered(id)?;
+        let mut value = String::new();
+        for (i, entry) in entries.iter().enumerate() {
+            // A wildcard with a shared counter counts every value it matches as one.
+            match found.shared.iter().find(|(at, _)| *at == i) {
+                Some((_, pattern)) => push_value(&mut value, pattern),
+                None => push_value(&mut value, &entry.value),
+            }
+        }
+        let key = (domain.name.to_string(), found.node.path.clone());
+        let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+        let bucket = nodes
+            .entry(key)
+            .or_insert_with(|| Arc::new(node_bucket(&domain.name, &found.node)))
+            .clone();
+        Some((bucket, Identity::new().with_header(VALUE, value)))
+    }
+}
+
+/// Appends one value of an identity: escaped parts joined by ':' (which escaping replaces),
+/// so that no two lists of values make one text.
+fn push_value(out: &mut String, value: &str) {
+    tollgate::key::push_part(out, value);
+    out.push(':');
+}
+
+/// The bucket of a descriptor node: its rules in fixed windows (a bucket's assignments lie in
+/// the window that counted them), or a blanket answer.
+fn node_bucket(domain: &str, node: &Node) -> RlqsBucket {
+    let name = format!("envoy:{domain}/{}", node.path);
+    let serves = match node.kind {
+        NodeKind::Unlimited => Serves::AllowAll,
+        NodeKind::Blocked(_) => Serves::DenyAll,
+        NodeKind::Rules if node.shadow => Serves::AllowAll,
+        NodeKind::Rules => {
+            let rules = node
+                .rules
+                .iter()
+                .map(|r| r.with_algorithm(Algorithm::FixedWindow));
+            match Policy::builder(format!("rlqs.{name}"))
+                .limiter(Limiter::new(Dimension::Header(VALUE.into()), rules))
+                .build()
+            {
+                Ok(policy) => Serves::Quota(Arc::new(policy)),
+                Err(e) => {
+                    // The node's rules were valid as a descriptor's: refuse rather than admit
+                    // what nothing counts.
+                    tracing::error!(bucket = %name, error = %e, "an RLQS bucket from a descriptor cannot be served; denying it");
+                    Serves::DenyAll
+                }
+            }
+        }
+    };
+    RlqsBucket { name, serves }
 }
 
 impl RawRlqs {
     pub(super) fn validate(self, errors: &Errors<'_>) -> Result<RlqsBuckets, ConfigError> {
-        let mut buckets: Vec<RlqsBucket> = Vec::new();
+        let mut buckets: Vec<TomlBucket> = Vec::new();
         for (i, raw) in self.buckets.into_iter().enumerate() {
             let field = format!("rlqs.buckets[{i}]");
             let bucket = raw.into_inner().validate(&field, errors)?;
-            if buckets.iter().any(|b| b.name == bucket.name) {
+            if buckets.iter().any(|b| b.bucket.name == bucket.bucket.name) {
                 return Err(errors.at(
                     None,
                     format!("{field}.name"),
                     format!(
                         "two buckets are named {:?}; give one a distinct name (they would share counters)",
-                        bucket.name
+                        bucket.bucket.name
                     ),
                 ));
             }
             buckets.push(bucket);
         }
-        Ok(RlqsBuckets(buckets))
+        Ok(RlqsBuckets {
+            toml: buckets,
+            nodes: Arc::default(),
+        })
     }
 }
 
 impl RawBucket {
-    fn validate(self, field: &str, errors: &Errors<'_>) -> Result<RlqsBucket, ConfigError> {
+    fn validate(self, field: &str, errors: &Errors<'_>) -> Result<TomlBucket, ConfigError> {
         let name = self.name.get_ref();
         if !valid_name(name) {
             return Err(errors.at(
@@ -152,11 +256,13 @@ impl RawBucket {
             .into_iter()
             .map(|(k, v)| (k, (v != ANY).then_some(v)))
             .collect();
-        Ok(RlqsBucket {
-            name: self.name.into_inner(),
+        Ok(TomlBucket {
             domain: self.domain,
             entries,
-            policy: Arc::new(policy),
+            bucket: Arc::new(RlqsBucket {
+                name: self.name.into_inner(),
+                serves: Serves::Quota(Arc::new(policy)),
+            }),
         })
     }
 }
@@ -199,26 +305,47 @@ rule = "100/1s"
         )
         .unwrap();
         let (b, who) = buckets
-            .find("edge", &id(&[("route", "checkout"), ("tenant", "t:1")]))
+            .find(
+                &Domains::default(),
+                "edge",
+                &id(&[("route", "checkout"), ("tenant", "t:1")]),
+            )
             .unwrap();
         assert_eq!(b.name, "checkout");
         assert_eq!(who.header(VALUE), Some("t%3A1:"));
         // Another domain, a value that differs, a key missing or added: not this bucket.
         assert!(
             buckets
-                .find("other", &id(&[("route", "checkout"), ("tenant", "t1")]))
+                .find(
+                    &Domains::default(),
+                    "other",
+                    &id(&[("route", "checkout"), ("tenant", "t1")])
+                )
                 .is_none()
         );
         assert!(
             buckets
-                .find("edge", &id(&[("route", "cart"), ("tenant", "t1")]))
+                .find(
+                    &Domains::default(),
+                    "edge",
+                    &id(&[("route", "cart"), ("tenant", "t1")])
+                )
                 .is_none()
         );
-        assert!(buckets.find("edge", &id(&[("tenant", "t1")])).is_none());
-        let (b, _) = buckets.find("any", &id(&[("route", "cart")])).unwrap();
+        assert!(
+            buckets
+                .find(&Domains::default(), "edge", &id(&[("tenant", "t1")]))
+                .is_none()
+        );
+        let (b, _) = buckets
+            .find(&Domains::default(), "any", &id(&[("route", "cart")]))
+            .unwrap();
         assert_eq!(b.name, "all");
+        let Serves::Quota(policy) = &b.serves else {
+            panic!("{:?}", b.serves)
+        };
         assert_eq!(
-            b.policy.limiters()[0].rules()[0].algorithm(),
+            policy.limiters()[0].rules()[0].algorithm(),
             Algorithm::FixedWindow
         );
     }

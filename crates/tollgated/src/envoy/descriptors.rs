@@ -290,6 +290,10 @@ pub(crate) struct Node {
     children: Level,
 }
 
+/// The most entries a bucket id of Envoy's quota service has to be matched against a domain's
+/// tree (every order of them is tried: 120 at most).
+pub(crate) const MAX_UNORDERED: usize = 5;
+
 /// The limit of a counting rule (see `Node::counting`): beyond any count, and exact in Lua's
 /// doubles.
 pub(crate) const COUNT_ALL: u64 = 1 << 52;
@@ -401,6 +405,50 @@ impl Domain {
                 });
             }
             level = &node.children;
+        }
+        None
+    }
+
+    /// The node that limits a descriptor of these entries in some order, for a bucket id of
+    /// Envoy's quota service (a map, where a descriptor is a list): the first order of its
+    /// entries, in lexicographic order of the orders of their keys, that [`Domain::find`]
+    /// matches, with the entries in that order. An id of more than [`MAX_UNORDERED`] entries
+    /// matches nothing.
+    pub(crate) fn find_unordered(
+        &self,
+        id: &std::collections::BTreeMap<String, String>,
+    ) -> Option<(Found, Vec<Entry>)> {
+        if id.len() > MAX_UNORDERED {
+            return None;
+        }
+        let all: Vec<Entry> = id
+            .iter()
+            .map(|(key, value)| Entry {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        let mut order = Vec::with_capacity(all.len());
+        self.find_in_order(&all, &mut order)
+    }
+
+    /// [`Domain::find_unordered`] of the orders that begin with `order` (indexes into `all`).
+    fn find_in_order(&self, all: &[Entry], order: &mut Vec<usize>) -> Option<(Found, Vec<Entry>)> {
+        if order.len() == all.len() {
+            let entries: Vec<Entry> = order.iter().map(|&i| all[i].clone()).collect();
+            return self.find(&entries, None).map(|found| (found, entries));
+        }
+        for i in 0..all.len() {
+            // An order whose first key has no node at the root matches nothing.
+            if order.contains(&i) || order.is_empty() && !self.root.by_key.contains_key(&all[i].key)
+            {
+                continue;
+            }
+            order.push(i);
+            if let Some(found) = self.find_in_order(all, order) {
+                return Some(found);
+            }
+            order.pop();
         }
         None
     }

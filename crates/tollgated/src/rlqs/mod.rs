@@ -1,7 +1,8 @@
 //! Envoy's rate-limit quota service (RLQS, `envoy.service.rate_limit_quota.v3`): Envoys stream
 //! usage reports per bucket; the server answers each report with the bucket's assignment.
 //!
-//! A bucket id that `[[rlqs.buckets]]` serves gets a token bucket: its Envoy's share (by the
+//! A bucket id that `[[rlqs.buckets]]` or a descriptor of the stream's domain serves
+//! (`crate::config::RlqsBuckets`) gets a token bucket: its Envoy's share (by the
 //! demand its reports show, against the other Envoys reporting the same bucket here) of the
 //! rate the bucket can still sustain to the end of its window (what the store says is left,
 //! over the time left), for about two report intervals and never past the window's end.
@@ -55,7 +56,7 @@ use futures_util::Stream;
 use tollgate::{Decision, Identity, Policy, Reason};
 
 pub(crate) use self::assign::TokenBucket;
-use crate::{app::App, envoy::descriptors::pb_duration};
+use crate::{app::App, config::Serves, envoy::descriptors::pb_duration};
 
 /// A report interval until an Envoy's reports say what theirs is.
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
@@ -226,7 +227,7 @@ impl Stream_ {
             .collect();
         let config = self.app.config_full();
         let domain = self.domain.as_deref().unwrap_or_default();
-        let Some((bucket, who)) = config.rlqs.find(domain, &id) else {
+        let Some((bucket, who)) = config.rlqs.find(&config.envoy, domain, &id) else {
             if let Some(gone) = self.subscriptions.remove(&id) {
                 self.forget(&gone.key);
             }
@@ -264,10 +265,27 @@ impl Stream_ {
                 .max(sub.interval / 2)
                 .clamp(Duration::from_millis(10), Duration::from_secs(60));
         }
+        let policy = match &bucket.serves {
+            Serves::Quota(policy) => policy,
+            Serves::AllowAll => {
+                return blanket(
+                    sub,
+                    BlanketRule::AllowAll,
+                    Instant::now() + sub.interval * INTERVALS_COVERED,
+                );
+            }
+            Serves::DenyAll => {
+                return blanket(
+                    sub,
+                    BlanketRule::DenyAll,
+                    Instant::now() + sub.interval * INTERVALS_COVERED,
+                );
+            }
+        };
         let asked = usage.num_requests_allowed + usage.num_requests_denied;
         let demand = elapsed.map(|e| asked as f64 / e.as_secs_f64());
         let (share, ahead) = self.shared.share(&key, self.id, demand, sub.interval);
-        let action = charge(&self.app, &bucket.policy, &key.1, sub, share, ahead, demand).await;
+        let action = charge(&self.app, policy, &key.1, sub, share, ahead, demand).await;
         let live = match sub.assigned {
             Some((Assigned::Bucket(b), until)) => Some((b, until)),
             _ => None,
@@ -468,10 +486,14 @@ async fn charge(
     }
 }
 
-/// When the window of the decision's rule ends, on this host's clock (measured from `sent`,
-/// before the store's now: never later than the store's end).
+/// When the first of the decision's rules' windows ends, on this host's clock (measured from
+/// `sent`, before the store's now: never later than the store's end).
 fn window_end_of(decision: &Decision, policy: &Policy, sent: Instant) -> Option<Instant> {
-    decision.rules(policy).first().map(|r| sent + r.reset_after)
+    decision
+        .rules(policy)
+        .iter()
+        .map(|r| sent + r.reset_after)
+        .min()
 }
 
 /// The last instant an assignment may last in a window ending at `end`.

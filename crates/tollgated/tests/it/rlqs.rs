@@ -10,7 +10,7 @@ use tollgate_testkit::{RedisCluster, RedisSentinelSet, RedisServer};
 
 use crate::{
     envoy_sim::{Envoy, State, bucket_id},
-    support::Server,
+    support::{Server, TempDir},
 };
 
 /// How often a simulated Envoy reports.
@@ -250,4 +250,110 @@ async fn when_an_envoys_stream_ends_the_other_has_the_bucket_at_its_next_report(
         "A's rate {shared:.1}/s with B, at most {alone:.1}/s after B's stream ended: {:?}",
         a.rates
     );
+}
+
+/// Envoy's YAML, served by the drop-in for Envoy's reference service: a bucket id is matched
+/// against its domain's descriptors in whatever order its entries fit the tree.
+const YAML: &str = "\
+domain: edge
+descriptors:
+  - key: route
+    value: checkout
+    descriptors:
+      - key: tenant
+        rate_limit:
+          unit: hour
+          requests_per_unit: 20
+  - key: route
+    value: health
+    rate_limit:
+      unlimited: true
+  - key: route
+    value: closed
+    rate_limit:
+      unit: hour
+      requests_per_unit: 0
+";
+
+/// Until `envoy` has been told `action`.
+async fn until_told(envoy: &Envoy, action: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !envoy.state.lock().unwrap().actions.contains(&action) {
+        assert!(Instant::now() < deadline, "never told {action}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_drop_in_serves_buckets_from_its_yaml_descriptors() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new();
+    let yaml = dir.path().join("current/rl/config");
+    std::fs::create_dir_all(&yaml).unwrap();
+    std::fs::write(yaml.join("edge.yaml"), YAML).unwrap();
+    let root = dir.path().join("current").display().to_string();
+    let url = redis.addr().to_string();
+    let server = Server::start_envoy(
+        dir,
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", url.as_str()),
+            ("RUNTIME_ROOT", root.as_str()),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+        ],
+    );
+    let hour = Duration::from_secs(3600);
+    let start = |id: &[(&str, &str)], demand: f64| {
+        Envoy::start(
+            &server.grpc,
+            "edge",
+            bucket_id(id),
+            demand,
+            hour,
+            REPORT_EVERY,
+        )
+    };
+    // The id's entries in either order: the tree's is route, then tenant.
+    let t1 = start(&[("tenant", "t1"), ("route", "checkout")], 500.0).await;
+    let health = start(&[("route", "health")], 50.0).await;
+    let closed = start(&[("route", "closed")], 50.0).await;
+    let unknown = start(&[("route", "cart")], 50.0).await;
+    let too_deep = start(&[("route", "health"), ("tenant", "t1")], 50.0).await;
+    until_told(&t1, "deny_all").await;
+    // Another tenant counts apart: t1 is spent, t2 is served.
+    let t2 = start(&[("route", "checkout"), ("tenant", "t2")], 500.0).await;
+    until_told(&t2, "token_bucket").await;
+    tokio::time::sleep(REPORT_EVERY * 3).await;
+    let [t1, t2, health, closed, unknown, too_deep] =
+        [t1, t2, health, closed, unknown, too_deep].map(Envoy::stop);
+
+    for (tenant, state) in [("t1", &t1), ("t2", &t2)] {
+        let admitted: u64 = state.by_window.values().sum();
+        assert!(
+            (1..=20).contains(&admitted),
+            "{tenant}: {admitted} admitted of 20; {:?}",
+            state.actions
+        );
+    }
+    let first_deny = t1.actions.iter().position(|&k| k == "deny_all").unwrap();
+    assert!(
+        t1.actions[first_deny..].iter().all(|&k| k == "deny_all"),
+        "{:?}",
+        t1.actions
+    );
+    for (name, state, only) in [
+        ("unlimited", &health, "allow_all"),
+        ("requests_per_unit 0", &closed, "deny_all"),
+        ("no descriptor", &unknown, "abandon"),
+        ("longer than the descriptor", &too_deep, "abandon"),
+    ] {
+        assert!(!state.actions.is_empty(), "{name}: no answer");
+        assert!(
+            state.actions.iter().all(|&k| k == only),
+            "{name}: {:?}",
+            state.actions
+        );
+    }
+    assert!(health.by_window.values().sum::<u64>() > 0);
+    assert!(closed.by_window.is_empty() && unknown.by_window.is_empty());
 }
