@@ -147,6 +147,7 @@ macro_rules! conformance_suite {
             refunds_give_back_what_a_check_charged,
             calendar_windows_follow_the_zones_days,
             concurrency_leases_bound_what_is_in_flight,
+            warnings_name_the_rules_past_their_fraction,
             store_answers_ping,
         );
 
@@ -1718,6 +1719,64 @@ pub async fn denial_names_the_first_denying_limiter<S: FullStore>(s: Subject<S>)
     let d = s.check(&p, &ip(3).with_user_id("v"), 1).await;
     assert!(d.allowed());
     assert_eq!(d.message(), None);
+}
+
+fn warnings(d: &NamedDecision) -> Vec<String> {
+    d.warnings()
+        .map(|r| {
+            format!(
+                "{}:{}/{}:{}",
+                r.limiter,
+                r.rule,
+                r.rule.algorithm(),
+                r.remaining
+            )
+        })
+        .collect()
+}
+
+/// Warnings: an admission that brings a rule of a warning limiter to its fraction names the
+/// rule, on every algorithm; a shadow limiter and a limiter without a warning never warn; a
+/// denial warns of nothing.
+pub async fn warnings_name_the_rules_past_their_fraction<S: FullStore>(s: Subject<S>) {
+    let p = policy(
+        "warn",
+        [
+            Limiter::new(Dimension::Ip, [rule("10/1m"), gcra("10/1m")]).with_warning(0.8),
+            Limiter::new(Dimension::UserId, [rule("9/1m")]),
+            Limiter::new(Dimension::Ip, [rule("100/1m")])
+                .with_name("trial")
+                .with_shadow(true)
+                .with_warning(0.01),
+        ],
+    );
+    let who = ip(1).with_user_id("u1");
+    s.at(ms(0));
+    let d = s.check(&p, &who, 7).await;
+    assert!(d.allowed() && warnings(&d).is_empty(), "{d:#?}");
+    // 8 of 10: both rules warn; the user's 8 of 9 has no warning to give.
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!(
+        warnings(&d),
+        ["ip:10/1m/sliding_log:2", "ip:10/1m/gcra:2"],
+        "{d:#?}"
+    );
+    // Denied (the user's 9): nothing in warning, and nothing counted.
+    let d = s.check(&p, &who, 2).await;
+    assert!(!d.allowed() && warnings(&d).is_empty(), "{d:#?}");
+
+    let p = policy(
+        "warn_fixed",
+        [Limiter::new(Dimension::Ip, [fixed("5/1m")]).with_warning(0.8)],
+    );
+    let d = s.check(&p, &who, 3).await;
+    assert!(warnings(&d).is_empty(), "{d:#?}");
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!(warnings(&d), ["ip:5/1m/fixed_window:1"], "{d:#?}");
+    // A new window: below the warning again.
+    s.at(ms(60_000));
+    let d = s.check(&p, &who, 1).await;
+    assert!(d.allowed() && warnings(&d).is_empty(), "{d:#?}");
 }
 
 /// Scenario 16: the store answers a ping.

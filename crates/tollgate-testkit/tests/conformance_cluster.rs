@@ -92,6 +92,7 @@ mod conformance {
         refunds_give_back_what_a_check_charged,
         calendar_windows_follow_the_zones_days,
         concurrency_leases_bound_what_is_in_flight,
+        warnings_name_the_rules_past_their_fraction,
         store_answers_ping,
     );
 }

@@ -330,6 +330,30 @@ impl Decision {
             .filter(|r| !r.allowed && r.shadow)
     }
 
+    /// The enforced rules this admission brought to their limiter's warning or beyond (see
+    /// [`Limiter::with_warning`](crate::Limiter::with_warning)), named from `policy`; none when
+    /// the request was denied (its denied rules say more) or nothing was counted.
+    pub fn warnings<'a>(&'a self, policy: &'a Policy) -> impl Iterator<Item = RuleDecision> + 'a {
+        self.warnings_of(&policy.limiters, policy.warns)
+    }
+
+    fn warnings_of<'a>(
+        &'a self,
+        limiters: &'a [Limiter],
+        warns: bool,
+    ) -> impl Iterator<Item = RuleDecision> + 'a {
+        let counted = warns && self.allowed && self.reason == Reason::Ok;
+        limiters
+            .iter()
+            .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
+            .zip(&self.said)
+            .take(if counted { usize::MAX } else { 0 })
+            .filter(|((limiter, rule), said)| {
+                said.named() && !limiter.shadow && limiter.warns(rule, said.remaining)
+            })
+            .map(|((limiter, rule), said)| named(limiter, rule, *said))
+    }
+
     /// Where the store recorded this admission, for an exact
     /// [`refund`](crate::Tollgate::refund); `None` when nothing was recorded (a denial, a peek,
     /// a bypass, a cost of 0, a decision made without the store).
@@ -363,14 +387,19 @@ impl Decision {
             .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
             .zip(&self.said)
             .filter(|(_, said)| said.named())
-            .map(|((limiter, rule), said)| RuleDecision {
-                limiter: limiter.name.clone(),
-                rule: *rule,
-                allowed: said.allowed(),
-                remaining: said.remaining,
-                reset_after: Duration::from_micros(said.reset_after_us()),
-                shadow: limiter.shadow,
-            })
+            .map(|((limiter, rule), said)| named(limiter, rule, *said))
+    }
+}
+
+/// What `said` of `limiter`'s `rule`, named.
+fn named(limiter: &Limiter, rule: &Rule, said: Said) -> RuleDecision {
+    RuleDecision {
+        limiter: limiter.name.clone(),
+        rule: *rule,
+        allowed: said.allowed(),
+        remaining: said.remaining,
+        reset_after: Duration::from_micros(said.reset_after_us()),
+        shadow: limiter.shadow,
     }
 }
 
@@ -414,6 +443,15 @@ impl NamedDecision {
         self.decision
             .each_named(&self.limiters)
             .filter(|r| !r.allowed && r.shadow)
+    }
+
+    /// The rules in warning (see [`Decision::warnings`]).
+    pub fn warnings(&self) -> impl Iterator<Item = RuleDecision> + '_ {
+        let warns = self
+            .limiters
+            .iter()
+            .any(|l| l.warn_at.is_some() && !l.shadow);
+        self.decision.warnings_of(&self.limiters, warns)
     }
 
     /// The decision alone.

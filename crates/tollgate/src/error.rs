@@ -142,6 +142,16 @@ pub enum PolicyError {
     /// A quota lease with numbers out of range, or over rules it cannot lease.
     #[error("lease: {0}")]
     Lease(String),
+    /// A limiter's warning is not a fraction above 0 and at most 1.
+    #[error(
+        "limiter {limiter:?} warns at {fraction}: a warning is a fraction of each rule's limit, above 0 and at most 1 (e.g. 0.8)"
+    )]
+    Warning {
+        /// The limiter's name.
+        limiter: String,
+        /// The fraction given, as written.
+        fraction: String,
+    },
     /// A limiter without rules.
     #[error("limiter {0:?} has no rules")]
     NoRules(String),

@@ -248,6 +248,8 @@ pub struct Limiter {
     pub(crate) message: Option<Arc<str>>,
     pub(crate) ban: Option<BanRule>,
     pub(crate) shadow: bool,
+    /// Warn when a rule's use reaches this fraction of its limit.
+    pub(crate) warn_at: Option<f64>,
 }
 
 impl Limiter {
@@ -260,6 +262,7 @@ impl Limiter {
             message: None,
             ban: None,
             shadow: false,
+            warn_at: None,
         }
     }
 
@@ -294,6 +297,49 @@ impl Limiter {
     pub fn with_shadow(mut self, shadow: bool) -> Limiter {
         self.shadow = shadow;
         self
+    }
+
+    /// Warns when an admitted request brings one of this limiter's rules to `fraction` of its
+    /// limit or more (`0 < fraction <= 1`): a soft signal before the hard one, for a client to
+    /// slow down or a team to raise a plan. The decision says which rules are in warning
+    /// ([`Decision::warnings`](crate::Decision::warnings)); nothing else changes, and a check of
+    /// a policy without warnings pays nothing for them.
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let policy = Policy::builder("export")
+    ///     .limiter(Limiter::new(Dimension::UserId, ["10/1h".parse()?]).with_warning(0.8))
+    ///     .build()?;
+    /// let who = Identity::new().with_user_id("u1");
+    /// for _ in 0..7 {
+    ///     assert!(gate.check(&policy, &who, 1).await?.warnings(&policy).next().is_none());
+    /// }
+    /// let eighth = gate.check(&policy, &who, 1).await?;
+    /// let warned: Vec<_> = eighth.warnings(&policy).collect();
+    /// assert_eq!((warned[0].rule.to_string(), warned[0].remaining), ("10/1h".into(), 2));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn with_warning(mut self, fraction: f64) -> Limiter {
+        self.warn_at = Some(fraction);
+        self
+    }
+
+    /// The fraction of each rule's limit at which this limiter warns, if it does (see
+    /// [`with_warning`](Self::with_warning)).
+    pub fn warning(&self) -> Option<f64> {
+        self.warn_at
+    }
+
+    /// Whether `used` units of `rule` (one of this limiter's) reached its warning.
+    pub(crate) fn warns(&self, rule: &Rule, remaining: u64) -> bool {
+        self.warn_at.is_some_and(|fraction| {
+            let used = rule.limit().saturating_sub(remaining);
+            used as f64 >= (fraction * rule.limit() as f64).ceil()
+        })
     }
 
     /// Whether this limiter is in shadow mode (see [`with_shadow`](Self::with_shadow)).
@@ -416,6 +462,8 @@ pub struct Policy {
     pub(crate) key_heads: Box<[Box<str>]>,
     /// Whether a denial can ban the identity: some enforced limiter has a ban rule.
     pub(crate) may_ban: bool,
+    /// Some enforced limiter warns (see [`Limiter::with_warning`]).
+    pub(crate) warns: bool,
     /// Every limiter is in shadow mode.
     pub(crate) shadow: bool,
     /// Whom the bans this policy writes refuse.
@@ -460,6 +508,12 @@ impl Policy {
     /// How far a check's writes must reach before its decision is final.
     pub fn durability(&self) -> Durability {
         self.durability
+    }
+
+    /// Some enforced limiter warns before its limit (see [`Limiter::with_warning`]): a front
+    /// end that reports warnings looks for them only then.
+    pub fn warns(&self) -> bool {
+        self.warns
     }
 
     /// The policy's quota lease, if its quota is leased (see [`PolicyBuilder::lease`]).
@@ -603,6 +657,14 @@ impl PolicyBuilder {
             if limiter.rules.is_empty() {
                 return Err(PolicyError::NoRules(limiter.name.to_string()));
             }
+            if let Some(fraction) = limiter.warn_at
+                && !(fraction > 0.0 && fraction <= 1.0)
+            {
+                return Err(PolicyError::Warning {
+                    limiter: limiter.name.to_string(),
+                    fraction: fraction.to_string(),
+                });
+            }
             let mut rules = HashSet::new();
             for rule in limiter.rules.iter() {
                 if rule.algorithm() == Algorithm::SlidingLog && rule.limit() > MAX_LOG_LIMIT {
@@ -657,6 +719,10 @@ impl PolicyBuilder {
         Ok(Policy {
             key_heads,
             may_ban: self.limiters.iter().any(|l| l.ban.is_some() && !l.shadow),
+            warns: self
+                .limiters
+                .iter()
+                .any(|l| l.warn_at.is_some() && !l.shadow),
             shadow: self.limiters.iter().all(|l| l.shadow),
             scope: self.scope,
             limiters: self.limiters,
@@ -829,6 +895,37 @@ mod tests {
             Durability::Async,
             "async unless asked"
         );
+    }
+
+    #[test]
+    fn a_warning_is_a_fraction_above_zero_and_at_most_one() {
+        let build = |fraction: f64| {
+            Policy::builder("p")
+                .limiter(
+                    Limiter::new(Dimension::Ip, ["10/1m".parse().unwrap()]).with_warning(fraction),
+                )
+                .build()
+        };
+        for bad in [0.0, -0.5, 1.01, f64::NAN, f64::INFINITY] {
+            let e = build(bad).unwrap_err();
+            assert!(matches!(e, PolicyError::Warning { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("above 0 and at most 1"), "{e}");
+        }
+        for good in [0.01, 0.8, 1.0] {
+            let policy = build(good).unwrap();
+            assert!(policy.warns());
+            assert_eq!(policy.limiters()[0].warning(), Some(good));
+        }
+        // A shadow limiter's warning is never given: the policy does not warn.
+        let shadow = Policy::builder("p")
+            .limiter(
+                Limiter::new(Dimension::Ip, ["10/1m".parse().unwrap()])
+                    .with_warning(0.5)
+                    .with_shadow(true),
+            )
+            .build()
+            .unwrap();
+        assert!(!shadow.warns());
     }
 
     #[test]
