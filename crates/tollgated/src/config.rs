@@ -808,6 +808,8 @@ struct RawLimiter {
     ipv6_prefix: Option<Spanned<i64>>,
     #[serde(default)]
     shadow: bool,
+    /// Warn when a rule's use reaches this fraction of its limit.
+    warn_at: Option<Spanned<f64>>,
 }
 
 impl RawLimiter {
@@ -905,6 +907,19 @@ impl RawLimiter {
         }
         if let Some(ban) = self.blocklist {
             limiter = limiter.with_blocklist(ban.0);
+        }
+        if let Some(warn_at) = self.warn_at {
+            let fraction = *warn_at.get_ref();
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                return Err(errors.at(
+                    Some(warn_at.span()),
+                    format!("{here}.warn_at"),
+                    format!(
+                        "expected a fraction of each rule's limit above 0 and at most 1 (e.g. 0.8), not {fraction}"
+                    ),
+                ));
+            }
+            limiter = limiter.with_warning(fraction);
         }
         Ok(limiter.with_shadow(self.shadow))
     }
@@ -1743,6 +1758,32 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse("t.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn warn_at_is_a_fraction_of_each_rule() {
+        let policy = |warn: &str| {
+            format!(
+                "[policies.q]\nlimiters = [\n  {{ by = \"user_id\", rules = \"100/1h\", warn_at = {warn} }},\n]\n"
+            )
+        };
+        let config = Config::parse("t.toml", &policy("0.8")).unwrap();
+        assert_eq!(
+            config.policies["q"].policy.limiters()[0].warning(),
+            Some(0.8)
+        );
+        assert!(config.policies["q"].policy.warns());
+        for bad in ["0.0", "1.5", "-1.0"] {
+            let e = err(&policy(bad));
+            assert!(
+                e.contains("t.toml:3")
+                    && e.contains("policies.q.limiters[0].warn_at")
+                    && e.contains("above 0 and at most 1"),
+                "{bad}: {e}"
+            );
+        }
+        let e = err(&policy("\"80%\""));
+        assert!(e.contains("warn_at") || e.contains("invalid type"), "{e}");
     }
 
     #[test]

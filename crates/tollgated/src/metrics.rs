@@ -2,15 +2,16 @@
 //! size, configuration reloads.
 
 use std::{
+    collections::HashSet,
     future::Future,
     sync::{
-        Arc, OnceLock,
+        Arc, Mutex, OnceLock, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use tollgate::MemoryStore;
+use tollgate::{MemoryStore, RuleDecision};
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
@@ -96,11 +97,14 @@ impl OncePerSecond {
     }
 }
 
-fn epoch() -> Duration {
+pub(crate) fn epoch() -> Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
 }
+
+/// The most keys remembered as warned in their window (16 bytes each, about 1 MiB).
+const MAX_WARNED: usize = 65_536;
 
 struct Inner {
     registry: Registry,
@@ -111,6 +115,9 @@ struct Inner {
     check_errors: Counter,
     decisions: Family<DecisionLabels, Counter>,
     shadow_denials: Family<ShadowLabels, Counter>,
+    warnings: Family<ShadowLabels, Counter>,
+    /// The keys whose warning was logged in their current window.
+    warned: Mutex<HashSet<u64>>,
     /// Would-be denials of shadow limiters, logged once a second at most.
     shadow_log: OncePerSecond,
     /// Decisions the store could not make (`store_unavailable`), logged once a second at most.
@@ -149,6 +156,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("tollgate");
         let decisions = Family::<DecisionLabels, Counter>::default();
         let shadow_denials = Family::<ShadowLabels, Counter>::default();
+        let warnings = Family::<ShadowLabels, Counter>::default();
         let store_latency = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
             latency_histogram,
         );
@@ -164,6 +172,11 @@ impl Metrics {
             "shadow_denials",
             "Requests a shadow limiter (or Envoy shadow descriptor) would have denied, by policy and limiter; they were admitted",
             shadow_denials.clone(),
+        );
+        registry.register(
+            "warnings",
+            "Admitted requests that brought a rule of a warning limiter (`warn_at`) to its warning, by policy and limiter",
+            warnings.clone(),
         );
         registry.register(
             "store_latency_seconds",
@@ -296,6 +309,8 @@ impl Metrics {
             descriptors,
             record,
             shadow_denials,
+            warnings,
+            warned: Mutex::default(),
             shadow_log: OncePerSecond::default(),
             unavailable_log: OncePerSecond::default(),
             unavailable: AtomicU64::new(0),
@@ -393,6 +408,47 @@ impl Metrics {
                 "shadow limit would have denied a request (admitted); `unlogged`: others since the last such line"
             );
         }
+    }
+
+    /// Counts an admission that brought `rule` of `limiter` of `policy` to its warning, and
+    /// logs it once per key (`key`: a hash of the policy, limiter, rule and identity value) and
+    /// window (`window`: a number that changes when the rule's window does).
+    pub(crate) fn warned(
+        &self,
+        policy: &str,
+        limiter: &str,
+        rule: &RuleDecision,
+        rule_text: &str,
+        key: u64,
+        window: u64,
+    ) {
+        self.0
+            .warnings
+            .get_or_create(&ShadowLabels {
+                policy: policy.to_owned(),
+                limiter: limiter.to_owned(),
+            })
+            .inc();
+        let once = key ^ window.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        {
+            let mut warned = self.0.warned.lock().unwrap_or_else(PoisonError::into_inner);
+            if warned.len() >= MAX_WARNED {
+                // Bounded: a key may then be logged twice in a window, never more often
+                // than its warnings come.
+                warned.clear();
+            }
+            if !warned.insert(once) {
+                return;
+            }
+        }
+        tracing::warn!(
+            policy,
+            limiter,
+            rule = rule_text,
+            remaining = rule.remaining,
+            key = format_args!("{key:016x}"),
+            "a rule reached its warning (logged once per key and window; `key` is a hash of the identity)"
+        );
     }
 
     /// Records one store operation; `failed` counts it as a store error.

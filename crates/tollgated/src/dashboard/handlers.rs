@@ -182,6 +182,7 @@ pub(super) async fn stats(
                         "algorithm": r.algorithm().to_string(),
                     })).collect::<Vec<_>>(),
                     "blocklist": l.blocklist().map(|b| tollgate::format_duration(b.duration())),
+                    "warn_at": l.warning(),
                 })).collect::<Vec<_>>(),
                 "duplicate": entry.duplicate.as_ref().map(|g| format!(
                     "by {} for {}", g.by(), tollgate::format_duration(g.ttl())

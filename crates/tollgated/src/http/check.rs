@@ -165,6 +165,9 @@ pub(super) fn record(
         if decision.allowed() && decision.shadow_denied() {
             shadow_denied(app, policy, &entry.policy, &decision);
         }
+        if decision.allowed() && entry.policy.warns() {
+            warned(app, policy, &entry.policy, identity, &decision);
+        }
     } else {
         app.record_store_call("peek", decision.reason(), started);
     }
@@ -186,6 +189,44 @@ pub(super) async fn timed<T>(
         matches!(result, Err(CheckError::Store(_))),
     );
     result.map_err(check_error)
+}
+
+/// Counts each rule in warning, and logs it once per key and window.
+fn warned(
+    app: &App,
+    name: &str,
+    policy: &tollgate::Policy,
+    identity: &Identity,
+    decision: &Decision,
+) {
+    use std::hash::{Hash, Hasher};
+
+    let now_ms = crate::metrics::epoch().as_millis() as u64;
+    for rule in decision.warnings(policy) {
+        let Some(limiter) = policy
+            .limiters()
+            .iter()
+            .find(|l| l.name() == &*rule.limiter)
+        else {
+            continue;
+        };
+        let mut key = std::hash::DefaultHasher::new();
+        (name, &*rule.limiter, rule.rule).hash(&mut key);
+        limiter.dimension().value(identity).hash(&mut key);
+        // The same number for the rest of the rule's window (a fixed window's end; about a
+        // window's length apart for the others).
+        let window_ms = rule.rule.window_ms().max(1);
+        let ends_ms = now_ms + rule.reset_after.as_millis() as u64;
+        let window = (ends_ms + window_ms / 2) / window_ms;
+        app.metrics.warned(
+            name,
+            &rule.limiter,
+            &rule,
+            &rule.rule.to_string(),
+            key.finish(),
+            window,
+        );
+    }
 }
 
 /// Counts and logs each shadow limiter that would have denied an admitted check.

@@ -94,8 +94,9 @@ pub(crate) struct ResetRequest {
 /// Writes a decision as JSON into `out`, straight from the decision: `{"allowed", "reason",
 /// "retry_after_ms", "message", "rules": [{"limiter", "rule", "limit", "remaining",
 /// "reset_after_ms"}]}`; a shadow limiter's rules add `"shadow": true` and `"would_deny"`, and
-/// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names; a
-/// recorded admission adds `"receipt"`, sealed (see [`sealed_receipt`]), and `"lease"` when it
+/// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names; an
+/// admission that brought rules to their limiter's warning adds `"warnings"`: [{"limiter",
+/// "rule", "remaining"}]; a recorded admission adds `"receipt"`, sealed (see [`sealed_receipt`]), and `"lease"` when it
 /// holds a concurrency slot.
 ///
 /// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
@@ -174,6 +175,25 @@ pub(crate) fn write_decision(
             last = Some(&r.limiter);
         }
         out.push(b']');
+    }
+    if policy.warns() {
+        let mut warnings = d.warnings(policy).peekable();
+        if warnings.peek().is_some() {
+            out.extend_from_slice(b",\"warnings\":[");
+            for (i, r) in warnings.enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"{\"limiter\":");
+                write_str(out, &r.limiter);
+                out.extend_from_slice(b",\"rule\":");
+                write_str(out, &r.rule.to_string());
+                out.extend_from_slice(b",\"remaining\":");
+                write_u64(out, r.remaining);
+                out.push(b'}');
+            }
+            out.push(b']');
+        }
     }
     if let Some(text) = receipt {
         // A receipt's text is ASCII without quotes: written as it is.

@@ -32,3 +32,4 @@ mod rlqs;
 mod shadow;
 mod slow_clients;
 mod support;
+mod warnings;
