@@ -117,6 +117,10 @@ impl PolicyFields {
                 }
             },
         );
+        if style != HeaderStyle::None {
+            self.fields
+                .write_warnings(decision, policy, insert(headers));
+        }
     }
 }
 

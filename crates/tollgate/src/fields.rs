@@ -158,6 +158,10 @@ impl FromStr for HeaderStyle {
 pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
 /// The `RateLimit` field name.
 pub const RATELIMIT: &str = "ratelimit";
+/// tollgate's `RateLimit-Warning` field (not in the draft): the rules an admission brought to
+/// their limiter's warning (see [`Limiter::with_warning`](crate::Limiter::with_warning)), as
+/// items of the `RateLimit` field, named as there.
+pub const RATELIMIT_WARNING: &str = "ratelimit-warning";
 const LEGACY: [&str; 3] = [
     "x-ratelimit-limit",
     "x-ratelimit-remaining",
@@ -397,6 +401,57 @@ impl PolicyFields {
             rules: rules.into_iter().map(|r| (r.limiter, r.rule)).collect(),
             names,
             policy,
+        }
+    }
+
+    /// Writes `RateLimit-Warning` through `f` for `decision` of `policy` (the policy these
+    /// fields are of), when it admitted a request that brought rules to their warning:
+    /// `"user_id-1h";r=2;t=3600`. Nothing for a policy without warnings, at no cost.
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate, fields::PolicyFields};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let policy = Policy::builder("export")
+    ///     .limiter(Limiter::new(Dimension::UserId, ["4/1h".parse()?]).with_warning(0.5))
+    ///     .build()?;
+    /// let fields = PolicyFields::new(&policy);
+    /// let who = Identity::new().with_user_id("u1");
+    /// let mut written = Vec::new();
+    /// for _ in 0..2 {
+    ///     let d = gate.check(&policy, &who, 1).await?;
+    ///     fields.write_warnings(&d, &policy, |name, value| written.push(format!("{name}: {value}")));
+    /// }
+    /// assert_eq!(written, [r#"ratelimit-warning: "user_id-1h";r=2;t=3600"#]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn write_warnings(
+        &self,
+        decision: &crate::Decision,
+        policy: &Policy,
+        mut f: impl FnMut(&'static str, &str),
+    ) {
+        if !policy.warns() {
+            return;
+        }
+        let mut text = smallstr::SmallString::<[u8; 128]>::new();
+        let mut items = 0;
+        for rule in decision.warnings(policy) {
+            let Some(at) = self
+                .rules
+                .iter()
+                .position(|(limiter, r)| *r == rule.rule && *limiter == rule.limiter)
+            else {
+                continue;
+            };
+            let (r, t) = (rule.remaining, ceil_secs(rule.reset_after));
+            write_item(&mut text, items, &self.names[at], ["r", "t"], [r, t]);
+            items += 1;
+        }
+        if !text.is_empty() {
+            f(RATELIMIT_WARNING, text.as_str());
         }
     }
 

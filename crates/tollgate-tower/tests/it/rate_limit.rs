@@ -933,3 +933,34 @@ async fn a_check_decided_at_once_does_not_clone_the_inner_service() {
     );
     assert_eq!(clones.load(Ordering::SeqCst), 0, "no clone per request");
 }
+
+#[tokio::test]
+async fn an_admission_at_a_limiters_warning_says_so_in_ratelimit_warning() {
+    let (gate, _clock) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["4/1m", "100/1h"])).with_warning(0.75))
+        .build()
+        .unwrap();
+    let (app, _) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let http = client();
+    let mut warnings = Vec::new();
+    for _ in 0..5 {
+        let response = http.get(server.at("/")).send().await.unwrap();
+        warnings.push((
+            response.status().as_u16(),
+            header(&response, "ratelimit-warning"),
+        ));
+    }
+    // 3 of 4 reach 0.75; the denial warns of nothing (its fields say more).
+    assert_eq!(
+        warnings,
+        [
+            (200, None),
+            (200, None),
+            (200, Some(r#""ip-1m";r=1;t=60"#.to_owned())),
+            (200, Some(r#""ip-1m";r=0;t=60"#.to_owned())),
+            (429, None),
+        ]
+    );
+}

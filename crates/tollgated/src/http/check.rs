@@ -131,6 +131,15 @@ pub(super) async fn decide(
             headers.insert(HeaderName::from_static(name), value);
         }
     });
+    if style != fields::HeaderStyle::None {
+        entry
+            .fields
+            .write_warnings(&decision, &entry.policy, |name, value| {
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    headers.insert(HeaderName::from_static(name), value);
+                }
+            });
+    }
     Ok(response)
 }
 

@@ -34,9 +34,27 @@ async fn a_warning_is_answered_counted_and_logged_once_per_key() {
             "{n}: {d}"
         );
     }
-    // The 8th of 10 reaches 0.8: only the warning limiter says so.
+    // The 8th of 10 reaches 0.8: only the warning limiter says so, in the body and in
+    // `RateLimit-Warning`.
     for remaining in [2, 1, 0] {
-        let d = server.check("export", u1.clone()).await;
+        let response = server
+            .request(reqwest::Method::POST, "/v1/check")
+            .json(&json!({ "policy": "export", "identity": u1 }))
+            .send()
+            .await
+            .unwrap();
+        let field = response.headers()["ratelimit-warning"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let t: u64 = field
+            .strip_prefix(&format!("\"user_id-1h\";r={remaining};t="))
+            .unwrap_or_else(|| panic!("{field}"))
+            .parse()
+            .unwrap();
+        // The hour's oldest entry is this test's first request.
+        assert!((3500..=3600).contains(&t), "{field}");
+        let d: Value = response.json().await.unwrap();
         assert_eq!(d["allowed"], true, "{d}");
         assert_eq!(
             warnings(&d),
