@@ -375,9 +375,11 @@ fn rate_limit_check(
             }
         };
         let shadow = limit.shadow;
+        let warn = limit.warn_at.map(|f| quote!(.with_warning(#f)));
         limiters.push(quote! {
             ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
                 .with_shadow(#shadow)
+                #warn
         });
     }
     let scope = match scope {

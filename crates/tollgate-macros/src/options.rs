@@ -3,7 +3,9 @@
 use std::str::FromStr;
 
 use proc_macro2::{Span, TokenStream};
-use syn::{LitBool, LitInt, LitStr, bracketed, meta::ParseNestedMeta, punctuated::Punctuated};
+use syn::{
+    LitBool, LitFloat, LitInt, LitStr, bracketed, meta::ParseNestedMeta, punctuated::Punctuated,
+};
 use tollgate::{Algorithm, Dimension, Rule, parse_duration};
 
 /// One `#[rate_limit(...)]`: one limiter.
@@ -22,6 +24,8 @@ pub(crate) struct RateLimit {
     pub(crate) ipv6_prefix: Option<u8>,
     /// `shadow = true`: a dry run (counted and reported, never denying).
     pub(crate) shadow: bool,
+    /// `warn_at = 0.8`, validated (above 0, at most 1).
+    pub(crate) warn_at: Option<f64>,
     /// `count = "failures"` or `"successes"` (`"all"`, the default, is `None`).
     pub(crate) count: Option<LitStr>,
     /// `concurrent = N`: a concurrency limiter (its rule is in `rules`).
@@ -47,7 +51,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, count, concurrent, lease_ttl";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, count, concurrent, lease_ttl";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -143,6 +147,7 @@ struct RateLimitOptions {
     ipv4_prefix: Option<LitInt>,
     ipv6_prefix: Option<LitInt>,
     shadow: Option<LitBool>,
+    warn_at: Option<LitFloat>,
     count: Option<LitStr>,
     concurrent: Option<LitInt>,
     lease_ttl: Option<LitStr>,
@@ -189,6 +194,12 @@ impl RateLimitOptions {
                     meta.value()?.parse::<LitBool>()?,
                     &meta,
                     "shadow",
+                ),
+                "warn_at" => set(
+                    &mut o.warn_at,
+                    meta.value()?.parse::<LitFloat>()?,
+                    &meta,
+                    "warn_at",
                 ),
                 "count" => set(&mut o.count, lit(&meta)?, &meta, "count"),
                 "concurrent" => set(
@@ -344,7 +355,21 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     }
     let (ipv4_prefix, ipv6_prefix) = options.prefixes(&by, &dimension)?;
     let count = options.count()?;
+    let warn_at = match &options.warn_at {
+        None => None,
+        Some(lit) => {
+            let fraction: f64 = lit.base10_parse()?;
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    "`warn_at` is a fraction of each rule's limit above 0 and at most 1, e.g. 0.8",
+                ));
+            }
+            Some(fraction)
+        }
+    };
     Ok(RateLimit {
+        warn_at,
         by,
         dimension,
         rules,

@@ -32,6 +32,15 @@ pub(crate) fn insert_fields(
     fields::write_fields(style, rules, wait, insert(headers));
 }
 
+/// Writes `RateLimit-Warning` for `warnings` among `rules` (see [`fields::write_warnings`]).
+pub(crate) fn insert_warnings(
+    rules: &[RuleDecision],
+    warnings: &[RuleDecision],
+    headers: &mut HeaderMap,
+) {
+    fields::write_warnings(rules, warnings, insert(headers));
+}
+
 /// Whether `headers` already carry the fields of `style` (written by a layer below).
 pub(crate) fn has_fields(style: HeaderStyle, headers: &HeaderMap) -> bool {
     let name = match style {

@@ -316,6 +316,52 @@ pub fn write_fields(
     write_with(style, rules, &names, None, wait, f);
 }
 
+/// Writes `RateLimit-Warning` through `f` for `warnings` (rules in warning, see
+/// [`Decision::warnings`](crate::Decision::warnings)) among `rules` (every rule of the decisions
+/// whose fields are written with [`write_fields`], which names the items): nothing without
+/// warnings. For decisions of one known policy, [`PolicyFields::write_warnings`] does it.
+pub fn write_warnings(
+    rules: &[RuleDecision],
+    warnings: &[RuleDecision],
+    f: impl FnMut(&'static str, &str),
+) {
+    if warnings.is_empty() {
+        return;
+    }
+    let enforced = without_shadow(rules);
+    let rules = enforced.as_deref().unwrap_or(rules);
+    let names: Vec<String> = policy_names(rules).iter().map(|n| sf_string(n)).collect();
+    let place = |w: &RuleDecision| {
+        rules
+            .iter()
+            .position(|r| r.rule == w.rule && r.limiter == w.limiter)
+    };
+    write_warning_items(warnings.iter().cloned(), place, &names, f);
+}
+
+/// `RateLimit-Warning` through `f`: one item per rule of `warnings` that `place` finds among
+/// the rules named (quoted) by `names`; nothing when none is.
+fn write_warning_items(
+    warnings: impl Iterator<Item = RuleDecision>,
+    place: impl Fn(&RuleDecision) -> Option<usize>,
+    names: &[String],
+    mut f: impl FnMut(&'static str, &str),
+) {
+    let mut text = smallstr::SmallString::<[u8; 128]>::new();
+    let mut items = 0;
+    for warned in warnings {
+        let Some(at) = place(&warned) else {
+            continue;
+        };
+        let (r, t) = (warned.remaining, ceil_secs(warned.reset_after));
+        write_item(&mut text, items, &names[at], ["r", "t"], [r, t]);
+        items += 1;
+    }
+    if items > 0 {
+        f(RATELIMIT_WARNING, text.as_str());
+    }
+}
+
 /// The enforced rules of `rules`, if some of them are shadow.
 fn without_shadow(rules: &[RuleDecision]) -> Option<SmallVec<[RuleDecision; INLINE_RULES]>> {
     rules
@@ -431,28 +477,17 @@ impl PolicyFields {
         &self,
         decision: &crate::Decision,
         policy: &Policy,
-        mut f: impl FnMut(&'static str, &str),
+        f: impl FnMut(&'static str, &str),
     ) {
         if !policy.warns() {
             return;
         }
-        let mut text = smallstr::SmallString::<[u8; 128]>::new();
-        let mut items = 0;
-        for rule in decision.warnings(policy) {
-            let Some(at) = self
-                .rules
+        let place = |w: &RuleDecision| {
+            self.rules
                 .iter()
-                .position(|(limiter, r)| *r == rule.rule && *limiter == rule.limiter)
-            else {
-                continue;
-            };
-            let (r, t) = (rule.remaining, ceil_secs(rule.reset_after));
-            write_item(&mut text, items, &self.names[at], ["r", "t"], [r, t]);
-            items += 1;
-        }
-        if !text.is_empty() {
-            f(RATELIMIT_WARNING, text.as_str());
-        }
+                .position(|(limiter, r)| *r == w.rule && *limiter == w.limiter)
+        };
+        write_warning_items(decision.warnings(policy), place, &self.names, f);
     }
 
     /// The policy's `RateLimit-Policy` value.

@@ -5,13 +5,11 @@ use std::{
     task::{Context as TaskContext, Poll, ready},
 };
 
+use super::{Context, task::Admitted};
+use crate::headers::{HeaderStyle, has_fields, insert_fields, insert_warnings};
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
-use tollgate::RuleDecision;
-
-use super::Context;
-use crate::headers::{HeaderStyle, has_fields, insert_fields};
 
 pin_project! {
     /// The response future of [`ContextService`](crate::ContextService): the inner future,
@@ -19,7 +17,7 @@ pin_project! {
     pub struct ContextFuture<F> {
         #[pin]
         future: TaskLocalFuture<Context, F>,
-        admitted: Option<Arc<Mutex<Vec<RuleDecision>>>>,
+        admitted: Option<Arc<Mutex<Admitted>>>,
         style: HeaderStyle,
     }
 }
@@ -28,7 +26,7 @@ impl<F: Future> ContextFuture<F> {
     pub(crate) fn new(
         context: Context,
         future: F,
-        admitted: Option<Arc<Mutex<Vec<RuleDecision>>>>,
+        admitted: Option<Arc<Mutex<Admitted>>>,
         style: HeaderStyle,
     ) -> ContextFuture<F> {
         ContextFuture {
@@ -49,10 +47,13 @@ where
         let this = self.project();
         let mut response = ready!(this.future.poll(cx))?;
         if let Some(admitted) = this.admitted.take() {
-            let rules =
+            let admitted =
                 std::mem::take(&mut *admitted.lock().unwrap_or_else(PoisonError::into_inner));
             if !has_fields(*this.style, response.headers()) {
-                insert_fields(*this.style, &rules, None, response.headers_mut());
+                insert_fields(*this.style, &admitted.rules, None, response.headers_mut());
+                if *this.style != HeaderStyle::None {
+                    insert_warnings(&admitted.rules, &admitted.warnings, response.headers_mut());
+                }
             }
         }
         Poll::Ready(Ok(response))

@@ -23,9 +23,9 @@ tokio::task_local! {
 pub struct Context {
     pub(crate) gate: SharedGate,
     pub(crate) identity: Identity,
-    /// The rules of the rate-limit checks that admitted this request, for the RateLimit
-    /// fields of its response.
-    pub(crate) admitted: Arc<Mutex<Vec<RuleDecision>>>,
+    /// The rules of the rate-limit checks that admitted this request, and those of them in
+    /// warning, for the RateLimit fields of its response.
+    pub(crate) admitted: Arc<Mutex<Admitted>>,
     /// The rate-limit fields of responses, rejections included.
     pub(crate) style: HeaderStyle,
 }
@@ -90,15 +90,25 @@ impl Context {
         self.admitted
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .rules
             .clone()
     }
 
     pub(crate) fn record(&self, decision: &Decision, policy: &Policy) {
-        self.admitted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend(decision.rules(policy));
+        let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
+        admitted.rules.extend(decision.rules(policy));
+        if policy.warns() {
+            admitted.warnings.extend(decision.warnings(policy));
+        }
     }
+}
+
+/// What the checks in one context admitted.
+#[derive(Debug, Default)]
+pub(crate) struct Admitted {
+    pub(crate) rules: Vec<RuleDecision>,
+    /// Those of `rules` in their limiter's warning.
+    pub(crate) warnings: Vec<RuleDecision>,
 }
 
 impl fmt::Debug for Context {

@@ -22,6 +22,11 @@ async fn send_code(Json(body): Json<Value>) -> Result<Json<Value>, Rejection> {
     Ok(Json(json!({ "sent": true, "to": body["phone"] })))
 }
 
+#[rate_limit(by = "ip", rules = ["4/1m"], warn_at = 0.5)]
+async fn warned_export() -> Result<&'static str, Rejection> {
+    Ok("ok")
+}
+
 fn proxied_users() -> IdentityResolver {
     IdentityResolver::new()
         .trust_proxy("127.0.0.1/32".parse().unwrap())
@@ -599,4 +604,26 @@ async fn a_concurrency_limit_through_the_macro() {
             export_job(free).await.expect("the slot is free");
         })
         .await;
+}
+
+#[tokio::test]
+async fn warn_at_on_a_handler_says_ratelimit_warning() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/export", post(warned_export))
+        .layer(ContextLayer::new(gate, IdentityResolver::new()));
+    let server = Server::start(app).await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let response = client().post(server.at("/export")).send().await.unwrap();
+        seen.push(header(&response, "ratelimit-warning"));
+    }
+    assert_eq!(
+        seen,
+        [
+            None,
+            Some(r#""ip-1m";r=2;t=60"#.to_owned()),
+            Some(r#""ip-1m";r=1;t=60"#.to_owned()),
+        ]
+    );
 }
