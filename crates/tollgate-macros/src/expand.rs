@@ -376,10 +376,15 @@ fn rate_limit_check(
         };
         let shadow = limit.shadow;
         let warn = limit.warn_at.map(|f| quote!(.with_warning(#f)));
+        let soft = (!limit.soft.is_empty()).then(|| {
+            let texts = &limit.soft;
+            quote!(.with_soft_rules(::tollgate_tower::__private::rules(&[#(#texts),*], #algorithm)))
+        });
         limiters.push(quote! {
             ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
                 .with_shadow(#shadow)
                 #warn
+                #soft
         });
     }
     let scope = match scope {

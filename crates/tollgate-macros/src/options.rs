@@ -26,6 +26,8 @@ pub(crate) struct RateLimit {
     pub(crate) shadow: bool,
     /// `warn_at = 0.8`, validated (above 0, at most 1).
     pub(crate) warn_at: Option<f64>,
+    /// `soft = ["..."]`: rules that never deny (see `Limiter::with_soft_rules`).
+    pub(crate) soft: Vec<LitStr>,
     /// `count = "failures"` or `"successes"` (`"all"`, the default, is `None`).
     pub(crate) count: Option<LitStr>,
     /// `concurrent = N`: a concurrency limiter (its rule is in `rules`).
@@ -51,7 +53,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, count, concurrent, lease_ttl";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, count, concurrent, lease_ttl";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -148,6 +150,7 @@ struct RateLimitOptions {
     ipv6_prefix: Option<LitInt>,
     shadow: Option<LitBool>,
     warn_at: Option<LitFloat>,
+    soft: Option<Vec<LitStr>>,
     count: Option<LitStr>,
     concurrent: Option<LitInt>,
     lease_ttl: Option<LitStr>,
@@ -201,6 +204,7 @@ impl RateLimitOptions {
                     &meta,
                     "warn_at",
                 ),
+                "soft" => set(&mut o.soft, rule_list(&meta)?, &meta, "soft"),
                 "count" => set(&mut o.count, lit(&meta)?, &meta, "count"),
                 "concurrent" => set(
                     &mut o.concurrent,
@@ -355,6 +359,23 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     }
     let (ipv4_prefix, ipv6_prefix) = options.prefixes(&by, &dimension)?;
     let count = options.count()?;
+    let soft = options.soft.clone().unwrap_or_default();
+    options.check_rules(&soft)?;
+    if let (Some(lit), Some(_)) = (soft.first(), &options.concurrent) {
+        return Err(syn::Error::new(
+            lit.span(),
+            "a concurrency limiter has no `soft` rules: give them a #[rate_limit] of their own",
+        ));
+    }
+    if let Some(lit) = soft
+        .iter()
+        .find(|s| rules.iter().any(|r| r.value() == s.value()))
+    {
+        return Err(syn::Error::new(
+            lit.span(),
+            "this rule is both enforced and soft",
+        ));
+    }
     let warn_at = match &options.warn_at {
         None => None,
         Some(lit) => {
@@ -370,6 +391,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     };
     Ok(RateLimit {
         warn_at,
+        soft,
         by,
         dimension,
         rules,

@@ -15,6 +15,23 @@ use crate::{
 
 /// Builds a limiter from strings the macro already validated; `prefix` is the (IPv4, IPv6)
 /// prefix lengths of a `by = "ip"` limiter that sets them.
+/// The rules `texts`, with `algorithm` (both checked when the attribute expanded).
+pub fn rules(texts: &[&str], algorithm: Option<&str>) -> Vec<Rule> {
+    let algorithm = algorithm.map(|a| a.parse().unwrap_or_else(|e| panic!("#[rate_limit]: {e}")));
+    texts
+        .iter()
+        .map(|text| {
+            let rule: Rule = text
+                .parse()
+                .unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
+            match algorithm {
+                Some(a) => rule.with_algorithm(a),
+                None => rule,
+            }
+        })
+        .collect()
+}
+
 pub fn limiter(
     by: &str,
     rules: &[&str],
@@ -29,17 +46,7 @@ pub fn limiter(
         None => by.parse(),
     }
     .unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
-    let algorithm = algorithm.map(|a| a.parse().unwrap_or_else(|e| panic!("#[rate_limit]: {e}")));
-    let rules = rules.iter().map(|text| {
-        let rule: Rule = text
-            .parse()
-            .unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
-        match algorithm {
-            Some(a) => rule.with_algorithm(a),
-            None => rule,
-        }
-    });
-    let mut limiter = Limiter::new(dimension, rules);
+    let mut limiter = Limiter::new(dimension, self::rules(rules, algorithm));
     if let Some(name) = name {
         limiter = limiter.with_name(name);
     }

@@ -87,6 +87,7 @@ pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryUsage};
 pub use policy::{
     Durability, Limiter, MAX_LOG_COST, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder, QuotaLease,
+    SOFT_SUFFIX,
 };
 pub use rule::{
     Algorithm, DurationError, MAX_WINDOW, Rule, RuleError, RuleErrorKind, format_duration,

@@ -250,7 +250,13 @@ pub struct Limiter {
     pub(crate) shadow: bool,
     /// Warn when a rule's use reaches this fraction of its limit.
     pub(crate) warn_at: Option<f64>,
+    /// Soft rules, made a shadow limiter of their own when the policy is built.
+    pub(crate) soft: Vec<Rule>,
 }
+
+/// What a limiter's soft rules are named after: `<limiter>.soft` (see
+/// [`Limiter::with_soft_rules`]).
+pub const SOFT_SUFFIX: &str = ".soft";
 
 impl Limiter {
     /// A limiter named after its dimension.
@@ -263,6 +269,7 @@ impl Limiter {
             ban: None,
             shadow: false,
             warn_at: None,
+            soft: Vec::new(),
         }
     }
 
@@ -325,6 +332,39 @@ impl Limiter {
     /// ```
     pub fn with_warning(mut self, fraction: f64) -> Limiter {
         self.warn_at = Some(fraction);
+        self
+    }
+
+    /// Adds soft rules: they never deny, and report when they would, as a shadow limiter does
+    /// (which is what they become: the policy's build makes them a limiter of the same
+    /// dimension in shadow mode, named `<name>.soft` ([`SOFT_SUFFIX`]), right after this one,
+    /// with its warning). A limiter may have soft rules only.
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let policy = Policy::builder("api")
+    ///     .limiter(
+    ///         Limiter::new(Dimension::Ip, ["3/1m".parse()?])
+    ///             .with_soft_rules(["1/1m".parse()?]),
+    ///     )
+    ///     .build()?;
+    /// let names: Vec<&str> = policy.limiters().iter().map(|l| l.name()).collect();
+    /// assert_eq!(names, ["ip", "ip.soft"]);
+    /// let who = Identity::new().with_ip("192.0.2.1".parse()?);
+    /// gate.check(&policy, &who, 1).await?;
+    /// let second = gate.check(&policy, &who, 1).await?;
+    /// assert!(second.allowed() && second.shadow_denied());
+    /// let would: Vec<String> = second.shadow_denied_rules(&policy).map(|r| r.limiter.to_string()).collect();
+    /// assert_eq!(would, ["ip.soft"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_soft_rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Limiter {
+        self.soft.extend(rules);
         self
     }
 
@@ -468,6 +508,34 @@ pub struct Policy {
     pub(crate) shadow: bool,
     /// Whom the bans this policy writes refuse.
     pub(crate) ban_scope: BanScope,
+}
+
+/// Each limiter with soft rules, followed by its soft rules as a shadow limiter (alone when it
+/// has no other rules).
+fn split_soft_rules(limiters: Vec<Limiter>) -> Vec<Limiter> {
+    let mut split = Vec::with_capacity(limiters.len());
+    for mut limiter in limiters {
+        let soft = std::mem::take(&mut limiter.soft);
+        if soft.is_empty() {
+            split.push(limiter);
+            continue;
+        }
+        let sibling = Limiter {
+            name: format!("{}{SOFT_SUFFIX}", limiter.name).into(),
+            dimension: limiter.dimension.clone(),
+            rules: soft.into(),
+            message: None,
+            ban: None,
+            shadow: true,
+            warn_at: limiter.warn_at,
+            soft: Vec::new(),
+        };
+        if !limiter.rules.is_empty() {
+            split.push(limiter);
+        }
+        split.push(sibling);
+    }
+    split
 }
 
 impl Policy {
@@ -630,6 +698,7 @@ impl PolicyBuilder {
 
     /// Validates and builds.
     pub fn build(mut self) -> Result<Policy, PolicyError> {
+        self.limiters = split_soft_rules(std::mem::take(&mut self.limiters));
         if self.shadow {
             for limiter in &mut self.limiters {
                 limiter.shadow = true;
@@ -895,6 +964,40 @@ mod tests {
             Durability::Async,
             "async unless asked"
         );
+    }
+
+    #[test]
+    fn soft_rules_become_a_shadow_limiter_that_no_name_shares() {
+        let rule = |t: &str| t.parse::<Rule>().unwrap();
+        let policy = Policy::builder("p")
+            .limiter(
+                Limiter::new(Dimension::Ip, [rule("10/1m")])
+                    .with_soft_rules([rule("5/1m"), rule("50/1h")])
+                    .with_warning(0.5),
+            )
+            .limiter(Limiter::new(Dimension::UserId, []).with_soft_rules([rule("1/1s")]))
+            .build()
+            .unwrap();
+        let shape: Vec<(&str, bool, usize, Option<f64>)> = policy
+            .limiters()
+            .iter()
+            .map(|l| (l.name(), l.is_shadow(), l.rules().len(), l.warning()))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("ip", false, 1, Some(0.5)),
+                ("ip.soft", true, 2, Some(0.5)),
+                ("user_id.soft", true, 1, None),
+            ]
+        );
+        // A limiter of the soft rules' name is refused, not shared.
+        let e = Policy::builder("p")
+            .limiter(Limiter::new(Dimension::Ip, [rule("10/1m")]).with_soft_rules([rule("5/1m")]))
+            .limiter(Limiter::new(Dimension::Ip, [rule("1/1s")]).with_name("ip.soft"))
+            .build()
+            .unwrap_err();
+        assert_eq!(e, PolicyError::DuplicateLimiter("ip.soft".into()));
     }
 
     #[test]

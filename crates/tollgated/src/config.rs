@@ -810,6 +810,9 @@ struct RawLimiter {
     shadow: bool,
     /// Warn when a rule's use reaches this fraction of its limit.
     warn_at: Option<Spanned<f64>>,
+    /// Rules that never deny, and report when they would.
+    #[serde(default)]
+    soft: RuleList,
 }
 
 impl RawLimiter {
@@ -848,14 +851,14 @@ impl RawLimiter {
                     "a concurrency limiter has no `rules`: give rate rules a limiter of their own",
                 ));
             }
-            (None, true) => {
+            (None, true) if self.soft.0.is_empty() => {
                 return Err(errors.at(
                     Some(span),
                     format!("{here}.rules"),
-                    "a limiter needs at least one rule, e.g. [\"10/1m\"] (or `concurrent = N`)",
+                    "a limiter needs at least one rule, e.g. [\"10/1m\"] (or `concurrent = N`, or `soft` rules)",
                 ));
             }
-            (None, false) => {
+            (None, _) => {
                 if let Some(ttl) = &self.lease_ttl {
                     return Err(errors.at(
                         Some(ttl.span()),
@@ -876,32 +879,26 @@ impl RawLimiter {
             }
             limiter_name.clone_from(n.get_ref());
         }
-        let mut rules: Vec<Rule> = Vec::with_capacity(self.rules.0.len());
-        for (j, rule) in self.rules.0.iter().enumerate() {
-            if let Some(algorithm) = self
-                .algorithm
-                .filter(|&a| rule.calendar_window().is_some() && a != Algorithm::FixedWindow)
-            {
-                return Err(errors.at(
-                    Some(span.clone()),
-                    format!("{here}.algorithm"),
-                    format!(
-                        "rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"
-                    ),
-                ));
-            }
-            let rule = self.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
-            if rules.contains(&rule) {
-                return Err(errors.at(
-                    Some(span.clone()),
-                    format!("{here}.rules[{j}]"),
-                    format!("rule {rule} is listed twice"),
-                ));
-            }
-            rules.push(rule);
+        let rules = self.rules_of(&self.rules, "rules", here, &span, errors)?;
+        let soft = self.rules_of(&self.soft, "soft", here, &span, errors)?;
+        if let Some(rule) = soft.iter().find(|r| rules.contains(r)) {
+            return Err(errors.at(
+                Some(span.clone()),
+                format!("{here}.soft"),
+                format!("rule {rule} is both enforced and soft"),
+            ));
+        }
+        if self.concurrent.is_some() && !soft.is_empty() {
+            return Err(errors.at(
+                Some(span.clone()),
+                format!("{here}.soft"),
+                "a concurrency limiter has no soft rules: give them a limiter of their own",
+            ));
         }
         let dimension = self.dimension(here, errors)?;
-        let mut limiter = Limiter::new(dimension, rules).with_name(&limiter_name);
+        let mut limiter = Limiter::new(dimension, rules)
+            .with_name(&limiter_name)
+            .with_soft_rules(soft);
         if let Some(message) = &self.message {
             limiter = limiter.with_message(message);
         }
@@ -922,6 +919,42 @@ impl RawLimiter {
             limiter = limiter.with_warning(fraction);
         }
         Ok(limiter.with_shadow(self.shadow))
+    }
+
+    /// The rules of `list` (the field `field`), each once, with the limiter's algorithm.
+    fn rules_of(
+        &self,
+        list: &RuleList,
+        field: &str,
+        here: &str,
+        span: &std::ops::Range<usize>,
+        errors: &Errors<'_>,
+    ) -> Result<Vec<Rule>, ConfigError> {
+        let mut rules: Vec<Rule> = Vec::with_capacity(list.0.len());
+        for (j, rule) in list.0.iter().enumerate() {
+            if let Some(algorithm) = self
+                .algorithm
+                .filter(|&a| rule.calendar_window().is_some() && a != Algorithm::FixedWindow)
+            {
+                return Err(errors.at(
+                    Some(span.clone()),
+                    format!("{here}.algorithm"),
+                    format!(
+                        "rule {rule} is a calendar window, counted as a fixed window; it cannot be {algorithm}"
+                    ),
+                ));
+            }
+            let rule = self.algorithm.map_or(*rule, |a| rule.with_algorithm(a));
+            if rules.contains(&rule) {
+                return Err(errors.at(
+                    Some(span.clone()),
+                    format!("{here}.{field}[{j}]"),
+                    format!("rule {rule} is listed twice"),
+                ));
+            }
+            rules.push(rule);
+        }
+        Ok(rules)
     }
 
     /// `by`, with `ipv4_prefix` and `ipv6_prefix` applied (they need `by = "ip"`).
@@ -1758,6 +1791,45 @@ mod tests {
 
     fn err(text: &str) -> String {
         Config::parse("t.toml", text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn soft_rules_are_checked_like_rules() {
+        let limiter = |fields: &str| {
+            format!("[policies.q]\nlimiters = [\n  {{ by = \"user_id\", {fields} }},\n]\n")
+        };
+        let config = Config::parse("t.toml", &limiter("soft = [\"5/1h\"]")).unwrap();
+        let names: Vec<&str> = config.policies["q"]
+            .policy
+            .limiters()
+            .iter()
+            .map(|l| l.name())
+            .collect();
+        assert_eq!(names, ["user_id.soft"]);
+        for (fields, field, says) in [
+            (
+                "rules = [\"5/1h\"], soft = [\"5/1h\"]",
+                "limiters[0].soft",
+                "both enforced and soft",
+            ),
+            (
+                "rules = [\"5/1h\"], soft = [\"1/1m\", \"1/1m\"]",
+                "limiters[0].soft[1]",
+                "listed twice",
+            ),
+            (
+                "concurrent = 2, soft = [\"1/1m\"]",
+                "limiters[0].soft",
+                "concurrency limiter",
+            ),
+            ("soft = [\"5 per fortnight\"]", "soft", "unknown unit"),
+        ] {
+            let e = err(&limiter(fields));
+            assert!(
+                e.contains("t.toml:3") && e.contains(field) && e.contains(says),
+                "{fields}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -27,6 +27,11 @@ async fn warned_export() -> Result<&'static str, Rejection> {
     Ok("ok")
 }
 
+#[rate_limit(by = "ip", rules = ["3/1m"], soft = ["1/1m"])]
+async fn soft_upload() -> Result<&'static str, Rejection> {
+    Ok("ok")
+}
+
 fn proxied_users() -> IdentityResolver {
     IdentityResolver::new()
         .trust_proxy("127.0.0.1/32".parse().unwrap())
@@ -626,4 +631,20 @@ async fn warn_at_on_a_handler_says_ratelimit_warning() {
             Some(r#""ip-1m";r=1;t=60"#.to_owned()),
         ]
     );
+}
+
+#[tokio::test]
+async fn a_soft_rule_on_a_handler_never_refuses() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/upload", post(soft_upload))
+        .layer(ContextLayer::new(gate, IdentityResolver::new()));
+    let server = Server::start(app).await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = client().post(server.at("/upload")).send().await.unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    // Past the soft 1/1m from the second on; refused by the enforced 3/1m only.
+    assert_eq!(statuses, [200, 200, 200, 429]);
 }

@@ -12,6 +12,9 @@ limiters = [
   { by = "ip", rules = ["1000/1h"] },
 ]
 
+[policies.upload]
+limiters = [{ by = "user_id", rules = ["3/1h"], soft = ["1/1h"] }]
+
 [policies.plain]
 limiters = [{ by = "user_id", rules = ["2/1h"] }]
 "#;
@@ -98,4 +101,36 @@ async fn a_warning_is_answered_counted_and_logged_once_per_key() {
         .find(|p| p["name"] == "export")
         .unwrap();
     assert_eq!(export["limiters"][0]["warn_at"], 0.8, "{export}");
+}
+
+#[tokio::test]
+async fn a_soft_rule_reports_what_it_would_deny_and_never_denies() {
+    let server = Server::start(CONFIG);
+    let who = json!({ "user_id": "u9" });
+    let first = server.check("upload", who.clone()).await;
+    assert_eq!(first.get("shadow_denied"), None, "{first}");
+    let second = server.check("upload", who.clone()).await;
+    assert_eq!(second["allowed"], true, "{second}");
+    assert_eq!(second["shadow_denied"], json!(["user_id.soft"]), "{second}");
+    let soft = second["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["limiter"] == "user_id.soft")
+        .unwrap();
+    assert_eq!(
+        (soft["rule"].clone(), soft["would_deny"].clone()),
+        (json!("1/1h"), json!(true))
+    );
+    // The enforced rule still decides.
+    server.check("upload", who.clone()).await;
+    let fourth = server.check("upload", who).await;
+    assert_eq!(fourth["allowed"], false, "{fourth}");
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains(
+            "tollgate_shadow_denials_total{policy=\"upload\",limiter=\"user_id.soft\"} 2"
+        ),
+        "{metrics}"
+    );
 }
