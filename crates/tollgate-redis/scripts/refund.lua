@@ -1,5 +1,6 @@
--- Gives back `cost` units to the rules of some limiters (a refund), never below empty; or, in
--- extend mode, renews a check's leases (its sliding-log entries move to now). All in one hash
+-- Gives back `cost` units to the rules of some limiters (a refund), never below empty; in
+-- extend mode, renews a check's leases (its sliding-log entries move to now); in charge mode,
+-- adds `cost` units whatever the limits say (a settlement's debt). All in one hash
 -- slot (a Cluster store calls it once per slot). Mirrors the memory store's refund and renew
 -- (crates/tollgate/src/memory/rules.rs), tollgate::Store::refund and Store::extend.
 -- KEYS     per limiter, exactly LimiterRequest::state_keys: its sliding log first (if any
@@ -7,18 +8,21 @@
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
 --          limiter's log must hold the check's `cost` members at its instant, still live, and
---          they all move to now; or nothing changes), then per limiter: rule count, its
---          longest sliding-log window µs (0: none), the instant µs the check recorded at
---          (-1: none, refund the newest units of the current window), then per rule:
+--          they all move to now; or nothing changes; 2 charge: ARGV[3] is a fresh nonce for
+--          the log's members), then per limiter: rule count, its longest sliding-log window µs
+--          (0: none), the instant µs the check recorded at (-1: none, refund the newest units
+--          of the current window; charge: the most entries its log may hold, twice its largest
+--          sliding-log limit), then per rule:
 --          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
 --          window), limit, window µs, and for a calendar window four instants µs around the
 --          check's (as check.lua takes them)
--- Reply    refund: how many keys were changed; extend: {1, now} if renewed, {0, now} if a
---          lease is gone
+-- Reply    refund and charge: how many keys were changed; extend: {1, now} if renewed,
+--          {0, now} if a lease is gone
 
 local cost = tonumber(ARGV[2])
 local id = ARGV[3]
 local extend = ARGV[4] == '1'
+local charge = ARGV[4] == '2'
 local changed = 0
 local keyi, argi = 0, 4
 
@@ -76,6 +80,101 @@ if extend then
     redis.call('PEXPIRE', l[1], int(ttl_ms(l[2])))
   end
   return { 1, now }
+end
+
+if charge then
+  -- Mirrors the memory store's RuleStates::charge.
+  local year = 366 * 86400000000
+  while argi < #ARGV do
+    local rules, longest, cap = arg(), arg(), arg()
+    if longest > 0 then
+      keyi = keyi + 1
+      local log = KEYS[keyi]
+      if now >= longest then
+        redis.call('ZREMRANGEBYSCORE', log, '-inf', int(now - longest))
+      end
+      local units = math.min(cost, math.max(0, cap - redis.call('ZCARD', log)))
+      local score = int(now)
+      local unit = 1
+      while unit <= units do
+        local upto = math.min(units, unit + 499)
+        local args = {}
+        for u = unit, upto do
+          args[#args + 1] = score
+          args[#args + 1] = id .. 'd' .. int(u)
+        end
+        redis.call('ZADD', log, unpack(args))
+        unit = upto + 1
+      end
+      redis.call('PEXPIRE', log, int(ttl_ms(longest)))
+      changed = changed + 1
+    end
+    for _ = 1, rules do
+      local algorithm, limit, window = arg(), arg(), arg()
+      local twice = 2 * limit
+      if algorithm ~= 1 then
+        keyi = keyi + 1
+        local key = KEYS[keyi]
+        local value = redis.call('GET', key)
+        if algorithm == 2 or algorithm == 5 then
+          local start, finish
+          if algorithm == 5 then
+            -- The calendar window holding now, among the three given.
+            local b = { arg(), arg(), arg(), arg() }
+            if now < b[2] then
+              start, finish = b[1], b[2]
+            elseif now < b[3] then
+              start, finish = b[2], b[3]
+            else
+              start, finish = b[3], b[4]
+            end
+          else
+            local _, into = divmod(now, window)
+            start = now - into
+            finish = start + window
+          end
+          local count = 0
+          local sep = value and string.find(value, ':', 1, true)
+          if sep and tonumber(string.sub(value, 1, sep - 1)) == start then
+            count = tonumber(string.sub(value, sep + 1)) or 0
+          end
+          redis.call('SET', key, int(start) .. ':' .. int(math.min(count + cost, twice)),
+            'PX', int(ttl_ms(finish - now)))
+        elseif algorithm == 3 then
+          local tat = (value and tonumber(value)) or now
+          if tat < now then
+            tat = now
+          end
+          local interval = math.max(1, (divmod(window, limit)))
+          tat = math.min(tat + interval * cost, now + year)
+          redis.call('SET', key, int(tat), 'PX', int(ttl_ms(tat - now)))
+        elseif algorithm == 4 then
+          local _, into = divmod(now, window)
+          local start = now - into
+          local previous, count = 0, 0
+          local s1 = value and string.find(value, ':', 1, true)
+          local s2 = s1 and string.find(value, ':', s1 + 1, true)
+          if s2 then
+            local stored = tonumber(string.sub(value, 1, s1 - 1))
+            local n = tonumber(string.sub(value, s2 + 1)) or 0
+            if stored == start then
+              previous, count = tonumber(string.sub(value, s1 + 1, s2 - 1)) or 0, n
+            elseif stored == start - window then
+              previous = n
+            end
+          end
+          redis.call('SET', key,
+            int(start) .. ':' .. int(previous) .. ':' .. int(math.min(count + cost, twice)),
+            'PX', int(ttl_ms(start + 2 * window - now)))
+        end
+        changed = changed + 1
+      end
+    end
+  end
+  if keyi ~= #KEYS then
+    return redis.error_reply('tollgate charge: ' .. #KEYS .. ' keys given, the limiters need ' .. keyi)
+  end
+  return changed
 end
 
 while argi < #ARGV do

@@ -292,27 +292,51 @@ fn too_large(what: &str, value: u64) -> StoreError {
     )
 }
 
+/// What refund.lua does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Adjust {
+    /// Gives units back (`RefundStore::refund`).
+    Refund,
+    /// Renews the receipt's leases (`RefundStore::extend`).
+    Extend,
+    /// Charges units past the limits (`RefundStore::charge`).
+    Charge,
+}
+
 /// Prepares refund.lua for the limiters `members` of `plan` (all in one slot), as the receipt
-/// says: a refund (see `RefundStore::refund`), or with `extend` a renewal of the receipt's leases
-/// (`RefundStore::extend`); false if none of them is concerned.
+/// says and `mode` asks; false if none of them is concerned.
 pub(crate) fn prepare_refund(
     call: &mut Call<'_>,
     plan: &CheckRequest<'_>,
     members: impl IntoIterator<Item = usize>,
     receipt: Option<&Receipt>,
     now_us: Option<u64>,
-    extend: bool,
+    mode: Adjust,
 ) -> Result<bool, StoreError> {
     call.arg(now_arg(now_us)).arg(plan.cost);
     match receipt {
         Some(receipt) => call.arg(&receipt.id().to_be_bytes()[..]),
+        // A charge's log members: a fresh nonce's.
+        None if mode == Adjust::Charge => call.arg(&rand::random::<[u8; 8]>()[..]),
         None => call.arg(""),
     };
-    call.arg(if extend { "1" } else { "0" });
+    call.arg(match mode {
+        Adjust::Refund => "0",
+        Adjust::Extend => "1",
+        Adjust::Charge => "2",
+    });
     let mut any = false;
     for i in members {
         let limiter = &plan.limiters[i];
         let at = match receipt.map(|r| r.at_us(i)) {
+            // A charge: the most entries the log may hold.
+            None if mode == Adjust::Charge => limiter
+                .rules
+                .iter()
+                .filter(|r| r.algorithm() == Algorithm::SlidingLog)
+                .map(|r| r.limit().saturating_mul(2).min(MAX_EXACT) as i64)
+                .max()
+                .unwrap_or(0),
             None => -1,
             Some(None) => continue,
             Some(Some(at)) => i64::try_from(at)
@@ -330,7 +354,10 @@ pub(crate) fn prepare_refund(
                 .arg(rule.limit())
                 .arg(rule.window_us());
             // Around the check's instant: the window its units were counted in.
-            let around = u64::try_from(at).ok().or(now_us);
+            let around = match mode {
+                Adjust::Charge => now_us,
+                _ => u64::try_from(at).ok().or(now_us),
+            };
             if let Some(bounds) = calendar_bounds(rule, around) {
                 for bound in bounds {
                     call.arg(bound);

@@ -330,12 +330,32 @@ impl RefundStore for RedisStore {
                 members,
                 receipt,
                 backend.test_now(),
-                false,
+                script::Adjust::Refund,
             )? {
                 continue;
             }
             let mut conn = backend.conn();
             let _changed: i64 = backend.bounded("refund", call.invoke(&mut conn)).await?;
+        }
+        Ok(())
+    }
+
+    async fn charge(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
+        let backend = self.backend();
+        for members in self.slot_groups(plan)? {
+            let mut call = backend.scripts.refund.call();
+            if !script::prepare_refund(
+                &mut call,
+                plan,
+                members,
+                None,
+                backend.test_now(),
+                script::Adjust::Charge,
+            )? {
+                continue;
+            }
+            let mut conn = backend.conn();
+            let _changed: i64 = backend.bounded("charge", call.invoke(&mut conn)).await?;
         }
         Ok(())
     }
@@ -358,7 +378,7 @@ impl RefundStore for RedisStore {
                 members.iter().copied(),
                 Some(receipt),
                 backend.test_now(),
-                true,
+                script::Adjust::Extend,
             )? {
                 continue;
             }

@@ -20,7 +20,7 @@ use crate::FullStore;
 use tokio::sync::Barrier;
 use tollgate::{
     Algorithm, BanRule, CheckError, Clock, Decision, Dimension, Identity, Limiter, ManualClock,
-    MemoryStore, NamedDecision, Policy, Reason, Rule, Tollgate,
+    MemoryStore, NamedDecision, Policy, Reason, Rule, Settlement, Tollgate,
 };
 
 /// The instant every scenario starts at: 2100-01-01T00:00:00Z.
@@ -148,6 +148,7 @@ macro_rules! conformance_suite {
             calendar_windows_follow_the_zones_days,
             concurrency_leases_bound_what_is_in_flight,
             warnings_name_the_rules_past_their_fraction,
+            settlements_charge_debts_and_give_back,
             store_answers_ping,
         );
 
@@ -1777,6 +1778,111 @@ pub async fn warnings_name_the_rules_past_their_fraction<S: FullStore>(s: Subjec
     s.at(ms(60_000));
     let d = s.check(&p, &who, 1).await;
     assert!(d.allowed() && warnings(&d).is_empty(), "{d:#?}");
+}
+
+/// Settlements: a check of an estimate, settled at a larger cost, leaves a debt that denies
+/// the next checks for exactly the time that pays it, on every algorithm (GCRA: the debt's
+/// emission intervals; a fixed window: to its end; a sliding log: until the debt's entries
+/// leave; a sliding window: until the charged window's weight has faded enough); settled at a
+/// smaller cost, the difference comes back.
+pub async fn settlements_charge_debts_and_give_back<S: FullStore>(s: Subject<S>) {
+    let settle = |p: Policy, who: Identity, estimate: u64, cost: u64| {
+        let s = &s;
+        async move {
+            let d = s.check(&p, &who, estimate).await;
+            assert!(d.allowed(), "{d:#?}");
+            let receipt = d.receipt().expect("an admission is recorded").clone();
+            s.gate()
+                .settle(&p, &who, &receipt, cost)
+                .await
+                .expect("the store settles")
+        }
+    };
+    // GCRA, 10/1m: 6 s a unit, 60 s of burst. 2 checked, 15 spent: the arrival time is 90 s
+    // ahead, and a unit fits once it is 54 s ahead.
+    let gcra_p = policy(
+        "settle_gcra",
+        [Limiter::new(Dimension::Ip, [gcra("10/1m")])],
+    );
+    s.at(ms(0));
+    assert_eq!(
+        settle(gcra_p.clone(), ip(1), 2, 15).await,
+        Settlement::Charged(13)
+    );
+    let d = s.check(&gcra_p, &ip(1), 1).await;
+    assert_eq!(d.retry_after(), Some(ms(36_000)), "{d:#?}");
+    s.at(ms(36_000));
+    assert!(s.check(&gcra_p, &ip(1), 1).await.allowed());
+
+    // A fixed window, 10/1m: 15 counted, denied to the window's end.
+    let fixed_p = policy(
+        "settle_fixed",
+        [Limiter::new(Dimension::Ip, [fixed("10/1m")])],
+    );
+    s.at(ms(60_000));
+    assert_eq!(
+        settle(fixed_p.clone(), ip(2), 2, 15).await,
+        Settlement::Charged(13)
+    );
+    s.at(ms(70_000));
+    let d = s.check(&fixed_p, &ip(2), 1).await;
+    assert_eq!(d.retry_after(), Some(ms(50_000)), "{d:#?}");
+    s.at(ms(120_000));
+    expect(
+        &s.check(&fixed_p, &ip(2), 1).await,
+        None,
+        &[(true, 9, 60_000)],
+    );
+
+    // A sliding log, 10/1m: 15 entries at 120 s, all leaving at 180 s.
+    let log_p = policy("settle_log", [Limiter::new(Dimension::Ip, [rule("10/1m")])]);
+    assert_eq!(
+        settle(log_p.clone(), ip(3), 2, 15).await,
+        Settlement::Charged(13)
+    );
+    s.at(ms(150_000));
+    let d = s.check(&log_p, &ip(3), 1).await;
+    assert_eq!(d.retry_after(), Some(ms(30_000)), "{d:#?}");
+    s.at(ms(180_000));
+    expect(
+        &s.check(&log_p, &ip(3), 1).await,
+        None,
+        &[(true, 9, 60_000)],
+    );
+
+    // A sliding window, 10/1m: 15 in the window from 180 s; in the next, a unit fits once
+    // 15 * (60 - e) / 60 + 1 <= 10, 24 s into it.
+    let sw_p = policy(
+        "settle_sliding",
+        [Limiter::new(
+            Dimension::Ip,
+            [rule("10/1m").with_algorithm(Algorithm::SlidingWindow)],
+        )],
+    );
+    assert_eq!(
+        settle(sw_p.clone(), ip(4), 2, 15).await,
+        Settlement::Charged(13)
+    );
+    let d = s.check(&sw_p, &ip(4), 1).await;
+    assert_eq!(d.retry_after(), Some(ms(84_000)), "{d:#?}");
+    s.at(ms(264_000));
+    assert!(s.check(&sw_p, &ip(4), 1).await.allowed());
+
+    // Smaller than the estimate: the difference comes back; equal: nothing happens.
+    let back_p = policy(
+        "settle_back",
+        [Limiter::new(Dimension::Ip, [rule("10/1m")])],
+    );
+    assert_eq!(
+        settle(back_p.clone(), ip(5), 8, 3).await,
+        Settlement::Refunded(5)
+    );
+    assert_eq!(settle(back_p.clone(), ip(5), 2, 2).await, Settlement::Exact);
+    expect(
+        &s.peek(&back_p, &ip(5), 0).await,
+        None,
+        &[(true, 5, 60_000)],
+    );
 }
 
 /// Scenario 16: the store answers a ping.

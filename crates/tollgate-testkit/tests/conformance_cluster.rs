@@ -93,6 +93,7 @@ mod conformance {
         calendar_windows_follow_the_zones_days,
         concurrency_leases_bound_what_is_in_flight,
         warnings_name_the_rules_past_their_fraction,
+        settlements_charge_debts_and_give_back,
         store_answers_ping,
     );
 }

@@ -67,6 +67,17 @@ pub struct Tollgate<S> {
     make_local: fn() -> Box<dyn LocalFallback>,
 }
 
+/// What [`Tollgate::settle`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// The work cost what its check charged: nothing to do.
+    Exact,
+    /// It cost less: this many units were given back.
+    Refunded(u64),
+    /// It cost more: this many units were charged, past the limits if need be.
+    Charged(u64),
+}
+
 /// Where a check goes when the store fails and `on_error` is [`OnError::Local`]: a store in
 /// this process that answers at once. [`MemoryStore`](crate::MemoryStore) is one, and the
 /// engine's default ([`Tollgate::with_local_fallback`] hands in another).
@@ -323,6 +334,69 @@ impl<S: RefundStore> Tollgate<S> {
             .refund(&CheckRequest::new(cost, true, &limiters), receipt)
             .await?;
         Ok(())
+    }
+
+    /// Settles the check of `receipt` at the cost the work turned out to have, for costs known
+    /// only afterwards (an LLM's tokens, the bytes of a response, rows exported): check an
+    /// estimate, do the work, then settle. A smaller cost gives the difference back (the
+    /// receipt's exact [`refund`](Self::refund)); a larger one charges the difference even
+    /// past the limits ([`RefundStore::charge`]): the identity then owes it, and its next
+    /// checks are denied until time has paid it (exactly on GCRA; within the window on the
+    /// window algorithms, which hold at most twice their limit). Concurrency limits are left
+    /// alone. Settle a receipt once: a second settlement charges or refunds again.
+    ///
+    /// A check that is never settled keeps its estimate, which counts like any admission and
+    /// leaves with its window: a caller that crashed holds nothing forever.
+    ///
+    /// ```
+    /// use tollgate::{Algorithm, Dimension, Identity, Limiter, MemoryStore, Policy, Settlement, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// // 1,000 tokens a minute per user.
+    /// let tokens = Policy::builder("llm")
+    ///     .limiter(Limiter::new(Dimension::UserId, ["1000/1m".parse::<tollgate::Rule>()?.with_algorithm(Algorithm::Gcra)]))
+    ///     .build()?;
+    /// let who = Identity::new().with_user_id("u1");
+    ///
+    /// let estimate = gate.check(&tokens, &who, 100).await?;
+    /// let receipt = estimate.receipt().expect("an admission is recorded");
+    /// // The answer took 1,500 tokens: 1,400 more are owed.
+    /// let settled = gate.settle(&tokens, &who, receipt, 1_500).await?;
+    /// assert_eq!(settled, Settlement::Charged(1_400));
+    /// let next = gate.check(&tokens, &who, 1).await?;
+    /// assert!(!next.allowed());
+    /// // The debt is paid at the rule's rate: 500 tokens over the burst, 30 s at 1,000 a minute.
+    /// assert!(next.retry_after().unwrap().as_secs() >= 29);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn settle(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        receipt: &Receipt,
+        cost: u64,
+    ) -> Result<Settlement, CheckError> {
+        let estimate = receipt.units();
+        if cost < estimate {
+            self.refund(policy, identity, estimate - cost, Some(receipt))
+                .await?;
+            return Ok(Settlement::Refunded(estimate - cost));
+        }
+        if cost == estimate {
+            return Ok(Settlement::Exact);
+        }
+        let owed = cost - estimate;
+        let mut keys = CheckKeys::new();
+        self.limiter_keys(policy, identity, &mut keys)?;
+        let mut limiters = LimiterRequests::new();
+        keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
+        limiters.retain(|l| !l.is_concurrent());
+        self.store
+            .charge(&CheckRequest::new(owed, true, &limiters))
+            .await?;
+        Ok(Settlement::Charged(owed))
     }
 
     /// Ends the leases the check of `receipt` took in `policy`'s concurrency limiters (see
@@ -725,7 +799,7 @@ impl<S: Store> Tollgate<S> {
         verdict: &mut Verdict,
     ) -> Option<Answered> {
         let result = self.store.check_sync(request, verdict)?;
-        Some(self.settle(request, result, on_error, verdict))
+        Some(self.conclude_store(request, result, on_error, verdict))
     }
 
     /// Runs a check the caller prepared through the engine's one way to the store: at once
@@ -741,11 +815,11 @@ impl<S: Store> Tollgate<S> {
             return answered;
         }
         let result = self.store.check(request).await.map(|v| *verdict = v);
-        self.settle(request, result, on_error, verdict)
+        self.conclude_store(request, result, on_error, verdict)
     }
 
     /// The store's answer, or `on_error`'s when it failed.
-    fn settle(
+    fn conclude_store(
         &self,
         request: &CheckRequest<'_>,
         result: Result<(), StoreError>,

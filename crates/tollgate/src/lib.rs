@@ -80,7 +80,7 @@ pub use duplicate::{
     Acquire, Duplicate, DuplicateBy, DuplicateGuard, DuplicateState, Fingerprint, Lease,
     MAX_IDEMPOTENCY_KEY_LEN, idempotency_key,
 };
-pub use engine::{Answered, LocalFallback, Tollgate};
+pub use engine::{Answered, LocalFallback, Settlement, Tollgate};
 pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity, IpPrefix};
 pub use key::ban_index_key;

@@ -498,6 +498,24 @@ pub trait RefundStore: Store {
         request: &CheckRequest<'_>,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Charges `request.cost` units to every rule of the request's limiters whatever their
+    /// limits say, against the store's now (what [`Tollgate::settle`](crate::Tollgate::settle)
+    /// does when a request cost more than its check charged): a debt, which denies the next
+    /// checks until time pays it.
+    ///
+    /// - GCRA moves its theoretical arrival time `cost` emission intervals ahead (at most a
+    ///   year): the debt is paid exactly;
+    /// - a fixed window adds `cost` to the current window's count, and a sliding window to its
+    ///   current window's (its share fades over the next): at most twice the limit;
+    /// - a sliding log adds `cost` entries at now, at most twice the largest sliding-log limit
+    ///   in all: the debt is paid when they leave the window.
+    ///
+    /// Concurrency limiters are left alone.
+    fn charge(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// Duplicate-guard locks (see [`Tollgate::acquire`](crate::Tollgate::acquire)).
@@ -609,6 +627,8 @@ trait DynStore: Send + Sync + 'static {
         request: &'a CheckRequest<'a>,
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<Option<Receipt>, StoreError>>;
+    fn charge<'a>(&'a self, request: &'a CheckRequest<'a>)
+    -> BoxFuture<'a, Result<(), StoreError>>;
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn bans_possible(&self) -> bool;
     fn text_keys(&self) -> bool;
@@ -686,6 +706,13 @@ impl<S: BanStore + LockStore + RefundStore> DynStore for S {
         receipt: &'a Receipt,
     ) -> BoxFuture<'a, Result<Option<Receipt>, StoreError>> {
         Box::pin(RefundStore::extend(self, request, receipt))
+    }
+
+    fn charge<'a>(
+        &'a self,
+        request: &'a CheckRequest<'a>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(RefundStore::charge(self, request))
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -865,6 +892,14 @@ macro_rules! forward_refunds {
         ) -> Result<Option<$crate::Receipt>, $crate::StoreError> {
             let $inner = self;
             $trait::extend($to, request, receipt).await
+        }
+
+        async fn charge(
+            &self,
+            request: &$crate::CheckRequest<'_>,
+        ) -> Result<(), $crate::StoreError> {
+            let $inner = self;
+            $trait::charge($to, request).await
         }
     };
 }

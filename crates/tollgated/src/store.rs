@@ -231,6 +231,14 @@ impl RefundStore for Late {
         let store = self.store();
         async move { store?.refund(request, receipt).await }
     }
+
+    fn charge(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let store = self.store();
+        async move { store?.charge(request).await }
+    }
 }
 
 impl LockStore for Late {

@@ -631,6 +631,10 @@ impl RefundStore for DownStore {
     ) -> Result<Option<Receipt>, StoreError> {
         refused()
     }
+
+    async fn charge(&self, _: &CheckRequest<'_>) -> Result<(), StoreError> {
+        refused()
+    }
 }
 
 impl LockStore for DownStore {

@@ -724,6 +724,34 @@ impl Inner {
     }
 
     /// A refund (see `RefundStore::refund`), one limiter at a time.
+    fn charge(&self, request: &CheckRequest<'_>) {
+        let now = self.clock.now_us();
+        for limiter in request.limiters.iter().filter(|l| !l.is_concurrent()) {
+            let hash = self.shards.hash(limiter.key_bytes());
+            let mut shard = self.shards.lock_one(hash);
+            match shard.live(hash, limiter.key_bytes(), now) {
+                Some(Entry {
+                    state: State::Rules(states),
+                    expires_at,
+                    limited,
+                    ..
+                }) => {
+                    let until = states.charge(limiter.rules, now, request.cost);
+                    *expires_at = (*expires_at).max(until);
+                    *limited = true;
+                }
+                _ => {
+                    self.make_room(&mut shard, Kind::Counter, 1, now, &[]);
+                    let mut states = RuleStates::default();
+                    let until = states.charge(limiter.rules, now, request.cost);
+                    let mut entry = Entry::new(State::Rules(states), until);
+                    entry.limited = true;
+                    shard.insert(hash, limiter.key_bytes(), entry);
+                }
+            }
+        }
+    }
+
     fn refund(&self, request: &CheckRequest<'_>, receipt: Option<&Receipt>) {
         let now = self.clock.now_us();
         for (i, limiter) in request.limiters.iter().enumerate() {
@@ -825,6 +853,14 @@ impl RefundStore for MemoryStore {
         receipt: &Receipt,
     ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send {
         std::future::ready(Ok(self.inner.extend(request, receipt)))
+    }
+
+    fn charge(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.inner.charge(request);
+        std::future::ready(Ok(()))
     }
 }
 

@@ -152,6 +152,9 @@ enum Lease {
     Gone,
 }
 
+/// How far ahead a charge may move a GCRA rule's arrival time: a year (µs).
+pub(crate) const MAX_DEBT_US: u64 = 366 * 86_400 * 1_000_000;
+
 /// The longest sliding-log window of `rules` (µs), if any rule is a sliding log.
 fn log_window(rules: &[Rule]) -> Option<u64> {
     rules
@@ -289,6 +292,81 @@ impl RuleStates {
                 Algorithm::Gcra => (now.saturating_add(outcome.reset_after_us), 0),
             };
             let until = self.put(RuleId::of(rule), a, b);
+            expires_at = expires_at.max(until);
+        }
+        expires_at
+    }
+
+    /// Charges `cost` units to every rule at `now` whatever their limits say (see
+    /// `RefundStore::charge`): a debt. The log and the window counts hold at most twice their
+    /// limit; GCRA's arrival time moves by `cost` emission intervals, at most a year ahead.
+    /// Returns until when the states count.
+    pub(super) fn charge(&mut self, rules: &[Rule], now: u64, cost: u64) -> u64 {
+        self.counters.retain(|c| c.expires_at() > now);
+        let mut expires_at = now;
+        if let Some(window) = log_window(rules) {
+            let cap = rules
+                .iter()
+                .filter(|r| r.algorithm() == Algorithm::SlidingLog)
+                .map(|r| r.limit().saturating_mul(2))
+                .max()
+                .unwrap_or(0);
+            let log = self.log.get_or_insert_default();
+            if let Some(edge) = now.checked_sub(window) {
+                while log.front().is_some_and(|&t| t <= edge) {
+                    log.pop_front();
+                }
+            }
+            let units = cost.min(cap.saturating_sub(log.len() as u64));
+            // Kept sorted even if the clock stepped back.
+            let at = log.partition_point(|&t| t <= now);
+            for _ in 0..units {
+                log.insert(at, now);
+            }
+            expires_at = now + window;
+        }
+        for rule in rules {
+            let twice = rule.limit().saturating_mul(2);
+            let until = match rule.algorithm() {
+                Algorithm::SlidingLog => continue,
+                Algorithm::FixedWindow => {
+                    let (start, _) = rule.fixed_window_at(now);
+                    let count = window(&self.counters, rule)
+                        .filter(|w| w.start == start)
+                        .map_or(0, |w| w.count);
+                    self.put(
+                        RuleId::of(rule),
+                        start,
+                        count.saturating_add(cost).min(twice),
+                    )
+                }
+                Algorithm::SlidingWindow => {
+                    let w = rule.window_us();
+                    let start = now - now % w;
+                    let (previous, count) = match sliding(&self.counters, rule) {
+                        Some(s) if s.start == start => (s.previous, s.count),
+                        Some(s) if s.start.checked_add(w) == Some(start) => (s.count, 0),
+                        _ => (0, 0),
+                    };
+                    let id = RuleId::previous_of(rule);
+                    if previous > 0 {
+                        self.put(id, start - w, previous);
+                    } else {
+                        self.counters.retain(|c| c.rule != id);
+                    }
+                    self.put(
+                        RuleId::of(rule),
+                        start,
+                        count.saturating_add(cost).min(twice),
+                    )
+                }
+                Algorithm::Gcra => {
+                    let tat = tat(&self.counters, rule).unwrap_or(now).max(now);
+                    let debt = algorithm::gcra_interval(rule).saturating_mul(cost);
+                    let tat = tat.saturating_add(debt).min(now + MAX_DEBT_US);
+                    self.put(RuleId::of(rule), tat, 0)
+                }
+            };
             expires_at = expires_at.max(until);
         }
         expires_at

@@ -115,6 +115,10 @@ impl RefundStore for Recorder {
     ) -> Result<Option<Receipt>, StoreError> {
         self.inner.extend(request, receipt).await
     }
+
+    async fn charge(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {
+        self.inner.charge(request).await
+    }
 }
 
 impl LockStore for Recorder {
