@@ -83,6 +83,17 @@ pub(crate) struct RefundRequest {
     pub(crate) receipt: Option<String>,
 }
 
+/// `/v1/settle`: the check's sealed receipt and what its work cost.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SettleRequest {
+    pub(crate) policy: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+    pub(crate) receipt: String,
+    pub(crate) cost: u64,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResetRequest {

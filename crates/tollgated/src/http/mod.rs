@@ -12,7 +12,7 @@
 //! - `check`: `/v1/check`, `/v1/peek` (one handler body), and what the check endpoints share.
 //! - `batch`: `/v1/checks`.
 //! - `leases`: `/v1/acquire`, `/v1/release`, `/v1/extend`.
-//! - `refund`: `/v1/refund`.
+//! - `refund`: `/v1/refund` and `/v1/settle`.
 //! - `duplicate`: the duplicate guard's acquire, complete and release.
 //! - `admin`: the admin extractor (bearer token, see `crate::auth`), reset and the blocklist.
 //! - `ops`: `/metrics`, `/healthz`, `/readyz`.
@@ -51,6 +51,7 @@ pub(crate) fn api() -> Router<Arc<App>> {
         .route("/v1/peek", post(check::peek))
         .route("/v1/checks", post(batch::checks))
         .route("/v1/refund", post(refund::refund))
+        .route("/v1/settle", post(refund::settle))
         .route("/v1/acquire", post(leases::acquire))
         .route("/v1/release", post(leases::release))
         .route("/v1/extend", post(leases::extend))

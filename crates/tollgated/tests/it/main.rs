@@ -29,6 +29,7 @@ mod refund;
 mod reload;
 mod request_spans;
 mod rlqs;
+mod settle;
 mod shadow;
 mod slow_clients;
 mod support;

@@ -1,0 +1,82 @@
+//! `/v1/settle`: a check of an estimate settled at its real cost, once per receipt.
+
+use serde_json::json;
+
+use crate::support::{Server, assert_problem};
+
+const CONFIG: &str = r#"
+[policies.llm]
+limiters = [{ by = "user_id", rules = ["1000/1h"], algorithm = "gcra" }]
+"#;
+
+async fn estimate(server: &Server, user: &str, cost: u64) -> String {
+    let (status, d) = server
+        .post(
+            "/v1/check",
+            json!({ "policy": "llm", "identity": { "user_id": user }, "cost": cost, "receipt": true }),
+        )
+        .await;
+    assert_eq!((status, d["allowed"].clone()), (200, json!(true)), "{d}");
+    d["receipt"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_settlement_charges_a_debt_or_gives_back_once_per_receipt() {
+    let server = Server::start(CONFIG);
+    // 100 estimated, 1,500 spent: 1,400 more, past the hour's 1,000; the next check waits
+    // for the debt (1,500 - 1,000 + 1 units at 3.6 s each: 30 min and more).
+    let receipt = estimate(&server, "u1", 100).await;
+    let settle = json!({ "policy": "llm", "identity": { "user_id": "u1" }, "receipt": receipt, "cost": 1500 });
+    let (status, body) = server.post("/v1/settle", settle.clone()).await;
+    assert_eq!(
+        (status, body),
+        (200, json!({ "settled": "charged", "units": 1400 }))
+    );
+    let next = server.check("llm", json!({ "user_id": "u1" })).await;
+    assert_eq!(next["allowed"], false, "{next}");
+    let wait = next["retry_after_ms"].as_u64().unwrap();
+    assert!((1_800_000..=1_804_000).contains(&wait), "{next}");
+    // Spent: a second settlement, or a refund of it, is refused.
+    let (status, body) = server.post("/v1/settle", settle).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["code"], "already_refunded", "{body}");
+
+    // 300 estimated, 120 spent: 180 back.
+    let receipt = estimate(&server, "u2", 300).await;
+    let (status, body) = server
+        .post(
+            "/v1/settle",
+            json!({ "policy": "llm", "identity": { "user_id": "u2" }, "receipt": receipt, "cost": 120 }),
+        )
+        .await;
+    assert_eq!(
+        (status, body),
+        (200, json!({ "settled": "refunded", "units": 180 }))
+    );
+    let (_, peek) = server
+        .post(
+            "/v1/peek",
+            json!({ "policy": "llm", "identity": { "user_id": "u2" } }),
+        )
+        .await;
+    // 120 kept, and the peek's own unit.
+    assert_eq!(peek["rules"][0]["remaining"], 879, "{peek}");
+
+    // Malformed: no cost, a receipt of another identity.
+    let receipt = estimate(&server, "u3", 1).await;
+    let (status, body) = server
+        .post(
+            "/v1/settle",
+            json!({ "policy": "llm", "identity": { "user_id": "u3" }, "receipt": receipt }),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_problem(&body, 422);
+    let (status, body) = server
+        .post(
+            "/v1/settle",
+            json!({ "policy": "llm", "identity": { "user_id": "u4" }, "receipt": receipt, "cost": 5 }),
+        )
+        .await;
+    assert!((400..500).contains(&status), "{status} {body}");
+}
