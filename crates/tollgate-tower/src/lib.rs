@@ -98,7 +98,7 @@ pub use duplicate::{DuplicateFuture, DuplicateLayer, DuplicateService};
 pub use headers::{HeaderStyle, insert_rate_limit_headers};
 pub use identity::{AuthUser, ForwardedHeader, IdentityResolver, PeerAddr};
 pub use rate_limit::{
-    Count, FailedOpen, FailureWhen, RateLimitFuture, RateLimitLayer, RateLimitService,
+    Cost, Count, FailedOpen, FailureWhen, RateLimitFuture, RateLimitLayer, RateLimitService, Settle,
 };
 pub use rejection::{QUOTA_EXCEEDED, Rejection};
 

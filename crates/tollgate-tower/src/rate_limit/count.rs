@@ -2,7 +2,7 @@
 
 use std::{fmt, sync::Arc};
 
-use http::StatusCode;
+use http::{HeaderMap, HeaderName, StatusCode, Uri};
 use tollgate::{Identity, Receipt};
 
 use super::layer::Config;
@@ -52,7 +52,7 @@ impl fmt::Debug for Count {
 /// Which response statuses are failures (default: 4xx and 5xx).
 ///
 /// ```
-/// use http::StatusCode;
+/// use http::{HeaderMap, HeaderName, StatusCode, Uri};
 /// use tollgate_tower::{Count, FailureWhen};
 ///
 /// // A login answers 401 for a wrong password; only that counts.
@@ -86,24 +86,136 @@ impl fmt::Debug for FailureWhen {
     }
 }
 
-/// What an admitted request needs for a refund, held until its outcome is known. Dropped
-/// while armed under [`Count::Successes`] (the handler panicked or its future was dropped),
-/// it refunds in the background.
+/// A request's cost, from the request (see
+/// [`RateLimitLayer::cost_from`](crate::RateLimitLayer::cost_from)): what an LLM call
+/// estimates, the bytes an upload declares.
+///
+/// ```
+/// use tollgate_tower::Cost;
+///
+/// // The tokens the client says it asks for, 1 when it does not say.
+/// let cost = Cost::header("x-max-tokens");
+/// # let _ = cost;
+/// ```
+#[derive(Clone)]
+pub struct Cost(Arc<dyn Fn(&HeaderMap, &Uri) -> u64 + Send + Sync>);
+
+impl Cost {
+    /// The cost `f` reads from the request's headers and URI.
+    pub fn new(f: impl Fn(&HeaderMap, &Uri) -> u64 + Send + Sync + 'static) -> Cost {
+        Cost(Arc::new(f))
+    }
+
+    /// The cost is the request header `name`'s value, a whole number; 1 when it is missing or
+    /// not a number.
+    pub fn header(name: &'static str) -> Cost {
+        let name = HeaderName::from_static(name);
+        Cost::new(move |headers, _| number(headers, &name).unwrap_or(1))
+    }
+
+    pub(crate) fn of(&self, headers: &HeaderMap, uri: &Uri) -> u64 {
+        (self.0)(headers, uri)
+    }
+}
+
+impl fmt::Debug for Cost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Cost(..)")
+    }
+}
+
+/// What an admitted request turned out to cost, from its response (see
+/// [`RateLimitLayer::settle`](crate::RateLimitLayer::settle)): its check is settled at it
+/// before the response goes out ([`Tollgate::settle`](tollgate::Tollgate::settle)).
+///
+/// ```
+/// use tollgate_tower::Settle;
+///
+/// // The handler says what the answer used.
+/// let settle = Settle::header("x-tokens-used");
+/// # let _ = settle;
+/// ```
+#[derive(Clone)]
+pub struct Settle(Arc<dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync>);
+
+impl Settle {
+    /// The cost `f` reads from the response's status and headers; `None` keeps the charge.
+    pub fn new(
+        f: impl Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync + 'static,
+    ) -> Settle {
+        Settle(Arc::new(f))
+    }
+
+    /// The cost is the response header `name`'s value, a whole number; without it (or with
+    /// something else) the charge stays as checked.
+    pub fn header(name: &'static str) -> Settle {
+        let name = HeaderName::from_static(name);
+        Settle::new(move |_, headers| number(headers, &name))
+    }
+
+    pub(crate) fn of(&self, status: StatusCode, headers: &HeaderMap) -> Option<u64> {
+        (self.0)(status, headers)
+    }
+}
+
+impl fmt::Debug for Settle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Settle(..)")
+    }
+}
+
+/// The header `name` as a whole number.
+fn number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+/// What an admitted request needs for a refund or a settlement, held until its outcome is
+/// known. Dropped while armed under [`Count::Successes`] (the handler panicked or its future
+/// was dropped), it refunds in the background.
 pub(crate) struct Charge {
     config: Arc<Config>,
     identity: Identity,
     receipt: Option<Receipt>,
+    /// What the request was charged.
+    cost: u64,
     armed: bool,
 }
 
 impl Charge {
-    pub(crate) fn new(config: Arc<Config>, identity: Identity, receipt: Option<Receipt>) -> Charge {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        identity: Identity,
+        receipt: Option<Receipt>,
+        cost: u64,
+    ) -> Charge {
         Charge {
             config,
             identity,
             receipt,
+            cost,
             armed: true,
         }
+    }
+
+    /// The cost the response says the request had, if it differs from its charge and the
+    /// charge can be settled (it has its receipt).
+    pub(crate) fn settled_cost(&self, status: StatusCode, headers: &HeaderMap) -> Option<u64> {
+        let settle = self.config.settle.as_ref()?;
+        self.receipt.as_ref()?;
+        settle.of(status, headers).filter(|&cost| cost != self.cost)
+    }
+
+    /// Settles the request's check at `cost` now. A failed settlement keeps the charge.
+    pub(crate) async fn settle_at(mut self, cost: u64) {
+        self.armed = false;
+        let Some(receipt) = self.receipt.take() else {
+            return;
+        };
+        let _ = self
+            .config
+            .gate
+            .settle(&self.config.policy, &self.identity, &receipt, cost)
+            .await;
     }
 
     /// Whether the outcome (a response status, or `None` for an error of the inner service)
@@ -122,7 +234,7 @@ impl Charge {
     }
 
     /// The outcome kept the charge: nothing to do on drop.
-    pub(crate) fn settle(mut self) {
+    pub(crate) fn keep(mut self) {
         self.armed = false;
     }
 
@@ -133,10 +245,11 @@ impl Charge {
         let config = self.config.clone();
         let identity = std::mem::take(&mut self.identity);
         let receipt = self.receipt.take();
+        let cost = self.cost;
         async move {
             let _ = config
                 .gate
-                .refund(&config.policy, &identity, config.cost, receipt.as_ref())
+                .refund(&config.policy, &identity, cost, receipt.as_ref())
                 .await;
         }
     }

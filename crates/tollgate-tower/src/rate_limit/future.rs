@@ -32,6 +32,8 @@ pin_project! {
         config: Arc<Config>,
         // The request is gRPC's: a rejection answers with a gRPC status.
         grpc: bool,
+        // What the request was charged.
+        cost: u64,
     }
 }
 
@@ -76,6 +78,7 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
         config: Arc<Config>,
         grpc: bool,
         identity: Option<Identity>,
+        cost: u64,
     ) -> RateLimitFuture<S, B, S::Future, R> {
         RateLimitFuture {
             state: State::Checking {
@@ -85,6 +88,7 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
             },
             config,
             grpc,
+            cost,
         }
     }
 
@@ -97,9 +101,10 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
         config: Arc<Config>,
         grpc: bool,
         identity: Option<Identity>,
+        cost: u64,
     ) -> RateLimitFuture<S, B, S::Future, R> {
         let state = match admit(decided, &config, grpc) {
-            Ok(decision) => call(decision, inner, request, &config, identity),
+            Ok(decision) => call(decision, inner, request, &config, identity, cost),
             Err(response) => State::Refused {
                 response: Some(response),
             },
@@ -108,6 +113,7 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
             state,
             config,
             grpc,
+            cost,
         }
     }
 }
@@ -136,6 +142,7 @@ fn call<S: Service<Request<B>>, B, R>(
     mut request: Request<B>,
     config: &Arc<Config>,
     mut identity: Option<Identity>,
+    cost: u64,
 ) -> State<S, B, S::Future, R, S::Error> {
     let failed_open = decision.reason() == Reason::StoreUnavailable;
     if failed_open {
@@ -150,8 +157,8 @@ fn call<S: Service<Request<B>>, B, R>(
     };
     let charge = identity
         .take()
-        .filter(|_| !matches!(config.count, Count::All))
-        .map(|identity| Charge::new(config.clone(), identity, decision.receipt().cloned()));
+        .filter(|_| !matches!(config.count, Count::All) || config.settle.is_some())
+        .map(|identity| Charge::new(config.clone(), identity, decision.receipt().cloned(), cost));
     let decision = (config.style != HeaderStyle::None).then_some(decision);
     State::Calling {
         future,
@@ -185,8 +192,14 @@ where
                     let Some((mut inner, request)) = call.take() else {
                         unreachable!("the inner call is taken once");
                     };
-                    let next =
-                        self::call(decision, &mut inner, request, this.config, identity.take());
+                    let next = self::call(
+                        decision,
+                        &mut inner,
+                        request,
+                        this.config,
+                        identity.take(),
+                        *this.cost,
+                    );
                     this.state.set(next);
                 }
                 StateProj::Refused { response } => {
@@ -223,13 +236,22 @@ where
                         return Poll::Ready(hold(output, slot));
                     };
                     let status = output.as_ref().ok().map(Response::status);
-                    if charge.keeps(status) {
-                        charge.settle();
+                    // Refunded or settled before the response goes out: the client's next
+                    // request sees it.
+                    let work: BoxFuture<'static, ()> = if !charge.keeps(status) {
+                        Box::pin(charge.refund())
+                    } else if let Some(cost) = output
+                        .as_ref()
+                        .ok()
+                        .and_then(|r| charge.settled_cost(r.status(), r.headers()))
+                    {
+                        Box::pin(charge.settle_at(cost))
+                    } else {
+                        charge.keep();
                         return Poll::Ready(hold(output, slot));
-                    }
-                    // Refunded before the response goes out: the client's next request sees it.
+                    };
                     this.state.set(State::Refunding {
-                        refund: Box::pin(charge.refund()),
+                        refund: work,
                         output: Some(output),
                         slot,
                     });

@@ -5,7 +5,7 @@ use http::{HeaderName, Response};
 use tollgate::{BanStore, Dimension, IpPrefix, LockStore, Policy, RefundStore, Tollgate};
 use tower_layer::Layer;
 
-use super::{Count, RateLimitService};
+use super::{Cost, Count, RateLimitService, Settle};
 use crate::{
     gate::{SharedGate, erase},
     headers::{HeaderStyle, PolicyFields},
@@ -55,6 +55,10 @@ pub(crate) struct Config {
     /// The policy's header fields that never change.
     pub(crate) fields: Arc<PolicyFields>,
     pub(crate) cost: u64,
+    /// The cost read from each request, instead of `cost`.
+    pub(crate) cost_from: Option<Cost>,
+    /// The cost read from each response, its check settled at it.
+    pub(crate) settle: Option<Settle>,
     pub(crate) count: Count,
     /// The policy has concurrency limiters: an admitted request holds its slots until its
     /// response body ends.
@@ -89,6 +93,8 @@ impl RateLimitLayer {
                 wanted,
                 style: HeaderStyle::Draft,
                 cost: 1,
+                cost_from: None,
+                settle: None,
                 count: Count::All,
                 concurrent,
                 on_rejection: None,
@@ -165,6 +171,40 @@ impl RateLimitLayer {
     #[must_use]
     pub fn cost(mut self, cost: u64) -> RateLimitLayer {
         Arc::make_mut(&mut self.config).cost = cost;
+        self
+    }
+
+    /// Each request's cost read from the request instead of a fixed [`cost`](Self::cost):
+    /// an estimate the response can [`settle`](Self::settle).
+    #[must_use]
+    pub fn cost_from(mut self, cost: Cost) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).cost_from = Some(cost);
+        self
+    }
+
+    /// Settles each admitted request's check at the cost its response says it had, before the
+    /// response goes out (see [`Tollgate::settle`](tollgate::Tollgate::settle)): a smaller
+    /// cost gives the difference back, a larger one charges the rest past the limits (the
+    /// client's next requests wait until time has paid it). For costs known only afterwards:
+    /// an LLM's tokens, the bytes of an export. A request whose charge [`count`](Self::count)
+    /// refunds is not settled.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};
+    /// use tollgate_tower::{Cost, RateLimitLayer, Settle};
+    /// # let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    /// # let policy = Policy::builder("llm").limiter(Limiter::new(Dimension::Ip, ["10000/1h".parse()?])).build()?;
+    ///
+    /// // Charge what the client asks for at most, settle at what the model used.
+    /// let layer = RateLimitLayer::new(gate, policy)
+    ///     .cost_from(Cost::header("x-max-tokens"))
+    ///     .settle(Settle::header("x-tokens-used"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn settle(mut self, settle: Settle) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).settle = Some(settle);
         self
     }
 

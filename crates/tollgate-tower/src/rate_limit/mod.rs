@@ -60,7 +60,7 @@ mod service;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailedOpen;
 
-pub use count::{Count, FailureWhen};
+pub use count::{Cost, Count, FailureWhen, Settle};
 pub use future::RateLimitFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;

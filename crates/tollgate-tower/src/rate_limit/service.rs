@@ -36,28 +36,34 @@ where
         let identity = identity_of(&request, &self.config.resolver, &self.config.wanted);
         let grpc = is_grpc(request.headers());
         let config = &self.config;
+        let cost = config
+            .cost_from
+            .as_ref()
+            .map_or(config.cost, |c| c.of(request.headers(), request.uri()));
         let kept =
-            (!matches!(config.count, Count::All) || config.concurrent).then(|| identity.clone());
-        if let Some(decided) = config
-            .gate
-            .check_sync(&config.policy, &identity, config.cost)
-        {
+            (!matches!(config.count, Count::All) || config.concurrent || config.settle.is_some())
+                .then(|| identity.clone());
+        if let Some(decided) = config.gate.check_sync(&config.policy, &identity, cost) {
             // Decided at once: the inner service, which `poll_ready` made ready, is called now.
             let config = config.clone();
-            return RateLimitFuture::decided(decided, &mut self.inner, request, config, grpc, kept);
+            return RateLimitFuture::decided(
+                decided,
+                &mut self.inner,
+                request,
+                config,
+                grpc,
+                kept,
+                cost,
+            );
         }
         // The check awaits the store: the ready service goes with the request, a clone stays.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = config.clone();
         let checking = config.clone();
-        let check: Checking = Box::pin(async move {
-            checking
-                .gate
-                .check(&checking.policy, &identity, checking.cost)
-                .await
-        });
-        RateLimitFuture::waiting(check, inner, request, config, grpc, kept)
+        let check: Checking =
+            Box::pin(async move { checking.gate.check(&checking.policy, &identity, cost).await });
+        RateLimitFuture::waiting(check, inner, request, config, grpc, kept, cost)
     }
 }
 

@@ -13,7 +13,7 @@ use tollgate::{
     Receipt, RefundStore, Store, StoreError, StoreErrorKind, Tollgate, Verdict,
 };
 use tollgate_tower::{
-    Count, FailedOpen, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer,
+    Cost, Count, FailedOpen, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer, Settle,
 };
 
 use crate::support::{Server, client, gate, header, problem};
@@ -967,4 +967,56 @@ async fn an_admission_at_a_limiters_warning_says_so_in_ratelimit_warning() {
             (429, None),
         ]
     );
+}
+
+#[tokio::test]
+async fn a_cost_read_from_the_request_is_settled_at_what_the_response_says() {
+    let (gate, _clock) = gate();
+    let policy = Policy::builder("llm")
+        .limiter(Limiter::new(
+            Dimension::Ip,
+            [rules(&["100/1h"])[0].with_algorithm(tollgate::Algorithm::FixedWindow)],
+        ))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate.clone(), policy.clone())
+        .cost_from(Cost::header("x-max-tokens"))
+        .settle(Settle::header("x-tokens-used"));
+    // The handler answers with the tokens it says it used.
+    let app = Router::new().route(
+        "/complete",
+        get(|headers: axum::http::HeaderMap| async move {
+            let used = headers["x-use"].to_str().unwrap().to_owned();
+            ([("x-tokens-used", used)], "ok")
+        })
+        .layer(layer),
+    );
+    let server = Server::start(app).await;
+    let http = client();
+    let ask = |max: u64, used: u64| {
+        http.get(server.at("/complete"))
+            .header("x-max-tokens", max.to_string())
+            .header("x-use", used.to_string())
+            .send()
+    };
+    let remaining = || async {
+        let who = tollgate::Identity::new().with_ip("127.0.0.1".parse().unwrap());
+        gate.peek(&policy, &who, 0)
+            .await
+            .unwrap()
+            .remaining()
+            .unwrap()
+    };
+    // 10 asked, 50 used: 50 charged in all.
+    assert_eq!(ask(10, 50).await.unwrap().status(), 200);
+    assert_eq!(remaining().await, 50);
+    // 30 asked, 5 used: 25 back.
+    assert_eq!(ask(30, 5).await.unwrap().status(), 200);
+    assert_eq!(remaining().await, 45);
+    // 60 asked: more than is left, refused before any work.
+    assert_eq!(ask(60, 1).await.unwrap().status(), 429);
+    // 40 asked, 90 used: past the limit, a debt; then refused.
+    assert_eq!(ask(40, 90).await.unwrap().status(), 200);
+    assert_eq!(remaining().await, 0);
+    assert_eq!(ask(1, 1).await.unwrap().status(), 429);
 }
