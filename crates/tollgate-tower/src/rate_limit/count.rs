@@ -98,7 +98,9 @@ impl fmt::Debug for FailureWhen {
 /// # let _ = cost;
 /// ```
 #[derive(Clone)]
-pub struct Cost(Arc<dyn Fn(&HeaderMap, &Uri) -> u64 + Send + Sync>);
+pub struct Cost(Arc<CostFn>);
+
+type CostFn = dyn Fn(&HeaderMap, &Uri) -> u64 + Send + Sync;
 
 impl Cost {
     /// The cost `f` reads from the request's headers and URI.
@@ -136,7 +138,9 @@ impl fmt::Debug for Cost {
 /// # let _ = settle;
 /// ```
 #[derive(Clone)]
-pub struct Settle(Arc<dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync>);
+pub struct Settle(Arc<SettleFn>);
+
+type SettleFn = dyn Fn(StatusCode, &HeaderMap) -> Option<u64> + Send + Sync;
 
 impl Settle {
     /// The cost `f` reads from the response's status and headers; `None` keeps the charge.
