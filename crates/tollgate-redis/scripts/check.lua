@@ -23,7 +23,9 @@
 --               because that clock may stand still while real time, which PEXPIRE counts,
 --               goes on.
 --     cost      units this request consumes
---     consume   1 = record the admission, 0 = only compute the decision (peek)
+--     consume   bit 0: 1 = record the admission, 0 = only compute the decision (peek); the
+--               rest (the value over 2): how long the request may wait, µs (GCRA rules admit
+--               units that conform within it, reserving their place; 0: none)
 --     limiters  number of limiters; then per limiter:
 --       rule count, its longest sliding-log window µs (0 = no sliding-log rule),
 --       bans (1 = the limiter bans offenders, then ban duration µs, ban factor, ban cap µs;
@@ -81,6 +83,7 @@ local SLIDING_LOG, FIXED_WINDOW, GCRA, SLIDING_WINDOW, CALENDAR = 1, 2, 3, 4, 5
 -- The check being evaluated: its plan's integers (p[1] the nonce, p[2] .. the integers), its
 -- time and settings.
 local p, nonce, cost, consume, report -- and common.lua's now, ttl_slack_ms
+local delay = 0 -- how long a GCRA rule's units may wait, µs
 -- The check's shadow limiters (false: none; else shadow[l] is true, then 'denied' once it
 -- would deny), made only for a check that has one.
 local shadow
@@ -200,14 +203,16 @@ local function build_evaluators()
       tat = now
     end
     local new_tat = tat + interval * c
-    if new_tat - now <= capacity then
-      return 1, (divmod(capacity - (new_tat - now), interval)), new_tat - now, -1, tat, new_tat
+    if new_tat - now <= capacity + delay then
+      -- Within the delay the units wait for their place: nothing more fits now.
+      local room = math.max(0, capacity - (new_tat - now))
+      return 1, (divmod(room, interval)), new_tat - now, -1, tat, new_tat
     end
     local remaining = 0
     if capacity > tat - now then
       remaining = divmod(capacity - (tat - now), interval)
     end
-    return 0, remaining, tat - now, new_tat - capacity - now
+    return 0, remaining, tat - now, new_tat - capacity - delay - now
   end
 
   -- Mirrors tollgate::algorithm::sliding_window: windows of w_ms whole milliseconds, the
@@ -315,7 +320,8 @@ while argi < args do
     argi = argi + 1
     local packed = ARGV[argi]
     p = { struct.unpack('<c8' .. string.rep('i8', (#packed - 8) / 8), packed) }
-    nonce, now, cost, consume = p[1], p[2], p[3], p[4] == 1
+    nonce, now, cost = p[1], p[2], p[3]
+    consume, delay = p[4] % 2 == 1, math.floor(p[4] / 2)
     ttl_slack_ms = 3600000
     if now < 0 then
       if not server_now then

@@ -145,7 +145,9 @@ struct SlotCall<'a> {
 impl<'a> SlotCall<'a> {
     /// The slot's own check.
     fn request(&self, whole: &CheckRequest<'_>) -> CheckRequest<'_> {
-        CheckRequest::new(whole.cost, whole.consume, &self.requests)
+        let mut request = CheckRequest::new(whole.cost, whole.consume, &self.requests);
+        request.delay_us = whole.delay_us;
+        request
     }
 
     /// Each limiter of the slot: its index in the plan, its request, and its slice of

@@ -190,7 +190,9 @@ pub(crate) fn prepare(
         None => packed.push(-1),
     }
     packed.int("cost", plan.cost)?;
-    packed.flag(plan.consume);
+    // The consume flag, and above it how long the request may wait.
+    let delay = plan.delay_us.min(MAX_EXACT / 4);
+    packed.int("consume and delay", u64::from(plan.consume) | delay << 1)?;
     packed.count(plan.limiters.len());
     for limiter in plan.limiters {
         invocation.key(limiter.state_keys());

@@ -139,7 +139,9 @@ impl RedisStore {
     pub(crate) async fn check_store(&self, plan: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
         let cache = self.inner.cache.as_ref();
         let sent_us = cache.map(|_| self.inner.local_now_us());
+        // A request that may wait is not told a denial remembered for one that may not.
         if let (Some(cache), Some(now)) = (cache, sent_us)
+            && plan.delay_us == 0
             && let Some(denied) = cache.answer(plan, now)
         {
             return Ok(denied);
@@ -172,7 +174,10 @@ impl RedisStore {
             }
         }
         let verdict = checked?;
-        if let (Some(cache), Some(sent)) = (cache, sent_us) {
+        // A waiting request's denial says when it could wait, not when a plain one fits.
+        if let (Some(cache), Some(sent)) = (cache, sent_us)
+            && plan.delay_us == 0
+        {
             cache.learn(plan, &verdict, sent);
         }
         Ok(verdict)

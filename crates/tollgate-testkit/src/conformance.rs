@@ -149,6 +149,7 @@ macro_rules! conformance_suite {
             concurrency_leases_bound_what_is_in_flight,
             warnings_name_the_rules_past_their_fraction,
             settlements_charge_debts_and_give_back,
+            waiters_are_admitted_in_order_never_over_the_limit,
             store_answers_ping,
         );
 
@@ -1883,6 +1884,61 @@ pub async fn settlements_charge_debts_and_give_back<S: FullStore>(s: Subject<S>)
         None,
         &[(true, 5, 60_000)],
     );
+}
+
+/// Waiting: past its burst, a GCRA rule admits a request whose unit conforms within the
+/// delay it may wait, each waiter at its own place in the schedule (due one emission interval
+/// after the one before), never more than the rule allows by the time they are due; past the
+/// delay it refuses, saying when one more would fit; a waiter that gives up gives its place
+/// back.
+pub async fn waiters_are_admitted_in_order_never_over_the_limit<S: FullStore>(s: Subject<S>) {
+    let p = policy("wait", [Limiter::new(Dimension::Ip, [gcra("10/1m")])]);
+    let who = ip(1);
+    s.at(ms(0));
+    for _ in 0..10 {
+        assert!(s.check(&p, &who, 1).await.allowed());
+    }
+    let within = |delay_ms: u64| {
+        let s = &s;
+        let (p, who) = (&p, &who);
+        async move {
+            s.gate()
+                .check_within(p, who, 1, ms(delay_ms))
+                .await
+                .expect("the identity carries every dimension")
+        }
+    };
+    // 6 s a unit: due at 6, 12 and 18 s; a fourth would be due at 24 s, past 20.
+    let mut waiters = Vec::new();
+    for due_s in [6, 12, 18] {
+        let d = within(20_000).await;
+        assert!(d.allowed(), "{d:#?}");
+        assert_eq!(d.due(&p), Some(ms(due_s * 1000)), "{d:#?}");
+        assert_eq!(d.remaining(), Some(0), "nothing more fits now");
+        waiters.push(d);
+    }
+    let d = within(20_000).await;
+    assert!(!d.allowed(), "{d:#?}");
+    assert_eq!(
+        d.retry_after(),
+        Some(ms(4_000)),
+        "then it is within 20 s: {d:#?}"
+    );
+    // A plain check waits behind them all.
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!(d.retry_after(), Some(ms(24_000)), "{d:#?}");
+    // The last waiter gives up: its place is the next one's.
+    let last = waiters.pop().expect("three waiters");
+    s.gate()
+        .refund(&p, &who, 1, last.receipt())
+        .await
+        .expect("the store refunds");
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!(d.retry_after(), Some(ms(18_000)), "{d:#?}");
+    // Due: the first waiter's time; a plain check at 18 s is the next admitted.
+    s.at(ms(18_000));
+    assert!(s.check(&p, &who, 1).await.allowed());
+    assert!(!s.check(&p, &who, 1).await.allowed());
 }
 
 /// Scenario 16: the store answers a ping.

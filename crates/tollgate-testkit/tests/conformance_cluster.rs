@@ -94,6 +94,7 @@ mod conformance {
         concurrency_leases_bound_what_is_in_flight,
         warnings_name_the_rules_past_their_fraction,
         settlements_charge_debts_and_give_back,
+        waiters_are_admitted_in_order_never_over_the_limit,
         store_answers_ping,
     );
 }

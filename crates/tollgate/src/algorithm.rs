@@ -259,20 +259,39 @@ pub fn gcra_interval(rule: &Rule) -> u64 {
     (rule.window_us() / rule.limit()).max(1)
 }
 
+/// How long after now the units of an admitting GCRA outcome are due (0: at once): the time
+/// by which its new arrival time passes the rule's burst.
+pub fn gcra_due_us(rule: &Rule, reset_after_us: u64) -> u64 {
+    reset_after_us.saturating_sub(gcra_interval(rule) * rule.limit())
+}
+
 /// GCRA over the theoretical arrival time `tat`. Returns the outcome and, when admitted, the
 /// new `tat`.
 pub fn gcra(tat: Option<u64>, now: u64, rule: &Rule, cost: u64) -> (RuleOutcome, Option<u64>) {
+    gcra_within(tat, now, rule, cost, 0)
+}
+
+/// [`gcra`], admitting units that conform within `delay_us` too: their place in the schedule
+/// is reserved (the new `tat` holds them), and they are due [`gcra_due_us`] from now.
+pub fn gcra_within(
+    tat: Option<u64>,
+    now: u64,
+    rule: &Rule,
+    cost: u64,
+    delay_us: u64,
+) -> (RuleOutcome, Option<u64>) {
     let interval = gcra_interval(rule);
     let capacity = interval * rule.limit();
     let tat = tat.unwrap_or(now).max(now);
     // The wait after this request, in u128: `interval * cost` passes u64::MAX for a large
     // enough cost.
     let wait = u128::from(tat - now) + u128::from(interval) * u128::from(cost);
-    match u64::try_from(wait).ok().filter(|&wait| wait <= capacity) {
+    let tolerance = capacity.saturating_add(delay_us);
+    match u64::try_from(wait).ok().filter(|&wait| wait <= tolerance) {
         Some(wait) => {
             let outcome = RuleOutcome {
                 allowed: true,
-                remaining: (capacity - wait) / interval,
+                remaining: capacity.saturating_sub(wait) / interval,
                 reset_after_us: wait,
                 retry_after_us: None,
             };
@@ -284,7 +303,7 @@ pub fn gcra(tat: Option<u64>, now: u64, rule: &Rule, cost: u64) -> (RuleOutcome,
                 remaining: capacity.saturating_sub(tat - now) / interval,
                 reset_after_us: tat - now,
                 retry_after_us: Some(
-                    u64::try_from(wait - u128::from(capacity)).unwrap_or(u64::MAX),
+                    u64::try_from(wait - u128::from(tolerance)).unwrap_or(u64::MAX),
                 ),
             };
             (outcome, None)

@@ -354,6 +354,27 @@ impl Decision {
             .map(|((limiter, rule), said)| named(limiter, rule, *said))
     }
 
+    /// How long an admission of [`Tollgate::check_within`](crate::Tollgate::check_within)
+    /// must wait before its units are due: the latest of its GCRA rules' (`None` when it may
+    /// go at once, or was denied).
+    pub fn due(&self, policy: &Policy) -> Option<Duration> {
+        if !self.allowed || self.reason != Reason::Ok {
+            return None;
+        }
+        let due = policy
+            .limiters
+            .iter()
+            .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
+            .zip(&self.said)
+            .filter(|((limiter, rule), said)| {
+                !limiter.shadow && said.named() && rule.algorithm() == crate::Algorithm::Gcra
+            })
+            .map(|((_, rule), said)| crate::algorithm::gcra_due_us(rule, said.reset_after_us()))
+            .max()
+            .unwrap_or(0);
+        (due > 0).then(|| Duration::from_micros(due))
+    }
+
     /// Where the store recorded this admission, for an exact
     /// [`refund`](crate::Tollgate::refund); `None` when nothing was recorded (a denial, a peek,
     /// a bypass, a cost of 0, a decision made without the store).

@@ -214,7 +214,50 @@ impl<S: Store> Tollgate<S> {
         identity: &'a Identity,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, CheckError>> + Send + 'a {
-        Check::new(self, policy, identity, cost, true)
+        Check::new(self, policy, identity, cost, (true, 0))
+    }
+
+    /// [`check`](Self::check), admitting a request whose units conform within `max_delay`
+    /// on its GCRA rules, instead of refusing it: the units are reserved at their place in
+    /// the schedule (each waiter its own, so no crowd when they are due), and the decision
+    /// says how long to wait before going on ([`Decision::due`]). Waiting is bounded per
+    /// identity by the rule itself: at most `max_delay` over its emission interval waiters.
+    /// A caller that stops waiting gives its units back with the receipt
+    /// ([`refund`](Self::refund)); the tower layer's
+    /// `max_delay` does it all. Rules of the other algorithms admit only what fits now.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Dimension, Identity, Limiter, MemoryStore, Policy, Rule, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// // 10 a second, no burst beyond that: one every 100 ms.
+    /// let rule: Rule = "10/1s".parse()?;
+    /// let checkout = Policy::builder("checkout")
+    ///     .limiter(Limiter::new(Dimension::Ip, [rule.with_algorithm(Algorithm::Gcra)]))
+    ///     .build()?;
+    /// let who = Identity::new().with_ip("192.0.2.1".parse()?);
+    /// for _ in 0..10 {
+    ///     gate.check(&checkout, &who, 1).await?;
+    /// }
+    /// // The 11th would be refused; within 200 ms it is admitted, due in about 100 ms.
+    /// let d = gate.check_within(&checkout, &who, 1, Duration::from_millis(200)).await?;
+    /// assert!(d.allowed());
+    /// let due = d.due(&checkout).unwrap();
+    /// assert!(due > Duration::from_millis(90) && due <= Duration::from_millis(100));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn check_within<'a>(
+        &'a self,
+        policy: &'a Policy,
+        identity: &'a Identity,
+        cost: u64,
+        max_delay: Duration,
+    ) -> impl Future<Output = Result<Decision, CheckError>> + Send + 'a {
+        let delay_us = u64::try_from(max_delay.as_micros()).unwrap_or(u64::MAX);
+        Check::new(self, policy, identity, cost, (true, delay_us))
     }
 
     /// [`check`](Self::check) without a future, when the store answers at once (the memory
@@ -227,7 +270,7 @@ impl<S: Store> Tollgate<S> {
         cost: u64,
     ) -> Option<Result<Decision, CheckError>> {
         let mut out = Decision::without_rules(true, Reason::Ok);
-        match self.check_now(policy, identity, cost, true, &mut out) {
+        match self.check_now(policy, identity, cost, (true, 0), &mut out) {
             Now::Done(Ok(())) => Some(Ok(out)),
             Now::Done(Err(e)) => Some(Err(e)),
             Now::Later(_) => None,
@@ -241,7 +284,7 @@ impl<S: Store> Tollgate<S> {
         identity: &'a Identity,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, CheckError>> + Send + 'a {
-        Check::new(self, policy, identity, cost, false)
+        Check::new(self, policy, identity, cost, (false, 0))
     }
 
     /// Forgets every counter of `policy` for `identity`.
@@ -735,7 +778,7 @@ impl<S: Store> Tollgate<S> {
         policy: &Policy,
         identity: &'i Identity,
         cost: u64,
-        consume: bool,
+        (consume, delay_us): (bool, u64),
         out: &mut Decision,
     ) -> Now<'i> {
         let mut keys = CheckKeys::new();
@@ -750,10 +793,11 @@ impl<S: Store> Tollgate<S> {
             let mut limiters = LimiterRequests::new();
             let mut bans = BanKeys::new();
             keys.requests(&policy.limiters, &mut limiters, &mut bans);
-            let request = CheckRequest::new(cost, consume, &limiters)
+            let mut request = CheckRequest::new(cost, consume, &limiters)
                 .with_bans(&bans, keys.ban_index(&self.ban_index))
                 .with_durability(policy.durability)
                 .with_lease(policy.lease);
+            request.delay_us = delay_us;
             self.run_now(&request, on_error, &mut verdict)
         };
         match answered {
@@ -772,16 +816,17 @@ impl<S: Store> Tollgate<S> {
         policy: &Policy,
         keys: CheckKeys<'_>,
         cost: u64,
-        consume: bool,
+        (consume, delay_us): (bool, u64),
     ) -> Result<Decision, CheckError> {
         let mut out = Decision::without_rules(true, Reason::Ok);
         let mut limiters = LimiterRequests::new();
         let mut bans = BanKeys::new();
         keys.requests(&policy.limiters, &mut limiters, &mut bans);
-        let request = CheckRequest::new(cost, consume, &limiters)
+        let mut request = CheckRequest::new(cost, consume, &limiters)
             .with_bans(&bans, keys.ban_index(&self.ban_index))
             .with_durability(policy.durability)
             .with_lease(policy.lease);
+        request.delay_us = delay_us;
         let mut verdict = Verdict::new(false, []);
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;
@@ -967,7 +1012,8 @@ struct Check<'a, S> {
     policy: &'a Policy,
     identity: &'a Identity,
     cost: u64,
-    consume: bool,
+    /// Whether the check records, and how long its units may wait (µs).
+    how: (bool, u64),
     state: CheckState<'a>,
 }
 
@@ -983,14 +1029,14 @@ impl<'a, S: Store> Check<'a, S> {
         policy: &'a Policy,
         identity: &'a Identity,
         cost: u64,
-        consume: bool,
+        how: (bool, u64),
     ) -> Check<'a, S> {
         Check {
             gate,
             policy,
             identity,
             cost,
-            consume,
+            how,
             state: CheckState::Start,
         }
     }
@@ -1004,7 +1050,7 @@ impl<'a, S: Store> Future for Check<'a, S> {
         if let CheckState::Start = this.state {
             let (gate, policy, identity) = (this.gate, this.policy, this.identity);
             let mut out = Decision::without_rules(true, Reason::Ok);
-            match gate.check_now(policy, identity, this.cost, this.consume, &mut out) {
+            match gate.check_now(policy, identity, this.cost, this.how, &mut out) {
                 Now::Done(Ok(())) => {
                     this.state = CheckState::Done;
                     return Poll::Ready(Ok(out));
@@ -1014,7 +1060,7 @@ impl<'a, S: Store> Future for Check<'a, S> {
                     return Poll::Ready(Err(e));
                 }
                 Now::Later(keys) => {
-                    let waiting = gate.check_async(policy, keys, this.cost, this.consume);
+                    let waiting = gate.check_async(policy, keys, this.cost, this.how);
                     this.state = CheckState::Waiting(Box::pin(waiting));
                 }
             }

@@ -54,6 +54,11 @@ pub struct CheckRequest<'a> {
     /// The policy's quota lease: a store that is not in this process may admit from units it
     /// took in advance (see [`QuotaLease`]); others ignore it.
     pub lease: Option<QuotaLease>,
+    /// How long the request may wait for its units (µs, 0: not at all): a GCRA rule admits it
+    /// if its units conform within this time, reserving them at their place in the schedule
+    /// (see [`Tollgate::check_within`](crate::Tollgate::check_within)). The other algorithms
+    /// admit only what fits now.
+    pub delay_us: u64,
 }
 
 /// One ban key of a [`CheckRequest`]: where the ban lives and whom it bans.
@@ -90,7 +95,16 @@ impl<'a> CheckRequest<'a> {
             ban_index: "",
             durability: Durability::Async,
             lease: None,
+            delay_us: 0,
         }
+    }
+
+    /// Lets GCRA rules admit the request if its units conform within `delay` (see
+    /// [`delay_us`](Self::delay_us)).
+    #[must_use]
+    pub fn with_delay(mut self, delay: Duration) -> CheckRequest<'a> {
+        self.delay_us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self
     }
 
     /// Lets the store lease this request's quota (see [`QuotaLease`]).

@@ -358,14 +358,14 @@ fn evaluate(
     hash: u64,
     l: &LimiterRequest<'_>,
     now: u64,
-    cost: u64,
+    (cost, delay_us): (u64, u64),
     out: &mut [RuleOutcome],
 ) -> (Option<SlotId>, bool) {
     let id = shard.find(hash, l.key_bytes());
     let Some(id) = id else {
         let admits = match shard.owed(hash, now) {
             Some(until) => owed(until - now, cost, out),
-            None => RuleStates::default().evaluate(l.rules, now, cost, out),
+            None => RuleStates::default().evaluate(l.rules, now, cost, delay_us, out),
         };
         return (None, admits);
     };
@@ -379,12 +379,12 @@ fn evaluate(
             if *expires_at <= now {
                 states.clear();
             }
-            (Some(id), states.evaluate(l.rules, now, cost, out))
+            (Some(id), states.evaluate(l.rules, now, cost, delay_us, out))
         }
         // A key of another kind (never in practice): replaced, as a new key.
         _ => (
             None,
-            RuleStates::default().evaluate(l.rules, now, cost, out),
+            RuleStates::default().evaluate(l.rules, now, cost, delay_us, out),
         ),
     }
 }
@@ -480,7 +480,7 @@ impl Inner {
         }
         let out = &mut verdict.rules[..];
         let cost = request.cost;
-        let (id, admits) = evaluate(&mut shard, hash, l, now, cost, out);
+        let (id, admits) = evaluate(&mut shard, hash, l, now, (cost, request.delay_us), out);
         verdict.allowed = admits;
         if !admits {
             settle(&mut shard, id, l, now, out);
@@ -528,7 +528,14 @@ impl Inner {
         for (l, &hash) in request.limiters.iter().zip(limiter_hashes) {
             let out = &mut out[first..first + l.rules.len()];
             first += l.rules.len();
-            let (id, admits) = evaluate(locked.shard(hash), hash, l, now, cost, out);
+            let (id, admits) = evaluate(
+                locked.shard(hash),
+                hash,
+                l,
+                now,
+                (cost, request.delay_us),
+                out,
+            );
             found.push(id);
             shadow_denied.push(l.shadow && !admits);
             allowed &= admits || l.shadow;

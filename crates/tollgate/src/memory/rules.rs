@@ -165,13 +165,20 @@ fn log_window(rules: &[Rule]) -> Option<u64> {
 }
 
 /// What `rule` says about `cost` more units at `now`, over a limiter's log and counters.
-fn outcome(log: &[u64], counters: &[Counter], rule: &Rule, now: u64, cost: u64) -> RuleOutcome {
+fn outcome(
+    log: &[u64],
+    counters: &[Counter],
+    rule: &Rule,
+    now: u64,
+    cost: u64,
+    delay_us: u64,
+) -> RuleOutcome {
     match rule.algorithm() {
         Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, cost),
         Algorithm::FixedWindow => {
             algorithm::fixed_window(window(counters, rule), now, rule, cost).0
         }
-        Algorithm::Gcra => algorithm::gcra(tat(counters, rule), now, rule, cost).0,
+        Algorithm::Gcra => algorithm::gcra_within(tat(counters, rule), now, rule, cost, delay_us).0,
         Algorithm::SlidingWindow => {
             algorithm::sliding_window(sliding(counters, rule), now, rule, cost).0
         }
@@ -202,12 +209,13 @@ impl RuleStates {
         rules: &[Rule],
         now: u64,
         cost: u64,
+        delay_us: u64,
         out: &mut [RuleOutcome],
     ) -> bool {
         let (log, counters) = self.view();
         let mut allowed = true;
         for (o, rule) in out.iter_mut().zip(rules) {
-            *o = outcome(log, counters, rule, now, cost);
+            *o = outcome(log, counters, rule, now, cost, delay_us);
             allowed &= o.allowed;
         }
         allowed
@@ -219,7 +227,7 @@ impl RuleStates {
         let (log, counters) = self.view();
         for (o, rule) in out.iter_mut().zip(rules) {
             if o.allowed {
-                *o = outcome(log, counters, rule, now, 0);
+                *o = outcome(log, counters, rule, now, 0, 0);
             }
         }
     }
