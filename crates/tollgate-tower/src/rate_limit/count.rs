@@ -267,6 +267,56 @@ impl Drop for Charge {
     }
 }
 
+/// The units of a request held for its turn (see
+/// [`RateLimitLayer::max_delay`](crate::RateLimitLayer::max_delay)): given back in the
+/// background if it is dropped before they are due (the client went away).
+pub(crate) struct Held {
+    config: Arc<Config>,
+    identity: Identity,
+    receipt: Option<Receipt>,
+    cost: u64,
+    armed: bool,
+}
+
+impl Held {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        identity: Identity,
+        receipt: Option<Receipt>,
+        cost: u64,
+    ) -> Held {
+        Held {
+            config,
+            identity,
+            receipt,
+            cost,
+            armed: true,
+        }
+    }
+
+    /// The units are due: the request goes on with them.
+    pub(crate) fn due(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let config = self.config.clone();
+        let identity = std::mem::take(&mut self.identity);
+        let (cost, receipt) = (self.cost, self.receipt.take());
+        in_background(async move {
+            let _ = config
+                .gate
+                .refund(&config.policy, &identity, cost, receipt.as_ref())
+                .await;
+        });
+    }
+}
+
 /// The concurrency slots an admitted request holds (its policy's concurrency limiters): freed
 /// when dropped, which the layer arranges for when the response body ends or is dropped, or
 /// when the handler panics or its future is dropped. The release runs in the background.

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::{
     Count, FailedOpen,
-    count::{Charge, Slot},
+    count::{Charge, Held, Slot},
     layer::Config,
 };
 use crate::{body::GateBody, gate::BoxFuture, headers::HeaderStyle, rejection::Rejection};
@@ -48,6 +48,15 @@ pin_project! {
             call: Option<(S, Request<B>)>,
             // The identity, kept for a refund (see `Count`).
             identity: Option<Identity>,
+        },
+        // Admitted, its units due later (see `RateLimitLayer::max_delay`): held until then.
+        Delaying {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            call: Option<(S, Request<B>)>,
+            decision: Option<Decision>,
+            identity: Option<Identity>,
+            held: Option<Held>,
         },
         Calling {
             #[pin]
@@ -191,6 +200,51 @@ where
                         };
                     let Some((mut inner, request)) = call.take() else {
                         unreachable!("the inner call is taken once");
+                    };
+                    if let Some(due) = decision.due(&this.config.policy) {
+                        let held = identity.as_ref().map(|who| {
+                            Held::new(
+                                this.config.clone(),
+                                who.clone(),
+                                decision.receipt().cloned(),
+                                *this.cost,
+                            )
+                        });
+                        let identity = identity.take();
+                        this.state.set(State::Delaying {
+                            sleep: tokio::time::sleep(due),
+                            call: Some((inner, request)),
+                            decision: Some(decision),
+                            identity,
+                            held,
+                        });
+                        continue;
+                    }
+                    let next = self::call(
+                        decision,
+                        &mut inner,
+                        request,
+                        this.config,
+                        identity.take(),
+                        *this.cost,
+                    );
+                    this.state.set(next);
+                }
+                StateProj::Delaying {
+                    sleep,
+                    call,
+                    decision,
+                    identity,
+                    held,
+                } => {
+                    ready!(sleep.poll(cx));
+                    if let Some(held) = held.take() {
+                        held.due();
+                    }
+                    let (Some((mut inner, request)), Some(decision)) =
+                        (call.take(), decision.take())
+                    else {
+                        unreachable!("a held request goes on once");
                     };
                     let next = self::call(
                         decision,

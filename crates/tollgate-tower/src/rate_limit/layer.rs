@@ -57,6 +57,8 @@ pub(crate) struct Config {
     pub(crate) cost: u64,
     /// The cost read from each request, instead of `cost`.
     pub(crate) cost_from: Option<Cost>,
+    /// How long a request may be held for its units instead of refused (GCRA rules).
+    pub(crate) max_delay: Option<std::time::Duration>,
     /// The cost read from each response, its check settled at it.
     pub(crate) settle: Option<Settle>,
     pub(crate) count: Count,
@@ -94,6 +96,7 @@ impl RateLimitLayer {
                 style: HeaderStyle::Draft,
                 cost: 1,
                 cost_from: None,
+                max_delay: None,
                 settle: None,
                 count: Count::All,
                 concurrent,
@@ -171,6 +174,32 @@ impl RateLimitLayer {
     #[must_use]
     pub fn cost(mut self, cost: u64) -> RateLimitLayer {
         Arc::make_mut(&mut self.config).cost = cost;
+        self
+    }
+
+    /// Holds a request that its policy's GCRA rules would admit within `max_delay`, then passes
+    /// it on, instead of answering 429 (nginx's `limit_req ... delay`): each held request has
+    /// its own place in the schedule, reserved atomically when it arrives (no crowd when the
+    /// window opens), so at most `max_delay` over a rule's emission interval requests wait per
+    /// identity. A client that goes away while held gives its place back. Rules of other
+    /// algorithms admit only what fits now. See
+    /// [`Tollgate::check_within`](tollgate::Tollgate::check_within).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use tollgate::{Algorithm, Dimension, Limiter, MemoryStore, Policy, Rule, Tollgate};
+    /// use tollgate_tower::RateLimitLayer;
+    /// # let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    /// # let rule: Rule = "10/1s".parse()?;
+    /// # let policy = Policy::builder("checkout").limiter(Limiter::new(Dimension::Ip, [rule.with_algorithm(Algorithm::Gcra)])).build()?;
+    ///
+    /// // A checkout waits up to 200 ms for its turn rather than fail.
+    /// let layer = RateLimitLayer::new(gate, policy).max_delay(Duration::from_millis(200));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn max_delay(mut self, max_delay: std::time::Duration) -> RateLimitLayer {
+        Arc::make_mut(&mut self.config).max_delay = Some(max_delay).filter(|d| !d.is_zero());
         self
     }
 

@@ -40,10 +40,18 @@ where
             .cost_from
             .as_ref()
             .map_or(config.cost, |c| c.of(request.headers(), request.uri()));
-        let kept =
-            (!matches!(config.count, Count::All) || config.concurrent || config.settle.is_some())
-                .then(|| identity.clone());
-        if let Some(decided) = config.gate.check_sync(&config.policy, &identity, cost) {
+        let kept = (!matches!(config.count, Count::All)
+            || config.concurrent
+            || config.settle.is_some()
+            || config.max_delay.is_some())
+        .then(|| identity.clone());
+        // A request that may wait takes the path that can hold it.
+        if let Some(decided) = config
+            .max_delay
+            .is_none()
+            .then(|| config.gate.check_sync(&config.policy, &identity, cost))
+            .flatten()
+        {
             // Decided at once: the inner service, which `poll_ready` made ready, is called now.
             let config = config.clone();
             return RateLimitFuture::decided(
@@ -61,8 +69,13 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = config.clone();
         let checking = config.clone();
-        let check: Checking =
-            Box::pin(async move { checking.gate.check(&checking.policy, &identity, cost).await });
+        let check: Checking = Box::pin(async move {
+            let (gate, policy) = (&checking.gate, &checking.policy);
+            match checking.max_delay {
+                Some(delay) => gate.check_within(policy, &identity, cost, delay).await,
+                None => gate.check(policy, &identity, cost).await,
+            }
+        });
         RateLimitFuture::waiting(check, inner, request, config, grpc, kept, cost)
     }
 }

@@ -1020,3 +1020,46 @@ async fn a_cost_read_from_the_request_is_settled_at_what_the_response_says() {
     assert_eq!(remaining().await, 0);
     assert_eq!(ask(1, 1).await.unwrap().status(), 429);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_held_request_waits_for_its_turn_and_one_that_goes_away_gives_it_back() {
+    use axum::{body::Body, extract::ConnectInfo};
+    use tower::ServiceExt as _;
+
+    let (gate, _clock) = gate();
+    let policy = Policy::builder("checkout")
+        .limiter(Limiter::new(
+            Dimension::Ip,
+            [rules(&["10/1s"])[0].with_algorithm(tollgate::Algorithm::Gcra)],
+        ))
+        .build()
+        .unwrap();
+    // The store's clock stands still; tokio's is paused: every wait below is exact.
+    let layer = RateLimitLayer::new(gate, policy).max_delay(Duration::from_millis(250));
+    let app = Router::new().route("/", get(|| async { "ok" }).layer(layer));
+    let peer: std::net::SocketAddr = "192.0.2.8:4000".parse().unwrap();
+    let request = || {
+        let mut request = axum::http::Request::get("/").body(Body::empty()).unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    };
+    let timed = |app: Router| async move {
+        let started = tokio::time::Instant::now();
+        let status = app.oneshot(request()).await.unwrap().status().as_u16();
+        (status, started.elapsed())
+    };
+    for _ in 0..10 {
+        assert_eq!(timed(app.clone()).await, (200, Duration::ZERO));
+    }
+    // One every 100 ms past the burst: the 11th is held 100 ms.
+    assert_eq!(timed(app.clone()).await, (200, Duration::from_millis(100)));
+    // The 12th goes away after 10 ms of its 200: its place comes back.
+    let gone =
+        tokio::time::timeout(Duration::from_millis(10), app.clone().oneshot(request())).await;
+    assert!(gone.is_err(), "still held");
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(timed(app.clone()).await, (200, Duration::from_millis(200)));
+    // The next would be due in 300 ms, past 250: refused at once.
+    assert_eq!(timed(app.clone()).await, (429, Duration::ZERO));
+}
