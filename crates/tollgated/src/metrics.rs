@@ -43,6 +43,11 @@ struct ShadowLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
     op: &'static str,
 }
@@ -116,6 +121,8 @@ struct Inner {
     decisions: Family<DecisionLabels, Counter>,
     shadow_denials: Family<ShadowLabels, Counter>,
     warnings: Family<ShadowLabels, Counter>,
+    waits: Family<PolicyLabels, Counter>,
+    wait_seconds: Histogram,
     /// The keys whose warning was logged in their current window.
     warned: Mutex<HashSet<u64>>,
     /// Would-be denials of shadow limiters, logged once a second at most.
@@ -157,6 +164,8 @@ impl Metrics {
         let decisions = Family::<DecisionLabels, Counter>::default();
         let shadow_denials = Family::<ShadowLabels, Counter>::default();
         let warnings = Family::<ShadowLabels, Counter>::default();
+        let waits = Family::<PolicyLabels, Counter>::default();
+        let wait_seconds = latency_histogram();
         let store_latency = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
             latency_histogram,
         );
@@ -177,6 +186,16 @@ impl Metrics {
             "warnings",
             "Admitted requests that brought a rule of a warning limiter (`warn_at`) to its warning, by policy and limiter",
             warnings.clone(),
+        );
+        registry.register(
+            "waits",
+            "Admissions of checks with max_delay_ms whose units are due later (the caller waits), by policy",
+            waits.clone(),
+        );
+        registry.register(
+            "wait_seconds",
+            "How long admissions that wait for their units are told to wait",
+            wait_seconds.clone(),
         );
         registry.register(
             "store_latency_seconds",
@@ -310,6 +329,8 @@ impl Metrics {
             record,
             shadow_denials,
             warnings,
+            waits,
+            wait_seconds,
             warned: Mutex::default(),
             shadow_log: OncePerSecond::default(),
             unavailable_log: OncePerSecond::default(),
@@ -408,6 +429,17 @@ impl Metrics {
                 "shadow limit would have denied a request (admitted); `unlogged`: others since the last such line"
             );
         }
+    }
+
+    /// Counts an admission of `policy` told to wait `due` for its units.
+    pub(crate) fn waited(&self, policy: &str, due: Duration) {
+        self.0
+            .waits
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .inc();
+        self.0.wait_seconds.observe(due.as_secs_f64());
     }
 
     /// Counts an admission that brought `rule` of `limiter` of `policy` to its warning, and

@@ -227,6 +227,12 @@ fn item<'c, 'b>(config: &'c Config, req: CheckRequest<'b>) -> Result<Item<'c, 'b
         .policies
         .get(&*req.policy)
         .ok_or_else(|| unknown_policy(&req.policy))?;
+    if req.max_delay_ms.is_some() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "max_delay_ms is for /v1/check: a batch's checks are answered at once",
+        ));
+    }
     Ok(Item {
         entry,
         policy: req.policy,

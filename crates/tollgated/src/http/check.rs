@@ -6,7 +6,10 @@
 //! decision counters are the policy's own handles, and the answer is written straight from
 //! the decision into one buffer of the right size.
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use axum::{
     extract::State,
@@ -89,12 +92,19 @@ pub(super) async fn decide(
         .ok_or_else(|| unknown_policy(&req.policy))?;
     let identity = req.identity.into_identity();
     let cost = req.cost.unwrap_or(1);
-    let receipt = req.receipt;
+    let max_delay = req
+        .max_delay_ms
+        .filter(|&ms| ms > 0 && consume)
+        .map(Duration::from_millis);
     let started = Instant::now();
-    let decision = if consume {
-        app.gate.check(&entry.policy, &identity, cost).await
-    } else {
-        app.gate.peek(&entry.policy, &identity, cost).await
+    let decision = match max_delay {
+        Some(delay) => {
+            app.gate
+                .check_within(&entry.policy, &identity, cost, delay)
+                .await
+        }
+        None if consume => app.gate.check(&entry.policy, &identity, cost).await,
+        None => app.gate.peek(&entry.policy, &identity, cost).await,
     };
     let decision = record(
         app,
@@ -107,7 +117,18 @@ pub(super) async fn decide(
         started,
     )?;
     let mut body = Vec::with_capacity(decision_size_hint(&decision, &entry.policy));
-    let receipt = sealed_receipt(app, &entry.policy, &identity, &decision, receipt);
+    // A caller that waits gets the receipt that gives its units back if it stops.
+    let due = decision.due(&entry.policy);
+    if let Some(due) = due {
+        app.metrics.waited(&req.policy, due);
+    }
+    let receipt = sealed_receipt(
+        app,
+        &entry.policy,
+        &identity,
+        &decision,
+        req.receipt || due.is_some(),
+    );
     // Named once, for the body and the fields.
     let rules = decision.rules(&entry.policy);
     write_decision(

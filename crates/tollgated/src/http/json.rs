@@ -60,6 +60,9 @@ pub(crate) struct CheckRequest<'a> {
     /// Answer the admission's receipt, for `/v1/refund` (a lease is always answered).
     #[serde(default)]
     pub(crate) receipt: bool,
+    /// How long the caller would wait for its units (GCRA rules): an admission then answers
+    /// `"wait_ms"`, and its receipt to give them back if it stops waiting.
+    pub(crate) max_delay_ms: Option<u64>,
 }
 
 /// `/v1/release` and `/v1/extend`: the lease `/v1/acquire` answered.
@@ -107,7 +110,8 @@ pub(crate) struct ResetRequest {
 /// "reset_after_ms"}]}`; a shadow limiter's rules add `"shadow": true` and `"would_deny"`, and
 /// a decision that a shadow limiter would have denied adds `"shadow_denied"`, their names; an
 /// admission that brought rules to their limiter's warning adds `"warnings"`: [{"limiter",
-/// "rule", "remaining"}]; a recorded admission adds `"receipt"`, sealed (see [`sealed_receipt`]), and `"lease"` when it
+/// "rule", "remaining"}]; an admission that must wait for its units (a check with
+/// `max_delay_ms`) adds `"wait_ms"`; a recorded admission adds `"receipt"`, sealed (see [`sealed_receipt`]), and `"lease"` when it
 /// holds a concurrency slot.
 ///
 /// `texts` are the policy's rules as written (see `PolicyEntry::rule_texts`); a decision's
@@ -205,6 +209,10 @@ pub(crate) fn write_decision(
             }
             out.push(b']');
         }
+    }
+    if let Some(due) = d.due(policy) {
+        out.extend_from_slice(b",\"wait_ms\":");
+        write_u64(out, ceil_ms(due));
     }
     if let Some(text) = receipt {
         // A receipt's text is ASCII without quotes: written as it is.

@@ -80,3 +80,57 @@ async fn a_settlement_charges_a_debt_or_gives_back_once_per_receipt() {
         .await;
     assert!((400..500).contains(&status), "{status} {body}");
 }
+
+const WAIT: &str = r#"
+[policies.checkout]
+limiters = [{ by = "ip", rules = ["5/1m"], algorithm = "gcra" }]
+"#;
+
+#[tokio::test]
+async fn a_check_that_may_wait_is_told_how_long_with_the_receipt_to_give_up() {
+    let server = Server::start(WAIT);
+    let who = json!({ "ip": "192.0.2.30" });
+    for _ in 0..5 {
+        let d = server.check("checkout", who.clone()).await;
+        assert_eq!(
+            (d["allowed"].clone(), d.get("wait_ms")),
+            (json!(true), None),
+            "{d}"
+        );
+    }
+    // Past the burst: one every 12 s. Within 20 s the next is admitted, told to wait (at
+    // most 12 s: some of it passed since the burst), with its receipt.
+    let ask = json!({ "policy": "checkout", "identity": who, "max_delay_ms": 20_000 });
+    let (status, d) = server.post("/v1/check", ask.clone()).await;
+    assert_eq!((status, d["allowed"].clone()), (200, json!(true)), "{d}");
+    let wait = d["wait_ms"].as_u64().unwrap();
+    assert!((1..=12_000).contains(&wait), "{d}");
+    let receipt = d["receipt"].as_str().unwrap().to_owned();
+    // It gives up: its place goes back, and the next is told the same wait or less.
+    let (status, _) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "checkout", "identity": who, "receipt": receipt }),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, again) = server.post("/v1/check", ask).await;
+    assert!(again["wait_ms"].as_u64().unwrap() <= wait, "{again}");
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_waits_total{policy=\"checkout\"} 2"),
+        "{metrics}"
+    );
+    // A batch answers at once: it takes no max_delay_ms.
+    let (status, body) = server
+        .post(
+            "/v1/checks",
+            json!({ "checks": [{ "policy": "checkout", "identity": who, "max_delay_ms": 5 }] }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.to_string().contains("max_delay_ms is for /v1/check"),
+        "{body}"
+    );
+}
