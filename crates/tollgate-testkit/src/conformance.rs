@@ -1884,6 +1884,26 @@ pub async fn settlements_charge_debts_and_give_back<S: FullStore>(s: Subject<S>)
         None,
         &[(true, 5, 60_000)],
     );
+
+    // A concurrency slot is not the settlement's: the rate rule gets its units back, the slot
+    // stays held.
+    let slot_p = policy(
+        "settle_slot",
+        [
+            Limiter::concurrent(Dimension::Ip, 1, ms(300_000))
+                .expect("a valid concurrency limit")
+                .with_name("slot"),
+            Limiter::new(Dimension::Ip, [rule("10/1m")]),
+        ],
+    );
+    assert_eq!(
+        settle(slot_p.clone(), ip(6), 1, 0).await,
+        Settlement::Refunded(1)
+    );
+    let d = s.check(&slot_p, &ip(6), 1).await;
+    assert_eq!(d.reason(), Reason::ConcurrencyLimited, "{d:#?}");
+    let rate: Vec<u64> = d.rules().iter().map(|r| r.remaining).collect();
+    assert_eq!(rate, [0, 10], "the rate rule holds nothing: {d:#?}");
 }
 
 /// Waiting: past its burst, a GCRA rule admits a request whose unit conforms within the

@@ -422,20 +422,31 @@ impl<S: RefundStore> Tollgate<S> {
         cost: u64,
     ) -> Result<Settlement, CheckError> {
         let estimate = receipt.units();
-        if cost < estimate {
-            self.refund(policy, identity, estimate - cost, Some(receipt))
-                .await?;
-            return Ok(Settlement::Refunded(estimate - cost));
-        }
         if cost == estimate {
             return Ok(Settlement::Exact);
         }
-        let owed = cost - estimate;
         let mut keys = CheckKeys::new();
         self.limiter_keys(policy, identity, &mut keys)?;
         let mut limiters = LimiterRequests::new();
         keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
+        // Concurrency slots are not the settlement's: their limiters are left out, and the
+        // receipt names the others' instants in their new places.
+        let mut at_us = SmallVec::<[u64; 4]>::new();
+        for (i, limiter) in limiters.iter().enumerate() {
+            if !limiter.is_concurrent() {
+                at_us.push(receipt.at_us(i).unwrap_or(Receipt::NOT_RECORDED));
+            }
+        }
         limiters.retain(|l| !l.is_concurrent());
+        if cost < estimate {
+            let back = estimate - cost;
+            let receipt = Receipt::per_limiter(at_us, receipt.id(), back);
+            self.store
+                .refund(&CheckRequest::new(back, true, &limiters), Some(&receipt))
+                .await?;
+            return Ok(Settlement::Refunded(back));
+        }
+        let owed = cost - estimate;
         self.store
             .charge(&CheckRequest::new(owed, true, &limiters))
             .await?;
