@@ -312,6 +312,32 @@ impl Store for RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A refund or a charge (refund.lua), once per hash slot of the plan's limiters.
+    async fn adjust(
+        &self,
+        plan: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+        mode: script::Adjust,
+    ) -> Result<(), StoreError> {
+        let backend = self.backend();
+        let op = match mode {
+            script::Adjust::Charge => "charge",
+            _ => "refund",
+        };
+        for members in self.slot_groups(plan)? {
+            let mut call = backend.scripts.refund.call();
+            if !script::prepare_refund(&mut call, plan, members, receipt, backend.test_now(), mode)?
+            {
+                continue;
+            }
+            let mut conn = backend.conn();
+            let _changed: i64 = backend.bounded(op, call.invoke(&mut conn)).await?;
+        }
+        Ok(())
+    }
+}
+
 impl RefundStore for RedisStore {
     async fn refund(
         &self,
@@ -326,43 +352,11 @@ impl RefundStore for RedisStore {
         if let Some(journal) = &self.inner.journal {
             journal.forget(plan);
         }
-        let backend = self.backend();
-        for members in self.slot_groups(plan)? {
-            let mut call = backend.scripts.refund.call();
-            if !script::prepare_refund(
-                &mut call,
-                plan,
-                members,
-                receipt,
-                backend.test_now(),
-                script::Adjust::Refund,
-            )? {
-                continue;
-            }
-            let mut conn = backend.conn();
-            let _changed: i64 = backend.bounded("refund", call.invoke(&mut conn)).await?;
-        }
-        Ok(())
+        self.adjust(plan, receipt, script::Adjust::Refund).await
     }
 
     async fn charge(&self, plan: &CheckRequest<'_>) -> Result<(), StoreError> {
-        let backend = self.backend();
-        for members in self.slot_groups(plan)? {
-            let mut call = backend.scripts.refund.call();
-            if !script::prepare_refund(
-                &mut call,
-                plan,
-                members,
-                None,
-                backend.test_now(),
-                script::Adjust::Charge,
-            )? {
-                continue;
-            }
-            let mut conn = backend.conn();
-            let _changed: i64 = backend.bounded("charge", call.invoke(&mut conn)).await?;
-        }
-        Ok(())
+        self.adjust(plan, None, script::Adjust::Charge).await
     }
 
     async fn extend(
