@@ -6,10 +6,13 @@
 -- before it in the call recorded: the same answers as N calls one after the other.
 --
 -- KEYS: per check, in call order:
---   per limiter in plan order, exactly LimiterRequest::state_keys: the limiter's sliding log
---   (ZSET, score = µs timestamp) first, if any rule is a sliding log; then one key per
---   fixed-window rule (string "start:count"), GCRA rule (string tat) or sliding-window rule
---   (string "start:previous:count"), in rule order;
+--   per limiter in plan order: if the limiter takes overrides, its override key (string
+--   "fingerprint:ends µs (0: never):limit:limit:...", a limit per rule, 0 where the configured
+--   one stands, then a newline and what only a listing reads); then exactly
+--   LimiterRequest::state_keys: the limiter's sliding log (ZSET, score = µs timestamp) first,
+--   if any rule is a sliding log; then one key per fixed-window rule (string "start:count"),
+--   GCRA rule (string tat) or sliding-window rule (string "start:previous:count"), in rule
+--   order;
 --   then the plan's ban keys (hashes, see ban_writer.lua), then the ban index if this check
 --   may write a ban (see "writes bans" below; a Cluster store never sends such a check here,
 --   its ban keys and the index live in other slots: it uses offend.lua and ban_index.lua).
@@ -31,7 +34,9 @@
 --       bans (1 = the limiter bans offenders, then ban duration µs, ban factor, ban cap µs;
 --       0 = it does not, and nothing follows; 2 = the limiter is shadow, a dry run: it bans
 --       nobody and takes no part in `allowed`, and an admitted check records nothing in it
---       when it would deny),
+--       when it would deny; plus 4 if the limiter takes overrides: the fingerprint of its
+--       rules follows (after the ban's three), and an override made for it counts by its
+--       limits),
 --       then per rule: algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window,
 --       5 a calendar window: a fixed window whose windows the store's calendar gives), limit,
 --       window µs; a calendar window then gives four instants µs, the starts of three
@@ -49,7 +54,8 @@
 -- Reply: one array per check, in call order, of integers:
 --   allowed (1/0: every enforced limiter admits), blocked_us (-1 = not banned), banned_us (-1 = this check banned nobody),
 --   then, unless blocked, per rule (limiters in order, rules in order):
---   allowed (1/0), remaining, reset_after_us, retry_after_us (-1 = none)
+--   allowed (1/0, plus twice the limit an override set, if one did), remaining,
+--   reset_after_us, retry_after_us (-1 = none)
 --   then, if report = 0 and the check recorded its admission: now (for a refund's receipt)
 --   then, if report > 0: recorded (1/0); if recorded: now (the sliding-log score), then per
 --   rule two integers: sliding log: retried members of its log (see the ZADD below), µs
@@ -333,20 +339,33 @@ while argi < args do
     end
 
     local counters = false -- any fixed-window or GCRA rule
+    local overridden = false -- rule i -> the limit an override set, for the reply
     shadow = false
     local limiters = p[5]
     local pi, rules = 5, 0 -- p[pi] was the last integer read
     for l = 1, limiters do
-      local n, longest = p[pi + 1], p[pi + 2]
+      local n, longest, flags = p[pi + 1], p[pi + 2], p[pi + 3]
+      local fingerprint = false
+      if flags >= 4 then
+        flags = flags - 4
+        fingerprint = true
+      end
       local ban_at = false
-      if p[pi + 3] == 1 then
+      if flags == 1 then
         ban_at = pi + 4
         pi = pi + 3
-      elseif p[pi + 3] == 2 then
+      elseif flags == 2 then
         shadow = shadow or {}
         shadow[l] = true
       end
       pi = pi + 3
+      local override = false
+      if fingerprint then
+        pi = pi + 1
+        fingerprint = p[pi]
+        keyi = keyi + 1
+        override = KEYS[keyi]
+      end
       local log = false
       if longest > 0 then
         keyi = keyi + 1
@@ -368,6 +387,28 @@ while argi < args do
         if k == CALENDAR then
           rule[r - 1] = pi + 1
           pi = pi + 4
+        end
+      end
+      if override then
+        -- The identity's override, read beside its counters: applied if it was made for these
+        -- rules and has not ended.
+        local o = call('GET', override)
+        if o then
+          local head = string.match(o, '^[^\n]*')
+          local v, c = {}, 0
+          for d in string.gmatch(head, '%d+') do
+            c = c + 1
+            v[c] = tonumber(d)
+          end
+          if c == n + 2 and v[1] == fingerprint and (v[2] == 0 or v[2] > now) then
+            for j = 1, n do
+              if v[j + 2] > 0 then
+                rule[4 * (rules + j) - 2] = v[j + 2]
+                overridden = overridden or {}
+                overridden[rules + j] = v[j + 2]
+              end
+            end
+          end
         end
       end
       local m = 6 * l
@@ -669,6 +710,11 @@ while argi < args do
       end
     elseif recorded then
       reply[#reply + 1] = now
+    end
+    if overridden then
+      for i, lim in pairs(overridden) do
+        reply[4 * i] = reply[4 * i] + 2 * lim
+      end
     end
     replies[n] = reply
   until true

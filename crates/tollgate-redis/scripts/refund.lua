@@ -3,8 +3,9 @@
 -- adds `cost` units whatever the limits say (a settlement's debt). All in one hash
 -- slot (a Cluster store calls it once per slot). Mirrors the memory store's refund and renew
 -- (crates/tollgate/src/memory/rules.rs), tollgate::Store::refund and Store::extend.
--- KEYS     per limiter, exactly LimiterRequest::state_keys: its sliding log first (if any
---          rule is one), then one key per fixed-window, GCRA or sliding-window rule
+-- KEYS     per limiter: its override key if it takes overrides (see check.lua), then exactly
+--          LimiterRequest::state_keys: its sliding log first (if any rule is one), then one
+--          key per fixed-window, GCRA or sliding-window rule
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
 --          limiter's log must hold the check's `cost` members at its instant, still live, and
@@ -12,7 +13,9 @@
 --          the log's members), then per limiter: rule count, its longest sliding-log window µs
 --          (0: none), the instant µs the check recorded at (-1: none, refund the newest units
 --          of the current window; charge: the most entries its log may hold, twice its largest
---          sliding-log limit), then per rule:
+--          sliding-log limit), the fingerprint of its rules if it takes overrides (0: it does
+--          not; a live override made for them sets the limits GCRA's interval follows), then
+--          per rule:
 --          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
 --          window), limit, window µs, and for a calendar window four instants µs around the
 --          check's (as check.lua takes them)
@@ -37,11 +40,41 @@ local function arg()
   return tonumber(ARGV[argi])
 end
 
+-- The limits of a limiter's override (rule index -> limit; none where the configured limit
+-- stands), when it takes overrides (`fingerprint` > 0): its key is the limiter's next.
+local function override_limits(fingerprint, n)
+  local limits = {}
+  if fingerprint == 0 then
+    return limits
+  end
+  keyi = keyi + 1
+  local o = redis.call('GET', KEYS[keyi])
+  if not o then
+    return limits
+  end
+  local v, c = {}, 0
+  for d in string.gmatch(string.match(o, '^[^\n]*'), '%d+') do
+    c = c + 1
+    v[c] = tonumber(d)
+  end
+  if c == n + 2 and v[1] == fingerprint and (v[2] == 0 or v[2] > now) then
+    for j = 1, n do
+      if v[j + 2] > 0 then
+        limits[j] = v[j + 2]
+      end
+    end
+  end
+  return limits
+end
+
 if extend then
   -- Two passes over the limiters' logs: check every member, then move them all.
   local logs = {}
   while argi < #ARGV do
     local rules, longest, at = arg(), arg(), arg()
+    if arg() > 0 then
+      keyi = keyi + 1 -- a lease's units do not depend on a limit
+    end
     if longest > 0 then
       keyi = keyi + 1
       logs[#logs + 1] = { KEYS[keyi], longest, at }
@@ -87,6 +120,7 @@ if charge then
   local year = 366 * 86400000000
   while argi < #ARGV do
     local rules, longest, cap = arg(), arg(), arg()
+    local limits = override_limits(arg(), rules)
     if longest > 0 then
       keyi = keyi + 1
       local log = KEYS[keyi]
@@ -109,8 +143,9 @@ if charge then
       redis.call('PEXPIRE', log, int(ttl_ms(longest)))
       changed = changed + 1
     end
-    for _ = 1, rules do
+    for r = 1, rules do
       local algorithm, limit, window = arg(), arg(), arg()
+      limit = limits[r] or limit
       local twice = 2 * limit
       if algorithm ~= 1 then
         keyi = keyi + 1
@@ -179,6 +214,7 @@ end
 
 while argi < #ARGV do
   local rules, longest, at = arg(), arg(), arg()
+  local limits = override_limits(arg(), rules)
   local when = now
   if at >= 0 then
     when = at
@@ -204,8 +240,9 @@ while argi < #ARGV do
       changed = changed + 1
     end
   end
-  for _ = 1, rules do
+  for r = 1, rules do
     local algorithm, limit, window = arg(), arg(), arg()
+    limit = limits[r] or limit
     local start
     if algorithm == 5 then
       -- The calendar window holding `when`: a fixed window from here on.

@@ -274,6 +274,7 @@ mod tests {
                         rules: &rules,
                         ban: None,
                         shadow: false,
+                        overrides: None,
                     }];
                     let request = CheckRequest::new(1, true, &limiters).with_durability(durability);
                     store.check(&request).await.unwrap().allowed
@@ -335,6 +336,7 @@ mod tests {
                         rules: &rules[..1 + i % 2],
                         ban: None,
                         shadow: false,
+                        overrides: None,
                     }];
                     store
                         .check(&CheckRequest::new(1, true, &limiters))

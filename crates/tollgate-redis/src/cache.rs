@@ -187,6 +187,11 @@ impl LocalCache {
         if has_leases(plan) && verdict.blocked_us.is_none() {
             return;
         }
+        // Nor a limiter that takes overrides: an override set by any instance counts from the
+        // identity's next check, which a remembered denial would not see.
+        if plan.limiters.iter().any(|l| l.overrides.is_some()) && verdict.blocked_us.is_none() {
+            return;
+        }
         if let Some(left) = verdict.blocked_us {
             if left > 0 && !plan.bans.is_empty() {
                 let keys: Vec<&str> = plan.bans.iter().map(|b| b.key).collect();
@@ -308,6 +313,7 @@ mod tests {
                 rules: &a,
                 ban: None,
                 shadow: false,
+                overrides: None,
             },
             LimiterRequest {
                 key: "tg:{b}",
@@ -315,6 +321,7 @@ mod tests {
                 rules: &b,
                 ban: None,
                 shadow: false,
+                overrides: None,
             },
         ];
         let plan = CheckRequest::new(2, true, &limiters);
@@ -354,6 +361,7 @@ mod tests {
                 rules: &c,
                 ban: None,
                 shadow: false,
+                overrides: None,
             },
         ];
         assert!(
@@ -368,6 +376,7 @@ mod tests {
             rules: &b,
             ban: None,
             shadow: false,
+            overrides: None,
         }];
         assert!(
             cache
@@ -390,6 +399,7 @@ mod tests {
             rules: &a,
             ban: None,
             shadow: false,
+            overrides: None,
         }];
         let plan = CheckRequest::new(1, true, &limiters);
         cache.learn(&plan, &Verdict::new(true, [outcome(true, 1, 1, None)]), 0);
@@ -414,6 +424,7 @@ mod tests {
             rules: &a,
             ban: None,
             shadow: false,
+            overrides: None,
         }];
         let bans = [
             BanKey {

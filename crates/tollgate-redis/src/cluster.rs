@@ -323,8 +323,29 @@ fn receipt(plan: &CheckRequest<'_>, answers: &[SlotAnswer<'_>], nonce: [u8; 8]) 
 /// the slots that admitted show the state as it stays once undone.
 fn assemble(plan: &CheckRequest<'_>, answers: Vec<SlotAnswer<'_>>, allowed: bool) -> Verdict {
     let mut per_limiter: Vec<Vec<RuleOutcome>> = vec![Vec::new(); plan.limiters.len()];
+    // Where each limiter's rules start in the plan, for the limits overrides set.
+    let starts: Vec<usize> = plan
+        .limiters
+        .iter()
+        .scan(0, |at, l| {
+            let start = *at;
+            *at += l.rules.len();
+            Some(start)
+        })
+        .collect();
+    let mut limits = Vec::new();
     for answer in answers {
         let Some(reply) = answer.reply else { continue };
+        let mut first = 0;
+        for (i, limiter, _) in answer.call.per_limiter(&reply.verdict.rules) {
+            let mine = first..first + limiter.rules.len();
+            for &(place, limit) in &reply.verdict.limits {
+                if mine.contains(&place) {
+                    limits.push((starts[i] + place - first, limit));
+                }
+            }
+            first = mine.end;
+        }
         let outcomes = match (allowed, reply.zero) {
             (false, Some(zero)) => zero,
             _ => reply.verdict.rules,
@@ -333,7 +354,10 @@ fn assemble(plan: &CheckRequest<'_>, answers: Vec<SlotAnswer<'_>>, allowed: bool
             per_limiter[i].extend_from_slice(mine);
         }
     }
-    Verdict::new(allowed, per_limiter.into_iter().flatten())
+    let mut verdict = Verdict::new(allowed, per_limiter.into_iter().flatten());
+    limits.sort_unstable();
+    verdict.limits = limits;
+    verdict
 }
 
 /// Undoes what one slot's call wrote (undo.lua): each state key once.
@@ -511,6 +535,7 @@ mod tests {
             rules: RULES,
             ban: None,
             shadow: false,
+            overrides: None,
         }
     }
 

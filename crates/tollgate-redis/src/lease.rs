@@ -567,6 +567,7 @@ impl RedisStore {
                 rules,
                 ban: None,
                 shadow,
+                overrides: None,
             })
             .collect();
         let request = CheckRequest::new(leftover.units, true, &limiters);
@@ -641,6 +642,7 @@ mod tests {
             rules: &rules,
             ban: None,
             shadow: false,
+            overrides: None,
         }];
         let plan = CheckRequest::new(1, true, &limiters);
         // Redis admitted 10 s before its window's end; sent at local 1000 µs.

@@ -131,6 +131,7 @@ mod cluster;
 mod conn;
 mod error;
 mod lease;
+mod overrides;
 mod persistence;
 mod repair;
 mod script;

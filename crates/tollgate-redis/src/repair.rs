@@ -650,6 +650,7 @@ mod tests {
             rules: &rules,
             ban: None,
             shadow: false,
+            overrides: None,
         }];
         let plan = CheckRequest::new(1, true, &limiters);
         let record = Record {
@@ -728,6 +729,7 @@ mod tests {
             rules: &rules,
             ban: None,
             shadow: false,
+            overrides: None,
         };
         let (a, b) = ([limiter("tg:{a}")], [limiter("tg:{b}")]);
         let (plan_a, plan_b) = (

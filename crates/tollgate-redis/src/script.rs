@@ -6,7 +6,7 @@ use std::{fmt, time::Duration};
 use redis::Value;
 use tollgate::{
     Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, Receipt, Rule,
-    StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome,
+    StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome, key,
 };
 
 use crate::conn::{Call, Lua};
@@ -86,6 +86,8 @@ pub(crate) struct Scripts {
     pub(crate) offend: Lua,
     /// Cluster only: add bans to and remove them from the index, in its own slot.
     pub(crate) ban_index: Lua,
+    /// Set, remove and list per-identity overrides (`scripts/override.lua`).
+    pub(crate) overrides: Lua,
 }
 
 impl Scripts {
@@ -105,6 +107,7 @@ impl Scripts {
             banned: guard(lua_file!("banned.lua")),
             offend: guard(lua_file!("offend.lua")),
             ban_index: guard(lua_file!("ban_index.lua")),
+            overrides: guard(lua_file!("override.lua")),
         }
     }
 
@@ -195,19 +198,25 @@ pub(crate) fn prepare(
     packed.int("consume and delay", u64::from(plan.consume) | delay << 1)?;
     packed.count(plan.limiters.len());
     for limiter in plan.limiters {
+        if limiter.overrides.is_some() {
+            invocation.key(key::override_key(limiter.key));
+        }
         invocation.key(limiter.state_keys());
         packed.count(limiter.rules.len());
         packed.int("window", limiter.log_window_us().unwrap_or(0))?;
-        if limiter.shadow {
-            // A shadow limiter bans nobody.
-            packed.push(2);
-        } else {
-            packed.flag(limiter.ban.is_some());
-        }
+        // A shadow limiter bans nobody; 4 more: the limiter takes overrides.
+        let flags = match (limiter.shadow, limiter.ban) {
+            (true, _) => 2,
+            (false, ban) => i64::from(ban.is_some()),
+        };
+        packed.push(flags + if limiter.overrides.is_some() { 4 } else { 0 });
         if let Some(ban) = limiter.ban.filter(|_| !limiter.shadow) {
             packed.int("ban duration", micros(ban.duration()))?;
             packed.int("ban factor", u64::from(ban.factor()))?;
             packed.int("ban cap", micros(ban.cap()))?;
+        }
+        if let Some(fingerprint) = limiter.overrides {
+            packed.int("rules fingerprint", fingerprint)?;
         }
         for rule in limiter.rules.iter() {
             packed.push(rule_code(rule)?);
@@ -347,10 +356,14 @@ pub(crate) fn prepare_refund(
                 .ok_or_else(|| protocol("refund", "a receipt time out of range"))?,
         };
         any = true;
+        if limiter.overrides.is_some() {
+            call.key(key::override_key(limiter.key));
+        }
         call.key(limiter.state_keys());
         call.arg(limiter.rules.len())
             .arg(limiter.log_window_us().unwrap_or(0))
-            .arg(at);
+            .arg(at)
+            .arg(limiter.overrides.unwrap_or(0));
         for rule in limiter.rules.iter() {
             call.arg(rule_code(rule)?)
                 .arg(rule.limit())
@@ -457,7 +470,8 @@ pub(crate) fn verdict(
         n if n == rules * 4 + 1 => (&outcomes[..n - 1], Some(outcomes[n - 1])),
         _ => return Err(bad("wrong length")),
     };
-    let outcomes = read_outcomes(outcomes, &bad)?;
+    let mut limits = Vec::new();
+    let outcomes = read_outcomes(outcomes, &mut limits, &bad)?;
     let allowed = flag(*allowed, &bad)?;
     let enforced_admit = plan
         .limiters
@@ -468,6 +482,7 @@ pub(crate) fn verdict(
         return Err(bad("the overall flag disagrees with the rules"));
     }
     let mut verdict = Verdict::new(allowed, outcomes);
+    verdict.limits = limits;
     verdict.banned_us = optional(*banned)?;
     if let Some(at) = recorded_at {
         let at = u64::try_from(at).map_err(|_| bad("a negative record time"))?;
@@ -526,17 +541,24 @@ fn flag(v: i64, bad: &impl Fn(&str) -> StoreError) -> Result<bool, StoreError> {
     }
 }
 
-/// Four integers per rule: allowed, remaining, reset_after_us, retry_after_us (-1 = none).
+/// Four integers per rule: allowed (plus twice the limit an override set, which goes into
+/// `limits` with the rule's place), remaining, reset_after_us, retry_after_us (-1 = none).
 fn read_outcomes(
     values: &[i64],
+    limits: &mut Vec<(usize, u64)>,
     bad: &impl Fn(&str) -> StoreError,
 ) -> Result<Outcomes, StoreError> {
     let count = |v: i64| u64::try_from(v).map_err(|_| bad("a negative count or duration"));
     values
         .chunks_exact(4)
-        .map(|o| {
+        .enumerate()
+        .map(|(place, o)| {
+            let limit = count(o[0])? >> 1;
+            if limit > 0 {
+                limits.push((place, limit));
+            }
             Ok(RuleOutcome {
-                allowed: flag(o[0], bad)?,
+                allowed: flag(o[0] & 1, bad)?,
                 remaining: count(o[1])?,
                 reset_after_us: count(o[2])?,
                 retry_after_us: match o[3] {
@@ -680,7 +702,7 @@ pub(crate) fn slot_reply(
             if tail.len() != 4 * rules {
                 return Err(bad("the outcomes at cost 0 have the wrong length"));
             }
-            let zero = read_outcomes(tail, &bad)?;
+            let zero = read_outcomes(tail, &mut Vec::new(), &bad)?;
             tail = &[];
             Some(zero)
         }
@@ -715,6 +737,7 @@ mod tests {
             rules,
             ban: None,
             shadow: false,
+            overrides: None,
         }];
         CheckRequest::new(1, true, limiters.leak())
     }

@@ -5,8 +5,9 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LockReply, LockStore, Receipt,
-    RefundStore, Store, StoreError, StoreErrorKind, Verdict,
+    BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LimiterRequest, LockReply,
+    LockStore, Override, OverrideStore, Receipt, RefundStore, Store, StoreError, StoreErrorKind,
+    Verdict,
 };
 
 use crate::{
@@ -17,6 +18,7 @@ use crate::{
     cache::LocalCache,
     cluster::{self, Layout},
     conn::Conn,
+    overrides,
     repair::Journal,
     script::{self, Report, SlotReply, micros},
     shared::Inner,
@@ -469,6 +471,30 @@ impl LockStore for RedisStore {
         self.backend()
             .bounded("complete", invocation.invoke(&mut conn))
             .await
+    }
+}
+
+impl OverrideStore for RedisStore {
+    async fn set_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        index: &str,
+        entry: &Override,
+        ttl: Option<Duration>,
+    ) -> Result<Override, StoreError> {
+        overrides::set(self.backend(), limiter, index, entry, ttl).await
+    }
+
+    async fn remove_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        index: &str,
+    ) -> Result<bool, StoreError> {
+        overrides::remove(self.backend(), limiter, index).await
+    }
+
+    async fn overrides(&self, index: &str) -> Result<Vec<Override>, StoreError> {
+        overrides::list(self.backend(), index).await
     }
 }
 

@@ -150,6 +150,7 @@ macro_rules! conformance_suite {
             warnings_name_the_rules_past_their_fraction,
             settlements_charge_debts_and_give_back,
             waiters_are_admitted_in_order_never_over_the_limit,
+            overrides_set_limits_per_identity,
             store_answers_ping,
         );
 
@@ -1959,6 +1960,169 @@ pub async fn waiters_are_admitted_in_order_never_over_the_limit<S: FullStore>(s:
     s.at(ms(18_000));
     assert!(s.check(&p, &who, 1).await.allowed());
     assert!(!s.check(&p, &who, 1).await.allowed());
+}
+
+/// The limit each rule of `d` was counted by.
+fn limits(d: &NamedDecision) -> Vec<u64> {
+    d.rules().iter().map(|r| r.rule.limit()).collect()
+}
+
+/// Scenario: per-identity overrides. A limit raised mid-window admits exactly up to the new
+/// limit on the counts so far (fixed window, sliding log, GCRA's schedule); one lowered denies
+/// past it; other identities keep the configured limits; a refund gives back by the override's
+/// interval; removal and expiry bring the configured limits back; an override made for other
+/// rules (the deployment changed them) is ignored; the listing shows the live ones.
+pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
+    let takes = |name: &str, r: Rule| {
+        policy(
+            name,
+            [Limiter::new(Dimension::UserId, [r]).with_overrides(true)],
+        )
+    };
+    let raise = |p: Policy, who: Identity, to: &'static str, ttl: Option<Duration>| {
+        let s = &s;
+        async move {
+            s.gate()
+                .set_override(&p, "user_id", &who, &[rule(to)], ttl)
+                .await
+                .expect("the store keeps overrides")
+        }
+    };
+    s.at(ms(0));
+    for (p, name) in [
+        (takes("ovr_fixed", fixed("5/1m")), "fixed"),
+        (takes("ovr_log", rule("5/1m")), "log"),
+    ] {
+        let (a, b) = (user(&format!("{name}-a")), user(&format!("{name}-b")));
+        s.at(ms(0));
+        assert!(s.check(&p, &a, 5).await.allowed());
+        assert!(s.check(&p, &b, 5).await.allowed());
+        assert!(!s.check(&p, &a, 1).await.allowed());
+        s.at(ms(10_000));
+        raise(p.clone(), a.clone(), "8/1m", None).await;
+        // The 5 used count: 3 more, no more.
+        let d = s.check(&p, &a, 3).await;
+        assert!(d.allowed(), "{name}: {d:#?}");
+        assert_eq!((d.remaining(), limits(&d)), (Some(0), vec![8]), "{name}");
+        let d = s.check(&p, &a, 1).await;
+        assert!(!d.allowed(), "{name}: {d:#?}");
+        assert_eq!(
+            limits(&d),
+            [8],
+            "{name}: the denial names the override's limit"
+        );
+        // Another identity keeps the configured limit.
+        let d = s.check(&p, &b, 1).await;
+        assert!(!d.allowed(), "{name}: {d:#?}");
+        assert_eq!(limits(&d), [5], "{name}");
+        // Removed: the configured limit again, on the same counts.
+        assert!(
+            s.gate()
+                .remove_override(&p, "user_id", &a)
+                .await
+                .expect("the store removes overrides")
+        );
+        let d = s.check(&p, &a, 1).await;
+        assert_eq!((d.allowed(), limits(&d)), (false, vec![5]), "{name}");
+        // Once the 8 have left (the log's last at 10 s): 5 again.
+        s.at(ms(70_000));
+        assert!(s.check(&p, &a, 5).await.allowed(), "{name}");
+        assert!(!s.check(&p, &a, 1).await.allowed(), "{name}");
+    }
+
+    // GCRA, 6/1m (10 s a unit) raised to 12/1m (5 s a unit) 10 s after 6 were used: the
+    // arrival time is 50 s ahead, so 2 more fit in the 60 s of burst, then one every 5 s.
+    let p = takes("ovr_gcra", gcra("6/1m"));
+    let who = user("gcra");
+    s.at(ms(100_000));
+    assert!(s.check(&p, &who, 6).await.allowed());
+    s.at(ms(110_000));
+    raise(p.clone(), who.clone(), "12/1m", None).await;
+    let d = s.check(&p, &who, 2).await;
+    assert!(d.allowed(), "{d:#?}");
+    let receipt = d.receipt().expect("recorded").clone();
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!(d.retry_after(), Some(ms(5_000)), "{d:#?}");
+    // A refund of one unit gives back the override's 5 s, not the configured 10 s.
+    s.gate()
+        .refund(&p, &who, 1, Some(&receipt))
+        .await
+        .expect("the store refunds");
+    assert!(s.check(&p, &who, 1).await.allowed());
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!(d.retry_after(), Some(ms(5_000)), "{d:#?}");
+
+    // Lowered: 1 used of 5, lowered to 2: one more.
+    let p = takes("ovr_lower", fixed("5/1m"));
+    let who = user("lower");
+    s.at(ms(120_000));
+    assert!(s.check(&p, &who, 1).await.allowed());
+    raise(p.clone(), who.clone(), "2/1m", None).await;
+    assert!(s.check(&p, &who, 1).await.allowed());
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!((d.allowed(), limits(&d)), (false, vec![2]), "{d:#?}");
+
+    // An override that ends: 10 for 30 s.
+    let p = takes("ovr_ends", fixed("5/1m"));
+    let who = user("ends");
+    let kept = raise(p.clone(), who.clone(), "10/1m", Some(ms(30_000))).await;
+    let ends = START + ms(150_000);
+    assert_eq!(
+        kept.expires_at_us,
+        Some(u64::try_from(ends.as_micros()).expect("2100 is µs enough"))
+    );
+    assert!(s.check(&p, &who, 10).await.allowed());
+    let listed = s
+        .gate()
+        .overrides()
+        .await
+        .expect("the store lists overrides");
+    let names: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|o| (o.policy.as_str(), o.value.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("ovr_ends", "ends"),
+            ("ovr_gcra", "gcra"),
+            ("ovr_lower", "lower")
+        ]
+    );
+    assert_eq!(listed[0].limits, [10]);
+    s.at(ms(150_000));
+    let d = s.check(&p, &who, 1).await;
+    assert_eq!((d.allowed(), limits(&d)), (false, vec![5]), "ended: {d:#?}");
+    let listed = s
+        .gate()
+        .overrides()
+        .await
+        .expect("the store lists overrides");
+    assert_eq!(listed.len(), 2, "{listed:#?}");
+    s.at(ms(180_000));
+    assert!(s.check(&p, &who, 5).await.allowed());
+    assert!(!s.check(&p, &who, 1).await.allowed());
+
+    // The deployment changed the limiter's window: the override made for the old rules is
+    // not applied to the new ones.
+    let who = user("moved");
+    raise(takes("ovr_moved", fixed("5/1m")), who.clone(), "9/1m", None).await;
+    let moved = takes("ovr_moved", fixed("5/2m"));
+    assert!(s.check(&moved, &who, 5).await.allowed());
+    let d = s.check(&moved, &who, 1).await;
+    assert_eq!((d.allowed(), limits(&d)), (false, vec![5]), "{d:#?}");
+
+    // A limiter that takes none says so.
+    let plain = policy(
+        "ovr_plain",
+        [Limiter::new(Dimension::UserId, [rule("5/1m")])],
+    );
+    let e = s
+        .gate()
+        .set_override(&plain, "user_id", &who, &[rule("9/1m")], None)
+        .await
+        .expect_err("a limiter without overrides refuses one");
+    assert!(e.to_string().contains("takes no overrides"), "{e}");
 }
 
 /// Scenario 16: the store answers a ping.

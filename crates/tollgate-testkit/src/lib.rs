@@ -47,8 +47,5 @@ pub use cluster::{RedisCluster, RedisClusterBuilder};
 pub use sentinel::{RedisSentinelSet, RedisSentinelSetBuilder};
 pub use server::{RedisServer, RedisServerBuilder};
 
-/// A store with every ability: checks, refunds and leases, duplicate-guard locks and bans. The
-/// conformance suites run on such stores.
-pub trait FullStore: tollgate::BanStore + tollgate::LockStore + tollgate::RefundStore {}
-
-impl<S: tollgate::BanStore + tollgate::LockStore + tollgate::RefundStore> FullStore for S {}
+/// A store with every ability (the core's): the conformance suites run on such stores.
+pub use tollgate::FullStore;

@@ -46,6 +46,7 @@ impl PlanLimiter {
             rules: &self.rules,
             ban: self.ban,
             shadow: self.shadow,
+            overrides: None,
         }
         .state_keys()
     }
@@ -114,6 +115,7 @@ impl CheckPlan {
                 rules: &l.rules,
                 ban: l.ban,
                 shadow: l.shadow,
+                overrides: None,
             })
             .collect()
     }

@@ -95,6 +95,7 @@ mod conformance {
         warnings_name_the_rules_past_their_fraction,
         settlements_charge_debts_and_give_back,
         waiters_are_admitted_in_order_never_over_the_limit,
+        overrides_set_limits_per_identity,
         store_answers_ping,
     );
 }

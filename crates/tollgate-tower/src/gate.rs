@@ -4,15 +4,15 @@
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use tollgate::BanStore;
-use tollgate::{AnyStore, CheckError, Lease, LockStore, RefundStore, Tollgate};
+use tollgate::FullStore;
+use tollgate::{AnyStore, CheckError, Lease, Tollgate};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The engine every layer holds: one type whatever the store (see [`Tollgate::erase`]).
 pub(crate) type SharedGate = Arc<Tollgate<AnyStore>>;
 
-pub(crate) fn erase<S: BanStore + LockStore + RefundStore>(gate: Arc<Tollgate<S>>) -> SharedGate {
+pub(crate) fn erase<S: FullStore>(gate: Arc<Tollgate<S>>) -> SharedGate {
     Arc::new(gate.erase())
 }
 

@@ -201,8 +201,16 @@ pub struct Decision {
     /// The smallest `remaining` over the enforced rules.
     pub(crate) remaining: Option<u64>,
     pub(crate) said: SmallVec<[Said; INLINE_RULES]>,
-    pub(crate) message: Option<Arc<str>>,
+    pub(crate) message: Option<Arc<String>>,
     pub(crate) receipt: Option<Receipt>,
+    /// The limits an identity's override set, by rule place (see [`Verdict::limits`]): the
+    /// rules are named with them.
+    ///
+    /// [`Verdict::limits`]: crate::Verdict::limits
+    /// Boxed: one word in the decisions of checks that meet no override (a boxed slice is
+    /// two).
+    #[allow(clippy::box_collection)]
+    pub(crate) limits: Option<Box<Vec<(usize, u64)>>>,
 }
 
 /// What one rule said, as a decision keeps it, in two words: one per rule of the policy (limiters
@@ -266,6 +274,7 @@ impl Decision {
             said: SmallVec::new(),
             message: None,
             receipt: None,
+            limits: None,
         }
     }
 
@@ -280,6 +289,7 @@ impl Decision {
         self.said.clear();
         self.message = None;
         self.receipt = None;
+        self.limits = None;
     }
 
     /// The request may proceed.
@@ -343,15 +353,12 @@ impl Decision {
         warns: bool,
     ) -> impl Iterator<Item = RuleDecision> + 'a {
         let counted = warns && self.allowed && self.reason == Reason::Ok;
-        limiters
-            .iter()
-            .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
-            .zip(&self.said)
+        self.each_said(limiters)
             .take(if counted { usize::MAX } else { 0 })
-            .filter(|((limiter, rule), said)| {
+            .filter(|(limiter, rule, said)| {
                 said.named() && !limiter.shadow && limiter.warns(rule, said.remaining)
             })
-            .map(|((limiter, rule), said)| named(limiter, rule, *said))
+            .map(|(limiter, rule, said)| named(limiter, &rule, said))
     }
 
     /// How long an admission of [`Tollgate::check_within`](crate::Tollgate::check_within)
@@ -361,15 +368,12 @@ impl Decision {
         if !self.allowed || self.reason != Reason::Ok {
             return None;
         }
-        let due = policy
-            .limiters
-            .iter()
-            .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
-            .zip(&self.said)
-            .filter(|((limiter, rule), said)| {
+        let due = self
+            .each_said(&policy.limiters)
+            .filter(|(limiter, rule, said)| {
                 !limiter.shadow && said.named() && rule.algorithm() == crate::Algorithm::Gcra
             })
-            .map(|((_, rule), said)| crate::algorithm::gcra_due_us(rule, said.reset_after_us()))
+            .map(|(_, rule, said)| crate::algorithm::gcra_due_us(&rule, said.reset_after_us()))
             .max()
             .unwrap_or(0);
         (due > 0).then(|| Duration::from_micros(due))
@@ -384,7 +388,7 @@ impl Decision {
 
     /// The message of the first denying limiter that has one.
     pub fn message(&self) -> Option<&str> {
-        self.message.as_deref()
+        self.message.as_deref().map(String::as_str)
     }
 
     /// The smallest `remaining` over the enforced rules: how many more units the policy admits
@@ -403,12 +407,29 @@ impl Decision {
         &'a self,
         limiters: &'a [Limiter],
     ) -> impl Iterator<Item = RuleDecision> + 'a {
+        self.each_said(limiters)
+            .filter(|(_, _, said)| said.named())
+            .map(|(limiter, rule, said)| named(limiter, &rule, said))
+    }
+
+    /// Each rule of `limiters` (with the limit an override set, if one did) and what it said.
+    fn each_said<'a>(
+        &'a self,
+        limiters: &'a [Limiter],
+    ) -> impl Iterator<Item = (&'a Limiter, Rule, Said)> + 'a {
+        let limits: &[(usize, u64)] = self.limits.as_deref().map_or(&[], |l| l);
         limiters
             .iter()
             .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
             .zip(&self.said)
-            .filter(|(_, said)| said.named())
-            .map(|((limiter, rule), said)| named(limiter, rule, *said))
+            .enumerate()
+            .map(move |(place, ((limiter, rule), said))| {
+                let rule = match limits.iter().find(|(at, _)| *at == place) {
+                    Some(&(_, limit)) => rule.with_limit(limit),
+                    None => *rule,
+                };
+                (limiter, rule, *said)
+            })
     }
 }
 

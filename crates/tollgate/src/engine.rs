@@ -17,11 +17,12 @@ use crate::{
     error::{CheckError, StoreError},
     identity::{Dimension, Identity, NetworkText},
     key::{self, KeyBuf, KeyOut, ban_index_key},
+    overrides::{self, Override, OverrideError},
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
-        AnyStore, BanKey, BanStore, CheckRequest, LimiterRequest, LockReply, LockStore, Receipt,
-        RefundStore, Store, Verdict,
+        AnyStore, BanKey, BanStore, CheckRequest, FullStore, LimiterRequest, LockReply, LockStore,
+        OverrideStore, Receipt, RefundStore, Store, Verdict,
     },
 };
 
@@ -300,7 +301,7 @@ impl<S: Store> Tollgate<S> {
     }
 }
 
-impl<S: BanStore + LockStore + RefundStore> Tollgate<S> {
+impl<S: FullStore> Tollgate<S> {
     /// This engine behind a store type chosen at run time: same store, settings and `local`
     /// fallback, for code that cannot be generic over the store (middleware, a server). The
     /// store is shared, not wrapped: a memory store still answers without a future (see
@@ -318,6 +319,163 @@ impl<S: BanStore + LockStore + RefundStore> Tollgate<S> {
             local: self.local.clone(),
             make_local: self.make_local,
         }
+    }
+}
+
+impl<S: OverrideStore> Tollgate<S> {
+    /// Gives `identity` limits of its own in limiter `limiter` of `policy` (a limiter built
+    /// [`with_overrides`](Limiter::with_overrides)), until `ttl` has passed (`None`: until
+    /// removed): each of `rules` sets the limit of the limiter's rule over its window, and the
+    /// limiter's other rules keep theirs. The override is kept in the store, beside the
+    /// identity's counters, so every instance counts by it from its next check; it replaces
+    /// any earlier override of the identity. Returns it as kept.
+    ///
+    /// An override changes limits, not windows: the counts so far stand, so a limit raised
+    /// mid-window admits exactly up to the new limit, and one lowered below what was used
+    /// denies until the window has room.
+    pub async fn set_override(
+        &self,
+        policy: &Policy,
+        limiter: &str,
+        identity: &Identity,
+        rules: &[Rule],
+        ttl: Option<Duration>,
+    ) -> Result<Override, OverrideError> {
+        let (at, fingerprint) = overridable(policy, limiter)?;
+        let chosen = &policy.limiters[at];
+        let limits = overrides::limits_for(limiter, &chosen.rules, rules)?;
+        let value = chosen
+            .dimension
+            .value(identity)
+            .ok_or_else(|| missing_override_dimension(chosen))?;
+        let entry = Override {
+            policy: policy.scope.to_string(),
+            limiter: limiter.to_owned(),
+            value: value.into_owned(),
+            limits,
+            fingerprint,
+            expires_at_us: None,
+        };
+        let keys = self.one_limiter_key(policy, at, identity)?;
+        let request = keys.limiter(chosen);
+        let index = key::override_index_key(&self.prefix);
+        Ok(self
+            .store
+            .set_override(&request, &index, &entry, ttl)
+            .await?)
+    }
+
+    /// Removes `identity`'s override in limiter `limiter` of `policy`: the configured limits
+    /// count for it again from its next check. True if there was one.
+    pub async fn remove_override(
+        &self,
+        policy: &Policy,
+        limiter: &str,
+        identity: &Identity,
+    ) -> Result<bool, OverrideError> {
+        let (at, _) = overridable(policy, limiter)?;
+        let keys = self.one_limiter_key(policy, at, identity)?;
+        let request = keys.limiter(&policy.limiters[at]);
+        let index = key::override_index_key(&self.prefix);
+        Ok(self.store.remove_override(&request, &index).await?)
+    }
+
+    /// Every override of this engine's store (all policies) that has not ended.
+    pub async fn overrides(&self) -> Result<Vec<Override>, StoreError> {
+        let index = key::override_index_key(&self.prefix);
+        self.store.overrides(&index).await
+    }
+
+    /// The key of limiter `at` of `policy` for `identity`, as this store finds it.
+    fn one_limiter_key(
+        &self,
+        policy: &Policy,
+        at: usize,
+        identity: &Identity,
+    ) -> Result<OneKey, OverrideError> {
+        let limiter = &policy.limiters[at];
+        let mut text = KeyBuf::default();
+        let compact = !self.store.text_keys();
+        if push_limiter_key(
+            &mut text,
+            (&self.key_start, &policy.key_heads[at]),
+            limiter,
+            identity,
+            compact,
+        ) {
+            Ok(OneKey { text, compact })
+        } else {
+            Err(missing_override_dimension(limiter))
+        }
+    }
+}
+
+/// The place of limiter `name` in `policy`, and its rules' fingerprint, if it takes overrides.
+fn overridable(policy: &Policy, name: &str) -> Result<(usize, u64), OverrideError> {
+    let Some(at) = policy.limiters.iter().position(|l| l.name.as_str() == name) else {
+        return Err(OverrideError::UnknownLimiter {
+            policy: policy.scope.to_string(),
+            limiter: name.to_owned(),
+            limiters: policy.limiters.iter().map(|l| l.name.to_string()).collect(),
+        });
+    };
+    match policy.limiters[at].overrides {
+        Some(fingerprint) => Ok((at, fingerprint)),
+        None => Err(OverrideError::NotOverridable(name.to_owned())),
+    }
+}
+
+fn missing_override_dimension(limiter: &Limiter) -> OverrideError {
+    OverrideError::MissingDimension {
+        limiter: limiter.name.to_string(),
+        dimension: limiter.dimension.to_string(),
+    }
+}
+
+/// One limiter's key, as [`Tollgate::limiter_keys`] writes it.
+struct OneKey {
+    text: KeyBuf,
+    compact: bool,
+}
+
+impl OneKey {
+    /// The store's view of `limiter` at this key.
+    fn limiter<'a>(&'a self, limiter: &'a Limiter) -> LimiterRequest<'a> {
+        let (key, compact) = if self.compact {
+            ("", self.text.bytes())
+        } else {
+            (self.text.text_at(0..self.text.len()), &[][..])
+        };
+        LimiterRequest {
+            key,
+            compact,
+            rules: &limiter.rules,
+            ban: limiter.ban,
+            shadow: limiter.shadow,
+            overrides: limiter.overrides,
+        }
+    }
+}
+
+/// Writes `limiter`'s key for `identity` (`start` and `head`: the engine's key start and the
+/// limiter's entry in `Policy::key_heads`): text, or compact for a store that keeps no text.
+/// False when the identity has no value in the limiter's dimension.
+fn push_limiter_key(
+    out: &mut KeyBuf,
+    (start, head): (&str, &str),
+    limiter: &Limiter,
+    identity: &Identity,
+    compact: bool,
+) -> bool {
+    out.push_str(start);
+    out.push_str(head);
+    if compact {
+        out.push_bytes(&[key::COMPACT_MARK]);
+        limiter.dimension.push_compact(identity, out)
+    } else {
+        let found = limiter.dimension.push_value(identity, out);
+        out.push_ascii(b'}');
+        found
     }
 }
 
@@ -968,17 +1126,8 @@ impl<S: Store> Tollgate<S> {
     ) -> Result<(), CheckError> {
         keys.compact = !self.store.text_keys();
         for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
-            keys.text.push_str(&self.key_start);
-            keys.text.push_str(head);
-            let found = if keys.compact {
-                keys.text.push_bytes(&[key::COMPACT_MARK]);
-                limiter.dimension.push_compact(identity, &mut keys.text)
-            } else {
-                let found = limiter.dimension.push_value(identity, &mut keys.text);
-                keys.text.push_ascii(b'}');
-                found
-            };
-            if !found {
+            let at = (&*self.key_start, &**head);
+            if !push_limiter_key(&mut keys.text, at, limiter, identity, keys.compact) {
                 return Err(missing_dimension(limiter));
             }
             keys.ends.push(keys.text.len());
@@ -1006,6 +1155,7 @@ impl<S: Store> Tollgate<S> {
                 rules: &l.rules,
                 ban: None,
                 shadow: l.shadow,
+                overrides: None,
             })
             .collect();
         let request = CheckRequest::new(cost, true, &requests);
@@ -1181,6 +1331,7 @@ impl<'i> CheckKeys<'i> {
                 rules: &limiter.rules,
                 ban: limiter.ban,
                 shadow: limiter.shadow,
+                overrides: limiter.overrides,
             });
             start = end;
         }
@@ -1282,6 +1433,9 @@ fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
     }
     out.reset(verdict.allowed, Reason::Ok);
     out.receipt = verdict.receipt.take();
+    if !verdict.limits.is_empty() {
+        out.limits = Some(Box::new(verdict.limits.clone()));
+    }
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
     let mut remaining = None::<u64>;

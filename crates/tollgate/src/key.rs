@@ -384,6 +384,18 @@ pub fn ban_index_key(prefix: &str) -> String {
     format!("{prefix}:{{ban}}:index")
 }
 
+/// The key of one limiter key's override (see [`crate::OverrideStore`]): `base:o`, in the
+/// limiter key's hash slot, where a check reads it beside the counters.
+pub fn override_key(base: &str) -> String {
+    format!("{base}:o")
+}
+
+/// The key of the index listing every override under `prefix`: `prefix:{ovr}:index`, one key
+/// in one slot, which checks never read.
+pub fn override_index_key(prefix: &str) -> String {
+    format!("{prefix}:{{ovr}}:index")
+}
+
 /// The key of a duplicate-guard lock: `prefix:{d:scope:by:value}` (scope empty when global).
 pub(crate) fn guard_key(prefix: &str, scope: &str, by: &str, value: &str) -> String {
     let mut key = String::with_capacity(prefix.len() + scope.len() + by.len() + value.len() + 8);

@@ -67,6 +67,7 @@ pub mod fields;
 mod identity;
 pub mod key;
 mod memory;
+mod overrides;
 mod policy;
 mod rule;
 mod store;
@@ -85,6 +86,7 @@ pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity, IpPrefix};
 pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryUsage};
+pub use overrides::{MAX_OVERRIDE_LIMIT, Override, OverrideError, fingerprint};
 pub use policy::{
     Durability, Limiter, MAX_LOG_COST, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder, QuotaLease,
     SOFT_SUFFIX,
@@ -94,8 +96,8 @@ pub use rule::{
     parse_duration, parse_rules,
 };
 pub use store::{
-    AnyStore, BanKey, BanStore, CheckRequest, HeldLock, INLINE_RULES, LimiterRequest, LockReply,
-    LockStore, Outcomes, Receipt, RefundStore, Store, Verdict,
+    AnyStore, BanKey, BanStore, CheckRequest, FullStore, HeldLock, INLINE_RULES, LimiterRequest,
+    LockReply, LockStore, Outcomes, OverrideStore, Receipt, RefundStore, Store, Verdict,
 };
 
 /// The README's example, compiled and run as a doctest.

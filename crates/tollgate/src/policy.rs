@@ -245,13 +245,17 @@ pub struct Limiter {
     pub(crate) name: LimiterName,
     pub(crate) dimension: Dimension,
     pub(crate) rules: Arc<[Rule]>,
-    pub(crate) message: Option<Arc<str>>,
+    /// Behind a thin pointer: a decision that names it stays a word smaller.
+    pub(crate) message: Option<Arc<String>>,
     pub(crate) ban: Option<BanRule>,
     pub(crate) shadow: bool,
     /// Warn when a rule's use reaches this fraction of its limit.
     pub(crate) warn_at: Option<f64>,
     /// Soft rules, made a shadow limiter of their own when the policy is built.
     pub(crate) soft: Vec<Rule>,
+    /// Takes per-identity overrides: the fingerprint of its rules once the policy is built
+    /// (see [`with_overrides`](Self::with_overrides)).
+    pub(crate) overrides: Option<u64>,
 }
 
 /// What a limiter's soft rules are named after: `<limiter>.soft` (see
@@ -270,6 +274,7 @@ impl Limiter {
             shadow: false,
             warn_at: None,
             soft: Vec::new(),
+            overrides: None,
         }
     }
 
@@ -368,6 +373,43 @@ impl Limiter {
         self
     }
 
+    /// Lets an identity of this limiter have limits of its own, set at run time and kept in the
+    /// store ([`Tollgate::set_override`](crate::Tollgate::set_override)): a tenant on a bigger
+    /// plan, a partner raised mid-window. The store reads the override beside the counters, in
+    /// the check's one atomic call; a limiter that does not take overrides pays nothing for
+    /// them. An override changes limits, never windows or algorithms, so the counters carry
+    /// over: raised mid-window, it admits exactly up to the new limit.
+    ///
+    /// ```
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let api = Policy::builder("api")
+    ///     .limiter(Limiter::new(Dimension::UserId, ["2/1m".parse()?]).with_overrides(true))
+    ///     .build()?;
+    /// let acme = Identity::new().with_user_id("acme");
+    /// assert!(gate.check(&api, &acme, 2).await?.allowed());
+    /// assert!(!gate.check(&api, &acme, 1).await?.allowed());
+    ///
+    /// // acme moves to a bigger plan mid-window: 5 a minute, the 2 it used included.
+    /// gate.set_override(&api, "user_id", &acme, &["5/1m".parse()?], None).await?;
+    /// assert!(gate.check(&api, &acme, 3).await?.allowed());
+    /// assert!(!gate.check(&api, &acme, 1).await?.allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn with_overrides(mut self, overrides: bool) -> Limiter {
+        self.overrides = overrides.then_some(0);
+        self
+    }
+
+    /// Whether this limiter takes per-identity overrides (see
+    /// [`with_overrides`](Self::with_overrides)).
+    pub fn takes_overrides(&self) -> bool {
+        self.overrides.is_some()
+    }
+
     /// The fraction of each rule's limit at which this limiter warns, if it does (see
     /// [`with_warning`](Self::with_warning)).
     pub fn warning(&self) -> Option<f64> {
@@ -451,7 +493,7 @@ impl Limiter {
     /// The message shown when this limiter denies.
     #[must_use]
     pub fn with_message(mut self, message: impl AsRef<str>) -> Limiter {
-        self.message = Some(message.as_ref().into());
+        self.message = Some(Arc::new(message.as_ref().to_owned()));
         self
     }
 
@@ -472,7 +514,7 @@ impl Limiter {
 
     /// The message, if any.
     pub fn message(&self) -> Option<&str> {
-        self.message.as_deref()
+        self.message.as_deref().map(String::as_str)
     }
 }
 
@@ -529,6 +571,7 @@ fn split_soft_rules(limiters: Vec<Limiter>) -> Vec<Limiter> {
             shadow: true,
             warn_at: limiter.warn_at,
             soft: Vec::new(),
+            overrides: None,
         };
         if !limiter.rules.is_empty() {
             split.push(limiter);
@@ -707,6 +750,11 @@ impl PolicyBuilder {
         if self.scope.is_empty() {
             return Err(PolicyError::EmptyScope);
         }
+        for limiter in &mut self.limiters {
+            if limiter.overrides.is_some() {
+                limiter.overrides = Some(crate::overrides::fingerprint(&limiter.rules));
+            }
+        }
         if self.limiters.is_empty() {
             return Err(PolicyError::NoLimiters(self.scope.to_string()));
         }
@@ -810,6 +858,13 @@ impl PolicyBuilder {
             return Err(PolicyError::Lease(format!("{lease}: {why}")));
         }
         for limiter in &self.limiters {
+            if limiter.overrides.is_some() {
+                return Err(PolicyError::Lease(format!(
+                    "limiter {:?} takes overrides, which the store reads at every check; a \
+                     lease admits without asking the store",
+                    limiter.name
+                )));
+            }
             if limiter.ban.is_some() {
                 return Err(PolicyError::Lease(format!(
                     "limiter {:?} bans on a violation, and a lease that asks for more than is \
@@ -847,11 +902,17 @@ impl PolicyBuilder {
 /// [`MAX_LOG_COST`] where any rule keeps a log.
 pub(crate) fn max_cost(limiters: &[Limiter]) -> u64 {
     let rules = || limiters.iter().flat_map(|l| l.rules.iter());
+    // A limiter that takes overrides may count by a larger limit: its store decides.
     let smallest = limiters
         .iter()
         .filter(|l| !l.shadow)
-        .flat_map(|l| l.rules.iter())
-        .map(Rule::limit)
+        .flat_map(|l| {
+            let raised = l.overrides.is_some();
+            l.rules.iter().map(move |r| match raised {
+                true => crate::MAX_OVERRIDE_LIMIT,
+                false => r.limit(),
+            })
+        })
         .min()
         .unwrap_or(u64::MAX);
     if rules().any(|r| r.algorithm() == Algorithm::SlidingLog) {

@@ -207,6 +207,14 @@ impl Rule {
         self
     }
 
+    /// The same rule with another limit (at least 1): what a per-identity override counts by
+    /// (see [`Tollgate::set_override`](crate::Tollgate::set_override)).
+    #[must_use]
+    pub fn with_limit(mut self, limit: u64) -> Rule {
+        self.limit = limit.max(1);
+        self
+    }
+
     /// How many units the window admits.
     pub fn limit(&self) -> u64 {
         self.limit

@@ -157,6 +157,11 @@ pub struct LimiterRequest<'a> {
     pub ban: Option<BanRule>,
     /// A dry run: evaluated and reported, never denying, never banning (see [`CheckRequest`]).
     pub shadow: bool,
+    /// The limiter takes per-identity overrides: the [`fingerprint`](crate::fingerprint) of
+    /// its rules. The store reads the override of this limiter's key in the same atomic check
+    /// and, if it is live and was made for these rules, counts by its limits on the same state
+    /// (see [`OverrideStore`]); `None`: the store reads nothing more.
+    pub overrides: Option<u64>,
 }
 
 impl<'a> LimiterRequest<'a> {
@@ -249,6 +254,9 @@ pub struct Verdict {
     /// Where the admission was recorded, when it was (an admitted check that consumes): what
     /// [`RefundStore::refund`] needs to give back exactly its units.
     pub receipt: Option<Receipt>,
+    /// The limits an identity's override set: (rule place over the request, limiters in order,
+    /// rules in order; the limit counted by). Empty when no override applied.
+    pub limits: Vec<(usize, u64)>,
 }
 
 impl Verdict {
@@ -260,6 +268,7 @@ impl Verdict {
             blocked_us: None,
             banned_us: None,
             receipt: None,
+            limits: Vec::new(),
         }
     }
 
@@ -271,6 +280,7 @@ impl Verdict {
             blocked_us: Some(us),
             banned_us: None,
             receipt: None,
+            limits: Vec::new(),
         }
     }
 }
@@ -532,6 +542,37 @@ pub trait RefundStore: Store {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
+/// Per-identity overrides (see [`Tollgate::set_override`](crate::Tollgate::set_override)): a
+/// limiter's limits for one of its identities, kept where the check reads them.
+///
+/// An override lives beside the limiter key's state (Redis: in its hash slot), so that the
+/// check that reads a limiter taking overrides ([`LimiterRequest::overrides`]) reads it in
+/// the same atomic call. An index under `index` lists them.
+pub trait OverrideStore: Store {
+    /// Sets the override of `limiter`'s key (replacing any), ending `ttl` from the store's now
+    /// (`None`: never); returns it as kept, its end included.
+    fn set_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        index: &str,
+        entry: &crate::Override,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<crate::Override, StoreError>> + Send;
+
+    /// Removes the override of `limiter`'s key; true if there was one.
+    fn remove_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        index: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every override under `index` that has not ended.
+    fn overrides(
+        &self,
+        index: &str,
+    ) -> impl Future<Output = Result<Vec<crate::Override>, StoreError>> + Send;
+}
+
 /// Duplicate-guard locks (see [`Tollgate::acquire`](crate::Tollgate::acquire)).
 pub trait LockStore: Store {
     /// Takes the lock `key` with `token` for `ttl` if it is free (set-if-absent), remembering
@@ -618,8 +659,8 @@ pub trait BanStore: Store {
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The object-safe mirror of the four store traits, implemented for every store that has all
-/// four: what [`AnyStore`] holds.
+/// The object-safe mirror of the five store traits, implemented for every [`FullStore`]: what
+/// [`AnyStore`] holds.
 trait DynStore: Send + Sync + 'static {
     fn check<'a>(
         &'a self,
@@ -684,9 +725,25 @@ trait DynStore: Send + Sync + 'static {
         after: Option<&'a BanCursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<BanPage, StoreError>>;
+    fn set_override<'a>(
+        &'a self,
+        limiter: &'a LimiterRequest<'a>,
+        index: &'a str,
+        entry: &'a crate::Override,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<crate::Override, StoreError>>;
+    fn remove_override<'a>(
+        &'a self,
+        limiter: &'a LimiterRequest<'a>,
+        index: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn overrides<'a>(
+        &'a self,
+        index: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<crate::Override>, StoreError>>;
 }
 
-impl<S: BanStore + LockStore + RefundStore> DynStore for S {
+impl<S: FullStore> DynStore for S {
     fn check<'a>(
         &'a self,
         request: &'a CheckRequest<'a>,
@@ -804,7 +861,41 @@ impl<S: BanStore + LockStore + RefundStore> DynStore for S {
     ) -> BoxFuture<'a, Result<BanPage, StoreError>> {
         Box::pin(BanStore::bans_page(self, prefix, after, limit))
     }
+
+    fn set_override<'a>(
+        &'a self,
+        limiter: &'a LimiterRequest<'a>,
+        index: &'a str,
+        entry: &'a crate::Override,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<crate::Override, StoreError>> {
+        Box::pin(OverrideStore::set_override(
+            self, limiter, index, entry, ttl,
+        ))
+    }
+
+    fn remove_override<'a>(
+        &'a self,
+        limiter: &'a LimiterRequest<'a>,
+        index: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(OverrideStore::remove_override(self, limiter, index))
+    }
+
+    fn overrides<'a>(
+        &'a self,
+        index: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<crate::Override>, StoreError>> {
+        Box::pin(OverrideStore::overrides(self, index))
+    }
 }
+
+/// A store with every ability: [`Store`], [`RefundStore`], [`LockStore`], [`BanStore`] and
+/// [`OverrideStore`] (what [`AnyStore`] wraps and the front ends take). Implemented for every
+/// such store.
+pub trait FullStore: BanStore + LockStore + RefundStore + OverrideStore {}
+
+impl<S: BanStore + LockStore + RefundStore + OverrideStore> FullStore for S {}
 
 /// Any store with all four abilities ([`Store`], [`RefundStore`], [`LockStore`],
 /// [`BanStore`]), chosen at run time (e.g. from a configuration URL), shared by cloning.
@@ -824,13 +915,13 @@ pub struct AnyStore(Arc<dyn DynStore>);
 
 impl AnyStore {
     /// Wraps `store`.
-    pub fn new(store: impl BanStore + LockStore + RefundStore) -> AnyStore {
+    pub fn new(store: impl FullStore) -> AnyStore {
         AnyStore(Arc::new(store))
     }
 
     /// Wraps a store that is shared already (an engine's: see
     /// [`Tollgate::erase`](crate::Tollgate::erase)), without a second layer.
-    pub fn shared<S: BanStore + LockStore + RefundStore>(store: Arc<S>) -> AnyStore {
+    pub fn shared<S: FullStore>(store: Arc<S>) -> AnyStore {
         AnyStore(store)
     }
 }
@@ -994,6 +1085,39 @@ macro_rules! forward_bans {
     };
 }
 
+/// The methods of [`OverrideStore`], forwarded like [`forward_store`]'s.
+macro_rules! forward_overrides {
+    ($trait:ident, $inner:ident => $to:expr) => {
+        async fn set_override(
+            &self,
+            limiter: &$crate::LimiterRequest<'_>,
+            index: &str,
+            entry: &$crate::Override,
+            ttl: Option<::std::time::Duration>,
+        ) -> Result<$crate::Override, $crate::StoreError> {
+            let $inner = self;
+            $trait::set_override($to, limiter, index, entry, ttl).await
+        }
+
+        async fn remove_override(
+            &self,
+            limiter: &$crate::LimiterRequest<'_>,
+            index: &str,
+        ) -> Result<bool, $crate::StoreError> {
+            let $inner = self;
+            $trait::remove_override($to, limiter, index).await
+        }
+
+        async fn overrides(
+            &self,
+            index: &str,
+        ) -> Result<Vec<$crate::Override>, $crate::StoreError> {
+            let $inner = self;
+            $trait::overrides($to, index).await
+        }
+    };
+}
+
 impl<S: Store> Store for Arc<S> {
     forward_store!(Store, this => &**this);
 }
@@ -1010,6 +1134,10 @@ impl<S: BanStore> BanStore for Arc<S> {
     forward_bans!(BanStore, this => &**this);
 }
 
+impl<S: OverrideStore> OverrideStore for Arc<S> {
+    forward_overrides!(OverrideStore, this => &**this);
+}
+
 impl Store for AnyStore {
     forward_store!(DynStore, this => &*this.0);
 }
@@ -1024,6 +1152,10 @@ impl LockStore for AnyStore {
 
 impl BanStore for AnyStore {
     forward_bans!(DynStore, this => &*this.0);
+}
+
+impl OverrideStore for AnyStore {
+    forward_overrides!(DynStore, this => &*this.0);
 }
 
 #[cfg(test)]

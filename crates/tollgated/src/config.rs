@@ -813,6 +813,9 @@ struct RawLimiter {
     /// Rules that never deny, and report when they would.
     #[serde(default)]
     soft: RuleList,
+    /// Identities may get limits of their own at run time (`PUT /v1/overrides`).
+    #[serde(default)]
+    overrides: bool,
 }
 
 impl RawLimiter {
@@ -918,7 +921,9 @@ impl RawLimiter {
             }
             limiter = limiter.with_warning(fraction);
         }
-        Ok(limiter.with_shadow(self.shadow))
+        Ok(limiter
+            .with_shadow(self.shadow)
+            .with_overrides(self.overrides))
     }
 
     /// The rules of `list` (the field `field`), each once, with the limiter's algorithm.

@@ -8,9 +8,9 @@ use std::{
 };
 
 use tollgate::{
-    AnyStore, BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LockReply,
-    LockStore, MemoryStore, OnError, Receipt, RefundStore, Store, StoreError, StoreErrorKind,
-    Verdict,
+    AnyStore, BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LimiterRequest,
+    LockReply, LockStore, MemoryStore, OnError, Override, OverrideStore, Receipt, RefundStore,
+    Store, StoreError, StoreErrorKind, Verdict,
 };
 use tollgate_redis::{RedisStore, RedisStoreBuilder};
 
@@ -312,6 +312,36 @@ impl BanStore for Late {
     ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
         let store = self.store();
         async move { store?.bans_page(prefix, after, limit).await }
+    }
+}
+
+impl OverrideStore for Late {
+    fn set_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        index: &str,
+        entry: &Override,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<Override, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.set_override(limiter, index, entry, ttl).await }
+    }
+
+    fn remove_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        index: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.remove_override(limiter, index).await }
+    }
+
+    fn overrides(
+        &self,
+        index: &str,
+    ) -> impl Future<Output = Result<Vec<Override>, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.overrides(index).await }
     }
 }
 

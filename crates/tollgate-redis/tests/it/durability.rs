@@ -141,6 +141,7 @@ async fn without_a_replica_replicated_checks_fail_and_async_ones_go_on() {
         rules: &rules,
         ban: None,
         shadow: false,
+        overrides: None,
     }];
     let request = CheckRequest::new(1, true, &limiters).with_durability(replicated.durability());
     // The store's own error says how many replicas answered.

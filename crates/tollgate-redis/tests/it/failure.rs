@@ -150,6 +150,7 @@ async fn the_local_fallback_is_the_one_handed_in() {
         rules: &rules,
         ban: None,
         shadow: false,
+        overrides: None,
     }];
     let request = CheckRequest::new(1, true, &limiters);
     let mut verdict = Verdict::new(false, []);

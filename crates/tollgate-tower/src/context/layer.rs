@@ -1,6 +1,7 @@
 use std::{fmt, sync::Arc};
 
-use tollgate::{BanStore, LockStore, RefundStore, Tollgate};
+use tollgate::FullStore;
+use tollgate::Tollgate;
 use tower_layer::Layer;
 
 use super::ContextService;
@@ -47,10 +48,7 @@ pub struct ContextLayer {
 
 impl ContextLayer {
     /// Identities from `resolver`, checks on `gate`.
-    pub fn new<S: BanStore + LockStore + RefundStore>(
-        gate: Arc<Tollgate<S>>,
-        resolver: IdentityResolver,
-    ) -> ContextLayer {
+    pub fn new<S: FullStore>(gate: Arc<Tollgate<S>>, resolver: IdentityResolver) -> ContextLayer {
         ContextLayer {
             gate: erase(gate),
             resolver: Arc::new(resolver),

@@ -5,7 +5,7 @@ use std::{
 };
 
 use tokio::task::futures::TaskLocalFuture;
-use tollgate::{BanStore, LockStore, RefundStore};
+use tollgate::FullStore;
 use tollgate::{Decision, Identity, Policy, RuleDecision, Tollgate};
 
 use crate::{
@@ -32,10 +32,7 @@ pub struct Context {
 
 impl Context {
     /// A context checking on `gate` for `identity`.
-    pub fn new<S: BanStore + LockStore + RefundStore>(
-        gate: Arc<Tollgate<S>>,
-        identity: Identity,
-    ) -> Context {
+    pub fn new<S: FullStore>(gate: Arc<Tollgate<S>>, identity: Identity) -> Context {
         Context::erased(erase(gate), identity)
     }
 

@@ -2,10 +2,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::Response;
-use tollgate::BanStore;
-use tollgate::{
-    Dimension, DuplicateBy, DuplicateGuard, Identity, LockStore, RefundStore, Tollgate,
-};
+use tollgate::FullStore;
+use tollgate::{Dimension, DuplicateBy, DuplicateGuard, Identity, Tollgate};
 use tower_layer::Layer;
 
 use super::DuplicateService;
@@ -104,7 +102,7 @@ impl DuplicateLayer {
     ///
     /// Defaults: a lock TTL of 1 s (the seed's), replays kept for 24 h, bodies up to 1 MiB,
     /// responses stored up to 64 KiB.
-    pub fn new<S: BanStore + LockStore + RefundStore>(
+    pub fn new<S: FullStore>(
         gate: Arc<Tollgate<S>>,
         scope: &str,
         by: DuplicateBy,
@@ -137,10 +135,7 @@ impl DuplicateLayer {
 
     /// Idempotency keys (draft-ietf-httpapi-idempotency-key-header) for the action `scope`:
     /// the first response to a key is stored and replayed to repeats.
-    pub fn idempotency_key<S: BanStore + LockStore + RefundStore>(
-        gate: Arc<Tollgate<S>>,
-        scope: &str,
-    ) -> DuplicateLayer {
+    pub fn idempotency_key<S: FullStore>(gate: Arc<Tollgate<S>>, scope: &str) -> DuplicateLayer {
         let by = DuplicateBy::Dimension(Dimension::Header(IDEMPOTENCY_KEY.into()));
         DuplicateLayer::new(gate, scope, by)
     }

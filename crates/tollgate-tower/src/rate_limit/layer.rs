@@ -2,7 +2,8 @@ use std::{fmt, sync::Arc};
 
 use bytes::Bytes;
 use http::{HeaderName, Response};
-use tollgate::{BanStore, Dimension, IpPrefix, LockStore, Policy, RefundStore, Tollgate};
+use tollgate::FullStore;
+use tollgate::{Dimension, IpPrefix, Policy, Tollgate};
 use tower_layer::Layer;
 
 use super::{Cost, Count, RateLimitService, Settle};
@@ -70,10 +71,7 @@ pub(crate) struct Config {
 
 impl RateLimitLayer {
     /// Checks `policy` on `gate` for every request, at a cost of one unit.
-    pub fn new<S: BanStore + LockStore + RefundStore>(
-        gate: Arc<Tollgate<S>>,
-        policy: Policy,
-    ) -> RateLimitLayer {
+    pub fn new<S: FullStore>(gate: Arc<Tollgate<S>>, policy: Policy) -> RateLimitLayer {
         let wanted = policy
             .limiters()
             .iter()

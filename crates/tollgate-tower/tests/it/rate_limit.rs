@@ -677,6 +677,30 @@ impl BanStore for DownStore {
     }
 }
 
+impl tollgate::OverrideStore for DownStore {
+    async fn set_override(
+        &self,
+        _: &tollgate::LimiterRequest<'_>,
+        _: &str,
+        _: &tollgate::Override,
+        _: Option<Duration>,
+    ) -> Result<tollgate::Override, StoreError> {
+        refused()
+    }
+
+    async fn remove_override(
+        &self,
+        _: &tollgate::LimiterRequest<'_>,
+        _: &str,
+    ) -> Result<bool, StoreError> {
+        refused()
+    }
+
+    async fn overrides(&self, _: &str) -> Result<Vec<tollgate::Override>, StoreError> {
+        refused()
+    }
+}
+
 #[tokio::test]
 async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
     let gate = Arc::new(Tollgate::new(DownStore));

@@ -3,11 +3,13 @@
 //! - `map`: the shards, keys found by hash, eviction;
 //! - `rules`: the rule states under one limiter key;
 //! - `bans`: the blocklist;
-//! - `locks`: duplicate-guard locks.
+//! - `locks`: duplicate-guard locks;
+//! - `overrides`: per-identity overrides.
 
 mod bans;
 mod locks;
 mod map;
+mod overrides;
 mod rules;
 
 use std::{
@@ -25,6 +27,7 @@ use smallvec::SmallVec;
 
 use self::{
     map::{Entry, Kind, Locked, Shard, Shards, SlotId, State},
+    overrides::{Overrides, Rules},
     rules::RuleStates,
 };
 use crate::{
@@ -32,9 +35,10 @@ use crate::{
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::StoreError,
+    overrides::Override,
     store::{
-        BanStore, CheckRequest, LimiterRequest, LockReply, LockStore, Receipt, RefundStore, Store,
-        Verdict,
+        BanStore, CheckRequest, LimiterRequest, LockReply, LockStore, OverrideStore, Receipt,
+        RefundStore, Store, Verdict,
     },
 };
 
@@ -98,6 +102,8 @@ struct Inner {
     evictions: AtomicU64,
     /// Bans not written because the ban budget was full and none could be evicted.
     dropped_bans: AtomicU64,
+    /// Per-identity overrides (at most `max_keys`).
+    overrides: Overrides,
 }
 
 /// What one shard may hold of each kind.
@@ -303,6 +309,7 @@ impl MemoryStoreBuilder {
             next_id: AtomicU64::new(1),
             evictions: AtomicU64::new(0),
             dropped_bans: AtomicU64::new(0),
+            overrides: Overrides::new(self.max_keys),
         });
         if let Some(interval) = self.purge_interval {
             spawn_sweeper(Arc::downgrade(&inner), interval);
@@ -456,6 +463,33 @@ impl Inner {
 
     /// One atomic check (see [`CheckRequest`]), answered into `verdict`.
     fn check(&self, request: &CheckRequest<'_>, verdict: &mut Verdict) -> Result<(), StoreError> {
+        verdict.limits.clear();
+        if self.overrides.may_apply(request) {
+            let mut rules = Rules::new();
+            let now = self.clock.now_us();
+            if self
+                .overrides
+                .apply(request, now, &mut rules, &mut verdict.limits)
+            {
+                let limiters = overrides::over(request, &rules);
+                return self.check_rules(
+                    &CheckRequest {
+                        limiters: &limiters,
+                        ..*request
+                    },
+                    verdict,
+                );
+            }
+        }
+        self.check_rules(request, verdict)
+    }
+
+    /// The check, with the limits it counts by in its rules.
+    fn check_rules(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Result<(), StoreError> {
         verdict.banned_us = None;
         verdict.receipt = None;
         verdict.rules.clear();
@@ -730,7 +764,24 @@ impl Inner {
         Some(Receipt::per_limiter(at_us, receipt.id(), units))
     }
 
-    /// A refund (see `RefundStore::refund`), one limiter at a time.
+    /// `f` over `request` with the limits of the overrides that apply to it: a refund and a
+    /// charge move GCRA's arrival time by the interval the check counted by.
+    fn with_overrides(&self, request: &CheckRequest<'_>, f: impl FnOnce(&CheckRequest<'_>)) {
+        if self.overrides.may_apply(request) {
+            let (mut rules, mut limits) = (Rules::new(), Vec::new());
+            let now = self.clock.now_us();
+            if self.overrides.apply(request, now, &mut rules, &mut limits) {
+                let limiters = overrides::over(request, &rules);
+                return f(&CheckRequest {
+                    limiters: &limiters,
+                    ..*request
+                });
+            }
+        }
+        f(request)
+    }
+
+    /// A charge (see `RefundStore::charge`), one limiter at a time.
     fn charge(&self, request: &CheckRequest<'_>) {
         let now = self.clock.now_us();
         for limiter in request.limiters.iter().filter(|l| !l.is_concurrent()) {
@@ -850,7 +901,8 @@ impl RefundStore for MemoryStore {
         request: &CheckRequest<'_>,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.refund(request, receipt);
+        self.inner
+            .with_overrides(request, |r| self.inner.refund(r, receipt));
         std::future::ready(Ok(()))
     }
 
@@ -866,8 +918,41 @@ impl RefundStore for MemoryStore {
         &self,
         request: &CheckRequest<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.charge(request);
+        self.inner.with_overrides(request, |r| self.inner.charge(r));
         std::future::ready(Ok(()))
+    }
+}
+
+impl OverrideStore for MemoryStore {
+    fn set_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        _index: &str,
+        entry: &Override,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<Override, StoreError>> + Send {
+        let now = self.inner.clock.now_us();
+        let mut entry = entry.clone();
+        entry.expires_at_us = ttl.map(|ttl| now.saturating_add(micros(ttl)));
+        let kept = entry.clone();
+        std::future::ready(self.inner.overrides.set(limiter, entry, now).map(|()| kept))
+    }
+
+    fn remove_override(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        _index: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let now = self.inner.clock.now_us();
+        std::future::ready(Ok(self.inner.overrides.remove(limiter, now)))
+    }
+
+    fn overrides(
+        &self,
+        _index: &str,
+    ) -> impl Future<Output = Result<Vec<Override>, StoreError>> + Send {
+        let now = self.inner.clock.now_us();
+        std::future::ready(Ok(self.inner.overrides.list(now)))
     }
 }
 

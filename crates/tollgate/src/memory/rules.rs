@@ -34,17 +34,18 @@ struct Counter {
     b: u64,
 }
 
-/// A fixed-window or GCRA rule, exactly, in two words: its limit, and its window in
-/// milliseconds (below 2^40) with the algorithm in the top bits; a calendar window adds its
-/// calendar (the unit in the algorithm, the zone's index in bits 40 to 55).
+/// A fixed-window or GCRA rule, exactly, in two words: its place among its limiter's rules, and
+/// its window in milliseconds (below 2^40) with the algorithm in the top bits; a calendar window
+/// adds its calendar (the unit in the algorithm, the zone's index in bits 40 to 55). Not its
+/// limit: an identity's override changes the limit, and counts on the same state.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct RuleId {
-    limit: u64,
+    place: u64,
     window_and_algorithm: u64,
 }
 
 impl RuleId {
-    fn of(rule: &Rule) -> RuleId {
+    fn of(place: usize, rule: &Rule) -> RuleId {
         let (algorithm, zone) = match (rule.algorithm(), rule.calendar_window()) {
             (Algorithm::FixedWindow, Some(calendar)) => {
                 let unit = match calendar.unit() {
@@ -59,7 +60,7 @@ impl RuleId {
             _ => (2, 0),
         };
         RuleId {
-            limit: rule.limit(),
+            place: place as u64,
             window_and_algorithm: rule.window_ms() | zone << 40 | algorithm << 56,
         }
     }
@@ -68,15 +69,15 @@ impl RuleId {
     /// units, this names whose they are, so that a release or a renewal finds its own.
     fn lease_of(rule: &Rule) -> RuleId {
         RuleId {
-            limit: rule.limit(),
+            place: 0,
             window_and_algorithm: rule.window_ms() | 8 << 56,
         }
     }
 
     /// The counter of a sliding-window rule's previous window.
-    fn previous_of(rule: &Rule) -> RuleId {
+    fn previous_of(place: usize, rule: &Rule) -> RuleId {
         RuleId {
-            limit: rule.limit(),
+            place: place as u64,
             window_and_algorithm: rule.window_ms() | 4 << 56,
         }
     }
@@ -108,24 +109,24 @@ impl Counter {
     }
 }
 
-/// The counter of `rule` among a limiter's counters.
-fn counter<'a>(counters: &'a [Counter], rule: &Rule) -> Option<&'a Counter> {
-    let id = RuleId::of(rule);
+/// The counter of `rule`, at `place` among its limiter's rules, among the limiter's counters.
+fn counter<'a>(counters: &'a [Counter], place: usize, rule: &Rule) -> Option<&'a Counter> {
+    let id = RuleId::of(place, rule);
     counters.iter().find(|c| c.rule == id)
 }
 
 /// The fixed window of `rule` among a limiter's counters.
-fn window(counters: &[Counter], rule: &Rule) -> Option<FixedWindowState> {
-    counter(counters, rule).map(|c| FixedWindowState {
+fn window(counters: &[Counter], place: usize, rule: &Rule) -> Option<FixedWindowState> {
+    counter(counters, place, rule).map(|c| FixedWindowState {
         start: c.a,
         count: c.b,
     })
 }
 
 /// The sliding window of `rule` among a limiter's counters.
-fn sliding(counters: &[Counter], rule: &Rule) -> Option<SlidingWindowState> {
-    let current = counter(counters, rule)?;
-    let id = RuleId::previous_of(rule);
+fn sliding(counters: &[Counter], place: usize, rule: &Rule) -> Option<SlidingWindowState> {
+    let current = counter(counters, place, rule)?;
+    let id = RuleId::previous_of(place, rule);
     let previous = counters
         .iter()
         .find(|c| c.rule == id && c.a.checked_add(rule.window_us()) == Some(current.a))
@@ -138,8 +139,8 @@ fn sliding(counters: &[Counter], rule: &Rule) -> Option<SlidingWindowState> {
 }
 
 /// The theoretical arrival time of GCRA `rule` among a limiter's counters.
-fn tat(counters: &[Counter], rule: &Rule) -> Option<u64> {
-    counter(counters, rule).map(|c| c.a)
+fn tat(counters: &[Counter], place: usize, rule: &Rule) -> Option<u64> {
+    counter(counters, place, rule).map(|c| c.a)
 }
 
 /// A check's lease among a limiter's counters (see `RuleStates::lease`).
@@ -168,7 +169,7 @@ fn log_window(rules: &[Rule]) -> Option<u64> {
 fn outcome(
     log: &[u64],
     counters: &[Counter],
-    rule: &Rule,
+    (place, rule): (usize, &Rule),
     now: u64,
     cost: u64,
     delay_us: u64,
@@ -176,11 +177,14 @@ fn outcome(
     match rule.algorithm() {
         Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, cost),
         Algorithm::FixedWindow => {
-            algorithm::fixed_window(window(counters, rule), now, rule, cost).0
+            algorithm::fixed_window(window(counters, place, rule), now, rule, cost).0
         }
-        Algorithm::Gcra => algorithm::gcra_within(tat(counters, rule), now, rule, cost, delay_us).0,
+        Algorithm::Gcra => {
+            let tat = tat(counters, place, rule);
+            algorithm::gcra_within(tat, now, rule, cost, delay_us).0
+        }
         Algorithm::SlidingWindow => {
-            algorithm::sliding_window(sliding(counters, rule), now, rule, cost).0
+            algorithm::sliding_window(sliding(counters, place, rule), now, rule, cost).0
         }
     }
 }
@@ -214,7 +218,7 @@ impl RuleStates {
     ) -> bool {
         let (log, counters) = self.view();
         let mut allowed = true;
-        for (o, rule) in out.iter_mut().zip(rules) {
+        for (o, rule) in out.iter_mut().zip(rules.iter().enumerate()) {
             *o = outcome(log, counters, rule, now, cost, delay_us);
             allowed &= o.allowed;
         }
@@ -225,7 +229,7 @@ impl RuleStates {
     /// is what they say for a cost of zero.
     pub(super) fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
         let (log, counters) = self.view();
-        for (o, rule) in out.iter_mut().zip(rules) {
+        for (o, rule) in out.iter_mut().zip(rules.iter().enumerate()) {
             if o.allowed {
                 *o = outcome(log, counters, rule, now, 0, 0);
             }
@@ -264,7 +268,7 @@ impl RuleStates {
             }
             expires_at = now + window;
         }
-        for (rule, outcome) in rules.iter().zip(outcomes) {
+        for (place, (rule, outcome)) in rules.iter().zip(outcomes).enumerate() {
             let (a, b) = match rule.algorithm() {
                 Algorithm::SlidingLog if rule.is_concurrent() => {
                     self.counters.push(Counter {
@@ -276,17 +280,17 @@ impl RuleStates {
                 }
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
-                    let state = window(&self.counters, rule);
+                    let state = window(&self.counters, place, rule);
                     let (_, next) = algorithm::fixed_window(state, now, rule, cost);
                     let Some(next) = next else { continue };
                     (next.start, next.count)
                 }
                 Algorithm::SlidingWindow => {
-                    let state = sliding(&self.counters, rule);
+                    let state = sliding(&self.counters, place, rule);
                     let (_, next) = algorithm::sliding_window(state, now, rule, cost);
                     let Some(next) = next else { continue };
                     // The previous window's counter, kept only while it counts.
-                    let id = RuleId::previous_of(rule);
+                    let id = RuleId::previous_of(place, rule);
                     if next.previous > 0 {
                         let start = next.start - rule.window_us();
                         self.put(id, start, next.previous);
@@ -299,7 +303,7 @@ impl RuleStates {
                 // evaluation.
                 Algorithm::Gcra => (now.saturating_add(outcome.reset_after_us), 0),
             };
-            let until = self.put(RuleId::of(rule), a, b);
+            let until = self.put(RuleId::of(place, rule), a, b);
             expires_at = expires_at.max(until);
         }
         expires_at
@@ -333,17 +337,17 @@ impl RuleStates {
             }
             expires_at = now + window;
         }
-        for rule in rules {
+        for (place, rule) in rules.iter().enumerate() {
             let twice = rule.limit().saturating_mul(2);
             let until = match rule.algorithm() {
                 Algorithm::SlidingLog => continue,
                 Algorithm::FixedWindow => {
                     let (start, _) = rule.fixed_window_at(now);
-                    let count = window(&self.counters, rule)
+                    let count = window(&self.counters, place, rule)
                         .filter(|w| w.start == start)
                         .map_or(0, |w| w.count);
                     self.put(
-                        RuleId::of(rule),
+                        RuleId::of(place, rule),
                         start,
                         count.saturating_add(cost).min(twice),
                     )
@@ -351,28 +355,28 @@ impl RuleStates {
                 Algorithm::SlidingWindow => {
                     let w = rule.window_us();
                     let start = now - now % w;
-                    let (previous, count) = match sliding(&self.counters, rule) {
+                    let (previous, count) = match sliding(&self.counters, place, rule) {
                         Some(s) if s.start == start => (s.previous, s.count),
                         Some(s) if s.start.checked_add(w) == Some(start) => (s.count, 0),
                         _ => (0, 0),
                     };
-                    let id = RuleId::previous_of(rule);
+                    let id = RuleId::previous_of(place, rule);
                     if previous > 0 {
                         self.put(id, start - w, previous);
                     } else {
                         self.counters.retain(|c| c.rule != id);
                     }
                     self.put(
-                        RuleId::of(rule),
+                        RuleId::of(place, rule),
                         start,
                         count.saturating_add(cost).min(twice),
                     )
                 }
                 Algorithm::Gcra => {
-                    let tat = tat(&self.counters, rule).unwrap_or(now).max(now);
+                    let tat = tat(&self.counters, place, rule).unwrap_or(now).max(now);
                     let debt = algorithm::gcra_interval(rule).saturating_mul(cost);
                     let tat = tat.saturating_add(debt).min(now + MAX_DEBT_US);
-                    self.put(RuleId::of(rule), tat, 0)
+                    self.put(RuleId::of(place, rule), tat, 0)
                 }
             };
             expires_at = expires_at.max(until);
@@ -412,13 +416,13 @@ impl RuleStates {
             }
         }
         let when = at.unwrap_or(now);
-        for rule in rules {
+        for (place, rule) in rules.iter().enumerate() {
             let w = rule.window_us();
             let start = match rule.algorithm() {
                 Algorithm::FixedWindow => rule.fixed_window_at(when).0,
                 _ => when - when % w,
             };
-            let id = RuleId::of(rule);
+            let id = RuleId::of(place, rule);
             match rule.algorithm() {
                 Algorithm::SlidingLog => {}
                 Algorithm::FixedWindow => {
@@ -432,7 +436,7 @@ impl RuleStates {
                 }
                 Algorithm::SlidingWindow => {
                     // The window `at` counted in: the current one, or since ended, the previous.
-                    let previous = RuleId::previous_of(rule);
+                    let previous = RuleId::previous_of(place, rule);
                     if let Some(c) = self
                         .counters
                         .iter_mut()

@@ -14,6 +14,7 @@ fn check(store: &MemoryStore, key: &str, rules: &[&str], cost: u64) -> Result<Ve
         rules: &rules,
         ban: None,
         shadow: false,
+        overrides: None,
     }];
     store.check_now(&CheckRequest::new(cost, true, &limiters))
 }
@@ -122,6 +123,7 @@ fn a_reset_forgives_an_evicted_key() {
         rules: &rules,
         ban: None,
         shadow: false,
+        overrides: None,
     }];
     store.inner.reset(&CheckRequest::new(1, true, &limiters));
     assert_eq!(
@@ -275,6 +277,7 @@ fn one_key_holds_every_rule_of_a_limiter() {
         rules: &rules,
         ban: None,
         shadow: false,
+        overrides: None,
     }];
     let plan = CheckRequest::new(1, true, &limiter);
     assert!(store.check_now(&plan).unwrap().allowed);
@@ -385,6 +388,7 @@ fn a_stale_gcra_receipt_refunds_nothing() {
         rules: &rules,
         ban: None,
         shadow: false,
+        overrides: None,
     }];
     let request = CheckRequest::new(1, true, &limiters);
     let old = store.check_now(&request).unwrap().receipt.unwrap();

@@ -1270,6 +1270,7 @@ impl RateLimiter {
                 rules,
                 ban: counter.node.ban.filter(|_| !bans.is_empty()),
                 shadow: counter.node.shadow,
+                overrides: None,
             });
         }
         let started = Instant::now();

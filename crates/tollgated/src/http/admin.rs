@@ -1,5 +1,5 @@
-//! Admin endpoints: counter reset and the blocklist (callers hold the admin token: see
-//! `super::scope`).
+//! Admin endpoints: counter reset, per-identity overrides and the blocklist (callers hold the
+//! admin token: see `super::scope`).
 
 use std::{sync::Arc, time::Instant};
 
@@ -9,12 +9,15 @@ use axum::{
     http::StatusCode,
 };
 use serde_json::Value;
-use tollgate::{BanCursor, BanTarget, CheckError};
+use tollgate::{BanCursor, BanTarget, CheckError, Override, OverrideError, Rule};
 
 use super::{
     check::policy,
     error::{ApiError, ApiJson, check_error},
-    json::{BanJson, BanRequest, BlocklistPage, BlocklistQuery, ResetRequest, UnbanQuery, ceil_ms},
+    json::{
+        BanJson, BanRequest, BlocklistPage, BlocklistQuery, OverrideJson, OverrideRequest,
+        OverrideTarget, ResetRequest, UnbanQuery, ceil_ms,
+    },
     scope::Admin,
 };
 use crate::{app::App, config::bounded_duration};
@@ -36,6 +39,142 @@ pub(crate) async fn reset(
     result.map_err(check_error)?;
     tracing::info!(policy = %req.policy, "counters reset by admin");
     Ok(Json(serde_json::json!({ "reset": true })))
+}
+
+/// `PUT /v1/overrides`: gives one identity of one limiter limits of its own.
+pub(crate) async fn set_override(
+    State(app): State<Arc<App>>,
+    _: Admin,
+    ApiJson(req): ApiJson<OverrideRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let rules = req
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            text.parse::<Rule>().map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, format!("rules[{i}]: {e}"))
+                    .with_code("invalid_rule")
+            })
+        })
+        .collect::<Result<Vec<Rule>, ApiError>>()?;
+    let ttl = req
+        .ttl
+        .as_deref()
+        .map(|text| {
+            bounded_duration(text)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "ttl {text:?}: expected e.g. \"30d\" (units ms, s, m, h, d; at most \
+                             3650d), or no ttl for an override that lasts until removed"
+                        ),
+                    )
+                })
+        })
+        .transpose()?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let result = app
+        .gate
+        .set_override(&entry.policy, &req.limiter, &identity, &rules, ttl)
+        .await;
+    app.metrics.store_call(
+        "set_override",
+        started.elapsed(),
+        matches!(result, Err(OverrideError::Store(_))),
+    );
+    let kept = result.map_err(override_error)?;
+    tracing::info!(policy = %req.policy, limiter = %req.limiter, "override set by admin");
+    Ok(Json(
+        serde_json::json!({ "override": override_json(&app, kept) }),
+    ))
+}
+
+/// `DELETE /v1/overrides`: the configured limits again for one identity of one limiter.
+pub(crate) async fn remove_override(
+    State(app): State<Arc<App>>,
+    _: Admin,
+    ApiJson(req): ApiJson<OverrideTarget>,
+) -> Result<Json<Value>, ApiError> {
+    let entry = policy(&app, &req.policy)?;
+    let identity = req.identity.into_identity();
+    let started = Instant::now();
+    let result = app
+        .gate
+        .remove_override(&entry.policy, &req.limiter, &identity)
+        .await;
+    app.metrics.store_call(
+        "remove_override",
+        started.elapsed(),
+        matches!(result, Err(OverrideError::Store(_))),
+    );
+    if result.map_err(override_error)? {
+        tracing::info!(policy = %req.policy, limiter = %req.limiter, "override removed by admin");
+        Ok(Json(serde_json::json!({ "removed": true })))
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "limiter {:?} of policy {:?} has no override for that identity",
+                req.limiter, req.policy
+            ),
+        )
+        .with_code("no_override"))
+    }
+}
+
+/// `GET /v1/overrides`: every override that has not ended.
+pub(crate) async fn overrides(
+    State(app): State<Arc<App>>,
+    _: Admin,
+) -> Result<Json<Value>, ApiError> {
+    let started = Instant::now();
+    let result = app.gate.overrides().await;
+    app.metrics
+        .store_call("overrides", started.elapsed(), result.is_err());
+    let all = result.map_err(|e| ApiError::store("overrides", &e))?;
+    let listed: Vec<OverrideJson> = all.into_iter().map(|o| override_json(&app, o)).collect();
+    Ok(Json(serde_json::json!({ "overrides": listed })))
+}
+
+/// An override as the API shows it: its rules as the configuration's policy makes them.
+pub(crate) fn override_json(app: &App, o: Override) -> OverrideJson {
+    let rules = app
+        .config()
+        .policies
+        .get(&o.policy)
+        .and_then(|entry| {
+            let limiter = entry
+                .policy
+                .limiters()
+                .iter()
+                .find(|l| l.name() == o.limiter)?;
+            o.rules(limiter.rules())
+        })
+        .map(|rules| rules.iter().map(ToString::to_string).collect());
+    OverrideJson {
+        expires_at_ms: o.expires_at_us.map(|us| us.div_ceil(1000)),
+        rules,
+        policy: o.policy,
+        limiter: o.limiter,
+        value: o.value,
+    }
+}
+
+fn override_error(e: OverrideError) -> ApiError {
+    let (status, code) = match &e {
+        OverrideError::Store(e) => return ApiError::store("override", e),
+        OverrideError::UnknownLimiter { .. } => (StatusCode::NOT_FOUND, "unknown_limiter"),
+        OverrideError::NotOverridable(_) => (StatusCode::CONFLICT, "not_overridable"),
+        OverrideError::MissingDimension { .. } => (StatusCode::BAD_REQUEST, "missing_dimension"),
+        _ => (StatusCode::BAD_REQUEST, "invalid_override"),
+    };
+    ApiError::new(status, e.to_string()).with_code(code)
 }
 
 /// The blocklist page size when the request names none, and the largest it may name.

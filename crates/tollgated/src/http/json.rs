@@ -372,6 +372,42 @@ pub(crate) struct BlocklistPage {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub(crate) struct OverrideRequest {
+    pub(crate) policy: String,
+    pub(crate) limiter: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+    /// The rules whose limits change, e.g. `["500/1h"]`; each names a rule of the limiter by
+    /// its window.
+    pub(crate) rules: Vec<String>,
+    /// How long the override lasts, e.g. `"30d"`; absent: until removed.
+    pub(crate) ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OverrideTarget {
+    pub(crate) policy: String,
+    pub(crate) limiter: String,
+    #[serde(default)]
+    pub(crate) identity: IdentityJson,
+}
+
+/// One override as the API lists it.
+#[derive(Debug, Serialize)]
+pub(crate) struct OverrideJson {
+    pub(crate) policy: String,
+    pub(crate) limiter: String,
+    pub(crate) value: String,
+    /// The limiter's rules under the override; `None` when the configuration no longer has
+    /// the rules it was made for (it is then not applied).
+    pub(crate) rules: Option<Vec<String>>,
+    /// When it ends, ms since the epoch; `None`: never.
+    pub(crate) expires_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct BanRequest {
     pub(crate) kind: String,
     pub(crate) value: String,

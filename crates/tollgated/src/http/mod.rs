@@ -56,6 +56,12 @@ pub(crate) fn api() -> Router<Arc<App>> {
         .route("/v1/release", post(leases::release))
         .route("/v1/extend", post(leases::extend))
         .route("/v1/reset", post(admin::reset))
+        .route(
+            "/v1/overrides",
+            get(admin::overrides)
+                .put(admin::set_override)
+                .delete(admin::remove_override),
+        )
         .route("/v1/duplicate/acquire", post(duplicate::acquire))
         .route("/v1/duplicate/release", post(duplicate::release))
         .route("/v1/duplicate/complete", post(duplicate::complete))

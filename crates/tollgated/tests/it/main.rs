@@ -23,6 +23,7 @@ mod headers;
 mod http_api;
 mod leases;
 mod one_path;
+mod overrides;
 mod plan;
 mod redis;
 mod refund;

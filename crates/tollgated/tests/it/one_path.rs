@@ -181,6 +181,30 @@ impl BanStore for Recorder {
     }
 }
 
+impl tollgate::OverrideStore for Recorder {
+    async fn set_override(
+        &self,
+        limiter: &tollgate::LimiterRequest<'_>,
+        index: &str,
+        entry: &tollgate::Override,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<tollgate::Override, StoreError> {
+        self.inner.set_override(limiter, index, entry, ttl).await
+    }
+
+    async fn remove_override(
+        &self,
+        limiter: &tollgate::LimiterRequest<'_>,
+        index: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.remove_override(limiter, index).await
+    }
+
+    async fn overrides(&self, index: &str) -> Result<Vec<tollgate::Override>, StoreError> {
+        self.inner.overrides(index).await
+    }
+}
+
 /// The policy every front end checks: two rules per user.
 fn policy() -> Policy {
     Policy::builder("one_path")

@@ -256,6 +256,23 @@ async function pollBans() {
   $('bans-hint').textContent = bans.length ? '' : 'No live bans.';
 }
 
+async function pollOverrides() {
+  const result = await api('/v1/overrides');
+  if (!result.ok) return adminRefused(result);
+  const body = $('overrides').tBodies[0];
+  body.replaceChildren();
+  for (const o of result.body.overrides) {
+    const rules = o.rules ? o.rules.join(', ') : 'not applied: made for rules the configuration no longer has';
+    const ends = o.expires_at_ms === null ? 'never' : formatDuration(o.expires_at_ms - Date.now());
+    const tr = el('tr');
+    tr.append(el('td', o.policy + ' / ' + o.limiter), el('td', o.value), el('td', rules), el('td', ends, { class: 'n' }));
+    body.appendChild(tr);
+  }
+  $('overrides-hint').textContent = result.body.overrides.length
+    ? 'Set with PUT /v1/overrides, removed with DELETE /v1/overrides.'
+    : 'No overrides: every identity counts by the configured limits.';
+}
+
 // Rows are rebuilt only when the bans change; the countdown ticks update the times in place,
 // so a button keeps its focus (and its identity) between polls.
 let bansDrawn = null;
@@ -293,7 +310,7 @@ function setAdminViews() {
   const on = admin === 'ok' && adminEnabled;
   // Who uses this page with an admin token sees it said, always.
   $('admin-badge').hidden = !on;
-  for (const id of ['top', 'bans']) $(id).hidden = !on;
+  for (const id of ['top', 'bans', 'overrides']) $(id).hidden = !on;
   for (const e of $('ban-form').elements) e.disabled = !on;
   if (!adminEnabled) {
     $('top-hint').textContent = $('bans-hint').textContent =
@@ -315,7 +332,7 @@ async function poll() {
     drawPolicies(stats);
     setAdminViews();
     if (admin === 'ok' && adminEnabled) {
-      await Promise.all([pollTop(), pollBans()]);
+      await Promise.all([pollTop(), pollBans(), pollOverrides()]);
       setAdminViews();
     } else if (!adminEnabled && stats.admin.token_env) {
       $('top-hint').textContent = $('bans-hint').textContent =

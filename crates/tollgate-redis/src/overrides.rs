@@ -1,0 +1,176 @@
+//! Per-identity overrides (`tollgate::OverrideStore`): one string per overridden limiter key, in
+//! the key's hash slot (`base:o`), which check.lua reads beside the counters, and an index
+//! (`prefix:{ovr}:index`, a sorted set of override keys scored by their end) that lists them.
+//! On a standalone server `override.lua` writes both at once; on a Cluster the index lives in
+//! its own slot and is updated by a command of its own right after: an override whose index
+//! update failed counts but is not listed.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::Value;
+use tollgate::{LimiterRequest, Override, StoreError, key};
+
+use crate::{
+    backend::Backend,
+    script::{micros, protocol},
+};
+
+/// Sets the override of `limiter`'s key; returns it as kept, its end included.
+pub(crate) async fn set(
+    store: &Backend,
+    limiter: &LimiterRequest<'_>,
+    index: &str,
+    entry: &Override,
+    ttl: Option<Duration>,
+) -> Result<Override, StoreError> {
+    let key = key::override_key(limiter.key);
+    let limits: Vec<String> = entry.limits.iter().map(u64::to_string).collect();
+    let listing = format!("{}\n{}\n{}", entry.policy, entry.limiter, entry.value);
+    let mut call = store.scripts.overrides.call();
+    call.key(&key);
+    if !store.is_cluster() {
+        call.key(index);
+    }
+    call.arg(store.now_arg())
+        .arg("set")
+        .arg(entry.fingerprint)
+        .arg(ttl.map_or(0, |ttl| micros(ttl).max(1)))
+        .arg(limits.join(":"))
+        .arg(listing);
+    let mut conn = store.conn();
+    let ends: u64 = store
+        .bounded("set override", call.invoke(&mut conn))
+        .await?;
+    if store.is_cluster() {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(index);
+        match ends {
+            0 => zadd.arg("+inf"),
+            ends => zadd.arg(ends),
+        };
+        zadd.arg(&key);
+        let mut conn = store.conn();
+        let _: i64 = store
+            .bounded("index override", zadd.query_async(&mut conn))
+            .await?;
+    }
+    let mut kept = entry.clone();
+    kept.expires_at_us = (ends > 0).then_some(ends);
+    Ok(kept)
+}
+
+/// Removes the override of `limiter`'s key; whether a live one was there.
+pub(crate) async fn remove(
+    store: &Backend,
+    limiter: &LimiterRequest<'_>,
+    index: &str,
+) -> Result<bool, StoreError> {
+    let key = key::override_key(limiter.key);
+    let mut call = store.scripts.overrides.call();
+    call.key(&key);
+    if !store.is_cluster() {
+        call.key(index);
+    }
+    call.arg(store.now_arg()).arg("remove");
+    let mut conn = store.conn();
+    let removed: bool = store
+        .bounded("remove override", call.invoke(&mut conn))
+        .await?;
+    if store.is_cluster() {
+        let mut conn = store.conn();
+        let _: i64 = store
+            .bounded(
+                "index override",
+                redis::cmd("ZREM")
+                    .arg(index)
+                    .arg(&key)
+                    .query_async(&mut conn),
+            )
+            .await?;
+    }
+    Ok(removed)
+}
+
+/// Every override in `index` that has not ended, by policy, limiter and value.
+pub(crate) async fn list(store: &Backend, index: &str) -> Result<Vec<Override>, StoreError> {
+    let mut call = store.scripts.overrides.call();
+    call.key(index).arg(store.now_arg()).arg("list");
+    let mut conn = store.conn();
+    let reply: Vec<Value> = store
+        .bounded("list overrides", call.invoke(&mut conn))
+        .await?;
+    let (now, keys) = match reply.split_first() {
+        Some((Value::Int(now), keys)) => (u64::try_from(*now).unwrap_or(0), keys),
+        _ => return Err(protocol("overrides", "a listing without its time")),
+    };
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| match k {
+            Value::BulkString(b) => String::from_utf8(b.clone())
+                .map_err(|_| protocol("overrides", "an index key that is not text")),
+            _ => Err(protocol("overrides", "an index entry that is not a key")),
+        })
+        .collect::<Result<_, _>>()?;
+    // Each override in its own slot, read apart (no script touches a key it was not given).
+    let reads = join_all(keys.iter().map(|key| {
+        let mut conn = store.conn();
+        async move {
+            store
+                .bounded(
+                    "list overrides",
+                    redis::cmd("GET").arg(key).query_async(&mut conn),
+                )
+                .await
+        }
+    }))
+    .await;
+    let mut all = Vec::new();
+    for read in reads {
+        let value: Option<String> = read?;
+        if let Some(entry) = value.as_deref().and_then(|v| parse(v, now)) {
+            all.push(entry);
+        }
+    }
+    all.sort_by(|a, b| (&a.policy, &a.limiter, &a.value).cmp(&(&b.policy, &b.limiter, &b.value)));
+    Ok(all)
+}
+
+/// An override from its stored text (see check.lua) if it holds at `now`; `None` if it ended
+/// or is not one.
+fn parse(text: &str, now: u64) -> Option<Override> {
+    let (head, listing) = text.split_once('\n')?;
+    let mut numbers = head.split(':').map(|n| n.parse::<u64>());
+    let fingerprint = numbers.next()?.ok()?;
+    let ends = numbers.next()?.ok()?;
+    let limits = numbers.collect::<Result<Vec<u64>, _>>().ok()?;
+    let mut lines = listing.splitn(3, '\n');
+    let (policy, limiter, value) = (lines.next()?, lines.next()?, lines.next()?);
+    let entry = Override {
+        policy: policy.to_owned(),
+        limiter: limiter.to_owned(),
+        value: value.to_owned(),
+        limits,
+        fingerprint,
+        expires_at_us: (ends > 0).then_some(ends),
+    };
+    entry.live_at(now).then_some(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn a_stored_override_reads_back_until_it_ends() {
+        let text = "77:500:0:30\napi\nuser_id\nacme\ncorp";
+        let o = parse(text, 499).unwrap();
+        assert_eq!((o.fingerprint, o.expires_at_us), (77, Some(500)));
+        assert_eq!(o.limits, [0, 30]);
+        assert_eq!((o.policy.as_str(), o.limiter.as_str()), ("api", "user_id"));
+        assert_eq!(o.value, "acme\ncorp", "a value may hold a newline");
+        assert_eq!(parse(text, 500), None);
+        assert!(parse("77:0:5\napi\nip\n1.2.3.4", u64::MAX).is_some());
+        assert_eq!(parse("77:x:5\napi\nip\nv", 0), None);
+    }
+}
