@@ -183,6 +183,7 @@ pub(super) async fn stats(
                     })).collect::<Vec<_>>(),
                     "blocklist": l.blocklist().map(|b| tollgate::format_duration(b.duration())),
                     "warn_at": l.warning(),
+                    "overrides": l.takes_overrides(),
                 })).collect::<Vec<_>>(),
                 "duplicate": entry.duplicate.as_ref().map(|g| format!(
                     "by {} for {}", g.by(), tollgate::format_duration(g.ttl())

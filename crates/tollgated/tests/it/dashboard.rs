@@ -18,7 +18,7 @@ const CONFIG: &str = r#"
 admin_token_env = "TG_TEST_ADMIN"
 
 [policies.login]
-limiters = [{ by = "ip", rules = ["2/1m"] }]
+limiters = [{ by = "ip", rules = ["2/1m"], overrides = true }]
 "#;
 
 /// Aggregates for anyone who reaches a loopback listener; identities only with the token.
@@ -354,6 +354,29 @@ async fn the_dashboard_works_in_a_real_browser() {
     if std::env::var_os("TOLLGATE_DASHBOARD_SCREENSHOT").is_some() {
         std::fs::write(docs_dir().join("dashboard.png"), &png).unwrap();
     }
+
+    // An override set over the API is listed with its rules.
+    let (status, body) = server
+        .send(
+            server
+                .request(reqwest::Method::PUT, "/v1/overrides")
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&json!({
+                    "policy": "login", "limiter": "ip",
+                    "identity": { "ip": "192.0.2.99" }, "rules": ["50/1m"],
+                })),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    wait_until(
+        &browser,
+        "the override in the overrides table",
+        &format!(
+            "{}.includes('login / ip\t192.0.2.99\t50/1m\tnever')",
+            table_text("overrides")
+        ),
+    )
+    .await;
 
     // Unban: the address is admitted again.
     click(&browser, "button[aria-label='Unban ip 198.51.100.7']").await;

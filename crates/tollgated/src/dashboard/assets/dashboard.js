@@ -183,7 +183,7 @@ function drawPolicies(stats) {
     const ul = el('ul');
     for (const l of p.limiters) {
       const rules = l.rules.map((r) => r.rule + ' ' + r.algorithm).join(', ');
-      ul.appendChild(el('li', l.name + ' by ' + l.by + ': ' + rules + (l.blocklist ? '; ban ' + l.blocklist : '')));
+      ul.appendChild(el('li', l.name + ' by ' + l.by + ': ' + rules + (l.blocklist ? '; ban ' + l.blocklist : '') + (l.overrides ? '; takes overrides' : '')));
     }
     div.appendChild(ul);
     box.appendChild(div);
