@@ -17,7 +17,7 @@ use crate::{
     error::{CheckError, StoreError},
     identity::{Dimension, Identity, NetworkText},
     key::{self, KeyBuf, KeyOut, ban_index_key},
-    overrides::{self, Override, OverrideError},
+    overrides::{Override, OverrideError},
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
@@ -341,28 +341,40 @@ impl<S: OverrideStore> Tollgate<S> {
         rules: &[Rule],
         ttl: Option<Duration>,
     ) -> Result<Override, OverrideError> {
-        let (at, fingerprint) = overridable(policy, limiter)?;
+        let at = overridable(policy, limiter)?;
         let chosen = &policy.limiters[at];
-        let limits = overrides::limits_for(limiter, &chosen.rules, rules)?;
         let value = chosen
             .dimension
             .value(identity)
             .ok_or_else(|| missing_override_dimension(chosen))?;
-        let entry = Override {
-            policy: policy.scope.to_string(),
-            limiter: limiter.to_owned(),
-            value: value.into_owned(),
-            limits,
-            fingerprint,
-            expires_at_us: None,
-        };
+        let entry = Override::new((&policy.scope, limiter, &value), &chosen.rules, rules)?;
         let keys = self.one_limiter_key(policy, at, identity)?;
-        let request = keys.limiter(chosen);
-        let index = key::override_index_key(&self.prefix);
         Ok(self
-            .store
-            .set_override(&request, &index, &entry, ttl)
+            .set_override_at(&keys.limiter(chosen), &entry, ttl)
             .await?)
+    }
+
+    /// Sets `entry` as the override of the limiter state `limiter` names (its key and rules,
+    /// as a check would send them): for front ends that build their own limiter requests,
+    /// like the server's Envoy descriptors. `entry` must have been made for the limiter's
+    /// rules ([`Override::new`]); see [`set_override`](Self::set_override).
+    pub async fn set_override_at(
+        &self,
+        limiter: &LimiterRequest<'_>,
+        entry: &Override,
+        ttl: Option<Duration>,
+    ) -> Result<Override, StoreError> {
+        let index = key::override_index_key(&self.prefix);
+        self.store.set_override(limiter, &index, entry, ttl).await
+    }
+
+    /// Removes the override of the limiter state `limiter` names; true if there was one.
+    pub async fn remove_override_at(
+        &self,
+        limiter: &LimiterRequest<'_>,
+    ) -> Result<bool, StoreError> {
+        let index = key::override_index_key(&self.prefix);
+        self.store.remove_override(limiter, &index).await
     }
 
     /// Removes `identity`'s override in limiter `limiter` of `policy`: the configured limits
@@ -373,11 +385,10 @@ impl<S: OverrideStore> Tollgate<S> {
         limiter: &str,
         identity: &Identity,
     ) -> Result<bool, OverrideError> {
-        let (at, _) = overridable(policy, limiter)?;
+        let at = overridable(policy, limiter)?;
         let keys = self.one_limiter_key(policy, at, identity)?;
         let request = keys.limiter(&policy.limiters[at]);
-        let index = key::override_index_key(&self.prefix);
-        Ok(self.store.remove_override(&request, &index).await?)
+        Ok(self.remove_override_at(&request).await?)
     }
 
     /// Every override of this engine's store (all policies) that has not ended.
@@ -410,8 +421,8 @@ impl<S: OverrideStore> Tollgate<S> {
     }
 }
 
-/// The place of limiter `name` in `policy`, and its rules' fingerprint, if it takes overrides.
-fn overridable(policy: &Policy, name: &str) -> Result<(usize, u64), OverrideError> {
+/// The place of limiter `name` in `policy`, if it takes overrides.
+fn overridable(policy: &Policy, name: &str) -> Result<usize, OverrideError> {
     let Some(at) = policy.limiters.iter().position(|l| l.name.as_str() == name) else {
         return Err(OverrideError::UnknownLimiter {
             policy: policy.scope.to_string(),
@@ -420,7 +431,7 @@ fn overridable(policy: &Policy, name: &str) -> Result<(usize, u64), OverrideErro
         });
     };
     match policy.limiters[at].overrides {
-        Some(fingerprint) => Ok((at, fingerprint)),
+        Some(_) => Ok(at),
         None => Err(OverrideError::NotOverridable(name.to_owned())),
     }
 }

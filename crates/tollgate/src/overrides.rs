@@ -39,6 +39,25 @@ pub struct Override {
 }
 
 impl Override {
+    /// The override of a limiter whose rules are `configured` by `wanted`: each of `wanted`
+    /// sets the limit of the configured rule over its window (see
+    /// [`Tollgate::set_override`](crate::Tollgate::set_override)); it ends where the store
+    /// that keeps it says.
+    pub fn new(
+        (policy, limiter, value): (&str, &str, &str),
+        configured: &[Rule],
+        wanted: &[Rule],
+    ) -> Result<Override, OverrideError> {
+        Ok(Override {
+            policy: policy.to_owned(),
+            limiter: limiter.to_owned(),
+            value: value.to_owned(),
+            limits: limits_for(limiter, configured, wanted)?,
+            fingerprint: fingerprint(configured),
+            expires_at_us: None,
+        })
+    }
+
     /// The limiter's rules under this override: `configured` with the limits it sets; `None`
     /// when it was made for other rules.
     pub fn rules(&self, configured: &[Rule]) -> Option<Vec<Rule>> {

@@ -51,6 +51,9 @@ pub(crate) struct RawDescriptor {
     pub(crate) shadow: bool,
     /// A denial by this descriptor bans the request's identity (see `RawDomain::identity`).
     pub(crate) blocklist: Option<RawBlocklist>,
+    /// Descriptor values may get limits of their own at run time (`PUT /v1/overrides`).
+    #[serde(default)]
+    pub(crate) overrides: bool,
     #[serde(default)]
     pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
 }
@@ -203,6 +206,23 @@ impl Level {
     }
 }
 
+impl Level {
+    /// The node at `path` (see [`Node::path`]) under this level.
+    fn node_at(&self, path: &str) -> Option<&Arc<Node>> {
+        self.by_key.values().find_map(|entry| {
+            let mut nodes = entry
+                .by_value
+                .values()
+                .chain(entry.wildcards.iter().map(|(_, node)| node))
+                .chain(&entry.any);
+            nodes.find_map(|node| match &*node.path == path {
+                true => Some(node),
+                false => node.children.node_at(path),
+            })
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct KeyEntry {
     by_value: HashMap<String, Arc<Node>>,
@@ -283,6 +303,9 @@ pub(crate) struct Node {
     value_to_metric: bool,
     /// A denial by this node bans the request's identity.
     pub(crate) ban: Option<BanRule>,
+    /// Descriptor values may have limits of their own: the fingerprint of the rules (see
+    /// [`tollgate::OverrideStore`]).
+    pub(crate) overrides: Option<u64>,
     /// The rule a domain that counts as the reference does checks instead of `rules`: a fixed
     /// window of the same length whose limit ([`COUNT_ALL`]) no count reaches, so that every
     /// hit is added and the count read back (empty where the rules are not one fixed window).
@@ -341,6 +364,7 @@ impl Node {
             detailed_metric: false,
             value_to_metric: false,
             ban: None,
+            overrides: None,
             children,
         }
     }
@@ -361,6 +385,39 @@ impl Domain {
     /// ([`tollgate::key::push_descriptor_key`]).
     pub(crate) fn push_key(&self, out: &mut String, prefix: &str, name: &str) {
         tollgate::key::push_descriptor_key(out, prefix, &self.scope_part, name);
+    }
+
+    /// The counter a descriptor with `entries` counts on, for an override of its limits: its
+    /// key under `prefix`, its node, and its name; why not when no node limits it or the node
+    /// takes no overrides.
+    pub(crate) fn override_counter(
+        &self,
+        prefix: &str,
+        entries: &[Entry],
+    ) -> Result<(String, Arc<Node>, String), String> {
+        let found = self.find(entries, None).ok_or_else(|| {
+            format!(
+                "no descriptor of domain {:?} limits these entries",
+                self.scope.trim_start_matches("envoy:")
+            )
+        })?;
+        let node = found.node;
+        if node.overrides.is_none() || node.kind != NodeKind::Rules {
+            return Err(format!(
+                "descriptor {:?} takes no overrides: configure it with `overrides = true`",
+                node.path
+            ));
+        }
+        let mut name = String::new();
+        counter_name(&mut name, entries, &found.shared);
+        let mut key = String::new();
+        self.push_key(&mut key, prefix, &name);
+        Ok((key, node, name))
+    }
+
+    /// The node at `path` (see [`Node::path`]), if the domain has it.
+    pub(crate) fn node_at(&self, path: &str) -> Option<&Arc<Node>> {
+        self.root.node_at(path)
     }
 
     /// The node that limits a request descriptor with these entries, if any: at each level an
@@ -823,6 +880,15 @@ impl DomainsBuilder {
             if raw.shadow {
                 self.summary.push_str(" (shadow)");
             }
+            if raw.overrides {
+                if rules.is_empty() {
+                    return fail(
+                        ".overrides",
+                        "a descriptor without rules has no limits to override".to_owned(),
+                    );
+                }
+                self.summary.push_str(" (takes overrides)");
+            }
             if let Some(ban) = &raw.blocklist {
                 let duration = tollgate::format_duration(ban.0.duration());
                 let _ = write!(self.summary, "; blocklist {duration}");
@@ -832,6 +898,19 @@ impl DomainsBuilder {
             let children = self.level(raw.descriptors, &here, &path, depth + 1, bans)?;
             let mut node = Node::new(path.into(), rules.into(), raw.shadow, children);
             node.ban = raw.blocklist.map(|b| b.0);
+            if raw.overrides {
+                node.overrides = Some(tollgate::fingerprint(&node.rules));
+                // An override may raise the limits: the store decides what a cost fits.
+                node.max_cost = node
+                    .rules
+                    .iter()
+                    .map(|r| match r.algorithm() {
+                        Algorithm::SlidingLog => tollgate::MAX_LOG_COST,
+                        _ => tollgate::MAX_OVERRIDE_LIMIT,
+                    })
+                    .min()
+                    .unwrap_or(0);
+            }
             let node = Arc::new(node);
             // Re-borrow: the recursive call above needed `self`.
             level

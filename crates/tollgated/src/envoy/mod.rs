@@ -39,6 +39,6 @@ mod reference_config;
 mod service;
 pub(crate) mod stats;
 
-pub(crate) use descriptors::{Domains, DomainsBuilder, RawDomain, Semantics};
+pub(crate) use descriptors::{Domains, DomainsBuilder, Node, RawDomain, Semantics};
 pub(crate) use service::RateLimiter;
 pub(crate) use service::{limiter, service};

@@ -598,6 +598,19 @@ struct Checked {
 }
 
 impl Checked {
+    /// Rule `i` of counter `c`, with the limit an override set, if one did.
+    fn rule(&self, c: usize, node: &Node, i: usize) -> tollgate::Rule {
+        let rule = node.rules[i];
+        let Answer::Verdict { verdict, .. } = &self.answer else {
+            return rule;
+        };
+        let place = self.starts[c] + i;
+        match verdict.limits.iter().find(|(at, _)| *at == place) {
+            Some(&(_, limit)) => rule.with_limit(limit),
+            None => rule,
+        }
+    }
+
     /// The outcomes of counter `c`'s rules (empty when there are none to report).
     fn outcomes<'a>(&'a self, c: usize, node: &Node) -> &'a [RuleOutcome] {
         match &self.answer {
@@ -629,7 +642,8 @@ impl Checked {
     /// leaves after it, less the cost; what a denying one has left now. A cost above the
     /// limit was never asked of the store: taken as a first request.
     fn before(&self, c: usize, node: &Node) -> Option<u64> {
-        let limit = node.rules.first()?.limit();
+        node.rules.first()?;
+        let limit = self.rule(c, node, 0).limit();
         match &self.answer {
             Answer::Verdict { .. } => {
                 let o = self.outcomes(c, node).first()?;
@@ -670,7 +684,7 @@ impl Checked {
                     let remaining = if !self.consumed && o.allowed {
                         o.remaining
                             .saturating_add(self.cost)
-                            .min(node.rules[i].limit())
+                            .min(self.rule(c, node, i).limit())
                     } else {
                         o.remaining
                     };
@@ -701,7 +715,7 @@ impl Checked {
         match strictest {
             Some(&(i, _, remaining, reset_after)) => DescriptorStatus {
                 code,
-                current_limit: Some(current_limit(&node.rules[i], &node.path)),
+                current_limit: Some(current_limit(&self.rule(c, node, i), &node.path)),
                 limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
                 duration_until_reset: Some(pb_duration(reset_after)),
                 quota: None,
@@ -1270,7 +1284,8 @@ impl RateLimiter {
                 rules,
                 ban: counter.node.ban.filter(|_| !bans.is_empty()),
                 shadow: counter.node.shadow,
-                overrides: None,
+                // Counting as the reference does counts every hit: no limit to override.
+                overrides: counter.node.overrides.filter(|_| !counting),
             });
         }
         let started = Instant::now();

@@ -8,19 +8,23 @@ use axum::{
     extract::{Path, Query, State, rejection::QueryRejection},
     http::StatusCode,
 };
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use serde_json::Value;
-use tollgate::{BanCursor, BanTarget, CheckError, Override, OverrideError, Rule};
+use tollgate::{
+    BanCursor, BanTarget, CheckError, Identity, LimiterRequest, Override, OverrideError, Policy,
+    Rule,
+};
 
 use super::{
     check::policy,
     error::{ApiError, ApiJson, check_error},
     json::{
-        BanJson, BanRequest, BlocklistPage, BlocklistQuery, OverrideJson, OverrideRequest,
-        OverrideTarget, ResetRequest, UnbanQuery, ceil_ms,
+        BanJson, BanRequest, BlocklistPage, BlocklistQuery, EntryJson, IdentityJson, OverrideJson,
+        OverrideRequest, OverrideTarget, ResetRequest, UnbanQuery, ceil_ms,
     },
     scope::Admin,
 };
-use crate::{app::App, config::bounded_duration};
+use crate::{app::App, config::bounded_duration, envoy::Node};
 
 pub(crate) async fn reset(
     State(app): State<Arc<App>>,
@@ -41,13 +45,98 @@ pub(crate) async fn reset(
     Ok(Json(serde_json::json!({ "reset": true })))
 }
 
-/// `PUT /v1/overrides`: gives one identity of one limiter limits of its own.
+/// What an override request names: an identity of a policy's limiter, or the counter of an
+/// Envoy domain's descriptor.
+enum Target {
+    Policy {
+        policy: Arc<Policy>,
+        limiter: String,
+        identity: Identity,
+    },
+    Envoy {
+        key: String,
+        node: Arc<Node>,
+        name: String,
+        scope: Arc<str>,
+    },
+}
+
+impl Target {
+    fn of(
+        app: &App,
+        (policy_name, limiter): (Option<String>, Option<String>),
+        identity: IdentityJson,
+        (domain, descriptor): (Option<String>, Option<Vec<EntryJson>>),
+    ) -> Result<Target, ApiError> {
+        let bad = |message: String| {
+            ApiError::new(StatusCode::BAD_REQUEST, message).with_code("invalid_override")
+        };
+        match (policy_name, limiter, domain, descriptor) {
+            (Some(name), Some(limiter), None, None) => Ok(Target::Policy {
+                policy: policy(app, &name)?.policy,
+                limiter,
+                identity: identity.into_identity(),
+            }),
+            (None, None, Some(domain), Some(entries)) if identity.is_empty() => {
+                let found = app.config().envoy.get(&domain).cloned();
+                let Some(found) = found else {
+                    return Err(ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        format!("unknown Envoy domain {domain:?}"),
+                    )
+                    .with_code("unknown_domain"));
+                };
+                let entries: Vec<Entry> = entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        key: e.key,
+                        value: e.value,
+                    })
+                    .collect();
+                let (key, node, name) = found
+                    .override_counter(app.gate.prefix(), &entries)
+                    .map_err(bad)?;
+                Ok(Target::Envoy {
+                    key,
+                    node,
+                    name,
+                    scope: found.scope.clone(),
+                })
+            }
+            _ => Err(bad(
+                "name a policy's `policy`, `limiter` and `identity`, or an Envoy `domain` and \
+                 its `descriptor` ([{\"key\": ..., \"value\": ...}])"
+                    .to_owned(),
+            )),
+        }
+    }
+}
+
+/// The counter of an Envoy descriptor, as a check sends it.
+fn descriptor_limiter<'a>(key: &'a str, node: &'a Node) -> LimiterRequest<'a> {
+    LimiterRequest {
+        key,
+        compact: &[],
+        rules: &node.rules,
+        ban: None,
+        shadow: node.shadow,
+        overrides: node.overrides,
+    }
+}
+
+/// `PUT /v1/overrides`: gives one identity of one limiter (or one Envoy descriptor's values)
+/// limits of their own.
 pub(crate) async fn set_override(
     State(app): State<Arc<App>>,
     _: Admin,
     ApiJson(req): ApiJson<OverrideRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = policy(&app, &req.policy)?;
+    let target = Target::of(
+        &app,
+        (req.policy, req.limiter),
+        req.identity,
+        (req.domain, req.descriptor),
+    )?;
     let rules = req
         .rules
         .iter()
@@ -77,52 +166,81 @@ pub(crate) async fn set_override(
                 })
         })
         .transpose()?;
-    let identity = req.identity.into_identity();
     let started = Instant::now();
-    let result = app
-        .gate
-        .set_override(&entry.policy, &req.limiter, &identity, &rules, ttl)
-        .await;
+    let result = match &target {
+        Target::Policy {
+            policy,
+            limiter,
+            identity,
+        } => {
+            app.gate
+                .set_override(policy, limiter, identity, &rules, ttl)
+                .await
+        }
+        Target::Envoy {
+            key,
+            node,
+            name,
+            scope,
+        } => {
+            let entry = Override::new((scope, &node.path, name), &node.rules, &rules)
+                .map_err(override_error)?;
+            app.gate
+                .set_override_at(&descriptor_limiter(key, node), &entry, ttl)
+                .await
+                .map_err(OverrideError::from)
+        }
+    };
     app.metrics.store_call(
         "set_override",
         started.elapsed(),
         matches!(result, Err(OverrideError::Store(_))),
     );
     let kept = result.map_err(override_error)?;
-    tracing::info!(policy = %req.policy, limiter = %req.limiter, "override set by admin");
+    tracing::info!(policy = %kept.policy, limiter = %kept.limiter, "override set by admin");
     Ok(Json(
         serde_json::json!({ "override": override_json(&app, kept) }),
     ))
 }
 
-/// `DELETE /v1/overrides`: the configured limits again for one identity of one limiter.
+/// `DELETE /v1/overrides`: the configured limits again for one identity of one limiter (or
+/// one Envoy descriptor's values).
 pub(crate) async fn remove_override(
     State(app): State<Arc<App>>,
     _: Admin,
     ApiJson(req): ApiJson<OverrideTarget>,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = policy(&app, &req.policy)?;
-    let identity = req.identity.into_identity();
+    let target = Target::of(
+        &app,
+        (req.policy, req.limiter),
+        req.identity,
+        (req.domain, req.descriptor),
+    )?;
     let started = Instant::now();
-    let result = app
-        .gate
-        .remove_override(&entry.policy, &req.limiter, &identity)
-        .await;
+    let result = match &target {
+        Target::Policy {
+            policy,
+            limiter,
+            identity,
+        } => app.gate.remove_override(policy, limiter, identity).await,
+        Target::Envoy { key, node, .. } => app
+            .gate
+            .remove_override_at(&descriptor_limiter(key, node))
+            .await
+            .map_err(OverrideError::from),
+    };
     app.metrics.store_call(
         "remove_override",
         started.elapsed(),
         matches!(result, Err(OverrideError::Store(_))),
     );
     if result.map_err(override_error)? {
-        tracing::info!(policy = %req.policy, limiter = %req.limiter, "override removed by admin");
+        tracing::info!("override removed by admin");
         Ok(Json(serde_json::json!({ "removed": true })))
     } else {
         Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            format!(
-                "limiter {:?} of policy {:?} has no override for that identity",
-                req.limiter, req.policy
-            ),
+            "no override for that identity (or descriptor)",
         )
         .with_code("no_override"))
     }
@@ -142,21 +260,25 @@ pub(crate) async fn overrides(
     Ok(Json(serde_json::json!({ "overrides": listed })))
 }
 
-/// An override as the API shows it: its rules as the configuration's policy makes them.
+/// An override as the API shows it: its rules as the configuration makes them (its policy's
+/// limiter, or its Envoy domain's descriptor, `envoy:<domain>`).
 pub(crate) fn override_json(app: &App, o: Override) -> OverrideJson {
-    let rules = app
-        .config()
-        .policies
-        .get(&o.policy)
-        .and_then(|entry| {
-            let limiter = entry
-                .policy
-                .limiters()
-                .iter()
-                .find(|l| l.name() == o.limiter)?;
-            o.rules(limiter.rules())
-        })
-        .map(|rules| rules.iter().map(ToString::to_string).collect());
+    let config = app.config();
+    let rules = match config.policies.get(&o.policy) {
+        Some(entry) => entry
+            .policy
+            .limiters()
+            .iter()
+            .find(|l| l.name() == o.limiter)
+            .and_then(|limiter| o.rules(limiter.rules())),
+        None => o
+            .policy
+            .strip_prefix("envoy:")
+            .and_then(|domain| config.envoy.get(domain))
+            .and_then(|domain| domain.node_at(&o.limiter))
+            .and_then(|node| o.rules(&node.rules)),
+    }
+    .map(|rules| rules.iter().map(ToString::to_string).collect());
     OverrideJson {
         expires_at_ms: o.expires_at_us.map(|us| us.div_ceil(1000)),
         rules,

@@ -22,6 +22,15 @@ pub(crate) struct IdentityJson {
 }
 
 impl IdentityJson {
+    /// Whether nothing identifies anyone.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ip.is_none()
+            && self.user_id.is_none()
+            && self.user_name.is_none()
+            && self.headers.is_empty()
+            && self.args.is_empty()
+    }
+
     pub(crate) fn into_identity(self) -> Identity {
         let mut identity = Identity::new();
         if let Some(ip) = self.ip {
@@ -373,10 +382,13 @@ pub(crate) struct BlocklistPage {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct OverrideRequest {
-    pub(crate) policy: String,
-    pub(crate) limiter: String,
+    pub(crate) policy: Option<String>,
+    pub(crate) limiter: Option<String>,
     #[serde(default)]
     pub(crate) identity: IdentityJson,
+    /// An Envoy domain, instead of a policy: the override is the counter of `descriptor`.
+    pub(crate) domain: Option<String>,
+    pub(crate) descriptor: Option<Vec<EntryJson>>,
     /// The rules whose limits change, e.g. `["500/1h"]`; each names a rule of the limiter by
     /// its window.
     pub(crate) rules: Vec<String>,
@@ -387,10 +399,20 @@ pub(crate) struct OverrideRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct OverrideTarget {
-    pub(crate) policy: String,
-    pub(crate) limiter: String,
+    pub(crate) policy: Option<String>,
+    pub(crate) limiter: Option<String>,
     #[serde(default)]
     pub(crate) identity: IdentityJson,
+    pub(crate) domain: Option<String>,
+    pub(crate) descriptor: Option<Vec<EntryJson>>,
+}
+
+/// One entry of an Envoy descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EntryJson {
+    pub(crate) key: String,
+    pub(crate) value: String,
 }
 
 /// One override as the API lists it.

@@ -5,7 +5,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tollgate_testkit::RedisServer;
 
-use crate::support::{ADMIN_TOKEN, Server, assert_problem};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+use crate::support::{ADMIN_TOKEN, Server, assert_problem, descriptor, should_rate_limit};
 
 const POLICIES: &str = r#"
 [server]
@@ -16,6 +18,13 @@ limiters = [{ by = "user_id", rules = ["2/1m", "100/1d"], algorithm = "fixed_win
 
 [policies.plain]
 limiters = [{ by = "user_id", rules = ["2/1m"] }]
+
+[[envoy.domains]]
+name = "edge"
+descriptors = [
+  { key = "api_key", rules = ["2/1m"], algorithm = "fixed_window", overrides = true },
+  { key = "path", rules = ["2/1m"] },
+]
 "#;
 
 async fn admin(server: &Server, method: Method, body: Option<Value>) -> (u16, Value) {
@@ -163,11 +172,87 @@ async fn bad_overrides_say_what_is_wrong(server: &Server) {
     assert_eq!(status, 401);
 }
 
+/// Envoy's `ShouldRateLimit` counts a descriptor value by its override.
+async fn envoy_descriptors_take_overrides(server: &Server) {
+    let client = server.grpc_client().await;
+    let code = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        Code::try_from(r.overall_code).unwrap()
+    };
+    let hit = |key: &'static str, value: &'static str| {
+        let mut client = client.clone();
+        async move { should_rate_limit(&mut client, "edge", vec![descriptor(&[(key, value)])], 1).await }
+    };
+    for _ in 0..2 {
+        assert_eq!(code(&hit("api_key", "partner").await), Code::Ok);
+    }
+    assert_eq!(code(&hit("api_key", "partner").await), Code::OverLimit);
+    let set = json!({
+        "domain": "edge", "descriptor": [{ "key": "api_key", "value": "partner" }],
+        "rules": ["4/1m"],
+    });
+    let (status, body) = admin(server, Method::PUT, Some(set)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["override"]["rules"], json!(["4/1m"]), "{body}");
+    assert_eq!(body["override"]["policy"], "envoy:edge", "{body}");
+    // Two more for the partner, with the new limit in the answer; others keep 2.
+    let r = hit("api_key", "partner").await;
+    assert_eq!(code(&r), Code::Ok, "{r:?}");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(4),
+        "{r:?}"
+    );
+    assert_eq!(code(&hit("api_key", "partner").await), Code::Ok);
+    assert_eq!(code(&hit("api_key", "partner").await), Code::OverLimit);
+    for _ in 0..2 {
+        assert_eq!(code(&hit("api_key", "other").await), Code::Ok);
+    }
+    assert_eq!(code(&hit("api_key", "other").await), Code::OverLimit);
+    let (_, list) = admin(server, Method::GET, None).await;
+    let envoy: Vec<&Value> = list["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["policy"] == "envoy:edge")
+        .collect();
+    assert_eq!(envoy.len(), 1, "{list}");
+    assert_eq!(envoy[0]["rules"], json!(["4/1m"]), "{list}");
+
+    // A descriptor that takes none, and one no node limits, say so.
+    for entries in [
+        json!([{ "key": "path", "value": "/a" }]),
+        json!([{ "key": "nope", "value": "x" }]),
+    ] {
+        let (status, body) = admin(
+            server,
+            Method::PUT,
+            Some(json!({ "domain": "edge", "descriptor": entries, "rules": ["4/1m"] })),
+        )
+        .await;
+        assert_eq!(
+            (status, body["code"].clone()),
+            (400, json!("invalid_override")),
+            "{body}"
+        );
+    }
+    let (status, body) = admin(
+        server,
+        Method::DELETE,
+        Some(json!({ "domain": "edge", "descriptor": [{ "key": "api_key", "value": "partner" }] })),
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({ "removed": true })));
+}
+
 #[tokio::test]
 async fn overrides_on_the_memory_store() {
     let server = Server::start(POLICIES);
     overrides_over_the_api(&server).await;
     bad_overrides_say_what_is_wrong(&server).await;
+    envoy_descriptors_take_overrides(&server).await;
 }
 
 #[tokio::test]
@@ -177,4 +262,5 @@ async fn overrides_on_redis() {
     let server = Server::start(&config);
     overrides_over_the_api(&server).await;
     bad_overrides_say_what_is_wrong(&server).await;
+    envoy_descriptors_take_overrides(&server).await;
 }
