@@ -375,6 +375,7 @@ fn rate_limit_check(
             }
         };
         let shadow = limit.shadow;
+        let overrides = limit.overrides;
         let warn = limit.warn_at.map(|f| quote!(.with_warning(#f)));
         let soft = (!limit.soft.is_empty()).then(|| {
             let texts = &limit.soft;
@@ -383,6 +384,7 @@ fn rate_limit_check(
         limiters.push(quote! {
             ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
                 .with_shadow(#shadow)
+                .with_overrides(#overrides)
                 #warn
                 #soft
         });

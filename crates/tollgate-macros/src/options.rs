@@ -32,6 +32,9 @@ pub(crate) struct RateLimit {
     pub(crate) count: Option<LitStr>,
     /// `concurrent = N`: a concurrency limiter (its rule is in `rules`).
     pub(crate) concurrent: bool,
+    /// `overrides = true`: identities may get limits of their own (see
+    /// `Limiter::with_overrides`).
+    pub(crate) overrides: bool,
 }
 
 impl RateLimit {
@@ -53,7 +56,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, count, concurrent, lease_ttl";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, overrides, count, concurrent, lease_ttl";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -151,6 +154,7 @@ struct RateLimitOptions {
     shadow: Option<LitBool>,
     warn_at: Option<LitFloat>,
     soft: Option<Vec<LitStr>>,
+    overrides: Option<LitBool>,
     count: Option<LitStr>,
     concurrent: Option<LitInt>,
     lease_ttl: Option<LitStr>,
@@ -205,6 +209,12 @@ impl RateLimitOptions {
                     "warn_at",
                 ),
                 "soft" => set(&mut o.soft, rule_list(&meta)?, &meta, "soft"),
+                "overrides" => set(
+                    &mut o.overrides,
+                    meta.value()?.parse::<LitBool>()?,
+                    &meta,
+                    "overrides",
+                ),
                 "count" => set(&mut o.count, lit(&meta)?, &meta, "count"),
                 "concurrent" => set(
                     &mut o.concurrent,
@@ -392,6 +402,7 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
     Ok(RateLimit {
         warn_at,
         soft,
+        overrides: options.overrides.as_ref().is_some_and(LitBool::value),
         by,
         dimension,
         rules,

@@ -27,6 +27,11 @@ async fn warned_export() -> Result<&'static str, Rejection> {
     Ok("ok")
 }
 
+#[rate_limit(by = "ip", rules = ["2/1m"], scope = "reports", overrides = true)]
+async fn overridable_report() -> Result<&'static str, Rejection> {
+    Ok("ok")
+}
+
 #[rate_limit(by = "ip", rules = ["3/1m"], soft = ["1/1m"])]
 async fn soft_upload() -> Result<&'static str, Rejection> {
     Ok("ok")
@@ -646,5 +651,32 @@ async fn a_soft_rule_on_a_handler_never_refuses() {
         statuses.push(response.status().as_u16());
     }
     // Past the soft 1/1m from the second on; refused by the enforced 3/1m only.
+    assert_eq!(statuses, [200, 200, 200, 429]);
+}
+
+#[tokio::test]
+async fn an_override_raises_a_handlers_limit_for_one_identity() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/report", post(overridable_report))
+        .layer(ContextLayer::new(gate.clone(), IdentityResolver::new()));
+    let server = Server::start(app).await;
+    // The handler's policy, addressed by its scope, limiter and rules.
+    let policy = tollgate::Policy::builder("reports")
+        .limiter(
+            tollgate::Limiter::new(tollgate::Dimension::Ip, ["2/1m".parse().unwrap()])
+                .with_overrides(true),
+        )
+        .build()
+        .unwrap();
+    let me = tollgate::Identity::new().with_ip("127.0.0.1".parse().unwrap());
+    gate.set_override(&policy, "ip", &me, &["3/1m".parse().unwrap()], None)
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = client().post(server.at("/report")).send().await.unwrap();
+        statuses.push(response.status().as_u16());
+    }
     assert_eq!(statuses, [200, 200, 200, 429]);
 }

@@ -1087,3 +1087,44 @@ async fn a_held_request_waits_for_its_turn_and_one_that_goes_away_gives_it_back(
     // The next would be due in 300 ms, past 250: refused at once.
     assert_eq!(timed(app.clone()).await, (429, Duration::ZERO));
 }
+
+#[tokio::test]
+async fn an_identitys_override_counts_and_shows_in_the_fields() {
+    let (gate, _clock) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m", "10/1h"])).with_overrides(true))
+        .build()
+        .unwrap();
+    let (app, calls) = counted(RateLimitLayer::new(gate.clone(), policy.clone()));
+    let server = Server::start(app).await;
+    let http = client();
+    let me = tollgate::Identity::new().with_ip("127.0.0.1".parse().unwrap());
+    gate.set_override(&policy, "ip", &me, &rules(&["4/1m"]), None)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let response = http.get(server.at("/")).send().await.unwrap();
+        seen.push((
+            response.status().as_u16(),
+            header(&response, "ratelimit-policy"),
+            header(&response, "ratelimit"),
+        ));
+    }
+    let policy_field = Some(r#""ip-1m";q=4;w=60, "ip-1h";q=10;w=3600"#.to_owned());
+    assert_eq!(seen[0].1, policy_field, "{seen:?}");
+    assert_eq!(
+        seen[3].2.as_deref(),
+        Some(r#""ip-1m";r=0;t=60, "ip-1h";r=6;t=3600"#),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        [200, 200, 200, 200, 429]
+    );
+    assert_eq!(
+        seen[4].1, policy_field,
+        "the refusal names the override's limit"
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
+}
