@@ -109,3 +109,8 @@ pub use tollgate_macros::{prevent_duplicate, rate_limit};
 #[cfg(all(doctest, feature = "axum", feature = "tonic"))]
 #[doc = include_str!("../../../docs/middleware.md")]
 pub struct MiddlewareGuide;
+
+/// docs/business-limits.md's examples, compiled as doctests.
+#[cfg(all(doctest, feature = "axum"))]
+#[doc = include_str!("../../../docs/business-limits.md")]
+pub struct BusinessLimitsGuide;
