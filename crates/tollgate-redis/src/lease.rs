@@ -471,7 +471,7 @@ impl RedisStore {
         lease: QuotaLease,
     ) -> Result<Verdict, StoreError> {
         let leases = &self.inner.leases;
-        let mut verdict = Verdict::new(false, []);
+        let mut verdict = Verdict::empty();
         // Waits for another check's lease at most once: the wait is one call's time.
         let mut waited = false;
         let (mut units, leftover) = loop {

@@ -216,7 +216,7 @@ pub(crate) fn prepare(
             packed.int("ban cap", micros(ban.cap()))?;
         }
         if let Some(fingerprint) = limiter.overrides {
-            packed.int("rules fingerprint", fingerprint)?;
+            packed.int("rules fingerprint", fingerprint.get())?;
         }
         for rule in limiter.rules.iter() {
             packed.push(rule_code(rule)?);
@@ -363,7 +363,7 @@ pub(crate) fn prepare_refund(
         call.arg(limiter.rules.len())
             .arg(limiter.log_window_us().unwrap_or(0))
             .arg(at)
-            .arg(limiter.overrides.unwrap_or(0));
+            .arg(limiter.overrides.map_or(0, std::num::NonZeroU64::get));
         for rule in limiter.rules.iter() {
             call.arg(rule_code(rule)?)
                 .arg(rule.limit())

@@ -203,18 +203,11 @@ pub struct Decision {
     pub(crate) said: SmallVec<[Said; INLINE_RULES]>,
     pub(crate) message: Option<Arc<String>>,
     pub(crate) receipt: Option<Receipt>,
-    /// The limits an identity's override set, by rule place (see [`Verdict::limits`]): the
-    /// rules are named with them.
-    ///
-    /// [`Verdict::limits`]: crate::Verdict::limits
-    /// Boxed: one word in the decisions of checks that meet no override (a boxed slice is
-    /// two).
-    #[allow(clippy::box_collection)]
-    pub(crate) limits: Option<Box<Vec<(usize, u64)>>>,
 }
 
 /// What one rule said, as a decision keeps it, in two words: one per rule of the policy (limiters
-/// in order, rules in limiter order), so a rule's place is its index.
+/// in order, rules in limiter order), so a rule's place is its index. After them, one per limit
+/// an identity's override set ([`Said::limit`]): a decision that meets none pays nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Said {
     remaining: u64,
@@ -235,6 +228,15 @@ impl Said {
         Said {
             remaining,
             packed: reset | Said::NAMED | if allowed { Said::ALLOWED } else { 0 },
+        }
+    }
+
+    /// The limit an override set for the rule at `place`, kept after the rules' entries (its
+    /// flags clear, so nothing reads it as a rule).
+    pub(crate) fn limit(place: usize, limit: u64) -> Said {
+        Said {
+            remaining: limit,
+            packed: place as u64 & (Said::NAMED - 1),
         }
     }
 
@@ -274,12 +276,11 @@ impl Decision {
             said: SmallVec::new(),
             message: None,
             receipt: None,
-            limits: None,
         }
     }
 
     /// Makes this an empty decision, in place.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn reset(&mut self, allowed: bool, reason: Reason) {
         self.allowed = allowed;
         self.reason = reason;
@@ -289,7 +290,6 @@ impl Decision {
         self.said.clear();
         self.message = None;
         self.receipt = None;
-        self.limits = None;
     }
 
     /// The request may proceed.
@@ -417,15 +417,16 @@ impl Decision {
         &'a self,
         limiters: &'a [Limiter],
     ) -> impl Iterator<Item = (&'a Limiter, Rule, Said)> + 'a {
-        let limits: &[(usize, u64)] = self.limits.as_deref().map_or(&[], |l| l);
+        let rules: usize = limiters.iter().map(|l| l.rules.len()).sum();
+        let limits = self.said.get(rules..).unwrap_or_default();
         limiters
             .iter()
             .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
             .zip(&self.said)
             .enumerate()
             .map(move |(place, ((limiter, rule), said))| {
-                let rule = match limits.iter().find(|(at, _)| *at == place) {
-                    Some(&(_, limit)) => rule.with_limit(limit),
+                let rule = match limits.iter().find(|l| l.packed == place as u64) {
+                    Some(l) => rule.with_limit(l.remaining),
                     None => *rule,
                 };
                 (limiter, rule, *said)

@@ -471,6 +471,7 @@ impl OneKey {
 /// Writes `limiter`'s key for `identity` (`start` and `head`: the engine's key start and the
 /// limiter's entry in `Policy::key_heads`): text, or compact for a store that keeps no text.
 /// False when the identity has no value in the limiter's dimension.
+#[inline(always)]
 fn push_limiter_key(
     out: &mut KeyBuf,
     (start, head): (&str, &str),
@@ -967,7 +968,7 @@ impl<S: Store> Tollgate<S> {
             Ok(false) => return Now::Done(Ok(())),
             Err(e) => return Now::Done(Err(e)),
         }
-        let mut verdict = Verdict::new(false, []);
+        let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = {
             let mut limiters = LimiterRequests::new();
@@ -1007,7 +1008,7 @@ impl<S: Store> Tollgate<S> {
             .with_durability(policy.durability)
             .with_lease(policy.lease);
         request.delay_us = delay_us;
-        let mut verdict = Verdict::new(false, []);
+        let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;
         conclude(&policy.limiters, answered, &mut verdict, &mut out);
@@ -1017,6 +1018,7 @@ impl<S: Store> Tollgate<S> {
     /// Runs a check the caller prepared through the engine's one way to the store, when the
     /// store answers at once (without a future: the memory store); `None` when it cannot (then
     /// [`run`](Self::run) asks it). A failed store meets `on_error`.
+    #[inline]
     pub fn run_now(
         &self,
         request: &CheckRequest<'_>,
@@ -1170,7 +1172,7 @@ impl<S: Store> Tollgate<S> {
             })
             .collect();
         let request = CheckRequest::new(cost, true, &requests);
-        let mut verdict = Verdict::new(false, []);
+        let mut verdict = Verdict::empty();
         let answered = self.run(&request, self.on_error, &mut verdict).await;
         conclude(limiters, answered, &mut verdict, out);
     }
@@ -1435,18 +1437,19 @@ fn conclude(limiters: &[Limiter], answered: Answered, verdict: &mut Verdict, out
     }
 }
 
-/// The decision from a store's verdict, into `out` (its receipt moves there).
+/// The decision from a store's verdict, into `out` (its receipt moves there), a fresh decision
+/// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice).
 fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
+    debug_assert!(out.said.is_empty() && out.receipt.is_none());
     if let Some(left) = verdict.blocked_us {
-        out.reset(false, Reason::Blocked);
+        out.allowed = false;
+        out.reason = Reason::Blocked;
         out.retry_after = Some(Duration::from_micros(left));
         return;
     }
-    out.reset(verdict.allowed, Reason::Ok);
+    out.allowed = verdict.allowed;
+    out.reason = Reason::Ok;
     out.receipt = verdict.receipt.take();
-    if !verdict.limits.is_empty() {
-        out.limits = Some(Box::new(verdict.limits.clone()));
-    }
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
     let mut remaining = None::<u64>;
@@ -1474,6 +1477,10 @@ fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
         }
     }
     out.remaining = remaining;
+    // The limits overrides set, after the rules' entries.
+    for &(place, limit) in &verdict.limits {
+        out.said.push(Said::limit(place, limit));
+    }
     if !verdict.allowed {
         out.reason = if concurrency {
             Reason::ConcurrencyLimited

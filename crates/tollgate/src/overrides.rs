@@ -7,7 +7,7 @@
 //! fingerprint of their windows and algorithms; when a deployment changes those, the store
 //! ignores the override rather than apply its limits to other rules.
 
-use std::fmt;
+use std::{fmt, num::NonZeroU64};
 
 use crate::{
     StoreError,
@@ -53,7 +53,7 @@ impl Override {
             limiter: limiter.to_owned(),
             value: value.to_owned(),
             limits: limits_for(limiter, configured, wanted)?,
-            fingerprint: fingerprint(configured),
+            fingerprint: fingerprint(configured).get(),
             expires_at_us: None,
         })
     }
@@ -61,7 +61,9 @@ impl Override {
     /// The limiter's rules under this override: `configured` with the limits it sets; `None`
     /// when it was made for other rules.
     pub fn rules(&self, configured: &[Rule]) -> Option<Vec<Rule>> {
-        if fingerprint(configured) != self.fingerprint || self.limits.len() != configured.len() {
+        if fingerprint(configured).get() != self.fingerprint
+            || self.limits.len() != configured.len()
+        {
             return None;
         }
         Some(apply(configured, &self.limits).collect())
@@ -83,7 +85,7 @@ pub(crate) fn apply<'a>(rules: &'a [Rule], limits: &'a [u64]) -> impl Iterator<I
 
 /// The fingerprint of a limiter's rules: their windows and algorithms in order, not their
 /// limits, hashed (FNV-1a) to 48 bits, never 0 (a Redis script compares it exactly).
-pub fn fingerprint(rules: &[Rule]) -> u64 {
+pub fn fingerprint(rules: &[Rule]) -> NonZeroU64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for &b in bytes {
@@ -99,7 +101,7 @@ pub fn fingerprint(rules: &[Rule]) -> u64 {
         }
         eat(&[u8::from(rule.is_concurrent()), b';']);
     }
-    (hash & ((1 << 48) - 1)).max(1)
+    NonZeroU64::new(hash & ((1 << 48) - 1)).unwrap_or(NonZeroU64::MIN)
 }
 
 /// The limits `wanted` sets on `configured` (the limiter's rules): each wanted rule names the
@@ -262,7 +264,7 @@ mod tests {
             limiter: "ip".into(),
             value: "v".into(),
             limits,
-            fingerprint: fingerprint(&configured),
+            fingerprint: fingerprint(&configured).get(),
             expires_at_us: Some(10),
         };
         let applied: Vec<String> = o
@@ -288,7 +290,7 @@ mod tests {
             .map(|r| r.with_algorithm(Algorithm::Gcra))
             .collect();
         assert_ne!(a, fingerprint(&gcra));
-        assert!(a > 0 && a < 1 << 48);
+        assert!(a.get() < 1 << 48);
     }
 
     #[test]

@@ -255,7 +255,7 @@ pub struct Limiter {
     pub(crate) soft: Vec<Rule>,
     /// Takes per-identity overrides: the fingerprint of its rules once the policy is built
     /// (see [`with_overrides`](Self::with_overrides)).
-    pub(crate) overrides: Option<u64>,
+    pub(crate) overrides: Option<std::num::NonZeroU64>,
 }
 
 /// What a limiter's soft rules are named after: `<limiter>.soft` (see
@@ -400,7 +400,7 @@ impl Limiter {
     /// # }).unwrap();
     /// ```
     pub fn with_overrides(mut self, overrides: bool) -> Limiter {
-        self.overrides = overrides.then_some(0);
+        self.overrides = overrides.then_some(std::num::NonZeroU64::MIN);
         self
     }
 

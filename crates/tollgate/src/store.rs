@@ -161,7 +161,7 @@ pub struct LimiterRequest<'a> {
     /// its rules. The store reads the override of this limiter's key in the same atomic check
     /// and, if it is live and was made for these rules, counts by its limits on the same state
     /// (see [`OverrideStore`]); `None`: the store reads nothing more.
-    pub overrides: Option<u64>,
+    pub overrides: Option<std::num::NonZeroU64>,
 }
 
 impl<'a> LimiterRequest<'a> {
@@ -260,6 +260,19 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// A verdict to be written (a denial without outcomes until a store answers into it).
+    #[inline]
+    pub fn empty() -> Verdict {
+        Verdict {
+            allowed: false,
+            rules: Outcomes::new(),
+            blocked_us: None,
+            banned_us: None,
+            receipt: None,
+            limits: Vec::new(),
+        }
+    }
+
     /// A verdict from rule outcomes.
     pub fn new(allowed: bool, rules: impl IntoIterator<Item = RuleOutcome>) -> Verdict {
         Verdict {

@@ -153,11 +153,11 @@ async fn the_local_fallback_is_the_one_handed_in() {
         overrides: None,
     }];
     let request = CheckRequest::new(1, true, &limiters);
-    let mut verdict = Verdict::new(false, []);
+    let mut verdict = Verdict::empty();
     let run = |on_error| {
         let (gate, request) = (&gate, &request);
         async move {
-            let mut verdict = Verdict::new(false, []);
+            let mut verdict = Verdict::empty();
             let answered = tokio::time::timeout(HANG, gate.run(request, on_error, &mut verdict))
                 .await
                 .expect("a run hung on a dead store");

@@ -183,7 +183,7 @@ impl MemoryStore {
 
     /// Runs a check synchronously: what [`Store::check`] and [`Store::check_sync`] answer.
     pub fn check_now(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
-        let mut verdict = Verdict::new(false, []);
+        let mut verdict = Verdict::empty();
         self.inner.check(request, &mut verdict)?;
         Ok(verdict)
     }
@@ -465,26 +465,39 @@ impl Inner {
     fn check(&self, request: &CheckRequest<'_>, verdict: &mut Verdict) -> Result<(), StoreError> {
         verdict.limits.clear();
         if self.overrides.may_apply(request) {
-            let mut rules = Rules::new();
-            let now = self.clock.now_us();
-            if self
-                .overrides
-                .apply(request, now, &mut rules, &mut verdict.limits)
-            {
-                let limiters = overrides::over(request, &rules);
-                return self.check_rules(
-                    &CheckRequest {
-                        limiters: &limiters,
-                        ..*request
-                    },
-                    verdict,
-                );
-            }
+            return self.check_overridden(request, verdict);
         }
         self.check_rules(request, verdict)
     }
 
+    /// A check that may meet an override: with the limits of those that apply.
+    #[cold]
+    #[inline(never)]
+    fn check_overridden(
+        &self,
+        request: &CheckRequest<'_>,
+        verdict: &mut Verdict,
+    ) -> Result<(), StoreError> {
+        let mut rules = Rules::new();
+        let now = self.clock.now_us();
+        if !self
+            .overrides
+            .apply(request, now, &mut rules, &mut verdict.limits)
+        {
+            return self.check_rules(request, verdict);
+        }
+        let limiters = overrides::over(request, &rules);
+        self.check_rules(
+            &CheckRequest {
+                limiters: &limiters,
+                ..*request
+            },
+            verdict,
+        )
+    }
+
     /// The check, with the limits it counts by in its rules.
+    #[inline(always)]
     fn check_rules(
         &self,
         request: &CheckRequest<'_>,
@@ -866,6 +879,7 @@ impl Store for MemoryStore {
         std::future::ready(self.check_now(request))
     }
 
+    #[inline]
     fn check_sync(
         &self,
         request: &CheckRequest<'_>,

@@ -60,7 +60,7 @@ impl Overrides {
             let start = rules.len();
             let found = l.overrides.and_then(|fingerprint| {
                 map.get(l.key_bytes()).filter(|o| {
-                    o.fingerprint == fingerprint
+                    o.fingerprint == fingerprint.get()
                         && o.limits.len() == l.rules.len()
                         && o.live_at(now)
                 })

@@ -305,7 +305,7 @@ pub(crate) struct Node {
     pub(crate) ban: Option<BanRule>,
     /// Descriptor values may have limits of their own: the fingerprint of the rules (see
     /// [`tollgate::OverrideStore`]).
-    pub(crate) overrides: Option<u64>,
+    pub(crate) overrides: Option<std::num::NonZeroU64>,
     /// The rule a domain that counts as the reference does checks instead of `rules`: a fixed
     /// window of the same length whose limit ([`COUNT_ALL`]) no count reaches, so that every
     /// hit is added and the count read back (empty where the rules are not one fixed window).

@@ -1297,7 +1297,7 @@ impl RateLimiter {
                 request = request.with_bans(bans, self.app.gate.ban_index());
             }
             // The engine's one way to the store: at once when it can, `on_error` when it fails.
-            let mut verdict = Verdict::new(false, []);
+            let mut verdict = Verdict::empty();
             match self
                 .app
                 .gate
