@@ -128,7 +128,10 @@ fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<Tok
             }
             .await;
             __tollgate_charge
-                .finish(::tollgate_tower::__private::Outcome::succeeded(&__tollgate_counted))
+                .finish(
+                    ::tollgate_tower::__private::Outcome::succeeded(&__tollgate_counted),
+                    __tollgate_settle.and_then(|settle| settle(&__tollgate_counted)),
+                )
                 .await;
             __tollgate_counted
         }
@@ -318,6 +321,29 @@ fn rate_limit_check(
             _ => count = Some(c),
         }
     }
+    // One check, so one cost and one settlement for all the function's limiters.
+    let mut cost: Option<&(syn::Expr, Span)> = None;
+    let mut settle: Option<&(syn::Expr, Span)> = None;
+    for (slot, given, name) in limits.iter().flat_map(|l| {
+        [
+            (0, l.cost.as_ref(), "cost"),
+            (1, l.settle.as_ref(), "settle"),
+        ]
+    }) {
+        let Some(given) = given else { continue };
+        let taken = if slot == 0 { &mut cost } else { &mut settle };
+        if taken.is_some() {
+            return Err(syn::Error::new(
+                given.1,
+                format!("the limiters of one function are checked together: give `{name}` once"),
+            ));
+        }
+        *taken = Some(given);
+    }
+    let cost = match cost {
+        Some((expr, span)) => quote_spanned!(*span=> #expr),
+        None => quote!(1u64),
+    };
     let mut names: Vec<String> = Vec::new();
     let mut scope: Option<&syn::LitStr> = None;
     let mut limiters = Vec::new();
@@ -403,13 +429,14 @@ fn rate_limit_check(
             ::std::vec![#(#args),*];
     };
     let concurrent = limits.iter().any(|l| l.concurrent);
-    if count.is_none() && !concurrent {
+    if count.is_none() && !concurrent && settle.is_none() {
         return Ok((
             quote! {
                 {
                     #policy
+                    let __tollgate_cost: u64 = #cost;
                     if let ::core::result::Result::Err(__tollgate_rejection) =
-                        ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args).await
+                        ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args, __tollgate_cost).await
                     {
                         return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
                     }
@@ -424,11 +451,20 @@ fn rate_limit_check(
         Some("successes") => 2,
         _ => 0,
     };
+    let settle = match settle {
+        Some((f, span)) => quote_spanned! {*span=>
+            ::core::option::Option::Some(#f as fn(&_) -> ::core::option::Option<u64>)
+        },
+        None => quote!(::core::option::Option::<fn(&_) -> ::core::option::Option<u64>>::None),
+    };
     Ok((
         quote! {
+            // What the call's result says it cost, once known (`settle`).
+            let __tollgate_settle = #settle;
             let __tollgate_charge = {
                 #policy
-                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #mode).await {
+                let __tollgate_cost: u64 = #cost;
+                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #mode, __tollgate_cost).await {
                     ::core::result::Result::Ok(charge) => charge,
                     ::core::result::Result::Err(__tollgate_rejection) => {
                         return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));

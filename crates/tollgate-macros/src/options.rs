@@ -35,6 +35,11 @@ pub(crate) struct RateLimit {
     /// `overrides = true`: identities may get limits of their own (see
     /// `Limiter::with_overrides`).
     pub(crate) overrides: bool,
+    /// `cost = "expr"`: the units a call is checked for, an expression over the arguments.
+    pub(crate) cost: Option<(syn::Expr, Span)>,
+    /// `settle = "path"`: a function of the call's result giving its real cost
+    /// (`Option<u64>`; `None` keeps the check's).
+    pub(crate) settle: Option<(syn::Expr, Span)>,
 }
 
 impl RateLimit {
@@ -56,7 +61,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, overrides, count, concurrent, lease_ttl";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, overrides, cost, settle, count, concurrent, lease_ttl";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -155,6 +160,8 @@ struct RateLimitOptions {
     warn_at: Option<LitFloat>,
     soft: Option<Vec<LitStr>>,
     overrides: Option<LitBool>,
+    cost: Option<LitStr>,
+    settle: Option<LitStr>,
     count: Option<LitStr>,
     concurrent: Option<LitInt>,
     lease_ttl: Option<LitStr>,
@@ -216,6 +223,8 @@ impl RateLimitOptions {
                     "overrides",
                 ),
                 "count" => set(&mut o.count, lit(&meta)?, &meta, "count"),
+                "cost" => set(&mut o.cost, lit(&meta)?, &meta, "cost"),
+                "settle" => set(&mut o.settle, lit(&meta)?, &meta, "settle"),
                 "concurrent" => set(
                     &mut o.concurrent,
                     meta.value()?.parse::<LitInt>()?,
@@ -403,6 +412,16 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
         warn_at,
         soft,
         overrides: options.overrides.as_ref().is_some_and(LitBool::value),
+        cost: expression(
+            options.cost.as_ref(),
+            "cost",
+            "an expression of the arguments, e.g. \"req.max_tokens\"",
+        )?,
+        settle: expression(
+            options.settle.as_ref(),
+            "settle",
+            "a function of the result, e.g. \"tokens_used\" (fn(&Result<T, E>) -> Option<u64>)",
+        )?,
         by,
         dimension,
         rules,
@@ -499,4 +518,20 @@ pub(crate) fn parse_prevent_duplicate(
         scope,
         args,
     })
+}
+
+/// The Rust expression in option `name`'s string, if given.
+fn expression(
+    lit: Option<&LitStr>,
+    name: &str,
+    expected: &str,
+) -> syn::Result<Option<(syn::Expr, Span)>> {
+    let Some(lit) = lit else { return Ok(None) };
+    match lit.parse::<syn::Expr>() {
+        Ok(expr) => Ok(Some((expr, lit.span()))),
+        Err(e) => Err(syn::Error::new(
+            lit.span(),
+            format!("`{name}` is {expected}: {e}"),
+        )),
+    }
 }

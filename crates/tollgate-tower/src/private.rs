@@ -80,9 +80,14 @@ pub fn guard(scope: &str, by: &str, ttl: &str, global: bool) -> DuplicateGuard {
     DuplicateGuard::new(scope, by).with_ttl(ttl).global(global)
 }
 
-/// Checks `policy` for the current context's identity, plus the `arg:<name>` values.
-pub async fn check(policy: &Policy, args: Vec<(&'static str, String)>) -> Result<(), Rejection> {
-    admit(policy, args).await.map(drop)
+/// Checks `policy` for the current context's identity, plus the `arg:<name>` values, at `cost`
+/// units.
+pub async fn check(
+    policy: &Policy,
+    args: Vec<(&'static str, String)>,
+    cost: u64,
+) -> Result<(), Rejection> {
+    admit(policy, args, cost).await.map(drop)
 }
 
 /// The admission of `policy` for the current context's identity and `args`: the context, the
@@ -90,6 +95,7 @@ pub async fn check(policy: &Policy, args: Vec<(&'static str, String)>) -> Result
 async fn admit(
     policy: &Policy,
     args: Vec<(&'static str, String)>,
+    cost: u64,
 ) -> Result<(Context, tollgate::Identity, tollgate::Decision), Rejection> {
     let context = Context::current().ok_or(Rejection::NoContext)?;
     let mut identity = context.identity.clone();
@@ -98,7 +104,7 @@ async fn admit(
     }
     let decision = context
         .gate
-        .check(policy, &identity, 1)
+        .check(policy, &identity, cost)
         .await
         .map_err(Rejection::from_check_error)?;
     if !decision.allowed() {
@@ -109,19 +115,22 @@ async fn admit(
 }
 
 /// Checks `policy` as [`check`] does, keeping what the call's end needs: a refund for a
-/// function with `count = "failures"` (`mode` 1) or `"successes"` (2), the release of its
-/// concurrency slots if the policy has concurrency limiters.
+/// function with `count = "failures"` (`mode` 1) or `"successes"` (2), a settlement at the
+/// cost its result says (`settle`), the release of its concurrency slots if the policy has
+/// concurrency limiters.
 pub async fn check_charged(
     policy: &'static Policy,
     args: Vec<(&'static str, String)>,
     mode: u8,
+    cost: u64,
 ) -> Result<Charged, Rejection> {
-    let (context, identity, decision) = admit(policy, args).await?;
+    let (context, identity, decision) = admit(policy, args, cost).await?;
     Ok(Charged {
         gate: context.gate.clone(),
         policy,
         identity,
         receipt: decision.receipt().cloned(),
+        cost,
         mode,
         concurrent: policy.limiters().iter().any(Limiter::is_concurrent),
         armed: true,
@@ -137,53 +146,73 @@ pub struct Charged {
     policy: &'static Policy,
     identity: tollgate::Identity,
     receipt: Option<tollgate::Receipt>,
+    /// The units the check charged.
+    cost: u64,
     mode: u8,
     concurrent: bool,
     armed: bool,
 }
 
-/// What ends a call: give back its charge (which frees its slots too), free its slots, or
-/// nothing.
+/// What ends a call: give back its charge (which frees its slots too), settle it at the cost
+/// the result says (then free its slots, if any), free its slots, or nothing.
 #[derive(Clone, Copy)]
 enum End {
     Refund,
+    Settle(u64),
     Release,
     Keep,
 }
 
 impl Charged {
-    fn end(&self, succeeded: bool) -> End {
-        match (self.mode, succeeded) {
-            (1, true) | (2, false) => End::Refund,
+    fn end(&self, succeeded: bool, cost: Option<u64>) -> End {
+        match (self.mode, succeeded, cost) {
+            (1, true, _) | (2, false, _) => End::Refund,
+            (_, _, Some(cost)) if cost != self.cost => End::Settle(cost),
             _ if self.concurrent => End::Release,
             _ => End::Keep,
         }
     }
 
-    /// Records the call's outcome: refunds the charge if the outcome does not count, and frees
-    /// the call's concurrency slots.
-    pub async fn finish(mut self, succeeded: bool) {
-        if let Some(work) = self.settle(succeeded) {
+    /// Records the call's outcome: refunds the charge if the outcome does not count, settles it
+    /// at `cost` (what the result says the call cost; `None`: what was charged), and frees the
+    /// call's concurrency slots.
+    pub async fn finish(mut self, succeeded: bool, cost: Option<u64>) {
+        if let Some(work) = self.settle(succeeded, cost) {
             work.await;
         }
     }
 
     /// What the outcome owes the store, disarmed (so that dropping it owes nothing more); `None`
     /// if nothing. A failed refund or release keeps the charge, or the slot until its lease runs
-    /// out: the safe side.
-    fn settle(&mut self, succeeded: bool) -> Option<impl Future<Output = ()> + Send + 'static> {
+    /// out: the safe side; a failed settlement keeps what the check charged.
+    fn settle(
+        &mut self,
+        succeeded: bool,
+        cost: Option<u64>,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
         self.armed = false;
-        let end = self.end(succeeded);
+        let end = self.end(succeeded, cost);
         let receipt = self.receipt.take().filter(|_| !matches!(end, End::Keep))?;
-        let (gate, policy) = (self.gate.clone(), self.policy);
+        let (gate, policy, charged) = (self.gate.clone(), self.policy, self.cost);
+        let concurrent = self.concurrent;
         let identity = std::mem::take(&mut self.identity);
         Some(async move {
-            let _ = match end {
-                End::Refund => gate.refund(policy, &identity, 1, Some(&receipt)).await,
-                End::Release | End::Keep => {
-                    gate.release_concurrent(policy, &identity, &receipt).await
+            match end {
+                End::Refund => {
+                    let _ = gate
+                        .refund(policy, &identity, charged, Some(&receipt))
+                        .await;
                 }
-            };
+                End::Settle(cost) => {
+                    let _ = gate.settle(policy, &identity, &receipt, cost).await;
+                    if concurrent {
+                        let _ = gate.release_concurrent(policy, &identity, &receipt).await;
+                    }
+                }
+                End::Release | End::Keep => {
+                    let _ = gate.release_concurrent(policy, &identity, &receipt).await;
+                }
+            }
         })
     }
 }
@@ -191,7 +220,7 @@ impl Charged {
 impl Drop for Charged {
     fn drop(&mut self) {
         if self.armed {
-            if let Some(work) = self.settle(false) {
+            if let Some(work) = self.settle(false, None) {
                 in_background(work);
             }
         }

@@ -32,6 +32,24 @@ async fn overridable_report() -> Result<&'static str, Rejection> {
     Ok("ok")
 }
 
+/// What a completion says it cost.
+fn tokens_used(result: &Result<u64, Rejection>) -> Option<u64> {
+    result.as_ref().ok().copied()
+}
+
+/// A completion checked for the tokens it may use, settled at what it used.
+#[rate_limit(
+    by = "user_id",
+    rules = ["100/1h"],
+    algorithm = "fixed_window",
+    scope = "completions",
+    cost = "max_tokens",
+    settle = "tokens_used"
+)]
+async fn complete(max_tokens: u64, used: u64) -> Result<u64, Rejection> {
+    Ok(used)
+}
+
 #[rate_limit(by = "ip", rules = ["3/1m"], soft = ["1/1m"])]
 async fn soft_upload() -> Result<&'static str, Rejection> {
     Ok("ok")
@@ -679,4 +697,38 @@ async fn an_override_raises_a_handlers_limit_for_one_identity() {
         statuses.push(response.status().as_u16());
     }
     assert_eq!(statuses, [200, 200, 200, 429]);
+}
+
+#[tokio::test]
+async fn a_cost_from_the_arguments_is_settled_at_what_the_result_says() {
+    let (gate, _) = gate();
+    let user = tollgate::Identity::new().with_user_id("u1");
+    let context = tollgate_tower::Context::new(gate.clone(), user.clone());
+    let policy = tollgate::Policy::builder("completions")
+        .limiter(tollgate::Limiter::new(
+            tollgate::Dimension::UserId,
+            ["100/1h"
+                .parse::<tollgate::Rule>()
+                .unwrap()
+                .with_algorithm(tollgate::Algorithm::FixedWindow)],
+        ))
+        .build()
+        .unwrap();
+    let left = || async {
+        gate.peek(&policy, &user, 0)
+            .await
+            .unwrap()
+            .remaining()
+            .unwrap()
+    };
+    // Checked for 30, used 50: 50 charged.
+    assert_eq!(context.clone().scope(complete(30, 50)).await.unwrap(), 50);
+    assert_eq!(left().await, 50);
+    // Checked for 40, used 10: 10 charged (30 given back).
+    assert_eq!(context.clone().scope(complete(40, 10)).await.unwrap(), 10);
+    assert_eq!(left().await, 40);
+    // 41 cannot be checked any more; 40 can.
+    assert!(context.clone().scope(complete(41, 1)).await.is_err());
+    assert_eq!(context.clone().scope(complete(40, 40)).await.unwrap(), 40);
+    assert_eq!(left().await, 0);
 }

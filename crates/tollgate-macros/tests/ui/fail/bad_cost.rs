@@ -1,0 +1,8 @@
+use tollgate_tower::{Rejection, rate_limit};
+
+#[rate_limit(by = "ip", rules = ["100/1h"], cost = "max tokens")]
+async fn complete(max_tokens: u64) -> Result<u64, Rejection> {
+    Ok(max_tokens)
+}
+
+fn main() {}
