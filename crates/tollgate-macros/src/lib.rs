@@ -57,6 +57,11 @@
 //! | `concurrent` | instead of `rules`: at most this many calls in flight per `by` value (a concurrency limiter). A call holds its slot until it returns (or panics, or its future is dropped); a refusal has reason `concurrency_limited` |
 //! | `lease_ttl` | with `concurrent`: how long a slot is held at most if its call never ends (a crashed process), e.g. `"1m"` (default `"5m"`) |
 //! | `shadow` | `true`: a dry run. The limiter counts and reports what it would decide but never refuses (a decision's `shadow_denied()`); the others stay enforced |
+//! | `warn_at` | a fraction above 0 and at most 1, e.g. `0.8`: an admission that brings a rule to that fraction of its limit sets the `RateLimit-Warning` field |
+//! | `soft` | `["N/DURATION", ...]`: rules that never refuse and report when they would (a shadow limiter `<name>.soft`) |
+//! | `overrides` | `true`: an identity may get limits of its own at run time (`Tollgate::set_override` with a policy of the same scope, limiter and rules, or the server's `PUT /v1/overrides`) |
+//! | `cost` | an expression of the arguments giving the units a call is checked for, e.g. `"prompt.max_tokens"` (default 1). One for all the function's limiters |
+//! | `settle` | a function of the call's result giving what it really cost, e.g. `"tokens_used"` with `fn tokens_used(r: &Result<T, E>) -> Option<u64>`: the difference is given back, or charged past the limits (the caller then owes it); `None` keeps the check's cost. One for all the function's limiters |
 //!
 //! Stack several for several limiters; they share one scope and are checked atomically.
 //!
