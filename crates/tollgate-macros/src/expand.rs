@@ -344,6 +344,21 @@ fn rate_limit_check(
         Some((expr, span)) => quote_spanned!(*span=> #expr),
         None => quote!(1u64),
     };
+    // One check, so one delay.
+    let mut max_delay: Option<u64> = None;
+    for (us, span) in limits.iter().filter_map(|l| l.max_delay) {
+        if max_delay.is_some_and(|first| first != us) {
+            return Err(syn::Error::new(
+                span,
+                "the limiters of one function are checked together: give `max_delay` once",
+            ));
+        }
+        max_delay = Some(us);
+    }
+    let max_delay = match max_delay {
+        Some(us) => quote!(::core::option::Option::Some(::core::time::Duration::from_micros(#us))),
+        None => quote!(::core::option::Option::None),
+    };
     let mut names: Vec<String> = Vec::new();
     let mut scope: Option<&syn::LitStr> = None;
     let mut limiters = Vec::new();
@@ -436,7 +451,7 @@ fn rate_limit_check(
                     #policy
                     let __tollgate_cost: u64 = #cost;
                     if let ::core::result::Result::Err(__tollgate_rejection) =
-                        ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args, __tollgate_cost).await
+                        ::tollgate_tower::__private::check(&__TOLLGATE_POLICY, __tollgate_args, (__tollgate_cost, #max_delay)).await
                     {
                         return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
                     }
@@ -464,7 +479,7 @@ fn rate_limit_check(
             let __tollgate_charge = {
                 #policy
                 let __tollgate_cost: u64 = #cost;
-                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #mode, __tollgate_cost).await {
+                match ::tollgate_tower::__private::check_charged(&__TOLLGATE_POLICY, __tollgate_args, #mode, (__tollgate_cost, #max_delay)).await {
                     ::core::result::Result::Ok(charge) => charge,
                     ::core::result::Result::Err(__tollgate_rejection) => {
                         return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));

@@ -61,6 +61,7 @@
 //! | `soft` | `["N/DURATION", ...]`: rules that never refuse and report when they would (a shadow limiter `<name>.soft`) |
 //! | `overrides` | `true`: an identity may get limits of its own at run time (`Tollgate::set_override` with a policy of the same scope, limiter and rules, or the server's `PUT /v1/overrides`) |
 //! | `cost` | an expression of the arguments giving the units a call is checked for, e.g. `"prompt.max_tokens"` (default 1). One for all the function's limiters |
+//! | `max_delay` | e.g. `"200ms"`: a call its GCRA rules would admit within this long waits for its turn (its place reserved in the same check) instead of being refused; dropped while waiting, it gives its place back. One for all the function's limiters |
 //! | `settle` | a function of the call's result giving what it really cost, e.g. `"tokens_used"` with `fn tokens_used(r: &Result<T, E>) -> Option<u64>`: the difference is given back, or charged past the limits (the caller then owes it); `None` keeps the check's cost. One for all the function's limiters |
 //!
 //! Stack several for several limiters; they share one scope and are checked atomically.

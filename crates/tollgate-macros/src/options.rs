@@ -40,6 +40,8 @@ pub(crate) struct RateLimit {
     /// `settle = "path"`: a function of the call's result giving its real cost
     /// (`Option<u64>`; `None` keeps the check's).
     pub(crate) settle: Option<(syn::Expr, Span)>,
+    /// `max_delay = "200ms"`: how long a call may wait for its GCRA units (µs), validated.
+    pub(crate) max_delay: Option<(u64, Span)>,
 }
 
 impl RateLimit {
@@ -61,7 +63,7 @@ pub(crate) struct PreventDuplicate {
     pub(crate) args: Option<Vec<LitStr>>,
 }
 
-const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, overrides, cost, settle, count, concurrent, lease_ttl";
+const RATE_LIMIT_OPTIONS: &str = "by, rules, name, algorithm, blocklist, scope, message, ipv4_prefix, ipv6_prefix, shadow, warn_at, soft, overrides, cost, settle, max_delay, count, concurrent, lease_ttl";
 const DUPLICATE_OPTIONS: &str = "by, ttl, global, scope, args";
 
 fn set<T>(
@@ -162,6 +164,7 @@ struct RateLimitOptions {
     overrides: Option<LitBool>,
     cost: Option<LitStr>,
     settle: Option<LitStr>,
+    max_delay: Option<LitStr>,
     count: Option<LitStr>,
     concurrent: Option<LitInt>,
     lease_ttl: Option<LitStr>,
@@ -225,6 +228,7 @@ impl RateLimitOptions {
                 "count" => set(&mut o.count, lit(&meta)?, &meta, "count"),
                 "cost" => set(&mut o.cost, lit(&meta)?, &meta, "cost"),
                 "settle" => set(&mut o.settle, lit(&meta)?, &meta, "settle"),
+                "max_delay" => set(&mut o.max_delay, lit(&meta)?, &meta, "max_delay"),
                 "concurrent" => set(
                     &mut o.concurrent,
                     meta.value()?.parse::<LitInt>()?,
@@ -417,6 +421,14 @@ pub(crate) fn parse_rate_limit(tokens: TokenStream, span: Span) -> syn::Result<R
             "cost",
             "an expression of the arguments, e.g. \"req.max_tokens\"",
         )?,
+        max_delay: match &options.max_delay {
+            None => None,
+            Some(lit) => {
+                duration(lit, "max_delay")?;
+                let d = parse_duration(&lit.value()).unwrap_or_default();
+                Some((u64::try_from(d.as_micros()).unwrap_or(u64::MAX), lit.span()))
+            }
+        },
         settle: expression(
             options.settle.as_ref(),
             "settle",

@@ -81,34 +81,51 @@ pub fn guard(scope: &str, by: &str, ttl: &str, global: bool) -> DuplicateGuard {
 }
 
 /// Checks `policy` for the current context's identity, plus the `arg:<name>` values, at `cost`
-/// units.
+/// units; with a `max_delay`, a call its GCRA rules admit within it waits for its turn.
 pub async fn check(
-    policy: &Policy,
+    policy: &'static Policy,
     args: Vec<(&'static str, String)>,
-    cost: u64,
+    how: (u64, Option<Duration>),
 ) -> Result<(), Rejection> {
-    admit(policy, args, cost).await.map(drop)
+    admit(policy, args, how).await.map(drop)
 }
 
 /// The admission of `policy` for the current context's identity and `args`: the context, the
 /// identity checked and the decision, recorded for the response's fields; or the refusal.
 async fn admit(
-    policy: &Policy,
+    policy: &'static Policy,
     args: Vec<(&'static str, String)>,
-    cost: u64,
+    (cost, max_delay): (u64, Option<Duration>),
 ) -> Result<(Context, tollgate::Identity, tollgate::Decision), Rejection> {
     let context = Context::current().ok_or(Rejection::NoContext)?;
     let mut identity = context.identity.clone();
     for (name, value) in args {
         identity = identity.with_arg(name, value);
     }
-    let decision = context
-        .gate
-        .check(policy, &identity, cost)
-        .await
-        .map_err(Rejection::from_check_error)?;
+    let decision = match max_delay {
+        Some(delay) => {
+            context
+                .gate
+                .check_within(policy, &identity, cost, delay)
+                .await
+        }
+        None => context.gate.check(policy, &identity, cost).await,
+    }
+    .map_err(Rejection::from_check_error)?;
     if !decision.allowed() {
         return Err(Rejection::denied(decision, policy));
+    }
+    if let Some(due) = decision.due(policy) {
+        // Its units are reserved for later: it waits, and gives them back if dropped first.
+        let waiting = Waiting {
+            gate: context.gate.clone(),
+            policy,
+            identity: Some(identity.clone()),
+            receipt: decision.receipt().cloned(),
+            cost,
+        };
+        tokio::time::sleep(due).await;
+        waiting.due();
     }
     context.record(&decision, policy);
     Ok((context, identity, decision))
@@ -122,9 +139,9 @@ pub async fn check_charged(
     policy: &'static Policy,
     args: Vec<(&'static str, String)>,
     mode: u8,
-    cost: u64,
+    (cost, max_delay): (u64, Option<Duration>),
 ) -> Result<Charged, Rejection> {
-    let (context, identity, decision) = admit(policy, args, cost).await?;
+    let (context, identity, decision) = admit(policy, args, (cost, max_delay)).await?;
     Ok(Charged {
         gate: context.gate.clone(),
         policy,
@@ -135,6 +152,37 @@ pub async fn check_charged(
         concurrent: policy.limiters().iter().any(Limiter::is_concurrent),
         armed: true,
     })
+}
+
+/// A call's units reserved for later (`max_delay`) while it waits for them: given back in the
+/// background if the call is dropped first.
+struct Waiting {
+    gate: SharedGate,
+    policy: &'static Policy,
+    /// Taken once the units are due.
+    identity: Option<tollgate::Identity>,
+    receipt: Option<tollgate::Receipt>,
+    cost: u64,
+}
+
+impl Waiting {
+    /// The units are due: the call goes on with them.
+    fn due(mut self) {
+        self.identity = None;
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let Some(identity) = self.identity.take() else {
+            return;
+        };
+        let (gate, policy, cost) = (self.gate.clone(), self.policy, self.cost);
+        let receipt = self.receipt.take();
+        in_background(async move {
+            let _ = gate.refund(policy, &identity, cost, receipt.as_ref()).await;
+        });
+    }
 }
 
 /// An admitted call's charge and slots, until its outcome is known. Dropped armed (the

@@ -50,6 +50,18 @@ async fn complete(max_tokens: u64, used: u64) -> Result<u64, Rejection> {
     Ok(used)
 }
 
+/// A checkout smoothed rather than refused: 2 a second, waiting up to 600 ms for its turn.
+#[rate_limit(
+    by = "user_id",
+    rules = ["2/1s"],
+    algorithm = "gcra",
+    scope = "checkout",
+    max_delay = "600ms"
+)]
+async fn checkout() -> Result<(), Rejection> {
+    Ok(())
+}
+
 #[rate_limit(by = "ip", rules = ["3/1m"], soft = ["1/1m"])]
 async fn soft_upload() -> Result<&'static str, Rejection> {
     Ok("ok")
@@ -731,4 +743,55 @@ async fn a_cost_from_the_arguments_is_settled_at_what_the_result_says() {
     assert!(context.clone().scope(complete(41, 1)).await.is_err());
     assert_eq!(context.clone().scope(complete(40, 40)).await.unwrap(), 40);
     assert_eq!(left().await, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_within_max_delay_waits_its_turn_and_gives_it_back_if_dropped() {
+    let (gate, _) = gate();
+    let context = tollgate_tower::Context::new(gate, tollgate::Identity::new().with_user_id("u"));
+    let run = || context.clone().scope(checkout());
+    let start = tokio::time::Instant::now();
+    // The burst of 2 goes at once.
+    run().await.unwrap();
+    run().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // The third's turn is 500 ms away: within 600 ms, so it waits, then goes.
+    run().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    // The store's clock has not moved (a manual one): the next turn is 1 s away, too far.
+    let refused = run().await.unwrap_err();
+    assert!(
+        matches!(refused, Rejection::RateLimited { .. }),
+        "{refused:?}"
+    );
+    // A caller that stops waiting gives its place back: the next one gets it.
+    let gate2 = gate_with_turn_taken().await;
+    let context2 = tollgate_tower::Context::new(gate2, tollgate::Identity::new().with_user_id("v"));
+    let waited = tokio::time::timeout(
+        Duration::from_millis(100),
+        context2.clone().scope(checkout()),
+    )
+    .await;
+    assert!(waited.is_err(), "dropped while waiting");
+    // The give-back runs in the background.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let before = tokio::time::Instant::now();
+    context2.clone().scope(checkout()).await.unwrap();
+    assert_eq!(
+        before.elapsed(),
+        Duration::from_millis(500),
+        "the dropped call's place, not the one after it"
+    );
+}
+
+/// A gate whose user `v` has used the burst of `checkout`.
+async fn gate_with_turn_taken() -> std::sync::Arc<tollgate::Tollgate<tollgate::MemoryStore>> {
+    let (gate, _) = gate();
+    let context =
+        tollgate_tower::Context::new(gate.clone(), tollgate::Identity::new().with_user_id("v"));
+    context.clone().scope(checkout()).await.unwrap();
+    context.scope(checkout()).await.unwrap();
+    gate
 }

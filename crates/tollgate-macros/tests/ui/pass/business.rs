@@ -29,6 +29,7 @@ async fn complete(Json(prompt): Json<Prompt>) -> Result<Json<u64>, Rejection> {
 }
 
 #[rate_limit(by = "ip", rules = ["10/1m"], cost = "rows.len() as u64")]
+#[rate_limit(by = "user_id", rules = ["5/1s"], algorithm = "gcra", max_delay = "200ms")]
 async fn export(rows: Vec<u32>) -> Result<usize, Rejection> {
     Ok(rows.len())
 }
