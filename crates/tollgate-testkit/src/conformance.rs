@@ -2112,6 +2112,37 @@ pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
     let d = s.check(&moved, &who, 1).await;
     assert_eq!((d.allowed(), limits(&d)), (false, vec![5]), "{d:#?}");
 
+    // Two limiters (two hash slots on a Cluster), the second overridden: its raised limit is
+    // counted and named in its own place, the first keeps its own.
+    let two = policy(
+        "ovr_two",
+        [
+            Limiter::new(Dimension::Ip, [fixed("10/1m"), fixed("100/1h")]),
+            Limiter::new(Dimension::UserId, [fixed("2/1m"), fixed("20/1h")]).with_overrides(true),
+        ],
+    );
+    let both = Identity::new()
+        .with_ip(IpAddr::from([192, 0, 2, 77]))
+        .with_user_id("two");
+    s.at(ms(240_000));
+    assert!(s.check(&two, &both, 2).await.allowed());
+    s.gate()
+        .set_override(&two, "user_id", &both, &[rule("30/1h"), rule("4/1m")], None)
+        .await
+        .expect("the store keeps overrides");
+    let d = s.check(&two, &both, 2).await;
+    assert!(d.allowed(), "{d:#?}");
+    assert_eq!(limits(&d), [10, 100, 4, 30]);
+    expect_remaining(&d, true, &[6, 96, 0, 26]);
+    let d = s.check(&two, &both, 1).await;
+    assert_eq!(
+        (d.allowed(), limits(&d)),
+        (false, vec![10, 100, 4, 30]),
+        "{d:#?}"
+    );
+    // All or nothing: the first limiter's counts stayed.
+    expect_remaining(&d, false, &[6, 96, 0, 26]);
+
     // A limiter that takes none says so.
     let plain = policy(
         "ovr_plain",
