@@ -457,14 +457,7 @@ impl OneKey {
         } else {
             (self.text.text_at(0..self.text.len()), &[][..])
         };
-        LimiterRequest {
-            key,
-            compact,
-            rules: &limiter.rules,
-            ban: limiter.ban,
-            shadow: limiter.shadow,
-            overrides: limiter.overrides,
-        }
+        limiter.request(key, compact)
     }
 }
 
@@ -1338,14 +1331,7 @@ impl<'i> CheckKeys<'i> {
             } else {
                 (&limiter_text[start..end], &[][..])
             };
-            requests.push(LimiterRequest {
-                key,
-                compact,
-                rules: &limiter.rules,
-                ban: limiter.ban,
-                shadow: limiter.shadow,
-                overrides: limiter.overrides,
-            });
+            requests.push(limiter.request(key, compact));
             start = end;
         }
         if self.text.len() == start {

@@ -10,6 +10,7 @@ use crate::{
     identity::{Dimension, IpPrefix},
     key,
     rule::{Algorithm, Rule},
+    store::LimiterRequest,
 };
 
 /// The largest limit of a sliding-log rule: its log holds one entry per admitted unit, per
@@ -402,6 +403,19 @@ impl Limiter {
     pub fn with_overrides(mut self, overrides: bool) -> Limiter {
         self.overrides = overrides.then_some(std::num::NonZeroU64::MIN);
         self
+    }
+
+    /// This limiter as a store sees it, at the key `key` (text) or `compact`.
+    #[inline]
+    pub(crate) fn request<'a>(&'a self, key: &'a str, compact: &'a [u8]) -> LimiterRequest<'a> {
+        LimiterRequest {
+            key,
+            compact,
+            rules: &self.rules,
+            ban: self.ban,
+            shadow: self.shadow,
+            overrides: self.overrides,
+        }
     }
 
     /// Whether this limiter takes per-identity overrides (see

@@ -19,8 +19,8 @@ use super::{
     check::policy,
     error::{ApiError, ApiJson, check_error},
     json::{
-        BanJson, BanRequest, BlocklistPage, BlocklistQuery, EntryJson, IdentityJson, OverrideJson,
-        OverrideRequest, OverrideTarget, ResetRequest, UnbanQuery, ceil_ms,
+        BanJson, BanRequest, BlocklistPage, BlocklistQuery, OverrideJson, OverrideRequest,
+        ResetRequest, UnbanQuery, ceil_ms,
     },
     scope::Admin,
 };
@@ -62,16 +62,18 @@ enum Target {
 }
 
 impl Target {
-    fn of(
-        app: &App,
-        (policy_name, limiter): (Option<String>, Option<String>),
-        identity: IdentityJson,
-        (domain, descriptor): (Option<String>, Option<Vec<EntryJson>>),
-    ) -> Result<Target, ApiError> {
+    /// What `req` names (its target fields taken).
+    fn of(app: &App, req: &mut OverrideRequest) -> Result<Target, ApiError> {
         let bad = |message: String| {
             ApiError::new(StatusCode::BAD_REQUEST, message).with_code("invalid_override")
         };
-        match (policy_name, limiter, domain, descriptor) {
+        let identity = std::mem::take(&mut req.identity);
+        match (
+            req.policy.take(),
+            req.limiter.take(),
+            req.domain.take(),
+            req.descriptor.take(),
+        ) {
             (Some(name), Some(limiter), None, None) => Ok(Target::Policy {
                 policy: policy(app, &name)?.policy,
                 limiter,
@@ -129,16 +131,20 @@ fn descriptor_limiter<'a>(key: &'a str, node: &'a Node) -> LimiterRequest<'a> {
 pub(crate) async fn set_override(
     State(app): State<Arc<App>>,
     _: Admin,
-    ApiJson(req): ApiJson<OverrideRequest>,
+    ApiJson(mut req): ApiJson<OverrideRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let target = Target::of(
-        &app,
-        (req.policy, req.limiter),
-        req.identity,
-        (req.domain, req.descriptor),
-    )?;
+    let target = Target::of(&app, &mut req)?;
     let rules = req
         .rules
+        .as_deref()
+        .filter(|rules| !rules.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "`rules`: the limits the override sets, e.g. [\"5000/1h\"]",
+            )
+            .with_code("invalid_override")
+        })?
         .iter()
         .enumerate()
         .map(|(i, text)| {
@@ -208,14 +214,16 @@ pub(crate) async fn set_override(
 pub(crate) async fn remove_override(
     State(app): State<Arc<App>>,
     _: Admin,
-    ApiJson(req): ApiJson<OverrideTarget>,
+    ApiJson(mut req): ApiJson<OverrideRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let target = Target::of(
-        &app,
-        (req.policy, req.limiter),
-        req.identity,
-        (req.domain, req.descriptor),
-    )?;
+    if req.rules.is_some() || req.ttl.is_some() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "DELETE /v1/overrides removes an override: it takes no `rules` or `ttl`",
+        )
+        .with_code("invalid_override"));
+    }
+    let target = Target::of(&app, &mut req)?;
     let started = Instant::now();
     let result = match &target {
         Target::Policy {

@@ -389,22 +389,11 @@ pub(crate) struct OverrideRequest {
     /// An Envoy domain, instead of a policy: the override is the counter of `descriptor`.
     pub(crate) domain: Option<String>,
     pub(crate) descriptor: Option<Vec<EntryJson>>,
-    /// The rules whose limits change, e.g. `["500/1h"]`; each names a rule of the limiter by
-    /// its window.
-    pub(crate) rules: Vec<String>,
-    /// How long the override lasts, e.g. `"30d"`; absent: until removed.
+    /// `PUT`: the rules whose limits change, e.g. `["500/1h"]`; each names a rule of the
+    /// limiter by its window. `DELETE` takes none.
+    pub(crate) rules: Option<Vec<String>>,
+    /// `PUT`: how long the override lasts, e.g. `"30d"`; absent: until removed.
     pub(crate) ttl: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct OverrideTarget {
-    pub(crate) policy: Option<String>,
-    pub(crate) limiter: Option<String>,
-    #[serde(default)]
-    pub(crate) identity: IdentityJson,
-    pub(crate) domain: Option<String>,
-    pub(crate) descriptor: Option<Vec<EntryJson>>,
 }
 
 /// One entry of an Envoy descriptor.
