@@ -305,60 +305,12 @@ fn rate_limit_check(
     bound: &[Ident],
     default_scope: &TokenStream,
 ) -> syn::Result<(TokenStream, bool)> {
-    // One check, so one `count` for all the function's limiters.
-    let mut count: Option<&syn::LitStr> = None;
-    for c in limits.iter().filter_map(|l| l.count.as_ref()) {
-        match count {
-            Some(first) if first.value() != c.value() => {
-                return Err(syn::Error::new(
-                    c.span(),
-                    format!(
-                        "the limiters of one function are checked, and counted, together; count = {:?} was given above",
-                        first.value()
-                    ),
-                ));
-            }
-            _ => count = Some(c),
-        }
-    }
-    // One check, so one cost and one settlement for all the function's limiters.
-    let mut cost: Option<&(syn::Expr, Span)> = None;
-    let mut settle: Option<&(syn::Expr, Span)> = None;
-    for (slot, given, name) in limits.iter().flat_map(|l| {
-        [
-            (0, l.cost.as_ref(), "cost"),
-            (1, l.settle.as_ref(), "settle"),
-        ]
-    }) {
-        let Some(given) = given else { continue };
-        let taken = if slot == 0 { &mut cost } else { &mut settle };
-        if taken.is_some() {
-            return Err(syn::Error::new(
-                given.1,
-                format!("the limiters of one function are checked together: give `{name}` once"),
-            ));
-        }
-        *taken = Some(given);
-    }
-    let cost = match cost {
-        Some((expr, span)) => quote_spanned!(*span=> #expr),
-        None => quote!(1u64),
-    };
-    // One check, so one delay.
-    let mut max_delay: Option<u64> = None;
-    for (us, span) in limits.iter().filter_map(|l| l.max_delay) {
-        if max_delay.is_some_and(|first| first != us) {
-            return Err(syn::Error::new(
-                span,
-                "the limiters of one function are checked together: give `max_delay` once",
-            ));
-        }
-        max_delay = Some(us);
-    }
-    let max_delay = match max_delay {
-        Some(us) => quote!(::core::option::Option::Some(::core::time::Duration::from_micros(#us))),
-        None => quote!(::core::option::Option::None),
-    };
+    let OneCheck {
+        count,
+        cost,
+        settle,
+        max_delay,
+    } = one_check(limits)?;
     let mut names: Vec<String> = Vec::new();
     let mut scope: Option<&syn::LitStr> = None;
     let mut limiters = Vec::new();
@@ -400,35 +352,7 @@ fn rate_limit_check(
                 args.push((arg.clone(), value));
             }
         }
-        let by = &limit.by;
-        let rules = &limit.rules;
-        let algorithm = opt(limit.algorithm.as_ref());
-        let name = opt(limit.name.as_ref());
-        let blocklist = opt(limit.blocklist.as_ref());
-        let message = opt(limit.message.as_ref());
-        let prefix = match (limit.ipv4_prefix, limit.ipv6_prefix) {
-            (None, None) => quote!(::core::option::Option::None),
-            (v4, v6) => {
-                let default = tollgate::IpPrefix::DEFAULT;
-                let v4 = v4.unwrap_or(default.v4());
-                let v6 = v6.unwrap_or(default.v6());
-                quote!(::core::option::Option::Some((#v4, #v6)))
-            }
-        };
-        let shadow = limit.shadow;
-        let overrides = limit.overrides;
-        let warn = limit.warn_at.map(|f| quote!(.with_warning(#f)));
-        let soft = (!limit.soft.is_empty()).then(|| {
-            let texts = &limit.soft;
-            quote!(.with_soft_rules(::tollgate_tower::__private::rules(&[#(#texts),*], #algorithm)))
-        });
-        limiters.push(quote! {
-            ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
-                .with_shadow(#shadow)
-                .with_overrides(#overrides)
-                #warn
-                #soft
-        });
+        limiters.push(limiter_tokens(limit));
     }
     let scope = match scope {
         Some(s) => s.to_token_stream(),
@@ -489,6 +413,111 @@ fn rate_limit_check(
         },
         true,
     ))
+}
+
+/// The options of a function's one check, given once for all its limiters: `count`, `cost`,
+/// `settle` and `max_delay`, as tokens.
+struct OneCheck<'a> {
+    count: Option<&'a syn::LitStr>,
+    cost: TokenStream,
+    settle: Option<&'a (syn::Expr, Span)>,
+    max_delay: TokenStream,
+}
+
+fn one_check(limits: &[RateLimit]) -> syn::Result<OneCheck<'_>> {
+    // One check, so one `count` for all the function's limiters.
+    let mut count: Option<&syn::LitStr> = None;
+    for c in limits.iter().filter_map(|l| l.count.as_ref()) {
+        match count {
+            Some(first) if first.value() != c.value() => {
+                return Err(syn::Error::new(
+                    c.span(),
+                    format!(
+                        "the limiters of one function are checked, and counted, together; count = {:?} was given above",
+                        first.value()
+                    ),
+                ));
+            }
+            _ => count = Some(c),
+        }
+    }
+    // One check, so one cost and one settlement for all the function's limiters.
+    let mut cost: Option<&(syn::Expr, Span)> = None;
+    let mut settle: Option<&(syn::Expr, Span)> = None;
+    for (slot, given, name) in limits.iter().flat_map(|l| {
+        [
+            (0, l.cost.as_ref(), "cost"),
+            (1, l.settle.as_ref(), "settle"),
+        ]
+    }) {
+        let Some(given) = given else { continue };
+        let taken = if slot == 0 { &mut cost } else { &mut settle };
+        if taken.is_some() {
+            return Err(syn::Error::new(
+                given.1,
+                format!("the limiters of one function are checked together: give `{name}` once"),
+            ));
+        }
+        *taken = Some(given);
+    }
+    let cost = match cost {
+        Some((expr, span)) => quote_spanned!(*span=> #expr),
+        None => quote!(1u64),
+    };
+    // One check, so one delay.
+    let mut max_delay: Option<u64> = None;
+    for (us, span) in limits.iter().filter_map(|l| l.max_delay) {
+        if max_delay.is_some_and(|first| first != us) {
+            return Err(syn::Error::new(
+                span,
+                "the limiters of one function are checked together: give `max_delay` once",
+            ));
+        }
+        max_delay = Some(us);
+    }
+    let max_delay = match max_delay {
+        Some(us) => quote!(::core::option::Option::Some(::core::time::Duration::from_micros(#us))),
+        None => quote!(::core::option::Option::None),
+    };
+    Ok(OneCheck {
+        count,
+        cost,
+        settle,
+        max_delay,
+    })
+}
+
+/// The expression building `limit`'s limiter.
+fn limiter_tokens(limit: &RateLimit) -> TokenStream {
+    let by = &limit.by;
+    let rules = &limit.rules;
+    let algorithm = opt(limit.algorithm.as_ref());
+    let name = opt(limit.name.as_ref());
+    let blocklist = opt(limit.blocklist.as_ref());
+    let message = opt(limit.message.as_ref());
+    let prefix = match (limit.ipv4_prefix, limit.ipv6_prefix) {
+        (None, None) => quote!(::core::option::Option::None),
+        (v4, v6) => {
+            let default = tollgate::IpPrefix::DEFAULT;
+            let v4 = v4.unwrap_or(default.v4());
+            let v6 = v6.unwrap_or(default.v6());
+            quote!(::core::option::Option::Some((#v4, #v6)))
+        }
+    };
+    let shadow = limit.shadow;
+    let overrides = limit.overrides;
+    let warn = limit.warn_at.map(|f| quote!(.with_warning(#f)));
+    let soft = (!limit.soft.is_empty()).then(|| {
+        let texts = &limit.soft;
+        quote!(.with_soft_rules(::tollgate_tower::__private::rules(&[#(#texts),*], #algorithm)))
+    });
+    quote! {
+        ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
+            .with_shadow(#shadow)
+            .with_overrides(#overrides)
+            #warn
+            #soft
+    }
 }
 
 fn duplicate_guard(
