@@ -2,9 +2,10 @@
 
 use std::{
     collections::HashMap,
+    hash::{BuildHasher, RandomState},
     sync::{
         RwLock,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
@@ -17,11 +18,20 @@ use crate::{
     store::{CheckRequest, LimiterRequest},
 };
 
-/// The overrides of one store, at most `max` of them.
+/// How many maps the overrides are spread over: checks of different keys on different threads
+/// rarely share a lock.
+const SHARDS: usize = 16;
+
+type Map = RwLock<HashMap<Box<[u8]>, Override>>;
+
+/// The overrides of one store, at most `max` of them, spread over [`SHARDS`] maps by key.
 pub(super) struct Overrides {
-    map: RwLock<HashMap<Box<[u8]>, Override>>,
+    maps: Box<[Map]>,
+    hasher: RandomState,
     /// An override was ever set: until then a check reads nothing (no lock).
     any: AtomicBool,
+    /// How many are kept, over every map.
+    len: AtomicUsize,
     max: usize,
 }
 
@@ -31,10 +41,18 @@ pub(super) type Rules = SmallVec<[Rule; INLINE_RULES]>;
 impl Overrides {
     pub(super) fn new(max: usize) -> Overrides {
         Overrides {
-            map: RwLock::new(HashMap::new()),
+            maps: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            hasher: RandomState::new(),
             any: AtomicBool::new(false),
+            len: AtomicUsize::new(0),
             max: max.max(1),
         }
+    }
+
+    /// The map `key` lives in.
+    fn map(&self, key: &[u8]) -> &Map {
+        let at = self.hasher.hash_one(key) as usize % SHARDS;
+        &self.maps[at]
     }
 
     /// Whether `request` may count by an override: one of its limiters takes them, and one
@@ -54,16 +72,19 @@ impl Overrides {
         rules: &mut Rules,
         limits: &mut Vec<(usize, u64)>,
     ) -> bool {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         let mut applied = false;
         for l in request.limiters {
             let start = rules.len();
-            let found = l.overrides.and_then(|fingerprint| {
-                map.get(l.key_bytes()).filter(|o| {
-                    o.fingerprint == fingerprint.get()
-                        && o.limits.len() == l.rules.len()
-                        && o.live_at(now)
-                })
+            let Some(fingerprint) = l.overrides else {
+                rules.extend_from_slice(l.rules);
+                continue;
+            };
+            let map = self.map(l.key_bytes());
+            let map = map.read().unwrap_or_else(|e| e.into_inner());
+            let found = map.get(l.key_bytes()).filter(|o| {
+                o.fingerprint == fingerprint.get()
+                    && o.limits.len() == l.rules.len()
+                    && o.live_at(now)
             });
             match found {
                 Some(o) => {
@@ -84,11 +105,21 @@ impl Overrides {
         entry: Override,
         now: u64,
     ) -> Result<(), StoreError> {
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let key = limiter.key_bytes();
-        if map.len() >= self.max && !map.contains_key(key) {
-            map.retain(|_, o| o.live_at(now));
-            if map.len() >= self.max {
+        if self.len.load(Ordering::Acquire) >= self.max {
+            // Full: the ended ones go first, from every map.
+            for map in self.maps.iter() {
+                let mut map = map.write().unwrap_or_else(|e| e.into_inner());
+                let before = map.len();
+                map.retain(|_, o| o.live_at(now));
+                self.len.fetch_sub(before - map.len(), Ordering::AcqRel);
+            }
+        }
+        let mut map = self.map(key).write().unwrap_or_else(|e| e.into_inner());
+        if !map.contains_key(key) {
+            // Counted before it is kept, so that concurrent sets never pass the most together.
+            if self.len.fetch_add(1, Ordering::AcqRel) >= self.max {
+                self.len.fetch_sub(1, Ordering::AcqRel);
                 return Err(StoreError::new(
                     StoreErrorKind::Capacity,
                     format!(
@@ -104,15 +135,25 @@ impl Overrides {
     }
 
     pub(super) fn remove(&self, limiter: &LimiterRequest<'_>, now: u64) -> bool {
-        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
-        map.remove(limiter.key_bytes())
-            .is_some_and(|o| o.live_at(now))
+        let key = limiter.key_bytes();
+        let removed = self
+            .map(key)
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        if removed.is_some() {
+            self.len.fetch_sub(1, Ordering::AcqRel);
+        }
+        removed.is_some_and(|o| o.live_at(now))
     }
 
     /// The live overrides, by policy, limiter and value.
     pub(super) fn list(&self, now: u64) -> Vec<Override> {
-        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
-        let mut all: Vec<Override> = map.values().filter(|o| o.live_at(now)).cloned().collect();
+        let mut all: Vec<Override> = Vec::new();
+        for map in self.maps.iter() {
+            let map = map.read().unwrap_or_else(|e| e.into_inner());
+            all.extend(map.values().filter(|o| o.live_at(now)).cloned());
+        }
         all.sort_by(|a, b| {
             (&a.policy, &a.limiter, &a.value).cmp(&(&b.policy, &b.limiter, &b.value))
         });

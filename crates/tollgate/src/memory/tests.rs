@@ -423,3 +423,60 @@ fn a_leased_policy_counts_here_as_any_other() {
         .collect();
     assert_eq!(remaining, [Some(2), Some(1), Some(0), None]);
 }
+
+#[test]
+fn overrides_are_bounded_and_the_ended_ones_make_room() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(2)
+        .purge_interval(None)
+        .build();
+    let rules: Vec<Rule> = vec!["5/1m".parse().unwrap()];
+    let fingerprint = crate::fingerprint(&rules);
+    let limiter = |key: &'static str| LimiterRequest {
+        key,
+        compact: &[],
+        rules: Box::leak(rules.clone().into_boxed_slice()),
+        ban: None,
+        shadow: false,
+        overrides: Some(fingerprint),
+    };
+    let entry = |value: &str| {
+        crate::Override::new(("p", "l", value), &rules, &["9/1m".parse().unwrap()]).unwrap()
+    };
+    let set = |key: &'static str, ttl: Option<Duration>| {
+        futures_executor(store.set_override(&limiter(key), "", &entry(key), ttl))
+    };
+    set("a", Some(Duration::from_secs(10))).unwrap();
+    set("b", None).unwrap();
+    // Replacing one is no new one.
+    set("b", None).unwrap();
+    let full = set("c", None).unwrap_err();
+    assert_eq!(full.kind(), crate::StoreErrorKind::Capacity, "{full}");
+    // `a` ends: its room goes to `c`.
+    clock.advance(Duration::from_secs(10));
+    set("c", None).unwrap();
+    let listed: Vec<String> = futures_executor(store.overrides(""))
+        .unwrap()
+        .into_iter()
+        .map(|o| o.value)
+        .collect();
+    assert_eq!(listed, ["b", "c"]);
+    // Removed, one is room again.
+    assert!(futures_executor(store.remove_override(&limiter("b"), "")).unwrap());
+    set("d", None).unwrap();
+}
+
+/// Runs a future of the memory store, which is ready at once.
+fn futures_executor<T>(future: impl std::future::Future<Output = T>) -> T {
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::noop();
+    match future
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(waker))
+    {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => panic!("the memory store answers at once"),
+    }
+}
