@@ -36,6 +36,8 @@ pub(crate) struct App {
     persistence: Mutex<Option<tollgate_redis::Persistence>>,
     /// Writes what the server decided (`[record]`), when asked to.
     pub(crate) recorder: Option<crate::record::Recorder>,
+    /// Posts warnings (`[webhook]`), when asked to.
+    pub(crate) webhook: Option<crate::webhook::Webhook>,
 }
 
 impl App {
@@ -60,7 +62,14 @@ impl App {
             draining: AtomicBool::new(false),
             persistence: Mutex::new(None),
             recorder: None,
+            webhook: None,
         }
+    }
+
+    /// The same state, posting warnings to `webhook`.
+    pub(crate) fn with_webhook(mut self, webhook: Option<crate::webhook::Webhook>) -> App {
+        self.webhook = webhook;
+        self
     }
 
     /// The same state, recording what it decides with `recorder`.

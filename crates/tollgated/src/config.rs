@@ -24,9 +24,11 @@ mod envoy_env;
 pub(crate) mod envoy_yaml;
 mod record;
 mod rlqs;
+mod webhook;
 
 pub(crate) use record::RecordSettings;
 pub(crate) use rlqs::{RlqsBuckets, Serves};
+pub(crate) use webhook::WebhookSettings;
 
 use crate::{
     envoy::{Domains, DomainsBuilder, RawDomain, Semantics, stats::StatSettings},
@@ -79,6 +81,8 @@ pub struct Config {
     pub(crate) record: Option<RecordSettings>,
     /// `[[rlqs.buckets]]`: the buckets Envoy's rate-limit quota service serves.
     pub(crate) rlqs: RlqsBuckets,
+    /// `[webhook]`: where warnings are posted (read at start).
+    pub(crate) webhook: Option<WebhookSettings>,
     /// The `TOLLGATE_...` variables that replaced values of the file.
     env: Vec<String>,
 }
@@ -666,6 +670,8 @@ struct RawConfig {
     record: record::RawRecord,
     #[serde(default)]
     rlqs: rlqs::RawRlqs,
+    #[serde(default)]
+    webhook: webhook::RawWebhook,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -1178,6 +1184,11 @@ impl RawConfig {
         let store = self.store.validate(errors).map_err(|e| found.push(e)).ok();
         let record = self.record.validate(errors).map_err(|e| found.push(e)).ok();
         let rlqs = self.rlqs.validate(errors).map_err(|e| found.push(e)).ok();
+        let webhook = self
+            .webhook
+            .validate(errors)
+            .map_err(|e| found.push(e))
+            .ok();
         let on_error = store.as_ref().map_or(OnError::default(), |s| s.on_error);
         let mut policies = BTreeMap::new();
         for (name, raw) in self.policies {
@@ -1209,8 +1220,8 @@ impl RawConfig {
                 return Err(ConfigError::all(found));
             }
         };
-        let (Some(server), Some(store), Some(record), Some(rlqs), true) =
-            (server, store, record, rlqs, found.is_empty())
+        let (Some(server), Some(store), Some(record), Some(rlqs), Some(webhook), true) =
+            (server, store, record, rlqs, webhook, found.is_empty())
         else {
             return Err(ConfigError::all(found));
         };
@@ -1225,6 +1236,7 @@ impl RawConfig {
             envoy_header_names,
             record,
             rlqs,
+            webhook,
             env: Vec::new(),
         })
     }
@@ -1833,6 +1845,65 @@ mod tests {
             assert!(
                 e.contains("t.toml:3") && e.contains(field) && e.contains(says),
                 "{fields}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_webhook_url_is_http_or_https_with_a_host() {
+        let config = |text: &str| Config::parse("t.toml", text);
+        let hook = config("[webhook]\nurl = \"https://hooks.example.com/t?k=1\"\n")
+            .unwrap()
+            .webhook
+            .unwrap();
+        assert_eq!(
+            (
+                hook.https,
+                hook.host.as_str(),
+                hook.port,
+                hook.path.as_str()
+            ),
+            (true, "hooks.example.com", 443, "/t?k=1")
+        );
+        let hook = config("[webhook]\nurl = \"http://[::1]:9000\"\ntimeout = \"2s\"\n")
+            .unwrap()
+            .webhook
+            .unwrap();
+        assert_eq!(
+            (
+                hook.host.as_str(),
+                hook.port,
+                hook.path.as_str(),
+                hook.timeout
+            ),
+            ("::1", 9000, "/", Duration::from_secs(2))
+        );
+        assert_eq!(config("").unwrap().webhook, None);
+        for (text, field, says) in [
+            ("url = \"ftp://x/\"", "webhook.url", "http or https"),
+            ("url = \"http://:80/\"", "webhook.url", "a host"),
+            (
+                "url = \"http://x:port/\"",
+                "webhook.url",
+                "the port is a number",
+            ),
+            ("url = \"https://u:p@x/\"", "webhook.url", "credentials"),
+            (
+                "url = \"http://x/\"\nca = \"ca.pem\"",
+                "webhook.ca",
+                "https",
+            ),
+            ("ca = \"ca.pem\"", "webhook.ca", "goes with webhook.url"),
+            (
+                "url = \"http://x/\"\ntimeout = \"2m\"",
+                "webhook.timeout",
+                "1ms to 60s",
+            ),
+        ] {
+            let e = err(&format!("[webhook]\n{text}\n"));
+            assert!(
+                e.contains("t.toml:") && e.contains(field) && e.contains(says),
+                "{text}: {e}"
             );
         }
     }

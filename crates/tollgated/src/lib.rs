@@ -68,6 +68,7 @@ mod server;
 mod store;
 mod tls;
 mod trace;
+mod webhook;
 
 pub use cli::{
     CheckConfigArgs, Cli, Command, EnvoyRatelimitArgs, InputFormat, LogFormat, PlanArgs,

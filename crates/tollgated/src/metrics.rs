@@ -139,6 +139,7 @@ struct Inner {
     /// scrapes wait for one count instead of each making their own.
     blocklist_counted: tokio::sync::Mutex<Option<Instant>>,
     reloads: Family<ResultLabels, Counter>,
+    webhook: Family<ResultLabels, Counter>,
     /// Keys the memory store evicted, brought up to date at every scrape.
     evictions: Counter,
     memory: OnceLock<MemoryStore>,
@@ -172,6 +173,12 @@ impl Metrics {
         let store_errors = Family::<OpLabels, Counter>::default();
         let blocklist_size = Gauge::default();
         let reloads = Family::<ResultLabels, Counter>::default();
+        let webhook = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Warnings posted to the webhook ([webhook]), by result: delivered, failed (an error, a status outside 2xx, a timeout) or dropped (the queue was full)",
+            webhook.clone(),
+        );
         registry.register(
             "decisions",
             "Rate-limit decisions by policy (envoy:<domain> for gRPC) and reason",
@@ -317,6 +324,7 @@ impl Metrics {
             blocklist_size,
             blocklist_counted: tokio::sync::Mutex::new(None),
             reloads,
+            webhook,
             evictions,
             memory: OnceLock::new(),
             repairs,
@@ -442,9 +450,15 @@ impl Metrics {
         self.0.wait_seconds.observe(due.as_secs_f64());
     }
 
+    /// Counts a delivery to the warning webhook by its result.
+    pub(crate) fn webhook(&self, result: &'static str) {
+        self.0.webhook.get_or_create(&ResultLabels { result }).inc();
+    }
+
     /// Counts an admission that brought `rule` of `limiter` of `policy` to its warning, and
     /// logs it once per key (`key`: a hash of the policy, limiter, rule and identity value) and
-    /// window (`window`: a number that changes when the rule's window does).
+    /// window (`window`: a number that changes when the rule's window does); true the first
+    /// time in the window (when it was logged).
     pub(crate) fn warned(
         &self,
         policy: &str,
@@ -453,7 +467,7 @@ impl Metrics {
         rule_text: &str,
         key: u64,
         window: u64,
-    ) {
+    ) -> bool {
         self.0
             .warnings
             .get_or_create(&ShadowLabels {
@@ -470,7 +484,7 @@ impl Metrics {
                 warned.clear();
             }
             if !warned.insert(once) {
-                return;
+                return false;
             }
         }
         tracing::warn!(
@@ -481,6 +495,7 @@ impl Metrics {
             key = format_args!("{key:016x}"),
             "a rule reached its warning (logged once per key and window; `key` is a hash of the identity)"
         );
+        true
     }
 
     /// Records one store operation; `failed` counts it as a store error.

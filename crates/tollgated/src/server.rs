@@ -157,8 +157,15 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     }
     let recorder =
         crate::record::start(config.record.as_ref(), &metrics, |v| std::env::var(v).ok())?;
+    let webhook = config
+        .webhook
+        .as_ref()
+        .map(|settings| crate::webhook::Webhook::start(settings, metrics.clone()))
+        .transpose()?;
     let app = Arc::new(
-        App::new(gate, config, metrics, &tokens, receipts, source).with_recorder(recorder),
+        App::new(gate, config, metrics, &tokens, receipts, source)
+            .with_recorder(recorder)
+            .with_webhook(webhook),
     );
     app.observed.watch_store(&opened);
     crate::observed::spawn_sampler(&app);

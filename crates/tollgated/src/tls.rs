@@ -74,7 +74,7 @@ pub(crate) fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, String> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{}: {e}", path.display()))?
         .collect::<Result<Vec<_>, _>>()

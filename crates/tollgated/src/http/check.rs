@@ -248,14 +248,25 @@ fn warned(
         let window_ms = rule.rule.window_ms().max(1);
         let ends_ms = now_ms + rule.reset_after.as_millis() as u64;
         let window = (ends_ms + window_ms / 2) / window_ms;
-        app.metrics.warned(
-            name,
-            &rule.limiter,
-            &rule,
-            &rule.rule.to_string(),
-            key.finish(),
-            window,
-        );
+        let text = rule.rule.to_string();
+        let first = app
+            .metrics
+            .warned(name, &rule.limiter, &rule, &text, key.finish(), window);
+        if let (true, Some(webhook)) = (first, &app.webhook) {
+            let body = serde_json::json!({
+                "event": "warning",
+                "policy": name,
+                "limiter": &*rule.limiter,
+                "by": limiter.dimension().to_string(),
+                "value": limiter.dimension().value(identity),
+                "rule": text,
+                "limit": rule.rule.limit(),
+                "remaining": rule.remaining,
+                "reset_after_ms": rule.reset_after.as_millis() as u64,
+                "at_ms": now_ms,
+            });
+            webhook.send(body.to_string().into_bytes());
+        }
     }
 }
 

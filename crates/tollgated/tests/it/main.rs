@@ -35,3 +35,4 @@ mod shadow;
 mod slow_clients;
 mod support;
 mod warnings;
+mod webhook;
