@@ -195,6 +195,10 @@ local function build_evaluators()
       end
       return 1, lim - count - c, shown, -1, start, count + c
     end
+    if c > lim then
+      -- A cost above the limit fits in no window.
+      return 0, lim - math.min(count, lim), reset, -1
+    end
     return 0, lim - math.min(count, lim), reset, reset
   end
 
@@ -209,7 +213,7 @@ local function build_evaluators()
       tat = now
     end
     local new_tat = tat + interval * c
-    if new_tat - now <= capacity + delay then
+    if c <= lim and new_tat - now <= capacity + delay then
       -- Within the delay the units wait for their place: nothing more fits now.
       local room = math.max(0, capacity - (new_tat - now))
       return 1, (divmod(room, interval)), new_tat - now, -1, tat, new_tat
@@ -217,6 +221,10 @@ local function build_evaluators()
     local remaining = 0
     if capacity > tat - now then
       remaining = divmod(capacity - (tat - now), interval)
+    end
+    if c > lim then
+      -- More units than the limit never fit, however long they may wait.
+      return 0, remaining, tat - now, -1
     end
     return 0, remaining, tat - now, new_tat - capacity - delay - now
   end
@@ -584,7 +592,8 @@ while argi < args do
           local at = limiter[m - 3]
           if at then
             for i = limiter[m - 5], limiter[m - 4] do
-              if reply[4 * i] == 0 then
+              -- A cost above the rule's limit (an override's) is no client's violation.
+              if reply[4 * i] == 0 and cost <= rule[4 * i - 2] then
                 denying[#denying + 1] = p[at]
                 denying[#denying + 1] = p[at + 1]
                 denying[#denying + 1] = p[at + 2]

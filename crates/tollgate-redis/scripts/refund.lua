@@ -121,6 +121,25 @@ if charge then
   while argi < #ARGV do
     local rules, longest, cap = arg(), arg(), arg()
     local limits = override_limits(arg(), rules)
+    -- The rules first: the limits an override sets bound the log too (twice the largest
+    -- sliding-log limit).
+    local list = {}
+    local overridden = next(limits) ~= nil
+    if overridden then
+      cap = 0
+    end
+    for r = 1, rules do
+      local algorithm, limit, window = arg(), arg(), arg()
+      limit = limits[r] or limit
+      local bounds = false
+      if algorithm == 5 then
+        bounds = { arg(), arg(), arg(), arg() }
+      end
+      if overridden and algorithm == 1 then
+        cap = math.max(cap, 2 * limit)
+      end
+      list[r] = { algorithm, limit, window, bounds }
+    end
     if longest > 0 then
       keyi = keyi + 1
       local log = KEYS[keyi]
@@ -144,8 +163,7 @@ if charge then
       changed = changed + 1
     end
     for r = 1, rules do
-      local algorithm, limit, window = arg(), arg(), arg()
-      limit = limits[r] or limit
+      local algorithm, limit, window, b = list[r][1], list[r][2], list[r][3], list[r][4]
       local twice = 2 * limit
       if algorithm ~= 1 then
         keyi = keyi + 1
@@ -155,7 +173,6 @@ if charge then
           local start, finish
           if algorithm == 5 then
             -- The calendar window holding now, among the three given.
-            local b = { arg(), arg(), arg(), arg() }
             if now < b[2] then
               start, finish = b[1], b[2]
             elseif now < b[3] then

@@ -254,7 +254,8 @@ pub(crate) async fn check(
                 {
                     let request = answer.call.request(plan);
                     let lane = request.limiters.first().map(|l| Slot::for_key(l.key));
-                    journal.learn(lane, &request, &verdict.rules, record, nonce);
+                    let said = (&verdict.rules[..], &verdict.limits[..]);
+                    journal.learn(lane, &request, said, record, nonce);
                 }
             }
         }
@@ -421,8 +422,20 @@ async fn offend(
     let mut denied: HashMap<usize, bool> = HashMap::new();
     for answer in answers {
         let Some(reply) = &answer.reply else { continue };
-        for (i, _, mine) in answer.call.per_limiter(&reply.verdict.rules) {
-            denied.insert(i, mine.iter().any(|o| !o.allowed));
+        let mut first = 0;
+        for (i, limiter, mine) in answer.call.per_limiter(&reply.verdict.rules) {
+            // A cost above a rule's limit (an override's) is no client's violation.
+            let place = first;
+            first += limiter.rules.len();
+            let limit = |j: usize| {
+                let set = reply.verdict.limits.iter().find(|(at, _)| *at == place + j);
+                set.map_or(limiter.rules[j].limit(), |&(_, limit)| limit)
+            };
+            let violated = mine
+                .iter()
+                .enumerate()
+                .any(|(j, o)| !o.allowed && plan.cost <= limit(j));
+            denied.insert(i, violated);
         }
     }
     let bans: Vec<_> = plan

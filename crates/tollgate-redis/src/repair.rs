@@ -266,7 +266,7 @@ impl Journal {
         &self,
         lane: Lane,
         plan: &CheckRequest<'_>,
-        outcomes: &[RuleOutcome],
+        (outcomes, limits): (&[RuleOutcome], &[(usize, u64)]),
         record: &Record,
         nonce: [u8; 8],
     ) -> bool {
@@ -276,9 +276,20 @@ impl Journal {
         let mut keys = self.keys();
         let mut writes = record.writes.iter();
         let mut outcomes_left = outcomes;
+        // Where the limiter's rules start over the plan (the places of `limits`).
+        let mut first = 0;
         for limiter in plan.limiters {
             let (mine, rest) = outcomes_left.split_at(limiter.rules.len().min(outcomes_left.len()));
             outcomes_left = rest;
+            let place = first;
+            first += limiter.rules.len();
+            // The limit a rule counted by: an override's, or its own.
+            let limit = |j: usize, rule: &tollgate::Rule| {
+                limits
+                    .iter()
+                    .find(|(at, _)| *at == place + j)
+                    .map_or(rule.limit(), |&(_, limit)| limit)
+            };
             let writes: Vec<(i64, i64)> =
                 writes.by_ref().take(limiter.rules.len()).copied().collect();
             if script::shadow_denies(limiter, mine) {
@@ -301,10 +312,11 @@ impl Journal {
                         .rules
                         .iter()
                         .zip(mine)
-                        .filter(|(r, _)| r.algorithm() == Algorithm::SlidingLog)
-                        .max_by_key(|(r, _)| r.window_us())
-                        .map_or(0, |(r, o)| {
-                            r.limit().saturating_sub(o.remaining).saturating_sub(cost)
+                        .enumerate()
+                        .filter(|(_, (r, _))| r.algorithm() == Algorithm::SlidingLog)
+                        .max_by_key(|(_, (r, _))| r.window_us())
+                        .map_or(0, |(j, (r, o))| {
+                            limit(j, r).saturating_sub(o.remaining).saturating_sub(cost)
                         });
                     let member = Member {
                         at: now,
@@ -643,6 +655,17 @@ mod tests {
     /// One admission of cost 1 into `rule` of limiter `key`: the record `(a, b)` and the
     /// remaining count the script answered.
     fn learn(journal: &Journal, rule: Rule, now: i64, write: (i64, i64), remaining: u64) -> bool {
+        learn_by(journal, (rule, None), now, write, remaining)
+    }
+
+    /// [`learn`], the script having counted by `limit` (an override's) when given.
+    fn learn_by(
+        journal: &Journal,
+        (rule, limit): (Rule, Option<u64>),
+        now: i64,
+        write: (i64, i64),
+        remaining: u64,
+    ) -> bool {
         let rules = [rule];
         let limiters = [LimiterRequest {
             key: "tg:{k}",
@@ -657,7 +680,32 @@ mod tests {
             now,
             writes: vec![write],
         };
-        journal.learn(None, &plan, &[outcome(remaining)], &record, rand::random())
+        let limits: Vec<(usize, u64)> = limit.map(|l| (0, l)).into_iter().collect();
+        journal.learn(
+            None,
+            &plan,
+            (&[outcome(remaining)], &limits),
+            &record,
+            rand::random(),
+        )
+    }
+
+    #[test]
+    fn a_log_counted_by_an_override_is_weighed_by_its_limit() {
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        let rule: Rule = "10/1h".parse().unwrap();
+        // Counted by 100 (an override), this store's admissions alone: never behind.
+        for i in 0..20 {
+            let remaining = 100 - u64::try_from(i).unwrap() - 1;
+            assert!(!learn_by(
+                &journal,
+                (rule, Some(100)),
+                NOW + i,
+                (0, 0),
+                remaining
+            ));
+        }
+        assert!(!journal.is_suspect());
     }
 
     const NOW: i64 = 1_800_000_000_000_000;
@@ -743,7 +791,13 @@ mod tests {
             writes: vec![(0, 0)],
         };
         for (lane, plan) in [(slot_a, &plan_a), (slot_b, &plan_b)] {
-            assert!(!journal.learn(Some(lane), plan, &[outcome(99)], &record, rand::random()));
+            assert!(!journal.learn(
+                Some(lane),
+                plan,
+                (&[outcome(99)], &[]),
+                &record,
+                rand::random()
+            ));
         }
         journal.suspect(&Journal::lanes_of(&plan_a, true));
         assert!(

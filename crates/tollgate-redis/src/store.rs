@@ -224,7 +224,8 @@ impl RedisStore {
                     ..
                 } = script::slot_reply(plan, &reply, Report::Record)?;
                 if let Some(record) = record {
-                    journal.learn(lane, plan, &verdict.rules, &record, nonce);
+                    let said = (&verdict.rules[..], &verdict.limits[..]);
+                    journal.learn(lane, plan, said, &record, nonce);
                     let at = u64::try_from(record.now)
                         .map_err(|_| script::protocol("check", "a negative record time"))?;
                     verdict.receipt = Some(script::receipt(plan, &verdict.rules, at, id));

@@ -2143,6 +2143,55 @@ pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
     // All or nothing: the first limiter's counts stayed.
     expect_remaining(&d, false, &[6, 96, 0, 26]);
 
+    // A cost above the limit in force never fits, however long it may wait: refused as a
+    // cost too large (no wait, no ban), with or without an override; within a raised limit, it
+    // fits.
+    let p = takes("ovr_cost", gcra("10/1s"));
+    let who = user("cost");
+    s.at(ms(300_000));
+    for within in [Duration::ZERO, ms(1_000)] {
+        let d = s
+            .gate()
+            .check_within(&p, &who, 15, within)
+            .await
+            .expect("the identity carries every dimension");
+        assert_eq!(
+            (d.allowed(), d.reason(), d.retry_after()),
+            (false, Reason::CostExceedsLimit, None),
+            "{d:#?}"
+        );
+    }
+    raise(p.clone(), who.clone(), "20/1s", None).await;
+    assert!(s.check(&p, &who, 15).await.allowed());
+    // Nor is it a violation: a limiter that bans does not ban for it.
+    let banning = policy(
+        "ovr_ban",
+        [Limiter::new(Dimension::UserId, [gcra("10/1s")])
+            .with_overrides(true)
+            .with_blocklist(BanRule::new(ms(60_000)))],
+    );
+    let d = s.check(&banning, &who, 15).await;
+    assert_eq!(d.reason(), Reason::CostExceedsLimit, "{d:#?}");
+    let d = s.check(&banning, &who, 1).await;
+    assert!(d.allowed(), "not banned: {d:#?}");
+
+    // A settlement past an override's limit: the debt is counted against it (a sliding log
+    // holds twice the limit in force).
+    let p = takes("ovr_debt", rule("10/1m"));
+    let who = user("debt");
+    raise(p.clone(), who.clone(), "100/1m", None).await;
+    let d = s.check(&p, &who, 50).await;
+    assert!(d.allowed(), "{d:#?}");
+    let receipt = d.receipt().expect("recorded").clone();
+    let settled = s
+        .gate()
+        .settle(&p, &who, &receipt, 150)
+        .await
+        .expect("the store settles");
+    assert_eq!(settled, Settlement::Charged(100));
+    let d = s.check(&p, &who, 1).await;
+    assert!(!d.allowed(), "150 of 100 used: {d:#?}");
+
     // A limiter that takes none says so.
     let plain = policy(
         "ovr_plain",

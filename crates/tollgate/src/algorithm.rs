@@ -126,7 +126,8 @@ pub fn fixed_window(
             allowed: false,
             remaining: limit - count.min(limit),
             reset_after_us,
-            retry_after_us: Some(reset_after_us),
+            // A cost above the limit fits in no window.
+            retry_after_us: (cost <= limit).then_some(reset_after_us),
         };
         (outcome, None)
     }
@@ -287,7 +288,10 @@ pub fn gcra_within(
     // enough cost.
     let wait = u128::from(tat - now) + u128::from(interval) * u128::from(cost);
     let tolerance = capacity.saturating_add(delay_us);
-    match u64::try_from(wait).ok().filter(|&wait| wait <= tolerance) {
+    // More units than the limit never fit, however long they may wait (without a delay, their
+    // wait is past the capacity already): refused, and no wait helps.
+    let fits = |wait: &u64| *wait <= tolerance && (delay_us == 0 || cost <= rule.limit());
+    match u64::try_from(wait).ok().filter(fits) {
         Some(wait) => {
             let outcome = RuleOutcome {
                 allowed: true,
@@ -302,9 +306,9 @@ pub fn gcra_within(
                 allowed: false,
                 remaining: capacity.saturating_sub(tat - now) / interval,
                 reset_after_us: tat - now,
-                retry_after_us: Some(
-                    u64::try_from(wait - u128::from(tolerance)).unwrap_or(u64::MAX),
-                ),
+                // A cost within the limit is refused only past the tolerance.
+                retry_after_us: (cost <= rule.limit())
+                    .then(|| u64::try_from(wait - u128::from(tolerance)).unwrap_or(u64::MAX)),
             };
             (outcome, None)
         }

@@ -976,7 +976,7 @@ impl<S: Store> Tollgate<S> {
         };
         match answered {
             Some(answered) => {
-                conclude(&policy.limiters, answered, &mut verdict, out);
+                conclude(&policy.limiters, answered, (&mut verdict, cost), out);
                 Now::Done(Ok(()))
             }
             None => Now::Later(keys),
@@ -1004,7 +1004,7 @@ impl<S: Store> Tollgate<S> {
         let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;
-        conclude(&policy.limiters, answered, &mut verdict, &mut out);
+        conclude(&policy.limiters, answered, (&mut verdict, cost), &mut out);
         Ok(out)
     }
 
@@ -1167,7 +1167,7 @@ impl<S: Store> Tollgate<S> {
         let request = CheckRequest::new(cost, true, &requests);
         let mut verdict = Verdict::empty();
         let answered = self.run(&request, self.on_error, &mut verdict).await;
-        conclude(limiters, answered, &mut verdict, out);
+        conclude(limiters, answered, (&mut verdict, cost), out);
     }
 }
 
@@ -1410,11 +1410,16 @@ fn concurrent_part<'a>(
 }
 
 /// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
-fn conclude(limiters: &[Limiter], answered: Answered, verdict: &mut Verdict, out: &mut Decision) {
+fn conclude(
+    limiters: &[Limiter],
+    answered: Answered,
+    (verdict, cost): (&mut Verdict, u64),
+    out: &mut Decision,
+) {
     match answered {
-        Answered::Store => decide(limiters, verdict, out),
+        Answered::Store => decide(limiters, (verdict, cost), out),
         Answered::Local => {
-            decide(limiters, verdict, out);
+            decide(limiters, (verdict, cost), out);
             out.reason = Reason::StoreUnavailable;
             // Recorded in the local store, which a refund does not reach.
             out.receipt = None;
@@ -1425,7 +1430,7 @@ fn conclude(limiters: &[Limiter], answered: Answered, verdict: &mut Verdict, out
 
 /// The decision from a store's verdict, into `out` (its receipt moves there), a fresh decision
 /// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice).
-fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
+fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut Decision) {
     debug_assert!(out.said.is_empty() && out.receipt.is_none());
     if let Some(left) = verdict.blocked_us {
         out.allowed = false;
@@ -1477,7 +1482,34 @@ fn decide(limiters: &[Limiter], verdict: &mut Verdict, out: &mut Decision) {
         out.retry_after = retry_after
             .max(verdict.banned_us)
             .map(Duration::from_micros);
+        // No wait helps any denying rule: maybe a cost above the limits in force.
+        if out.retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
+            out.reason = Reason::CostExceedsLimit;
+        }
     }
+}
+
+/// Whether every enforced rule that denied did so because `cost` is above its limit: what the
+/// engine refuses before the store for limiters of known limits, and the store, for limiters
+/// that take overrides (their limit is the store's to know).
+#[cold]
+fn cost_above_limits(limiters: &[Limiter], verdict: &Verdict, cost: u64) -> bool {
+    if !limiters.iter().any(|l| l.overrides.is_some()) {
+        return false;
+    }
+    let rules = limiters
+        .iter()
+        .flat_map(|l| l.rules.iter().map(move |r| (l, r)));
+    let mut denied = rules
+        .zip(&verdict.rules)
+        .enumerate()
+        .filter(|(_, ((limiter, _), outcome))| !limiter.shadow && !outcome.allowed)
+        .map(|(place, ((_, rule), _))| {
+            let set = verdict.limits.iter().find(|(at, _)| *at == place);
+            cost > set.map_or(rule.limit(), |&(_, limit)| limit)
+        })
+        .peekable();
+    denied.peek().is_some() && denied.all(|too_large| too_large)
 }
 
 fn missing_dimension(limiter: &Limiter) -> CheckError {

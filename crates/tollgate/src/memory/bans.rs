@@ -62,7 +62,13 @@ impl Inner {
             let mine = &outcomes[first..first + limiter.rules.len()];
             first += limiter.rules.len();
             if let Some(rule) = limiter.ban.filter(|_| limiter.bans()) {
-                if mine.iter().any(|o| !o.allowed) {
+                // A cost above a rule's limit (one an override set: others never reach the
+                // store) is no client's violation.
+                let violated = mine
+                    .iter()
+                    .zip(limiter.rules.iter())
+                    .any(|(o, r)| !o.allowed && request.cost <= r.limit());
+                if violated {
                     rules.push(rule);
                 }
             }

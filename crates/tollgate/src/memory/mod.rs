@@ -516,6 +516,7 @@ impl Inner {
     }
 
     /// A check of one enforced limiter without ban keys, the common case: one key, one shard.
+    #[inline(always)]
     fn check_one(&self, request: &CheckRequest<'_>, l: &LimiterRequest<'_>, verdict: &mut Verdict) {
         let hash = self.shards.hash(l.key_bytes());
         let mut shard = self.shards.lock_one(hash);
