@@ -1,7 +1,10 @@
 //! Admin endpoints: counter reset, per-identity overrides and the blocklist (callers hold the
 //! admin token: see `super::scope`).
 
-use std::{sync::Arc, time::Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use axum::{
     Json,
@@ -158,18 +161,10 @@ pub(crate) async fn set_override(
         .ttl
         .as_deref()
         .map(|text| {
-            bounded_duration(text)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "ttl {text:?}: expected e.g. \"30d\" (units ms, s, m, h, d; at most \
-                             3650d), or no ttl for an override that lasts until removed"
-                        ),
-                    )
-                })
+            positive_duration(
+                ("ttl", text),
+                "\"30d\" (or no ttl for an override that lasts until removed)",
+            )
         })
         .transpose()?;
     let started = Instant::now();
@@ -378,18 +373,7 @@ pub(crate) async fn ban(
 ) -> Result<Json<Value>, ApiError> {
     let target = BanTarget::parse(&req.kind, &req.value)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?;
-    let duration = bounded_duration(&req.duration)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "duration {:?}: expected e.g. \"10m\" (units ms, s, m, h, d; at most 3650d)",
-                    req.duration
-                ),
-            )
-        })?;
+    let duration = positive_duration(("duration", &req.duration), "\"10m\"")?;
     let started = Instant::now();
     let result = app.gate.ban(&target, duration).await;
     app.metrics
@@ -435,6 +419,23 @@ pub(crate) async fn unban(
         )
         .with_code("not_banned"))
     }
+}
+
+/// The duration `text` of `field`, above zero and at most 3650 days; a 400 with `example`
+/// otherwise.
+fn positive_duration((field, text): (&str, &str), example: &str) -> Result<Duration, ApiError> {
+    bounded_duration(text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{field} {text:?}: expected e.g. {example} (units ms, s, m, h, d; at most \
+                     3650d)"
+                ),
+            )
+        })
 }
 
 /// The prefix of the policy `name`'s own bans; a 404 for an unknown policy, a 400 for one whose
