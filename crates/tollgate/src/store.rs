@@ -455,9 +455,9 @@ pub enum LockReply {
 
 /// Where rate-limit state lives: the checks. A store implements what it can beside them, each
 /// an ability of its own: [`RefundStore`] (refunds and concurrency leases), [`LockStore`]
-/// (duplicate-guard locks) and [`BanStore`] (the blocklist); the engine's methods that need
-/// one ask for it. [`MemoryStore`](crate::MemoryStore) and `tollgate_redis::RedisStore`
-/// implement all four.
+/// (duplicate-guard locks), [`BanStore`] (the blocklist) and [`OverrideStore`] (per-identity
+/// overrides); the engine's methods that need one ask for it. [`MemoryStore`](crate::MemoryStore)
+/// and `tollgate_redis::RedisStore` implement all five ([`FullStore`]).
 pub trait Store: Send + Sync + 'static {
     /// Runs one atomic check (see [`CheckRequest`]).
     fn check(
@@ -910,8 +910,8 @@ pub trait FullStore: BanStore + LockStore + RefundStore + OverrideStore {}
 
 impl<S: BanStore + LockStore + RefundStore + OverrideStore> FullStore for S {}
 
-/// Any store with all four abilities ([`Store`], [`RefundStore`], [`LockStore`],
-/// [`BanStore`]), chosen at run time (e.g. from a configuration URL), shared by cloning.
+/// Any store with all five abilities (a [`FullStore`]), chosen at run time (e.g. from a
+/// configuration URL), shared by cloning.
 ///
 /// Every call goes through to the store inside, [`Store::check_sync`] included, so an
 /// in-process store behind `AnyStore` answers checks without a future.
