@@ -8,7 +8,9 @@
 //!
 //! Only the measured loop (`checks`, after a round that creates every key) is counted: the
 //! total divided by the number of checks is the cost of one. Cases: `gcra_admit`, `gcra_deny`, `log_admit`,
-//! `log_deny`, `two_by_three_admit`, `governor_admit`, `governor_deny`.
+//! `log_deny`, `two_by_three_admit`, `governor_admit`, `governor_deny`; and, for what overrides
+//! cost their users, `gcra_overridable_admit` (the limiter takes overrides, one is set for
+//! another identity) and `gcra_overridden_admit` (every identity has one).
 //!
 //! `probe rss 1000000` instead fills a memory store with that many one-rule (GCRA) keys of
 //! distinct IPv4 clients and prints the resident memory per key.
@@ -65,7 +67,18 @@ fn main() {
         assert_eq!(wrong, 0, "{wrong} checks went the wrong way");
         return;
     }
-    let (rules, admit, limiters): (Vec<Rule>, bool, usize) = match case.as_str() {
+    // 0: no overrides; 1: the limiter takes them, one set elsewhere; 2: every identity has one.
+    let overrides = match case.as_str() {
+        "gcra_overridable_admit" => 1,
+        "gcra_overridden_admit" => 2,
+        _ => 0,
+    };
+    let case = if overrides > 0 {
+        "gcra_admit"
+    } else {
+        case.as_str()
+    };
+    let (rules, admit, limiters): (Vec<Rule>, bool, usize) = match case {
         "gcra_admit" => (vec![rule("1000000000/1h", Algorithm::Gcra)], true, 1),
         "gcra_deny" => (vec![rule("1/1h", Algorithm::Gcra)], false, 1),
         "log_admit" => (
@@ -94,12 +107,23 @@ fn main() {
         ),
         other => panic!("unknown case {other}"),
     };
-    let mut policy = Policy::builder("probe").limiter(Limiter::new(Dimension::Ip, rules.clone()));
+    let mut policy = Policy::builder("probe")
+        .limiter(Limiter::new(Dimension::Ip, rules.clone()).with_overrides(overrides > 0));
     if limiters == 2 {
         policy = policy.limiter(Limiter::new(Dimension::UserId, rules));
     }
     let policy = policy.build().expect("a valid policy");
     let gate = Tollgate::new(MemoryStore::new());
+    let raised = [rule("2000000000/1h", Algorithm::Gcra)];
+    let elsewhere = Identity::new().with_ip(client_ip(KEYS + 1));
+    let overridden: &[Identity] = match overrides {
+        0 => &[],
+        1 => std::slice::from_ref(&elsewhere),
+        _ => &who,
+    };
+    for who in overridden {
+        ready(gate.set_override(&policy, "ip", who, &raised, None)).expect("an override");
+    }
     // Deny cases: use up every key first.
     if !admit {
         for who in &who {

@@ -2,7 +2,7 @@
 
 use std::{
     collections::HashMap,
-    hash::{BuildHasher, RandomState},
+    hash::BuildHasher,
     sync::{
         RwLock,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -22,12 +22,16 @@ use crate::{
 /// rarely share a lock.
 const SHARDS: usize = 16;
 
-type Map = RwLock<HashMap<Box<[u8]>, Override>>;
+/// The memory store's fast keyed hash (a key is hashed once more to find its map, and once in
+/// it: SipHash would cost more than the rest of the look-up).
+type Hasher = foldhash::fast::RandomState;
+
+type Map = RwLock<HashMap<Box<[u8]>, Override, Hasher>>;
 
 /// The overrides of one store, at most `max` of them, spread over [`SHARDS`] maps by key.
 pub(super) struct Overrides {
     maps: Box<[Map]>,
-    hasher: RandomState,
+    hasher: Hasher,
     /// An override was ever set: until then a check reads nothing (no lock).
     any: AtomicBool,
     /// How many are kept, over every map.
@@ -42,7 +46,7 @@ impl Overrides {
     pub(super) fn new(max: usize) -> Overrides {
         Overrides {
             maps: (0..SHARDS).map(|_| RwLock::default()).collect(),
-            hasher: RandomState::new(),
+            hasher: Hasher::default(),
             any: AtomicBool::new(false),
             len: AtomicUsize::new(0),
             max: max.max(1),
