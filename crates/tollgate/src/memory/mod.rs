@@ -478,22 +478,11 @@ impl Inner {
         request: &CheckRequest<'_>,
         verdict: &mut Verdict,
     ) -> Result<(), StoreError> {
-        let mut rules = Rules::new();
-        let now = self.clock.now_us();
-        if !self
-            .overrides
-            .apply(request, now, &mut rules, &mut verdict.limits)
-        {
-            return self.check_rules(request, verdict);
-        }
-        let limiters = overrides::over(request, &rules);
-        self.check_rules(
-            &CheckRequest {
-                limiters: &limiters,
-                ..*request
-            },
-            verdict,
-        )
+        // The limits go into the verdict once the check has written the rest of it.
+        let mut limits = std::mem::take(&mut verdict.limits);
+        let result = self.overridden(request, &mut limits, |r| self.check_rules(r, verdict));
+        verdict.limits = limits;
+        result
     }
 
     /// The check, with the limits it counts by in its rules.
@@ -778,21 +767,38 @@ impl Inner {
         Some(Receipt::per_limiter(at_us, receipt.id(), units))
     }
 
-    /// `f` over `request` with the limits of the overrides that apply to it: a refund and a
-    /// charge move GCRA's arrival time by the interval the check counted by.
-    fn with_overrides(&self, request: &CheckRequest<'_>, f: impl FnOnce(&CheckRequest<'_>)) {
-        if self.overrides.may_apply(request) {
-            let (mut rules, mut limits) = (Rules::new(), Vec::new());
-            let now = self.clock.now_us();
-            if self.overrides.apply(request, now, &mut rules, &mut limits) {
-                let limiters = overrides::over(request, &rules);
-                return f(&CheckRequest {
-                    limiters: &limiters,
-                    ..*request
-                });
-            }
+    /// `f` over `request` with the limits of the overrides that apply to it (a check counts by
+    /// them; a refund and a charge move GCRA's arrival time by their interval), each limit an
+    /// override set into `limits` (rule place, limit).
+    fn with_overrides<R>(
+        &self,
+        request: &CheckRequest<'_>,
+        limits: &mut Vec<(usize, u64)>,
+        f: impl FnOnce(&CheckRequest<'_>) -> R,
+    ) -> R {
+        if !self.overrides.may_apply(request) {
+            return f(request);
         }
-        f(request)
+        self.overridden(request, limits, f)
+    }
+
+    /// [`with_overrides`](Self::with_overrides) once an override may apply.
+    fn overridden<R>(
+        &self,
+        request: &CheckRequest<'_>,
+        limits: &mut Vec<(usize, u64)>,
+        f: impl FnOnce(&CheckRequest<'_>) -> R,
+    ) -> R {
+        let mut rules = Rules::new();
+        let now = self.clock.now_us();
+        if !self.overrides.apply(request, now, &mut rules, limits) {
+            return f(request);
+        }
+        let limiters = overrides::over(request, &rules);
+        f(&CheckRequest {
+            limiters: &limiters,
+            ..*request
+        })
     }
 
     /// A charge (see `RefundStore::charge`), one limiter at a time.
@@ -917,7 +923,7 @@ impl RefundStore for MemoryStore {
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner
-            .with_overrides(request, |r| self.inner.refund(r, receipt));
+            .with_overrides(request, &mut Vec::new(), |r| self.inner.refund(r, receipt));
         std::future::ready(Ok(()))
     }
 
@@ -933,7 +939,8 @@ impl RefundStore for MemoryStore {
         &self,
         request: &CheckRequest<'_>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.with_overrides(request, |r| self.inner.charge(r));
+        self.inner
+            .with_overrides(request, &mut Vec::new(), |r| self.inner.charge(r));
         std::future::ready(Ok(()))
     }
 }
