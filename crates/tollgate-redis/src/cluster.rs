@@ -428,8 +428,7 @@ async fn offend(
             let place = first;
             first += limiter.rules.len();
             let limit = |j: usize| {
-                let set = reply.verdict.limits.iter().find(|(at, _)| *at == place + j);
-                set.map_or(limiter.rules[j].limit(), |&(_, limit)| limit)
+                Verdict::limit_at(&reply.verdict.limits, place + j, limiter.rules[j].limit())
             };
             let violated = mine
                 .iter()

@@ -285,10 +285,7 @@ impl Journal {
             first += limiter.rules.len();
             // The limit a rule counted by: an override's, or its own.
             let limit = |j: usize, rule: &tollgate::Rule| {
-                limits
-                    .iter()
-                    .find(|(at, _)| *at == place + j)
-                    .map_or(rule.limit(), |&(_, limit)| limit)
+                tollgate::Verdict::limit_at(limits, place + j, rule.limit())
             };
             let writes: Vec<(i64, i64)> =
                 writes.by_ref().take(limiter.rules.len()).copied().collect();

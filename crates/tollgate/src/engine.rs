@@ -1505,8 +1505,7 @@ fn cost_above_limits(limiters: &[Limiter], verdict: &Verdict, cost: u64) -> bool
         .enumerate()
         .filter(|(_, ((limiter, _), outcome))| !limiter.shadow && !outcome.allowed)
         .map(|(place, ((_, rule), _))| {
-            let set = verdict.limits.iter().find(|(at, _)| *at == place);
-            cost > set.map_or(rule.limit(), |&(_, limit)| limit)
+            cost > Verdict::limit_at(&verdict.limits, place, rule.limit())
         })
         .peekable();
     denied.peek().is_some() && denied.all(|too_large| too_large)

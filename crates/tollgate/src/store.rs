@@ -273,6 +273,15 @@ impl Verdict {
         }
     }
 
+    /// The limit the rule at `place` (over the request: limiters in order, rules in order) was
+    /// counted by: the one an override set ([`limits`](Self::limits)), else `configured`.
+    pub fn limit_at(limits: &[(usize, u64)], place: usize, configured: u64) -> u64 {
+        limits
+            .iter()
+            .find(|(at, _)| *at == place)
+            .map_or(configured, |&(_, limit)| limit)
+    }
+
     /// A verdict from rule outcomes.
     pub fn new(allowed: bool, rules: impl IntoIterator<Item = RuleOutcome>) -> Verdict {
         Verdict {

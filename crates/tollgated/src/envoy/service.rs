@@ -604,11 +604,8 @@ impl Checked {
         let Answer::Verdict { verdict, .. } = &self.answer else {
             return rule;
         };
-        let place = self.starts[c] + i;
-        match verdict.limits.iter().find(|(at, _)| *at == place) {
-            Some(&(_, limit)) => rule.with_limit(limit),
-            None => rule,
-        }
+        let limit = Verdict::limit_at(&verdict.limits, self.starts[c] + i, rule.limit());
+        rule.with_limit(limit)
     }
 
     /// The outcomes of counter `c`'s rules (empty when there are none to report).
