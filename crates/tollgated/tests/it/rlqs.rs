@@ -219,8 +219,19 @@ async fn envoys_on_two_instances_share_a_bucket_on_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_an_envoys_stream_ends_the_other_has_the_bucket_at_its_next_report() {
-    let window = Duration::from_secs(10);
-    let server = Server::start(&config("memory://", "1000/10s"));
+    // A bucket's rule counts in fixed windows aligned to the Unix epoch, and an Envoy's rate is
+    // its share of what the bucket can sustain: the room left over the time left. The limit is
+    // chosen for ~500/s over what is left of the current minute (at least 10 s of it), so that
+    // it hardly moves while the test runs: A's rate is ~250/s with B and ~500/s alone, below
+    // the 2 x 400/s its demand caps it at.
+    let window = Duration::from_secs(60);
+    let mut left = left_of_minute();
+    if left < Duration::from_secs(10) {
+        tokio::time::sleep(left + Duration::from_millis(50)).await;
+        left = left_of_minute();
+    }
+    let limit = 500 * left.as_secs();
+    let server = Server::start(&config("memory://", &format!("{limit}/1m")));
     let id = || bucket_id(&[("route", "checkout"), ("tenant", "t4")]);
     let a = Envoy::start(&server.grpc, "edge", id(), 400.0, window, REPORT_EVERY).await;
     let b = Envoy::start(&server.grpc, "edge", id(), 400.0, window, REPORT_EVERY).await;
@@ -250,6 +261,15 @@ async fn when_an_envoys_stream_ends_the_other_has_the_bucket_at_its_next_report(
         "A's rate {shared:.1}/s with B, at most {alone:.1}/s after B's stream ended: {:?}",
         a.rates
     );
+}
+
+/// What is left of the current minute since the Unix epoch.
+fn left_of_minute() -> Duration {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    Duration::from_millis(60_000 - ms % 60_000)
 }
 
 /// Envoy's YAML, served by the drop-in for Envoy's reference service: a bucket id is matched
