@@ -1,10 +1,9 @@
-//! The engine: turns a policy and an identity into keys, asks the store, and decides.
+//! The engine, the public front: [`Tollgate`] and what it does besides checks (refunds and
+//! settlements, bans, duplicate guards, overrides). A check's own path is in `crate::check`.
 
 use std::{
     future::Future,
-    pin::Pin,
     sync::{Arc, OnceLock},
-    task::{Context, Poll, ready},
     time::Duration,
 };
 
@@ -12,22 +11,20 @@ use smallvec::SmallVec;
 
 use crate::{
     blocklist::{BanEntry, BanScope, BanTarget},
-    decision::{Decision, NamedDecision, Reason, Said},
+    check::{BanKeys, Check, CheckKeys, INLINE_LIMITERS, LimiterRequests, Now, push_limiter_key},
+    decision::{Decision, NamedDecision, Reason},
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
-    identity::{Dimension, Identity, NetworkText},
+    identity::{Dimension, Identity},
     key::{self, KeyBuf, KeyOut, ban_index_key},
     overrides::{Override, OverrideError},
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
-        AnyStore, BanKey, BanStore, CheckRequest, FullStore, LimiterRequest, LockReply, LockStore,
+        AnyStore, BanStore, CheckRequest, FullStore, LimiterRequest, LockReply, LockStore,
         OverrideStore, Receipt, RefundStore, Store, Verdict,
     },
 };
-
-/// The most limiters a check holds on the stack; larger policies spill to the heap.
-const INLINE_LIMITERS: usize = 4;
 
 /// Checks policies against a [`Store`].
 ///
@@ -53,19 +50,19 @@ const INLINE_LIMITERS: usize = 4;
 #[derive(Debug)]
 pub struct Tollgate<S> {
     /// Shared with every engine [`erase`](Self::erase)d from this one.
-    store: Arc<S>,
-    prefix: Arc<str>,
+    pub(crate) store: Arc<S>,
+    pub(crate) prefix: Arc<str>,
     /// `prefix:{`, where every limiter key starts.
-    key_start: Arc<str>,
-    on_error: OnError,
-    blocklist: bool,
-    ban_index: Arc<str>,
-    max_stored_response: usize,
-    max_keep_for: Duration,
+    pub(crate) key_start: Arc<str>,
+    pub(crate) on_error: OnError,
+    pub(crate) blocklist: bool,
+    pub(crate) ban_index: Arc<str>,
+    pub(crate) max_stored_response: usize,
+    pub(crate) max_keep_for: Duration,
     /// The fallback of `OnError::Local` (made by `make_local` on first use unless given),
     /// shared with every engine [`erase`](Self::erase)d from this one.
-    local: Arc<OnceLock<Box<dyn LocalFallback>>>,
-    make_local: fn() -> Box<dyn LocalFallback>,
+    pub(crate) local: Arc<OnceLock<Box<dyn LocalFallback>>>,
+    pub(crate) make_local: fn() -> Box<dyn LocalFallback>,
 }
 
 /// What [`Tollgate::settle`] did.
@@ -458,29 +455,6 @@ impl OneKey {
             (self.text.text_at(0..self.text.len()), &[][..])
         };
         limiter.request(key, compact)
-    }
-}
-
-/// Writes `limiter`'s key for `identity` (`start` and `head`: the engine's key start and the
-/// limiter's entry in `Policy::key_heads`): text, or compact for a store that keeps no text.
-/// False when the identity has no value in the limiter's dimension.
-#[inline(always)]
-fn push_limiter_key(
-    out: &mut KeyBuf,
-    (start, head): (&str, &str),
-    limiter: &Limiter,
-    identity: &Identity,
-    compact: bool,
-) -> bool {
-    out.push_str(start);
-    out.push_str(head);
-    if compact {
-        out.push_bytes(&[key::COMPACT_MARK]);
-        limiter.dimension.push_compact(identity, out)
-    } else {
-        let found = limiter.dimension.push_value(identity, out);
-        out.push_ascii(b'}');
-        found
     }
 }
 
@@ -942,446 +916,6 @@ impl<S: LockStore> Tollgate<S> {
     }
 }
 
-impl<S: Store> Tollgate<S> {
-    /// A check answered without a future, into `out`, when the store can answer at once;
-    /// otherwise its keys, prepared once, for [`check_async`](Self::check_async) to ask the
-    /// store with. The decision is written in place: it is large (it holds its rules), and
-    /// every move is a copy.
-    fn check_now<'i>(
-        &self,
-        policy: &Policy,
-        identity: &'i Identity,
-        cost: u64,
-        (consume, delay_us): (bool, u64),
-        out: &mut Decision,
-    ) -> Now<'i> {
-        let mut keys = CheckKeys::new();
-        match self.prepare(policy, identity, cost, consume, &mut keys, out) {
-            Ok(true) => {}
-            Ok(false) => return Now::Done(Ok(())),
-            Err(e) => return Now::Done(Err(e)),
-        }
-        let mut verdict = Verdict::empty();
-        let on_error = policy.on_error.unwrap_or(self.on_error);
-        let answered = {
-            let mut limiters = LimiterRequests::new();
-            let mut bans = BanKeys::new();
-            keys.requests(&policy.limiters, &mut limiters, &mut bans);
-            let mut request = CheckRequest::new(cost, consume, &limiters)
-                .with_bans(&bans, keys.ban_index(&self.ban_index))
-                .with_durability(policy.durability)
-                .with_lease(policy.lease);
-            request.delay_us = delay_us;
-            self.run_now(&request, on_error, &mut verdict)
-        };
-        match answered {
-            Some(answered) => {
-                conclude(&policy.limiters, answered, (&mut verdict, cost), out);
-                Now::Done(Ok(()))
-            }
-            None => Now::Later(keys),
-        }
-    }
-
-    /// The same check, asking the store through its future, with the keys
-    /// [`check_now`](Self::check_now) prepared.
-    async fn check_async(
-        &self,
-        policy: &Policy,
-        keys: CheckKeys<'_>,
-        cost: u64,
-        (consume, delay_us): (bool, u64),
-    ) -> Result<Decision, CheckError> {
-        let mut out = Decision::without_rules(true, Reason::Ok);
-        let mut limiters = LimiterRequests::new();
-        let mut bans = BanKeys::new();
-        keys.requests(&policy.limiters, &mut limiters, &mut bans);
-        let mut request = CheckRequest::new(cost, consume, &limiters)
-            .with_bans(&bans, keys.ban_index(&self.ban_index))
-            .with_durability(policy.durability)
-            .with_lease(policy.lease);
-        request.delay_us = delay_us;
-        let mut verdict = Verdict::empty();
-        let on_error = policy.on_error.unwrap_or(self.on_error);
-        let answered = self.run(&request, on_error, &mut verdict).await;
-        conclude(&policy.limiters, answered, (&mut verdict, cost), &mut out);
-        Ok(out)
-    }
-
-    /// Runs a check the caller prepared through the engine's one way to the store, when the
-    /// store answers at once (without a future: the memory store); `None` when it cannot (then
-    /// [`run`](Self::run) asks it). A failed store meets `on_error`.
-    #[inline]
-    pub fn run_now(
-        &self,
-        request: &CheckRequest<'_>,
-        on_error: OnError,
-        verdict: &mut Verdict,
-    ) -> Option<Answered> {
-        let result = self.store.check_sync(request, verdict)?;
-        Some(self.conclude_store(request, result, on_error, verdict))
-    }
-
-    /// Runs a check the caller prepared through the engine's one way to the store: at once
-    /// when the store can ([`run_now`](Self::run_now)), else through the store's future. A
-    /// failed store meets `on_error`: allowed, denied, or checked by the local fallback.
-    pub async fn run(
-        &self,
-        request: &CheckRequest<'_>,
-        on_error: OnError,
-        verdict: &mut Verdict,
-    ) -> Answered {
-        if let Some(answered) = self.run_now(request, on_error, verdict) {
-            return answered;
-        }
-        let result = self.store.check(request).await.map(|v| *verdict = v);
-        self.conclude_store(request, result, on_error, verdict)
-    }
-
-    /// The store's answer, or `on_error`'s when it failed.
-    fn conclude_store(
-        &self,
-        request: &CheckRequest<'_>,
-        result: Result<(), StoreError>,
-        on_error: OnError,
-        verdict: &mut Verdict,
-    ) -> Answered {
-        if result.is_ok() {
-            return Answered::Store;
-        }
-        match on_error {
-            OnError::Allow => Answered::Failed { allowed: true },
-            OnError::Deny => Answered::Failed { allowed: false },
-            OnError::Local => {
-                let local = self.local.get_or_init(self.make_local);
-                match local.check_local(request, verdict) {
-                    Ok(()) => Answered::Local,
-                    Err(_) => Answered::Failed { allowed: false },
-                }
-            }
-        }
-    }
-
-    /// What every check does before the store: the bypass, the keys, the cost. False when that
-    /// decided already (into `out`); true when `keys` hold what the store needs.
-    fn prepare<'i>(
-        &self,
-        policy: &Policy,
-        identity: &'i Identity,
-        cost: u64,
-        consume: bool,
-        keys: &mut CheckKeys<'i>,
-        out: &mut Decision,
-    ) -> Result<bool, CheckError> {
-        if policy.bypass.as_ref().is_some_and(|b| b.matches(identity)) {
-            out.reset(true, Reason::Bypassed);
-            return Ok(false);
-        }
-        self.limiter_keys(policy, identity, keys)?;
-        if cost > policy.max_units {
-            cost_exceeds_limit(&policy.limiters, cost, out);
-            return Ok(false);
-        }
-        // Ban keys cost a key per target: left out when this check can neither meet a ban (the
-        // store knows none can be live) nor write one.
-        if self.blocklist && ((consume && policy.may_ban) || self.store.bans_possible()) {
-            if let Some(ip) = identity.ip() {
-                // A ban covers the client's network: its text is the target's value.
-                keys.ip_text = BanTarget::PREFIX.network_inline(ip);
-                key::push_ban_key(&mut keys.text, &self.prefix, "ip", &keys.ip_text);
-                keys.ip_ban = Some(keys.text.len());
-            }
-            if let Some(id) = identity.user_id() {
-                key::push_ban_key(&mut keys.text, &self.prefix, "user_id", id);
-                keys.user_ban = Some((keys.text.len(), id));
-            }
-            // Bans of its own: read beside the blocklist every policy sees, and the only ones
-            // a violation writes.
-            if policy.ban_scope == BanScope::Policy {
-                let scope = &policy.scope;
-                if keys.ip_ban.is_some() {
-                    key::push_policy_ban_key(
-                        &mut keys.text,
-                        &self.prefix,
-                        scope,
-                        "ip",
-                        &keys.ip_text,
-                    );
-                    keys.own.ip = Some(keys.text.len());
-                }
-                if let Some((_, id)) = keys.user_ban {
-                    key::push_policy_ban_key(&mut keys.text, &self.prefix, scope, "user_id", id);
-                    keys.own.user = Some(keys.text.len());
-                }
-                let start = keys.text.len();
-                key::push_policy_ban_index(&mut keys.text, &self.prefix, scope);
-                keys.own.index = start..keys.text.len();
-            }
-        }
-        Ok(true)
-    }
-
-    /// Writes the key of every limiter of `policy` for `identity` into `keys`, one after the
-    /// other (`prefix:{head:value}`, where `head:` is the limiter's entry in
-    /// `Policy::key_heads`), noting where each ends.
-    fn limiter_keys(
-        &self,
-        policy: &Policy,
-        identity: &Identity,
-        keys: &mut CheckKeys<'_>,
-    ) -> Result<(), CheckError> {
-        keys.compact = !self.store.text_keys();
-        for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
-            let at = (&*self.key_start, &**head);
-            if !push_limiter_key(&mut keys.text, at, limiter, identity, keys.compact) {
-                return Err(missing_dimension(limiter));
-            }
-            keys.ends.push(keys.text.len());
-        }
-        Ok(())
-    }
-
-    /// `check_group` and `check_single`: `limiters` counted on the caller's `keys`.
-    async fn check_named(
-        &self,
-        limiters: &[Limiter],
-        keys: &[String],
-        cost: u64,
-        out: &mut Decision,
-    ) {
-        if cost > crate::policy::max_cost(limiters) {
-            return cost_exceeds_limit(limiters, cost, out);
-        }
-        let requests: LimiterRequests<'_> = limiters
-            .iter()
-            .zip(keys)
-            .map(|(l, key)| LimiterRequest {
-                key,
-                compact: &[],
-                rules: &l.rules,
-                ban: None,
-                shadow: l.shadow,
-                overrides: None,
-            })
-            .collect();
-        let request = CheckRequest::new(cost, true, &requests);
-        let mut verdict = Verdict::empty();
-        let answered = self.run(&request, self.on_error, &mut verdict).await;
-        conclude(limiters, answered, (&mut verdict, cost), out);
-    }
-}
-
-/// The future of [`Tollgate::check`] and [`Tollgate::peek`]. Its first poll decides when the
-/// store answers at once (everything lives on that poll's stack); otherwise it boxes the
-/// check that awaits the store.
-struct Check<'a, S> {
-    gate: &'a Tollgate<S>,
-    policy: &'a Policy,
-    identity: &'a Identity,
-    cost: u64,
-    /// Whether the check records, and how long its units may wait (µs).
-    how: (bool, u64),
-    state: CheckState<'a>,
-}
-
-enum CheckState<'a> {
-    Start,
-    Waiting(Pin<Box<dyn Future<Output = Result<Decision, CheckError>> + Send + 'a>>),
-    Done,
-}
-
-impl<'a, S: Store> Check<'a, S> {
-    fn new(
-        gate: &'a Tollgate<S>,
-        policy: &'a Policy,
-        identity: &'a Identity,
-        cost: u64,
-        how: (bool, u64),
-    ) -> Check<'a, S> {
-        Check {
-            gate,
-            policy,
-            identity,
-            cost,
-            how,
-            state: CheckState::Start,
-        }
-    }
-}
-
-impl<'a, S: Store> Future for Check<'a, S> {
-    type Output = Result<Decision, CheckError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        if let CheckState::Start = this.state {
-            let (gate, policy, identity) = (this.gate, this.policy, this.identity);
-            let mut out = Decision::without_rules(true, Reason::Ok);
-            match gate.check_now(policy, identity, this.cost, this.how, &mut out) {
-                Now::Done(Ok(())) => {
-                    this.state = CheckState::Done;
-                    return Poll::Ready(Ok(out));
-                }
-                Now::Done(Err(e)) => {
-                    this.state = CheckState::Done;
-                    return Poll::Ready(Err(e));
-                }
-                Now::Later(keys) => {
-                    let waiting = gate.check_async(policy, keys, this.cost, this.how);
-                    this.state = CheckState::Waiting(Box::pin(waiting));
-                }
-            }
-        }
-        let CheckState::Waiting(waiting) = &mut this.state else {
-            panic!("a tollgate check polled after it completed");
-        };
-        let done = ready!(waiting.as_mut().poll(cx));
-        this.state = CheckState::Done;
-        Poll::Ready(done)
-    }
-}
-
-/// What the first, synchronous look at a check came to.
-// It lives on the first poll's stack, and its keys move into the store's future as they are:
-// boxing them would allocate on every networked check.
-#[allow(clippy::large_enum_variant)]
-enum Now<'i> {
-    /// Decided (into the caller's decision), or failed.
-    Done(Result<(), CheckError>),
-    /// The store answers through its future: the check's keys, prepared.
-    Later(CheckKeys<'i>),
-}
-
-/// The limiters of one check, on the stack for up to [`INLINE_LIMITERS`].
-type LimiterRequests<'a> = SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]>;
-
-/// The ban keys of one check: the IP's and the user's.
-type BanKeys<'a> = SmallVec<[BanKey<'a>; 2]>;
-
-/// The keys of one check, on the stack: every limiter's key and the ban keys in one buffer,
-/// and the IP ban's value.
-struct CheckKeys<'i> {
-    /// The limiters' keys (text, or compact for a store that keeps no text), then the ban
-    /// keys (text).
-    text: KeyBuf,
-    /// The limiters' keys are compact ([`Store::text_keys`]).
-    compact: bool,
-    /// Where each limiter's key ends.
-    ends: SmallVec<[usize; INLINE_LIMITERS]>,
-    ip_text: NetworkText,
-    /// Where the IP's ban key ends.
-    ip_ban: Option<usize>,
-    /// Where the user's ban key ends, and the user id.
-    user_ban: Option<(usize, &'i str)>,
-    /// The policy's own bans, when its bans are its own.
-    own: OwnBans,
-}
-
-/// Where a policy's own ban keys and ban index end in a check's keys ([`BanScope::Policy`]).
-#[derive(Default)]
-struct OwnBans {
-    ip: Option<usize>,
-    user: Option<usize>,
-    /// Empty unless the policy's bans are its own.
-    index: std::ops::Range<usize>,
-}
-
-impl<'i> CheckKeys<'i> {
-    fn new() -> CheckKeys<'i> {
-        CheckKeys {
-            text: KeyBuf::default(),
-            compact: false,
-            ends: SmallVec::new(),
-            ip_text: NetworkText::new(),
-            ip_ban: None,
-            user_ban: None,
-            own: OwnBans::default(),
-        }
-    }
-
-    /// The ban index the check's bans go to: the policy's own, or `every` (the engine's).
-    fn ban_index<'a>(&'a self, every: &'a str) -> &'a str {
-        if self.own.index.is_empty() {
-            every
-        } else {
-            self.text.text_at(self.own.index.clone())
-        }
-    }
-
-    /// The request of each limiter (its key and rules) and the ban keys, into the caller's
-    /// vectors (built in place: returned, they would be copied).
-    fn requests<'a>(
-        &'a self,
-        limiters: &'a [Limiter],
-        requests: &mut LimiterRequests<'a>,
-        bans: &mut BanKeys<'a>,
-    ) {
-        let bytes = self.text.bytes();
-        let limiters_end = self.ends.last().copied().unwrap_or(0);
-        // Text read once, apart from the compact keys (which are not text).
-        let limiter_text = if self.compact {
-            ""
-        } else {
-            self.text.text_at(0..limiters_end)
-        };
-        let mut start = 0;
-        for (limiter, &end) in limiters.iter().zip(&self.ends) {
-            let (key, compact) = if self.compact {
-                ("", &bytes[start..end])
-            } else {
-                (&limiter_text[start..end], &[][..])
-            };
-            requests.push(limiter.request(key, compact));
-            start = end;
-        }
-        if self.text.len() == start {
-            return;
-        }
-        // The ban keys, after the limiters'.
-        let text = self.text.text_at(start..self.text.len());
-        let at = |end: usize| end - limiters_end;
-        let mut start = 0;
-        // With bans of its own, the blocklist every policy sees is only read.
-        let shared = self.own.index.is_empty();
-        if let Some(end) = self.ip_ban {
-            bans.push(BanKey {
-                key: &text[start..at(end)],
-                kind: "ip",
-                value: &self.ip_text,
-                write: shared,
-            });
-            start = at(end);
-        }
-        if let Some((end, id)) = self.user_ban {
-            bans.push(BanKey {
-                key: &text[start..at(end)],
-                kind: "user_id",
-                value: id,
-                write: shared,
-            });
-            start = at(end);
-        }
-        if let Some(end) = self.own.ip {
-            bans.push(BanKey {
-                key: &text[start..at(end)],
-                kind: "ip",
-                value: &self.ip_text,
-                write: true,
-            });
-            start = at(end);
-        }
-        if let Some(end) = self.own.user {
-            let id = self.user_ban.map_or("", |(_, id)| id);
-            bans.push(BanKey {
-                key: &text[start..at(end)],
-                kind: "user_id",
-                value: id,
-                write: true,
-            });
-        }
-    }
-}
-
 /// The concurrency limiters of `policy` among its limiter requests `all`, and the part of
 /// `receipt` that names their leases; `None` if the policy has none.
 fn concurrent_part<'a>(
@@ -1409,136 +943,10 @@ fn concurrent_part<'a>(
     ))
 }
 
-/// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
-fn conclude(
-    limiters: &[Limiter],
-    answered: Answered,
-    (verdict, cost): (&mut Verdict, u64),
-    out: &mut Decision,
-) {
-    match answered {
-        Answered::Store => decide(limiters, (verdict, cost), out),
-        Answered::Local => {
-            decide(limiters, (verdict, cost), out);
-            out.reason = Reason::StoreUnavailable;
-            // Recorded in the local store, which a refund does not reach.
-            out.receipt = None;
-        }
-        Answered::Failed { allowed } => out.reset(allowed, Reason::StoreUnavailable),
-    }
-}
-
-/// The decision from a store's verdict, into `out` (its receipt moves there), a fresh decision
-/// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice).
-fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut Decision) {
-    debug_assert!(out.said.is_empty() && out.receipt.is_none());
-    if let Some(left) = verdict.blocked_us {
-        out.allowed = false;
-        out.reason = Reason::Blocked;
-        out.retry_after = Some(Duration::from_micros(left));
-        return;
-    }
-    out.allowed = verdict.allowed;
-    out.reason = Reason::Ok;
-    out.receipt = verdict.receipt.take();
-    let mut outcomes = verdict.rules.iter();
-    let mut retry_after = None::<u64>;
-    let mut remaining = None::<u64>;
-    // Every denial is a concurrency limit's (until a rate rule denies).
-    let mut concurrency = true;
-    for limiter in limiters {
-        for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
-            if limiter.shadow {
-                out.shadow_denied |= !outcome.allowed;
-            } else {
-                remaining = Some(remaining.map_or(outcome.remaining, |r| r.min(outcome.remaining)));
-                if !outcome.allowed {
-                    if out.message.is_none() {
-                        out.message.clone_from(&limiter.message);
-                    }
-                    retry_after = retry_after.max(outcome.retry_after_us);
-                    concurrency &= rule.is_concurrent();
-                }
-            }
-            out.said.push(Said::new(
-                outcome.allowed,
-                outcome.remaining,
-                outcome.reset_after_us,
-            ));
-        }
-    }
-    out.remaining = remaining;
-    // The limits overrides set, after the rules' entries.
-    for &(place, limit) in &verdict.limits {
-        out.said.push(Said::limit(place, limit));
-    }
-    if !verdict.allowed {
-        out.reason = if concurrency {
-            Reason::ConcurrencyLimited
-        } else {
-            Reason::RateLimited
-        };
-        // A ban written by this denial outlasts the rule's own wait.
-        out.retry_after = retry_after
-            .max(verdict.banned_us)
-            .map(Duration::from_micros);
-        // No wait helps any denying rule: maybe a cost above the limits in force.
-        if out.retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
-            out.reason = Reason::CostExceedsLimit;
-        }
-    }
-}
-
-/// Whether every enforced rule that denied did so because `cost` is above its limit: what the
-/// engine refuses before the store for limiters of known limits, and the store, for limiters
-/// that take overrides (their limit is the store's to know).
-#[cold]
-fn cost_above_limits(limiters: &[Limiter], verdict: &Verdict, cost: u64) -> bool {
-    if !limiters.iter().any(|l| l.overrides.is_some()) {
-        return false;
-    }
-    let rules = limiters
-        .iter()
-        .flat_map(|l| l.rules.iter().map(move |r| (l, r)));
-    let mut denied = rules
-        .zip(&verdict.rules)
-        .enumerate()
-        .filter(|(_, ((limiter, _), outcome))| !limiter.shadow && !outcome.allowed)
-        .map(|(place, ((_, rule), _))| {
-            cost > Verdict::limit_at(&verdict.limits, place, rule.limit())
-        })
-        .peekable();
-    denied.peek().is_some() && denied.all(|too_large| too_large)
-}
-
-fn missing_dimension(limiter: &Limiter) -> CheckError {
-    CheckError::MissingDimension {
-        limiter: limiter.name.to_string(),
-        dimension: limiter.dimension.to_string(),
-    }
-}
-
 /// 128 random bits, hex: a lease token nobody can guess.
 fn new_token() -> String {
     let bits: u128 = rand::random();
     format!("{bits:032x}")
-}
-
-fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
-    out.reset(false, Reason::CostExceedsLimit);
-    for limiter in limiters {
-        for rule in limiter.rules.iter() {
-            if !limiter.shadow && crate::policy::cost_too_large(rule, cost) {
-                if out.message.is_none() {
-                    out.message.clone_from(&limiter.message);
-                }
-                out.said.push(Said::new(false, 0, 0));
-                out.remaining = Some(0);
-            } else {
-                out.said.push(Said::unnamed());
-            }
-        }
-    }
 }
 
 #[cfg(test)]

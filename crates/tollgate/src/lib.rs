@@ -58,6 +58,7 @@ pub mod algorithm;
 mod blocklist;
 mod bypass;
 mod calendar;
+mod check;
 mod clock;
 mod decision;
 mod duplicate;

@@ -1,0 +1,137 @@
+//! The decision from how a check was answered: the store's verdict, or `on_error`'s.
+
+use std::time::Duration;
+
+use crate::{
+    decision::{Decision, Reason, Said},
+    engine::Answered,
+    error::CheckError,
+    policy::Limiter,
+    store::Verdict,
+};
+
+/// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
+pub(crate) fn conclude(
+    limiters: &[Limiter],
+    answered: Answered,
+    (verdict, cost): (&mut Verdict, u64),
+    out: &mut Decision,
+) {
+    match answered {
+        Answered::Store => decide(limiters, (verdict, cost), out),
+        Answered::Local => {
+            decide(limiters, (verdict, cost), out);
+            out.reason = Reason::StoreUnavailable;
+            // Recorded in the local store, which a refund does not reach.
+            out.receipt = None;
+        }
+        Answered::Failed { allowed } => out.reset(allowed, Reason::StoreUnavailable),
+    }
+}
+
+/// The decision from a store's verdict, into `out` (its receipt moves there), a fresh decision
+/// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice).
+fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut Decision) {
+    debug_assert!(out.said.is_empty() && out.receipt.is_none());
+    if let Some(left) = verdict.blocked_us {
+        out.allowed = false;
+        out.reason = Reason::Blocked;
+        out.retry_after = Some(Duration::from_micros(left));
+        return;
+    }
+    out.allowed = verdict.allowed;
+    out.reason = Reason::Ok;
+    out.receipt = verdict.receipt.take();
+    let mut outcomes = verdict.rules.iter();
+    let mut retry_after = None::<u64>;
+    let mut remaining = None::<u64>;
+    // Every denial is a concurrency limit's (until a rate rule denies).
+    let mut concurrency = true;
+    for limiter in limiters {
+        for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
+            if limiter.shadow {
+                out.shadow_denied |= !outcome.allowed;
+            } else {
+                remaining = Some(remaining.map_or(outcome.remaining, |r| r.min(outcome.remaining)));
+                if !outcome.allowed {
+                    if out.message.is_none() {
+                        out.message.clone_from(&limiter.message);
+                    }
+                    retry_after = retry_after.max(outcome.retry_after_us);
+                    concurrency &= rule.is_concurrent();
+                }
+            }
+            out.said.push(Said::new(
+                outcome.allowed,
+                outcome.remaining,
+                outcome.reset_after_us,
+            ));
+        }
+    }
+    out.remaining = remaining;
+    // The limits overrides set, after the rules' entries.
+    for &(place, limit) in &verdict.limits {
+        out.said.push(Said::limit(place, limit));
+    }
+    if !verdict.allowed {
+        out.reason = if concurrency {
+            Reason::ConcurrencyLimited
+        } else {
+            Reason::RateLimited
+        };
+        // A ban written by this denial outlasts the rule's own wait.
+        out.retry_after = retry_after
+            .max(verdict.banned_us)
+            .map(Duration::from_micros);
+        // No wait helps any denying rule: maybe a cost above the limits in force.
+        if out.retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
+            out.reason = Reason::CostExceedsLimit;
+        }
+    }
+}
+
+/// Whether every enforced rule that denied did so because `cost` is above its limit: what the
+/// engine refuses before the store for limiters of known limits, and the store, for limiters
+/// that take overrides (their limit is the store's to know).
+#[cold]
+fn cost_above_limits(limiters: &[Limiter], verdict: &Verdict, cost: u64) -> bool {
+    if !limiters.iter().any(|l| l.overrides.is_some()) {
+        return false;
+    }
+    let rules = limiters
+        .iter()
+        .flat_map(|l| l.rules.iter().map(move |r| (l, r)));
+    let mut denied = rules
+        .zip(&verdict.rules)
+        .enumerate()
+        .filter(|(_, ((limiter, _), outcome))| !limiter.shadow && !outcome.allowed)
+        .map(|(place, ((_, rule), _))| {
+            cost > Verdict::limit_at(&verdict.limits, place, rule.limit())
+        })
+        .peekable();
+    denied.peek().is_some() && denied.all(|too_large| too_large)
+}
+
+pub(crate) fn missing_dimension(limiter: &Limiter) -> CheckError {
+    CheckError::MissingDimension {
+        limiter: limiter.name.to_string(),
+        dimension: limiter.dimension.to_string(),
+    }
+}
+
+pub(crate) fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
+    out.reset(false, Reason::CostExceedsLimit);
+    for limiter in limiters {
+        for rule in limiter.rules.iter() {
+            if !limiter.shadow && crate::policy::cost_too_large(rule, cost) {
+                if out.message.is_none() {
+                    out.message.clone_from(&limiter.message);
+                }
+                out.said.push(Said::new(false, 0, 0));
+                out.remaining = Some(0);
+            } else {
+                out.said.push(Said::unnamed());
+            }
+        }
+    }
+}

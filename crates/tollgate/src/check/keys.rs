@@ -1,0 +1,254 @@
+//! A check's keys, built once on the stack: every limiter's (text, or compact for a store
+//! that keeps no text) and the ban keys, in one buffer.
+
+use smallvec::SmallVec;
+
+use crate::{
+    blocklist::{BanScope, BanTarget},
+    decision::{Decision, Reason},
+    engine::Tollgate,
+    error::CheckError,
+    identity::{Identity, NetworkText},
+    key::{self, KeyBuf, KeyOut},
+    policy::{Limiter, Policy},
+    store::{BanKey, LimiterRequest, Store},
+};
+
+use super::{conclude::missing_dimension, cost_exceeds_limit};
+
+/// The most limiters a check holds on the stack; larger policies spill to the heap.
+pub(crate) const INLINE_LIMITERS: usize = 4;
+
+impl<S: Store> Tollgate<S> {
+    /// What every check does before the store: the bypass, the keys, the cost. False when that
+    /// decided already (into `out`); true when `keys` hold what the store needs.
+    pub(crate) fn prepare<'i>(
+        &self,
+        policy: &Policy,
+        identity: &'i Identity,
+        cost: u64,
+        consume: bool,
+        keys: &mut CheckKeys<'i>,
+        out: &mut Decision,
+    ) -> Result<bool, CheckError> {
+        if policy.bypass.as_ref().is_some_and(|b| b.matches(identity)) {
+            out.reset(true, Reason::Bypassed);
+            return Ok(false);
+        }
+        self.limiter_keys(policy, identity, keys)?;
+        if cost > policy.max_units {
+            cost_exceeds_limit(&policy.limiters, cost, out);
+            return Ok(false);
+        }
+        // Ban keys cost a key per target: left out when this check can neither meet a ban (the
+        // store knows none can be live) nor write one.
+        if self.blocklist && ((consume && policy.may_ban) || self.store.bans_possible()) {
+            if let Some(ip) = identity.ip() {
+                // A ban covers the client's network: its text is the target's value.
+                keys.ip_text = BanTarget::PREFIX.network_inline(ip);
+                key::push_ban_key(&mut keys.text, &self.prefix, "ip", &keys.ip_text);
+                keys.ip_ban = Some(keys.text.len());
+            }
+            if let Some(id) = identity.user_id() {
+                key::push_ban_key(&mut keys.text, &self.prefix, "user_id", id);
+                keys.user_ban = Some((keys.text.len(), id));
+            }
+            // Bans of its own: read beside the blocklist every policy sees, and the only ones
+            // a violation writes.
+            if policy.ban_scope == BanScope::Policy {
+                let scope = &policy.scope;
+                if keys.ip_ban.is_some() {
+                    key::push_policy_ban_key(
+                        &mut keys.text,
+                        &self.prefix,
+                        scope,
+                        "ip",
+                        &keys.ip_text,
+                    );
+                    keys.own.ip = Some(keys.text.len());
+                }
+                if let Some((_, id)) = keys.user_ban {
+                    key::push_policy_ban_key(&mut keys.text, &self.prefix, scope, "user_id", id);
+                    keys.own.user = Some(keys.text.len());
+                }
+                let start = keys.text.len();
+                key::push_policy_ban_index(&mut keys.text, &self.prefix, scope);
+                keys.own.index = start..keys.text.len();
+            }
+        }
+        Ok(true)
+    }
+
+    /// Writes the key of every limiter of `policy` for `identity` into `keys`, one after the
+    /// other (`prefix:{head:value}`, where `head:` is the limiter's entry in
+    /// `Policy::key_heads`), noting where each ends.
+    pub(crate) fn limiter_keys(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        keys: &mut CheckKeys<'_>,
+    ) -> Result<(), CheckError> {
+        keys.compact = !self.store.text_keys();
+        for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
+            let at = (&*self.key_start, &**head);
+            if !push_limiter_key(&mut keys.text, at, limiter, identity, keys.compact) {
+                return Err(missing_dimension(limiter));
+            }
+            keys.ends.push(keys.text.len());
+        }
+        Ok(())
+    }
+}
+
+/// Writes `limiter`'s key for `identity` (`start` and `head`: the engine's key start and the
+/// limiter's entry in `Policy::key_heads`): text, or compact for a store that keeps no text.
+/// False when the identity has no value in the limiter's dimension.
+#[inline(always)]
+pub(crate) fn push_limiter_key(
+    out: &mut KeyBuf,
+    (start, head): (&str, &str),
+    limiter: &Limiter,
+    identity: &Identity,
+    compact: bool,
+) -> bool {
+    out.push_str(start);
+    out.push_str(head);
+    if compact {
+        out.push_bytes(&[key::COMPACT_MARK]);
+        limiter.dimension.push_compact(identity, out)
+    } else {
+        let found = limiter.dimension.push_value(identity, out);
+        out.push_ascii(b'}');
+        found
+    }
+}
+
+/// The limiters of one check, on the stack for up to [`INLINE_LIMITERS`].
+pub(crate) type LimiterRequests<'a> = SmallVec<[LimiterRequest<'a>; INLINE_LIMITERS]>;
+
+/// The ban keys of one check: the IP's and the user's.
+pub(crate) type BanKeys<'a> = SmallVec<[BanKey<'a>; 2]>;
+
+/// The keys of one check, on the stack: every limiter's key and the ban keys in one buffer,
+/// and the IP ban's value.
+pub(crate) struct CheckKeys<'i> {
+    /// The limiters' keys (text, or compact for a store that keeps no text), then the ban
+    /// keys (text).
+    text: KeyBuf,
+    /// The limiters' keys are compact ([`Store::text_keys`]).
+    compact: bool,
+    /// Where each limiter's key ends.
+    ends: SmallVec<[usize; INLINE_LIMITERS]>,
+    ip_text: NetworkText,
+    /// Where the IP's ban key ends.
+    ip_ban: Option<usize>,
+    /// Where the user's ban key ends, and the user id.
+    user_ban: Option<(usize, &'i str)>,
+    /// The policy's own bans, when its bans are its own.
+    own: OwnBans,
+}
+
+/// Where a policy's own ban keys and ban index end in a check's keys ([`BanScope::Policy`]).
+#[derive(Default)]
+struct OwnBans {
+    ip: Option<usize>,
+    user: Option<usize>,
+    /// Empty unless the policy's bans are its own.
+    index: std::ops::Range<usize>,
+}
+
+impl<'i> CheckKeys<'i> {
+    pub(crate) fn new() -> CheckKeys<'i> {
+        CheckKeys {
+            text: KeyBuf::default(),
+            compact: false,
+            ends: SmallVec::new(),
+            ip_text: NetworkText::new(),
+            ip_ban: None,
+            user_ban: None,
+            own: OwnBans::default(),
+        }
+    }
+
+    /// The ban index the check's bans go to: the policy's own, or `every` (the engine's).
+    pub(crate) fn ban_index<'a>(&'a self, every: &'a str) -> &'a str {
+        if self.own.index.is_empty() {
+            every
+        } else {
+            self.text.text_at(self.own.index.clone())
+        }
+    }
+
+    /// The request of each limiter (its key and rules) and the ban keys, into the caller's
+    /// vectors (built in place: returned, they would be copied).
+    pub(crate) fn requests<'a>(
+        &'a self,
+        limiters: &'a [Limiter],
+        requests: &mut LimiterRequests<'a>,
+        bans: &mut BanKeys<'a>,
+    ) {
+        let bytes = self.text.bytes();
+        let limiters_end = self.ends.last().copied().unwrap_or(0);
+        // Text read once, apart from the compact keys (which are not text).
+        let limiter_text = if self.compact {
+            ""
+        } else {
+            self.text.text_at(0..limiters_end)
+        };
+        let mut start = 0;
+        for (limiter, &end) in limiters.iter().zip(&self.ends) {
+            let (key, compact) = if self.compact {
+                ("", &bytes[start..end])
+            } else {
+                (&limiter_text[start..end], &[][..])
+            };
+            requests.push(limiter.request(key, compact));
+            start = end;
+        }
+        if self.text.len() == start {
+            return;
+        }
+        // The ban keys, after the limiters'.
+        let text = self.text.text_at(start..self.text.len());
+        let at = |end: usize| end - limiters_end;
+        let mut start = 0;
+        // With bans of its own, the blocklist every policy sees is only read.
+        let shared = self.own.index.is_empty();
+        if let Some(end) = self.ip_ban {
+            bans.push(BanKey {
+                key: &text[start..at(end)],
+                kind: "ip",
+                value: &self.ip_text,
+                write: shared,
+            });
+            start = at(end);
+        }
+        if let Some((end, id)) = self.user_ban {
+            bans.push(BanKey {
+                key: &text[start..at(end)],
+                kind: "user_id",
+                value: id,
+                write: shared,
+            });
+            start = at(end);
+        }
+        if let Some(end) = self.own.ip {
+            bans.push(BanKey {
+                key: &text[start..at(end)],
+                kind: "ip",
+                value: &self.ip_text,
+                write: true,
+            });
+            start = at(end);
+        }
+        if let Some(end) = self.own.user {
+            let id = self.user_ban.map_or("", |(_, id)| id);
+            bans.push(BanKey {
+                key: &text[start..at(end)],
+                kind: "user_id",
+                value: id,
+                write: true,
+            });
+        }
+    }
+}

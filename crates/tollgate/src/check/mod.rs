@@ -1,0 +1,257 @@
+//! The path of every check: the keys ([`keys`]), one way to the store with `on_error`
+//! ([`Tollgate::run`]), and the decision from the store's verdict ([`conclude`]). Every front
+//! end reaches the store through here: the library's checks, the tower layer and the macros
+//! (through [`Tollgate::check`] and [`Tollgate::check_sync`]), and the server's HTTP and
+//! Envoy APIs (through [`Tollgate::run`] with requests they prepare).
+
+mod conclude;
+mod keys;
+
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+
+pub(crate) use conclude::{conclude, cost_exceeds_limit};
+pub(crate) use keys::{BanKeys, CheckKeys, INLINE_LIMITERS, LimiterRequests, push_limiter_key};
+
+use crate::{
+    decision::{Decision, Reason},
+    engine::{Answered, Tollgate},
+    error::{CheckError, StoreError},
+    identity::Identity,
+    policy::{Limiter, OnError, Policy},
+    store::{CheckRequest, LimiterRequest, Store, Verdict},
+};
+
+impl<S: Store> Tollgate<S> {
+    /// A check answered without a future, into `out`, when the store can answer at once;
+    /// otherwise its keys, prepared once, for [`check_async`](Self::check_async) to ask the
+    /// store with. The decision is written in place: it is large (it holds its rules), and
+    /// every move is a copy.
+    pub(crate) fn check_now<'i>(
+        &self,
+        policy: &Policy,
+        identity: &'i Identity,
+        cost: u64,
+        (consume, delay_us): (bool, u64),
+        out: &mut Decision,
+    ) -> Now<'i> {
+        let mut keys = CheckKeys::new();
+        match self.prepare(policy, identity, cost, consume, &mut keys, out) {
+            Ok(true) => {}
+            Ok(false) => return Now::Done(Ok(())),
+            Err(e) => return Now::Done(Err(e)),
+        }
+        let mut verdict = Verdict::empty();
+        let on_error = policy.on_error.unwrap_or(self.on_error);
+        let answered = {
+            let mut limiters = LimiterRequests::new();
+            let mut bans = BanKeys::new();
+            keys.requests(&policy.limiters, &mut limiters, &mut bans);
+            let mut request = CheckRequest::new(cost, consume, &limiters)
+                .with_bans(&bans, keys.ban_index(&self.ban_index))
+                .with_durability(policy.durability)
+                .with_lease(policy.lease);
+            request.delay_us = delay_us;
+            self.run_now(&request, on_error, &mut verdict)
+        };
+        match answered {
+            Some(answered) => {
+                conclude(&policy.limiters, answered, (&mut verdict, cost), out);
+                Now::Done(Ok(()))
+            }
+            None => Now::Later(keys),
+        }
+    }
+
+    /// The same check, asking the store through its future, with the keys
+    /// [`check_now`](Self::check_now) prepared.
+    async fn check_async(
+        &self,
+        policy: &Policy,
+        keys: CheckKeys<'_>,
+        cost: u64,
+        (consume, delay_us): (bool, u64),
+    ) -> Result<Decision, CheckError> {
+        let mut out = Decision::without_rules(true, Reason::Ok);
+        let mut limiters = LimiterRequests::new();
+        let mut bans = BanKeys::new();
+        keys.requests(&policy.limiters, &mut limiters, &mut bans);
+        let mut request = CheckRequest::new(cost, consume, &limiters)
+            .with_bans(&bans, keys.ban_index(&self.ban_index))
+            .with_durability(policy.durability)
+            .with_lease(policy.lease);
+        request.delay_us = delay_us;
+        let mut verdict = Verdict::empty();
+        let on_error = policy.on_error.unwrap_or(self.on_error);
+        let answered = self.run(&request, on_error, &mut verdict).await;
+        conclude(&policy.limiters, answered, (&mut verdict, cost), &mut out);
+        Ok(out)
+    }
+
+    /// Runs a check the caller prepared through the engine's one way to the store, when the
+    /// store answers at once (without a future: the memory store); `None` when it cannot (then
+    /// [`run`](Self::run) asks it). A failed store meets `on_error`.
+    #[inline]
+    pub fn run_now(
+        &self,
+        request: &CheckRequest<'_>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Option<Answered> {
+        let result = self.store.check_sync(request, verdict)?;
+        Some(self.conclude_store(request, result, on_error, verdict))
+    }
+
+    /// Runs a check the caller prepared through the engine's one way to the store: at once
+    /// when the store can ([`run_now`](Self::run_now)), else through the store's future. A
+    /// failed store meets `on_error`: allowed, denied, or checked by the local fallback.
+    pub async fn run(
+        &self,
+        request: &CheckRequest<'_>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Answered {
+        if let Some(answered) = self.run_now(request, on_error, verdict) {
+            return answered;
+        }
+        let result = self.store.check(request).await.map(|v| *verdict = v);
+        self.conclude_store(request, result, on_error, verdict)
+    }
+
+    /// The store's answer, or `on_error`'s when it failed.
+    fn conclude_store(
+        &self,
+        request: &CheckRequest<'_>,
+        result: Result<(), StoreError>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Answered {
+        if result.is_ok() {
+            return Answered::Store;
+        }
+        match on_error {
+            OnError::Allow => Answered::Failed { allowed: true },
+            OnError::Deny => Answered::Failed { allowed: false },
+            OnError::Local => {
+                let local = self.local.get_or_init(self.make_local);
+                match local.check_local(request, verdict) {
+                    Ok(()) => Answered::Local,
+                    Err(_) => Answered::Failed { allowed: false },
+                }
+            }
+        }
+    }
+
+    /// `check_group` and `check_single`: `limiters` counted on the caller's `keys`.
+    pub(crate) async fn check_named(
+        &self,
+        limiters: &[Limiter],
+        keys: &[String],
+        cost: u64,
+        out: &mut Decision,
+    ) {
+        if cost > crate::policy::max_cost(limiters) {
+            return cost_exceeds_limit(limiters, cost, out);
+        }
+        let requests: LimiterRequests<'_> = limiters
+            .iter()
+            .zip(keys)
+            .map(|(l, key)| LimiterRequest {
+                key,
+                compact: &[],
+                rules: &l.rules,
+                ban: None,
+                shadow: l.shadow,
+                overrides: None,
+            })
+            .collect();
+        let request = CheckRequest::new(cost, true, &requests);
+        let mut verdict = Verdict::empty();
+        let answered = self.run(&request, self.on_error, &mut verdict).await;
+        conclude(limiters, answered, (&mut verdict, cost), out);
+    }
+}
+
+/// The future of [`Tollgate::check`] and [`Tollgate::peek`]. Its first poll decides when the
+/// store answers at once (everything lives on that poll's stack); otherwise it boxes the
+/// check that awaits the store.
+pub(crate) struct Check<'a, S> {
+    gate: &'a Tollgate<S>,
+    policy: &'a Policy,
+    identity: &'a Identity,
+    cost: u64,
+    /// Whether the check records, and how long its units may wait (µs).
+    how: (bool, u64),
+    state: CheckState<'a>,
+}
+
+enum CheckState<'a> {
+    Start,
+    Waiting(Pin<Box<dyn Future<Output = Result<Decision, CheckError>> + Send + 'a>>),
+    Done,
+}
+
+impl<'a, S: Store> Check<'a, S> {
+    pub(crate) fn new(
+        gate: &'a Tollgate<S>,
+        policy: &'a Policy,
+        identity: &'a Identity,
+        cost: u64,
+        how: (bool, u64),
+    ) -> Check<'a, S> {
+        Check {
+            gate,
+            policy,
+            identity,
+            cost,
+            how,
+            state: CheckState::Start,
+        }
+    }
+}
+
+impl<'a, S: Store> Future for Check<'a, S> {
+    type Output = Result<Decision, CheckError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let CheckState::Start = this.state {
+            let (gate, policy, identity) = (this.gate, this.policy, this.identity);
+            let mut out = Decision::without_rules(true, Reason::Ok);
+            match gate.check_now(policy, identity, this.cost, this.how, &mut out) {
+                Now::Done(Ok(())) => {
+                    this.state = CheckState::Done;
+                    return Poll::Ready(Ok(out));
+                }
+                Now::Done(Err(e)) => {
+                    this.state = CheckState::Done;
+                    return Poll::Ready(Err(e));
+                }
+                Now::Later(keys) => {
+                    let waiting = gate.check_async(policy, keys, this.cost, this.how);
+                    this.state = CheckState::Waiting(Box::pin(waiting));
+                }
+            }
+        }
+        let CheckState::Waiting(waiting) = &mut this.state else {
+            panic!("a tollgate check polled after it completed");
+        };
+        let done = ready!(waiting.as_mut().poll(cx));
+        this.state = CheckState::Done;
+        Poll::Ready(done)
+    }
+}
+
+/// What the first, synchronous look at a check came to.
+// It lives on the first poll's stack, and its keys move into the store's future as they are:
+// boxing them would allocate on every networked check.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Now<'i> {
+    /// Decided (into the caller's decision), or failed.
+    Done(Result<(), CheckError>),
+    /// The store answers through its future: the check's keys, prepared.
+    Later(CheckKeys<'i>),
+}
