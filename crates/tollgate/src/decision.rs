@@ -266,6 +266,7 @@ impl Said {
 pub type RuleDecisions = SmallVec<[RuleDecision; INLINE_RULES]>;
 
 impl Decision {
+    #[inline(always)]
     pub(crate) fn without_rules(allowed: bool, reason: Reason) -> Decision {
         Decision {
             allowed,

@@ -158,6 +158,7 @@ struct OwnBans {
 }
 
 impl<'i> CheckKeys<'i> {
+    #[inline(always)]
     pub(crate) fn new() -> CheckKeys<'i> {
         CheckKeys {
             text: KeyBuf::default(),
@@ -171,6 +172,7 @@ impl<'i> CheckKeys<'i> {
     }
 
     /// The ban index the check's bans go to: the policy's own, or `every` (the engine's).
+    #[inline(always)]
     pub(crate) fn ban_index<'a>(&'a self, every: &'a str) -> &'a str {
         if self.own.index.is_empty() {
             every

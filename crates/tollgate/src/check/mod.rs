@@ -122,6 +122,7 @@ impl<S: Store> Tollgate<S> {
     }
 
     /// The store's answer, or `on_error`'s when it failed.
+    #[inline(always)]
     fn conclude_store(
         &self,
         request: &CheckRequest<'_>,
@@ -129,9 +130,21 @@ impl<S: Store> Tollgate<S> {
         on_error: OnError,
         verdict: &mut Verdict,
     ) -> Answered {
-        if result.is_ok() {
-            return Answered::Store;
+        match result {
+            Ok(()) => Answered::Store,
+            Err(_) => self.store_failed(request, on_error, verdict),
         }
+    }
+
+    /// `on_error`'s answer to a failed store.
+    #[cold]
+    #[inline(never)]
+    fn store_failed(
+        &self,
+        request: &CheckRequest<'_>,
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Answered {
         match on_error {
             OnError::Allow => Answered::Failed { allowed: true },
             OnError::Deny => Answered::Failed { allowed: false },
