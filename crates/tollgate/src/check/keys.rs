@@ -11,7 +11,7 @@ use crate::{
     identity::{Identity, NetworkText},
     key::{self, KeyBuf, KeyOut},
     policy::{Limiter, Policy},
-    store::{BanKey, LimiterRequest, Store},
+    store::{BanKey, CheckRequest, LimiterRequest, Store},
 };
 
 use super::{conclude::missing_dimension, cost_exceeds_limit};
@@ -179,6 +179,28 @@ impl<'i> CheckKeys<'i> {
         } else {
             self.text.text_at(self.own.index.clone())
         }
+    }
+
+    /// The store's request for this check of `policy` (`how`: whether it records, and how long
+    /// its units may wait, in µs), its limiter and ban requests built in the caller's vectors;
+    /// `every_ban_index`: the engine's ban index.
+    #[inline(always)]
+    pub(crate) fn request<'r, 'a: 'r>(
+        &'a self,
+        policy: &'a Policy,
+        every_ban_index: &'a str,
+        (limiters, bans): (&'r mut LimiterRequests<'a>, &'r mut BanKeys<'a>),
+        cost: u64,
+        (consume, delay_us): (bool, u64),
+    ) -> CheckRequest<'r> {
+        self.requests(&policy.limiters, &mut *limiters, &mut *bans);
+        let (limiters, bans): (&'r LimiterRequests<'a>, &'r BanKeys<'a>) = (limiters, bans);
+        let mut request = CheckRequest::new(cost, consume, limiters)
+            .with_bans(bans, self.ban_index(every_ban_index))
+            .with_durability(policy.durability)
+            .with_lease(policy.lease);
+        request.delay_us = delay_us;
+        request
     }
 
     /// The request of each limiter (its key and rules) and the ban keys, into the caller's

@@ -35,11 +35,11 @@ impl<S: Store> Tollgate<S> {
         policy: &Policy,
         identity: &'i Identity,
         cost: u64,
-        (consume, delay_us): (bool, u64),
+        how: (bool, u64),
         out: &mut Decision,
     ) -> Now<'i> {
         let mut keys = CheckKeys::new();
-        match self.prepare(policy, identity, cost, consume, &mut keys, out) {
+        match self.prepare(policy, identity, cost, how.0, &mut keys, out) {
             Ok(true) => {}
             Ok(false) => return Now::Done(Ok(())),
             Err(e) => return Now::Done(Err(e)),
@@ -47,14 +47,9 @@ impl<S: Store> Tollgate<S> {
         let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = {
-            let mut limiters = LimiterRequests::new();
-            let mut bans = BanKeys::new();
-            keys.requests(&policy.limiters, &mut limiters, &mut bans);
-            let mut request = CheckRequest::new(cost, consume, &limiters)
-                .with_bans(&bans, keys.ban_index(&self.ban_index))
-                .with_durability(policy.durability)
-                .with_lease(policy.lease);
-            request.delay_us = delay_us;
+            let (mut limiters, mut bans) = (LimiterRequests::new(), BanKeys::new());
+            let vectors = (&mut limiters, &mut bans);
+            let request = keys.request(policy, &self.ban_index, vectors, cost, how);
             self.run_now(&request, on_error, &mut verdict)
         };
         match answered {
@@ -73,17 +68,12 @@ impl<S: Store> Tollgate<S> {
         policy: &Policy,
         keys: CheckKeys<'_>,
         cost: u64,
-        (consume, delay_us): (bool, u64),
+        how: (bool, u64),
     ) -> Result<Decision, CheckError> {
         let mut out = Decision::without_rules(true, Reason::Ok);
-        let mut limiters = LimiterRequests::new();
-        let mut bans = BanKeys::new();
-        keys.requests(&policy.limiters, &mut limiters, &mut bans);
-        let mut request = CheckRequest::new(cost, consume, &limiters)
-            .with_bans(&bans, keys.ban_index(&self.ban_index))
-            .with_durability(policy.durability)
-            .with_lease(policy.lease);
-        request.delay_us = delay_us;
+        let (mut limiters, mut bans) = (LimiterRequests::new(), BanKeys::new());
+        let vectors = (&mut limiters, &mut bans);
+        let request = keys.request(policy, &self.ban_index, vectors, cost, how);
         let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
         let answered = self.run(&request, on_error, &mut verdict).await;
