@@ -949,7 +949,7 @@ impl OverrideStore for MemoryStore {
     fn set_override(
         &self,
         limiter: &LimiterRequest<'_>,
-        _index: &str,
+        index: &str,
         entry: &Override,
         ttl: Option<Duration>,
     ) -> impl Future<Output = Result<Override, StoreError>> + Send {
@@ -957,7 +957,12 @@ impl OverrideStore for MemoryStore {
         let mut entry = entry.clone();
         entry.expires_at_us = ttl.map(|ttl| now.saturating_add(micros(ttl)));
         let kept = entry.clone();
-        std::future::ready(self.inner.overrides.set(limiter, entry, now).map(|()| kept))
+        std::future::ready(
+            self.inner
+                .overrides
+                .set(limiter, (entry, index), now)
+                .map(|()| kept),
+        )
     }
 
     fn remove_override(
@@ -971,10 +976,10 @@ impl OverrideStore for MemoryStore {
 
     fn overrides(
         &self,
-        _index: &str,
+        index: &str,
     ) -> impl Future<Output = Result<Vec<Override>, StoreError>> + Send {
         let now = self.inner.clock.now_us();
-        std::future::ready(Ok(self.inner.overrides.list(now)))
+        std::future::ready(Ok(self.inner.overrides.list(index, now)))
     }
 }
 

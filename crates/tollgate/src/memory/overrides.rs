@@ -26,7 +26,14 @@ const SHARDS: usize = 16;
 /// it: SipHash would cost more than the rest of the look-up).
 type Hasher = foldhash::fast::RandomState;
 
-type Map = RwLock<HashMap<Box<[u8]>, Override, Hasher>>;
+type Map = RwLock<HashMap<Box<[u8]>, Kept, Hasher>>;
+
+/// An override and the index it is listed under (engines of different prefixes may share a
+/// store: each lists its own).
+struct Kept {
+    entry: Override,
+    index: Box<str>,
+}
 
 /// The overrides of one store, at most `max` of them, spread over [`SHARDS`] maps by key.
 pub(super) struct Overrides {
@@ -85,7 +92,7 @@ impl Overrides {
             };
             let map = self.map(l.key_bytes());
             let map = map.read().unwrap_or_else(|e| e.into_inner());
-            let found = map.get(l.key_bytes()).filter(|o| {
+            let found = map.get(l.key_bytes()).map(|k| &k.entry).filter(|o| {
                 o.fingerprint == fingerprint.get()
                     && o.limits.len() == l.rules.len()
                     && o.live_at(now)
@@ -106,7 +113,7 @@ impl Overrides {
     pub(super) fn set(
         &self,
         limiter: &LimiterRequest<'_>,
-        entry: Override,
+        (entry, index): (Override, &str),
         now: u64,
     ) -> Result<(), StoreError> {
         let key = limiter.key_bytes();
@@ -115,7 +122,7 @@ impl Overrides {
             for map in self.maps.iter() {
                 let mut map = map.write().unwrap_or_else(|e| e.into_inner());
                 let before = map.len();
-                map.retain(|_, o| o.live_at(now));
+                map.retain(|_, k| k.entry.live_at(now));
                 self.len.fetch_sub(before - map.len(), Ordering::AcqRel);
             }
         }
@@ -133,7 +140,8 @@ impl Overrides {
                 ));
             }
         }
-        map.insert(key.into(), entry);
+        let index = index.into();
+        map.insert(key.into(), Kept { entry, index });
         self.any.store(true, Ordering::Release);
         Ok(())
     }
@@ -148,15 +156,16 @@ impl Overrides {
         if removed.is_some() {
             self.len.fetch_sub(1, Ordering::AcqRel);
         }
-        removed.is_some_and(|o| o.live_at(now))
+        removed.is_some_and(|k| k.entry.live_at(now))
     }
 
-    /// The live overrides, by policy, limiter and value.
-    pub(super) fn list(&self, now: u64) -> Vec<Override> {
+    /// The live overrides listed under `index`, by policy, limiter and value.
+    pub(super) fn list(&self, index: &str, now: u64) -> Vec<Override> {
         let mut all: Vec<Override> = Vec::new();
         for map in self.maps.iter() {
             let map = map.read().unwrap_or_else(|e| e.into_inner());
-            all.extend(map.values().filter(|o| o.live_at(now)).cloned());
+            let listed = map.values().filter(|k| &*k.index == index);
+            all.extend(listed.map(|k| &k.entry).filter(|o| o.live_at(now)).cloned());
         }
         all.sort_by(|a, b| {
             (&a.policy, &a.limiter, &a.value).cmp(&(&b.policy, &b.limiter, &b.value))

@@ -468,6 +468,29 @@ fn overrides_are_bounded_and_the_ended_ones_make_room() {
     set("d", None).unwrap();
 }
 
+#[test]
+fn engines_sharing_a_store_each_list_their_own_overrides() {
+    let store = Arc::new(MemoryStore::new());
+    let a = crate::Tollgate::new(store.clone()).with_prefix("a");
+    let b = crate::Tollgate::new(store).with_prefix("b");
+    let rules: [Rule; 1] = ["5/1m".parse().unwrap()];
+    let policy = crate::Policy::builder("p")
+        .limiter(crate::Limiter::new(crate::Dimension::Ip, rules).with_overrides(true))
+        .build()
+        .unwrap();
+    let who = |ip: &str| crate::Identity::new().with_ip(ip.parse().unwrap());
+    let raised: [Rule; 1] = ["9/1m".parse().unwrap()];
+    for (gate, ip) in [(&a, "192.0.2.1"), (&b, "192.0.2.2")] {
+        futures_executor(gate.set_override(&policy, "ip", &who(ip), &raised, None)).unwrap();
+    }
+    let listed = |gate: &crate::Tollgate<Arc<MemoryStore>>| -> Vec<String> {
+        let all = futures_executor(gate.overrides()).unwrap();
+        all.into_iter().map(|o| o.value).collect()
+    };
+    assert_eq!(listed(&a), ["192.0.2.1"]);
+    assert_eq!(listed(&b), ["192.0.2.2"]);
+}
+
 /// Runs a future of the memory store, which is ready at once.
 fn futures_executor<T>(future: impl std::future::Future<Output = T>) -> T {
     let mut future = std::pin::pin!(future);
