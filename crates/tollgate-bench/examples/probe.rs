@@ -12,6 +12,10 @@
 //! cost their users, `gcra_overridable_admit` (the limiter takes overrides, one is set for
 //! another identity) and `gcra_overridden_admit` (every identity has one).
 //!
+//! `probe threads2 5000000` runs that many GCRA admissions on each of 2 threads (its own
+//! thousand keys each) and prints checks a second, beside governor's, for profiles of how
+//! threads share the store (`perf stat`, `perf record`).
+//!
 //! `probe rss 1000000` instead fills a memory store with that many one-rule (GCRA) keys of
 //! distinct IPv4 clients and prints the resident memory per key.
 
@@ -49,6 +53,9 @@ fn main() {
     let n: u32 = args.next().and_then(|n| n.parse().ok()).unwrap_or(25_000);
     if case == "rss" {
         return rss(n);
+    }
+    if let Some(threads) = case.strip_prefix("threads") {
+        return throughput(threads.parse().unwrap_or(2), n);
     }
     let ips: Vec<IpAddr> = (0..KEYS).map(client_ip).collect();
     let who: Vec<Identity> = ips
@@ -215,4 +222,53 @@ fn rss(keys: u32) {
         (after - before) >> 20,
         (after - before) / u64::from(keys)
     );
+}
+
+/// `n` GCRA admissions on each of `threads` threads, each over its own [`KEYS`] clients, for
+/// tollgate's memory store and governor in turn: checks a second across the threads.
+fn throughput(threads: u32, n: u32) {
+    let policy = Policy::builder("probe")
+        .limiter(Limiter::new(
+            Dimension::Ip,
+            [rule("1000000000/1000s", Algorithm::Gcra)],
+        ))
+        .build()
+        .expect("a valid policy");
+    let gate = Tollgate::new(MemoryStore::new());
+    let who: Vec<Vec<Identity>> = (0..threads)
+        .map(|t| {
+            (0..KEYS)
+                .map(|i| Identity::new().with_ip(client_ip(t * KEYS + i)))
+                .collect()
+        })
+        .collect();
+    let quota = governor::Quota::per_second(NonZeroU32::new(1_000_000).expect("non-zero"))
+        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"));
+    let limiter: governor::DefaultKeyedRateLimiter<IpAddr> = RateLimiter::keyed(quota);
+    let side = |name: &str, check: &(dyn Fn(usize, usize) -> bool + Sync)| {
+        let start = std::time::Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..threads as usize {
+                s.spawn(move || {
+                    for i in 0..n as usize {
+                        assert!(check(t, i % KEYS as usize), "a check was denied");
+                    }
+                });
+            }
+        });
+        let rate = f64::from(n) * f64::from(threads) / start.elapsed().as_secs_f64();
+        println!("{name:9} {threads} threads: {:.2} M checks/s", rate / 1e6);
+    };
+    side("tollgate", &|t, i| {
+        ready(gate.check(&policy, black_box(&who[t][i]), 1))
+            .expect("a check")
+            .allowed()
+    });
+    let ips: Vec<Vec<IpAddr>> = who
+        .iter()
+        .map(|w| w.iter().map(|w| w.ip().expect("an IP")).collect())
+        .collect();
+    side("governor", &|t, i| {
+        limiter.check_key(black_box(&ips[t][i])).is_ok()
+    });
 }
