@@ -136,6 +136,8 @@ pub(crate) struct ServerSettings {
     pub(crate) max_descriptor_entries: usize,
     /// The longest a duplicate guard's completed response is kept (`keep_for`).
     pub(crate) max_keep_for: Duration,
+    /// The longest `/v1/check` may let a request wait for its units (`max_delay_ms`).
+    pub(crate) max_delay: Duration,
     /// The largest response a duplicate guard stores, in bytes.
     pub(crate) max_stored_response: usize,
     /// `server.dashboard`; unset: on when the HTTP listener is on a loopback address.
@@ -195,6 +197,9 @@ const DEFAULT_MAX_DESCRIPTORS: usize = 64;
 const DEFAULT_MAX_DESCRIPTOR_ENTRIES: usize = 16;
 /// Default `server.max_keep_for`.
 const DEFAULT_MAX_KEEP_FOR: Duration = Duration::from_secs(3600);
+/// Default `server.max_delay`: a wait reserves the identity's units ahead, so the longest
+/// is bounded for callers too.
+const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(60);
 /// Default `server.max_stored_response`: 64 KiB.
 const DEFAULT_MAX_STORED_RESPONSE: usize = 64 << 10;
 
@@ -699,6 +704,7 @@ pub(super) struct RawServer {
     max_descriptors: Option<Spanned<u32>>,
     max_descriptor_entries: Option<Spanned<u32>>,
     max_keep_for: Option<Spanned<DurationText>>,
+    max_delay: Option<Spanned<DurationText>>,
     max_stored_response: Option<Spanned<u32>>,
     admin_failure_limit: Option<Rule>,
     dashboard: Option<bool>,
@@ -1524,6 +1530,7 @@ impl RawServer {
             DEFAULT_MAX_DESCRIPTOR_ENTRIES,
         )?;
         let max_keep_for = timeout(self.max_keep_for, "max_keep_for", DEFAULT_MAX_KEEP_FOR)?;
+        let max_delay = timeout(self.max_delay, "max_delay", DEFAULT_MAX_DELAY)?;
         let max_stored_response = self
             .max_stored_response
             .map_or(DEFAULT_MAX_STORED_RESPONSE, |n| n.into_inner() as usize);
@@ -1556,6 +1563,7 @@ impl RawServer {
             max_descriptors,
             max_descriptor_entries,
             max_keep_for,
+            max_delay,
             max_stored_response,
             dashboard: self.dashboard,
             headers: self.headers.unwrap_or_default(),
@@ -2211,12 +2219,14 @@ mod tests {
         assert_eq!(c.server.grpc_max_concurrent_streams, 1000);
         assert_eq!(c.server.max_batch, 100);
         assert_eq!(c.server.admin_failure_limit.to_string(), "5/1m");
+        assert_eq!(c.server.max_delay, Duration::from_secs(60));
 
         let c = Config::parse(
             "t.toml",
             "[server]\nheader_read_timeout = \"300ms\"\nbody_read_timeout = \"2s\"\n\
              max_connections = 3\ngrpc_max_message_bytes = 4096\n\
-             grpc_max_concurrent_streams = 8\nadmin_failure_limit = \"3/10m\"\n",
+             grpc_max_concurrent_streams = 8\nadmin_failure_limit = \"3/10m\"\n\
+             max_delay = \"500ms\"\n",
         )
         .unwrap();
         assert_eq!(c.server.header_read_timeout, Duration::from_millis(300));
@@ -2225,6 +2235,7 @@ mod tests {
         assert_eq!(c.server.grpc_max_message_bytes, 4096);
         assert_eq!(c.server.grpc_max_concurrent_streams, 8);
         assert_eq!(c.server.admin_failure_limit.to_string(), "3/10m");
+        assert_eq!(c.server.max_delay, Duration::from_millis(500));
 
         assert_eq!(
             err("[server]\nhttp = \"127.0.0.1:1\"\nheader_read_timeout = \"0s\"\n"),
@@ -2233,6 +2244,10 @@ mod tests {
         assert_eq!(
             err("[server]\nbody_read_timeout = \"10x\"\n"),
             r#"t.toml:2: server.body_read_timeout: "10x": unknown unit "x" (use ms, s, m, h, d, w, or msec, sec, secs, min, mins, hr, hrs, wk, wks, or millisecond, second, minute, hour, day, week and their plurals)"#
+        );
+        assert_eq!(
+            err("[server]\nmax_delay = \"0s\"\n"),
+            "t.toml:2: server.max_delay: the timeout must be at least 1ms"
         );
         assert_eq!(
             err("[server]\n\nmax_connections = 0\n"),

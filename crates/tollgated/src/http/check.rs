@@ -96,6 +96,19 @@ pub(super) async fn decide(
         .max_delay_ms
         .filter(|&ms| ms > 0 && consume)
         .map(Duration::from_millis);
+    let most = config.server.max_delay;
+    if let Some(delay) = max_delay.filter(|&d| d > most) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "max_delay_ms {}: at most {} ({}, server.max_delay)",
+                delay.as_millis(),
+                most.as_millis(),
+                tollgate::format_duration(most)
+            ),
+        )
+        .with_code("invalid_max_delay"));
+    }
     let started = Instant::now();
     let decision = match max_delay {
         Some(delay) => {

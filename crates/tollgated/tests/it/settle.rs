@@ -81,6 +81,28 @@ async fn a_settlement_charges_a_debt_or_gives_back_once_per_receipt() {
     assert!((400..500).contains(&status), "{status} {body}");
 }
 
+#[tokio::test]
+async fn the_longest_wait_is_the_servers_to_set() {
+    let server = Server::start(&format!("[server]\nmax_delay = \"30s\"\n{WAIT}"));
+    let who = json!({ "ip": "192.0.2.31" });
+    let ask = |ms: u64| json!({ "policy": "checkout", "identity": who, "max_delay_ms": ms });
+    let (status, body) = server.post("/v1/check", ask(30_001)).await;
+    assert_eq!(
+        (status, body["code"].clone()),
+        (400, json!("invalid_max_delay")),
+        "{body}"
+    );
+    assert!(body.to_string().contains("at most 30000"), "{body}");
+    let (status, body) = server.post("/v1/check", ask(30_000)).await;
+    assert_eq!(
+        (status, body["allowed"].clone()),
+        (200, json!(true)),
+        "{body}"
+    );
+    // The refused asks took nothing: the burst is whole but for the one admitted.
+    assert_eq!(body["rules"][0]["remaining"], 4, "{body}");
+}
+
 const WAIT: &str = r#"
 [policies.checkout]
 limiters = [{ by = "ip", rules = ["5/1m"], algorithm = "gcra" }]
@@ -121,6 +143,14 @@ async fn a_check_that_may_wait_is_told_how_long_with_the_receipt_to_give_up() {
         metrics.contains("tollgate_waits_total{policy=\"checkout\"} 2"),
         "{metrics}"
     );
+    // Waits are bounded by `server.max_delay` (1m by default): a longer one is refused, and
+    // takes nothing.
+    let too_long = json!({ "policy": "checkout", "identity": who, "max_delay_ms": 60_001 });
+    let (status, body) = server.post("/v1/check", too_long).await;
+    assert_eq!(status, 400, "{body}");
+    assert_problem(&body, 400);
+    assert_eq!(body["code"], "invalid_max_delay", "{body}");
+    assert!(body.to_string().contains("server.max_delay"), "{body}");
     // A batch answers at once: it takes no max_delay_ms.
     let (status, body) = server
         .post(
