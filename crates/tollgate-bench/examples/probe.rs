@@ -195,14 +195,19 @@ fn resident() -> u64 {
     kib * 1024
 }
 
-fn rss(keys: u32) {
-    let policy = Policy::builder("probe")
+/// A policy of one GCRA rule per client IP.
+fn gcra_per_ip(rule_text: &str) -> Policy {
+    Policy::builder("probe")
         .limiter(Limiter::new(
             Dimension::Ip,
-            [rule("10/1m", Algorithm::Gcra)],
+            [rule(rule_text, Algorithm::Gcra)],
         ))
         .build()
-        .expect("a valid policy");
+        .expect("a valid policy")
+}
+
+fn rss(keys: u32) {
+    let policy = gcra_per_ip("10/1m");
     // Room to spare: shards fill unevenly, and this measures keys, not eviction.
     let gate = Tollgate::new(MemoryStore::builder().max_keys(2 * keys as usize).build());
     let before = resident();
@@ -227,13 +232,7 @@ fn rss(keys: u32) {
 /// `n` GCRA admissions on each of `threads` threads, each over its own [`KEYS`] clients, for
 /// tollgate's memory store and governor in turn: checks a second across the threads.
 fn throughput(threads: u32, n: u32) {
-    let policy = Policy::builder("probe")
-        .limiter(Limiter::new(
-            Dimension::Ip,
-            [rule("1000000000/1000s", Algorithm::Gcra)],
-        ))
-        .build()
-        .expect("a valid policy");
+    let policy = gcra_per_ip("1000000000/1000s");
     let gate = Tollgate::new(MemoryStore::new());
     let who: Vec<Vec<Identity>> = (0..threads)
         .map(|t| {
