@@ -189,7 +189,8 @@ impl App {
     ///
     /// The store and the engine are kept, so counters of every policy whose scope and
     /// limiter names did not change carry on. Listen addresses, the store URL, its timeout
-    /// and key prefix need a restart; a change to them is logged and ignored.
+    /// and key prefix, the traffic record and the webhook need a restart; a change to them is
+    /// logged and ignored.
     pub(crate) fn reload(&self) -> Result<(), ConfigError> {
         match Config::load_source(&self.source) {
             Ok(new) => {
@@ -213,6 +214,9 @@ impl App {
                     tracing::warn!(
                         "[record] changed; the traffic record's settings apply after a restart"
                     );
+                }
+                if new.webhook != old.webhook {
+                    tracing::warn!("[webhook] changed; warnings go where it says after a restart");
                 }
                 let policies = new.policy_names().collect::<Vec<_>>().join(", ");
                 // Swap first, log after: whoever reads the log line may rely on the new

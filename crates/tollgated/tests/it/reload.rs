@@ -92,6 +92,18 @@ async fn sighup_reloads() {
 }
 
 #[tokio::test]
+async fn settings_read_at_start_are_kept_and_the_change_is_logged() {
+    let webhook = |port: u16| format!("[webhook]\nurl = \"http://127.0.0.1:{port}/hook\"\n");
+    let mut server = Server::start(&format!("{}{BEFORE}", webhook(9)));
+    server.write_config(&format!("{}{AFTER}", webhook(10)));
+    server.wait_for_line("configuration reloaded", 1);
+    let line = server.wait_for_line("[webhook] changed", 1);
+    assert!(line.contains("after a restart"), "{line}");
+    // The rest of the file applies at once.
+    assert_eq!(server.check("b", ip("192.0.2.1")).await["allowed"], true);
+}
+
+#[tokio::test]
 async fn sigterm_drains_and_exits_cleanly() {
     let mut server = Server::start(BEFORE);
     server.check("a", ip("192.0.2.1")).await;
