@@ -1,8 +1,8 @@
 //! The path of every check: the keys ([`keys`]), one way to the store with `on_error`
 //! ([`Tollgate::run`]), and the decision from the store's verdict ([`conclude`]). Every front
-//! end reaches the store through here: the library's checks, the tower layer and the macros
-//! (through [`Tollgate::check`] and [`Tollgate::check_sync`]), and the server's HTTP and
-//! Envoy APIs (through [`Tollgate::run`] with requests they prepare).
+//! end reaches the store through here: the library's checks, the tower layer, the macros and
+//! the server's HTTP API (through [`Tollgate::check`] and [`Tollgate::check_sync`]), and its
+//! Envoy API (through [`Tollgate::run`], with the requests its descriptors make).
 
 mod conclude;
 mod keys;
