@@ -192,12 +192,7 @@ pub(crate) async fn set_override(
                 .map_err(OverrideError::from)
         }
     };
-    app.metrics.store_call(
-        "set_override",
-        started.elapsed(),
-        matches!(result, Err(OverrideError::Store(_))),
-    );
-    let kept = result.map_err(override_error)?;
+    let kept = counted(&app, "set_override", started, result)?;
     tracing::info!(policy = %kept.policy, limiter = %kept.limiter, "override set by admin");
     Ok(Json(
         serde_json::json!({ "override": override_json(&app, kept) }),
@@ -232,12 +227,7 @@ pub(crate) async fn remove_override(
             .await
             .map_err(OverrideError::from),
     };
-    app.metrics.store_call(
-        "remove_override",
-        started.elapsed(),
-        matches!(result, Err(OverrideError::Store(_))),
-    );
-    if result.map_err(override_error)? {
+    if counted(&app, "remove_override", started, result)? {
         tracing::info!("override removed by admin");
         Ok(Json(serde_json::json!({ "removed": true })))
     } else {
@@ -289,6 +279,19 @@ pub(crate) fn override_json(app: &App, o: Override) -> OverrideJson {
         limiter: o.limiter,
         value: o.value,
     }
+}
+
+/// The result of the override call `op` started at `started`, counted in the store-call
+/// metrics (a failure when the store failed), its error as the API answers it.
+fn counted<T>(
+    app: &App,
+    op: &'static str,
+    started: Instant,
+    result: Result<T, OverrideError>,
+) -> Result<T, ApiError> {
+    let failed = matches!(result, Err(OverrideError::Store(_)));
+    app.metrics.store_call(op, started.elapsed(), failed);
+    result.map_err(override_error)
 }
 
 fn override_error(e: OverrideError) -> ApiError {
