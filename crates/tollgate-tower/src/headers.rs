@@ -16,8 +16,20 @@ pub(crate) use tollgate::fields::{ceil_secs, policy_names};
 fn insert(headers: &mut HeaderMap) -> impl FnMut(&'static str, &str) + '_ {
     |name, value| {
         if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(HeaderName::from_static(name), value);
+            headers.insert(header_name(name), value);
         }
+    }
+}
+
+/// The header of a field [`tollgate::fields`] writes: made at compile time for the fields every
+/// answer carries (`HeaderName::from_static` looks a name up among the standard ones first).
+fn header_name(name: &'static str) -> HeaderName {
+    const RATELIMIT: HeaderName = HeaderName::from_static(fields::RATELIMIT);
+    const RATELIMIT_POLICY: HeaderName = HeaderName::from_static(fields::RATELIMIT_POLICY);
+    match name {
+        fields::RATELIMIT => RATELIMIT,
+        fields::RATELIMIT_POLICY => RATELIMIT_POLICY,
+        _ => HeaderName::from_static(name),
     }
 }
 
@@ -106,26 +118,21 @@ impl PolicyFields {
         policy: &Policy,
         headers: &mut HeaderMap,
     ) {
-        self.fields.write(
-            style,
-            &decision.rules(policy),
-            decision.retry_after(),
-            |name, value| {
-                if name == fields::RATELIMIT_POLICY {
-                    if let Some(policy) = self
-                        .policy
-                        .as_ref()
-                        .filter(|p| p.as_bytes() == value.as_bytes())
-                    {
-                        headers.insert(HeaderName::from_static(name), policy.clone());
-                        return;
-                    }
+        self.fields.write(style, decision, policy, |name, value| {
+            if name == fields::RATELIMIT_POLICY {
+                if let Some(policy) = self
+                    .policy
+                    .as_ref()
+                    .filter(|p| p.as_bytes() == value.as_bytes())
+                {
+                    headers.insert(header_name(name), policy.clone());
+                    return;
                 }
-                if let Ok(value) = HeaderValue::from_str(value) {
-                    headers.insert(HeaderName::from_static(name), value);
-                }
-            },
-        );
+            }
+            if let Ok(value) = HeaderValue::from_str(value) {
+                headers.insert(header_name(name), value);
+            }
+        });
         if style != HeaderStyle::None {
             self.fields
                 .write_warnings(decision, policy, insert(headers));

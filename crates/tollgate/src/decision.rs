@@ -252,11 +252,15 @@ impl Said {
         self.packed & Said::NAMED != 0
     }
 
-    fn allowed(self) -> bool {
+    pub(crate) fn allowed(self) -> bool {
         self.packed & Said::ALLOWED != 0
     }
 
-    fn reset_after_us(self) -> u64 {
+    pub(crate) fn remaining(self) -> u64 {
+        self.remaining
+    }
+
+    pub(crate) fn reset_after_us(self) -> u64 {
         self.packed & (Said::NAMED - 1)
     }
 }
@@ -401,6 +405,26 @@ impl Decision {
     /// [`rules`](Self::rules) over the limiters that were checked.
     pub(crate) fn rules_of(&self, limiters: &[Limiter]) -> RuleDecisions {
         self.each_named(limiters).collect()
+    }
+
+    /// Each enforced rule of `limiters` and what it said, when the decision names every rule
+    /// at the limit its policy gives it (no override set one): what a policy's header fields
+    /// write without naming the rules. `None` for any other decision.
+    pub(crate) fn enforced<'a>(
+        &'a self,
+        limiters: &'a [Limiter],
+    ) -> Option<impl Iterator<Item = (&'a Rule, Said)> + Clone + 'a> {
+        let rules: usize = limiters.iter().map(|l| l.rules.len()).sum();
+        if self.said.len() != rules || !self.said.iter().all(|s| s.named()) {
+            return None;
+        }
+        let enforced = limiters
+            .iter()
+            .flat_map(|l| l.rules.iter().map(move |r| (l.shadow, r)))
+            .zip(self.said.iter().copied())
+            .filter(|((shadow, _), _)| !shadow)
+            .map(|((_, rule), said)| (rule, said));
+        Some(enforced)
     }
 
     /// Each rule's numbers, named from `limiters`.

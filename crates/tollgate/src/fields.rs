@@ -20,7 +20,7 @@
 //! let decision = gate.check(&policy, &who, 1).await?;
 //!
 //! let mut written = Vec::new();
-//! fields.write(HeaderStyle::Draft, &decision.rules(&policy), decision.retry_after(), |name, value| {
+//! fields.write(HeaderStyle::Draft, &decision, &policy, |name, value| {
 //!     written.push((name, value.to_owned()))
 //! });
 //! assert_eq!(written, [
@@ -29,7 +29,7 @@
 //! ]);
 //!
 //! written.clear();
-//! fields.write(HeaderStyle::Legacy, &decision.rules(&policy), decision.retry_after(), |name, value| {
+//! fields.write(HeaderStyle::Legacy, &decision, &policy, |name, value| {
 //!     written.push((name, value.to_owned()))
 //! });
 //! assert_eq!(written, [
@@ -247,11 +247,11 @@ fn write_policy(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[Stri
 /// the effective window.
 fn write_limits(
     out: &mut impl fmt::Write,
-    rules: &[RuleDecision],
+    rules: impl Iterator<Item = Numbers>,
     names: &[String],
     wait: Option<Duration>,
 ) {
-    for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
+    for (i, (rule, name)) in rules.zip(names).enumerate() {
         let t = match wait {
             Some(wait) if !rule.allowed => wait,
             _ => rule.reset_after,
@@ -259,6 +259,33 @@ fn write_limits(
         let (r, t) = (rule.remaining, ceil_secs(t));
         write_item(out, i, name, ["r", "t"], [r, t]);
     }
+}
+
+/// What the fields say of one rule.
+#[derive(Clone, Copy)]
+struct Numbers {
+    limit: u64,
+    allowed: bool,
+    remaining: u64,
+    reset_after: Duration,
+}
+
+impl From<&RuleDecision> for Numbers {
+    fn from(rule: &RuleDecision) -> Numbers {
+        Numbers {
+            limit: rule.rule.limit(),
+            allowed: rule.allowed,
+            remaining: rule.remaining,
+            reset_after: rule.reset_after,
+        }
+    }
+}
+
+/// The `RateLimit-Policy` value: made once per policy, or written for the rules of decisions
+/// whose policy is not known.
+enum PolicyText<'a> {
+    Made(&'a str),
+    Of(&'a [RuleDecision]),
 }
 
 /// One list item, `name;a=1;b=2`, after a separator unless it is the first (`i == 0`). Numbers
@@ -281,13 +308,6 @@ fn write_item<const N: usize>(
         let _ = out.write_char('=');
         let _ = out.write_str(digits.format(value));
     }
-}
-
-/// The rule closest to denying: the fewest units left; of those, the longest to reset.
-fn closest(rules: &[RuleDecision]) -> Option<&RuleDecision> {
-    rules
-        .iter()
-        .min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)))
 }
 
 /// Writes the fields of `style` for `rules` (of one decision or several) through `f`, as
@@ -313,7 +333,8 @@ pub fn write_fields(
         return;
     }
     let names: Vec<String> = policy_names(rules).iter().map(|n| sf_string(n)).collect();
-    write_with(style, rules, &names, None, wait, f);
+    let numbers = rules.iter().map(Numbers::from);
+    write_with(style, numbers, &names, PolicyText::Of(rules), wait, f);
 }
 
 /// Writes `RateLimit-Warning` through `f` for `warnings` (rules in warning, see
@@ -370,37 +391,36 @@ fn without_shadow(rules: &[RuleDecision]) -> Option<SmallVec<[RuleDecision; INLI
         .then(|| rules.iter().filter(|r| !r.shadow).cloned().collect())
 }
 
+/// Writes the fields of `style` for `rules` (named `names`, quoted) through `f`.
 fn write_with(
     style: HeaderStyle,
-    rules: &[RuleDecision],
+    rules: impl Iterator<Item = Numbers> + Clone,
     names: &[String],
-    policy: Option<&str>,
+    policy: PolicyText<'_>,
     wait: Option<Duration>,
     mut f: impl FnMut(&'static str, &str),
 ) {
     if let Some(fields) = style.single_rule_names() {
-        let Some(rule) = closest(rules) else {
+        // The rule closest to denying: the fewest units left; of those, the longest to reset.
+        let closest = rules.min_by_key(|r| (r.remaining, std::cmp::Reverse(r.reset_after)));
+        let Some(rule) = closest else {
             return;
         };
-        let values = [
-            rule.rule.limit(),
-            rule.remaining,
-            ceil_secs(rule.reset_after),
-        ];
+        let values = [rule.limit, rule.remaining, ceil_secs(rule.reset_after)];
         let mut digits = itoa::Buffer::new();
         for (name, value) in fields.into_iter().zip(values) {
             f(name, digits.format(value));
         }
         return;
     }
-    if style == HeaderStyle::None || rules.is_empty() {
+    if style == HeaderStyle::None || rules.clone().next().is_none() {
         return;
     }
     // On the stack up to 256 bytes, then on the heap.
     let mut text = smallstr::SmallString::<[u8; 256]>::new();
     match policy {
-        Some(policy) => f(RATELIMIT_POLICY, policy),
-        None => {
+        PolicyText::Made(policy) => f(RATELIMIT_POLICY, policy),
+        PolicyText::Of(rules) => {
             write_policy(&mut text, rules, names);
             f(RATELIMIT_POLICY, text.as_str());
             text.clear();
@@ -495,24 +515,49 @@ impl PolicyFields {
         &self.policy
     }
 
-    /// Writes the fields of `style` for `rules`, a decision's (see [`write_fields`]).
+    /// Writes the fields of `style` for `decision` of `policy` (the policy these fields are of;
+    /// see [`write_fields`]) through `f`. A decision over exactly the policy's rules (every
+    /// admission and every rate-limit denial, unless an override set a limit) costs one
+    /// formatted field, written on the stack, its rules never named.
     pub fn write(
         &self,
         style: HeaderStyle,
-        rules: &[RuleDecision],
-        wait: Option<Duration>,
+        decision: &crate::Decision,
+        policy: &Policy,
         f: impl FnMut(&'static str, &str),
     ) {
-        if let Some(enforced) = without_shadow(rules) {
-            return self.write(style, &enforced, wait, f);
+        let wait = decision.retry_after();
+        if let Some(enforced) = decision.enforced(&policy.limiters) {
+            debug_assert!(enforced.clone().count() == self.names.len());
+            let numbers = enforced.map(|(rule, said)| Numbers {
+                limit: rule.limit(),
+                allowed: said.allowed(),
+                remaining: said.remaining(),
+                reset_after: Duration::from_micros(said.reset_after_us()),
+            });
+            let policy = PolicyText::Made(&self.policy);
+            return write_with(style, numbers, &self.names, policy, wait, f);
         }
+        // Overridden limits, or a decision that names some rules only: named, and written
+        // as any decision's.
+        let rules = decision.rules(policy);
+        let enforced = without_shadow(&rules);
+        let rules = enforced.as_deref().unwrap_or(&rules);
         let same = rules.len() == self.rules.len()
             && rules
                 .iter()
                 .zip(&self.rules)
                 .all(|(a, (limiter, rule))| a.rule == *rule && a.limiter == *limiter);
         if same {
-            write_with(style, rules, &self.names, Some(&self.policy), wait, f);
+            let numbers = rules.iter().map(Numbers::from);
+            write_with(
+                style,
+                numbers,
+                &self.names,
+                PolicyText::Made(&self.policy),
+                wait,
+                f,
+            );
         } else {
             write_fields(style, rules, wait, f);
         }
@@ -538,6 +583,86 @@ mod tests {
         let mut out = Vec::new();
         write_fields(style, rules, None, |n, v| out.push((n, v.to_owned())));
         out
+    }
+
+    /// Resolves a memory-store future, which is ready at once.
+    fn now<T>(f: impl std::future::Future<Output = T>) -> T {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(f).poll(&mut cx) {
+            std::task::Poll::Ready(value) => value,
+            std::task::Poll::Pending => panic!("a memory-store call waited"),
+        }
+    }
+
+    /// A policy's fields, written from its decisions without naming their rules, say what the
+    /// fields of the decisions' named (enforced) rules say: admitted and denied, with a shadow
+    /// limiter, with a limit an override set, and refusing a cost only some rules can never
+    /// admit, in every style.
+    #[test]
+    fn a_policys_fields_write_what_its_named_rules_say() {
+        use crate::{Dimension, Identity, Limiter, MemoryStore, Tollgate};
+        let r = |text: &str| text.parse::<crate::Rule>().unwrap();
+        let policy = Policy::builder("sms")
+            .limiter(Limiter::new(
+                Dimension::Ip,
+                // A denying GCRA rule's wait (20 s) is not its reset (60 s).
+                [r("3/1m").with_algorithm(crate::Algorithm::Gcra), r("5/1h")],
+            ))
+            .limiter(Limiter::new(Dimension::UserId, [r("4/10s")]).with_overrides(true))
+            .limiter(
+                Limiter::new(Dimension::Ip, [r("1/1d")])
+                    .with_name("trial")
+                    .with_shadow(true),
+            )
+            .build()
+            .unwrap();
+        let fields = PolicyFields::new(&policy);
+        let gate = Tollgate::new(MemoryStore::new());
+        let (who, raised) = (
+            Identity::new()
+                .with_ip("192.0.2.1".parse().unwrap())
+                .with_user_id("u1"),
+            Identity::new()
+                .with_ip("192.0.2.2".parse().unwrap())
+                .with_user_id("u2"),
+        );
+        now(gate.set_override(&policy, "user_id", &raised, &[r("9/10s")], None)).unwrap();
+        let mut decisions = Vec::new();
+        for who in [&who, &raised] {
+            for cost in [1, 1, 1, 1, 4] {
+                decisions.push(now(gate.check(&policy, who, cost)).unwrap());
+            }
+        }
+        let styles = [
+            HeaderStyle::Draft,
+            HeaderStyle::Legacy,
+            HeaderStyle::Draft6,
+            HeaderStyle::None,
+        ];
+        let mut fast = 0;
+        for decision in &decisions {
+            fast += usize::from(decision.enforced(&policy.limiters).is_some());
+            let rules: Vec<RuleDecision> = decision
+                .rules(&policy)
+                .into_iter()
+                .filter(|r| !r.shadow)
+                .collect();
+            for style in styles {
+                let (mut written, mut named) = (Vec::new(), Vec::new());
+                fields.write(style, decision, &policy, |n, v| {
+                    written.push((n, v.to_owned()))
+                });
+                write_fields(style, &rules, decision.retry_after(), |n, v| {
+                    named.push((n, v.to_owned()))
+                });
+                assert_eq!(written, named, "{style}: {decision:?}");
+                assert_eq!(written.is_empty(), style == HeaderStyle::None);
+            }
+        }
+        // The first identity's four rate decisions take the way that names nothing; its cost
+        // of 4 (over "3/1m") and the overridden identity's decisions do not.
+        assert_eq!(fast, 4);
+        assert!(decisions.iter().any(|d| !d.allowed()));
     }
 
     #[test]

@@ -40,41 +40,52 @@ pin_project! {
 /// A check awaiting the store.
 pub(crate) type Checking = BoxFuture<'static, Result<Decision, CheckError>>;
 
+// The states that only some requests reach (awaiting a networked store, held for their units,
+// charged or holding a concurrency slot) keep what they need on the heap: the future of every
+// request is moved several times on its way, and its size is that of its largest state.
 pin_project! {
     #[project = StateProj]
     enum State<S, B, F, R, E> {
         Checking {
             check: Checking,
-            call: Option<(S, Request<B>)>,
-            // The identity, kept for a refund (see `Count`).
-            identity: Option<Identity>,
+            // The inner service and the request, and the identity, kept for a refund (see
+            // `Count`).
+            call: Option<Box<(S, Request<B>, Option<Identity>)>>,
         },
         // Admitted, its units due later (see `RateLimitLayer::max_delay`): held until then.
         Delaying {
-            #[pin]
-            sleep: tokio::time::Sleep,
-            call: Option<(S, Request<B>)>,
-            decision: Option<Decision>,
-            identity: Option<Identity>,
-            held: Option<Held>,
+            delayed: Pin<Box<Delayed<S, B>>>,
         },
         Calling {
             #[pin]
             future: F,
             decision: Option<Decision>,
-            charge: Option<Charge>,
-            slot: Option<Slot>,
+            charge: Option<Box<Charge>>,
+            slot: Option<Box<Slot>>,
             failed_open: bool,
         },
         Refunding {
             refund: BoxFuture<'static, ()>,
             output: Option<Result<Response<GateBody<R>>, E>>,
-            slot: Option<Slot>,
+            slot: Option<Box<Slot>>,
         },
         // Refused when the layer was called.
         Refused {
             response: Option<Response<GateBody<R>>>,
         },
+    }
+}
+
+pin_project! {
+    /// A request admitted with its units due later, held until then.
+    #[project = DelayedProj]
+    struct Delayed<S, B> {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        call: Option<(S, Request<B>)>,
+        decision: Option<Decision>,
+        identity: Option<Identity>,
+        held: Option<Held>,
     }
 }
 
@@ -92,8 +103,7 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
         RateLimitFuture {
             state: State::Checking {
                 check,
-                call: Some((inner, request)),
-                identity,
+                call: Some(Box::new((inner, request, identity))),
             },
             config,
             grpc,
@@ -160,14 +170,18 @@ fn call<S: Service<Request<B>>, B, R>(
     let future = inner.call(request);
     let slot = match (config.concurrent, decision.receipt(), &identity) {
         (true, Some(receipt), Some(identity)) => {
-            Some(Slot::new(config.clone(), identity.clone(), receipt.clone()))
+            let slot = Slot::new(config.clone(), identity.clone(), receipt.clone());
+            Some(Box::new(slot))
         }
         _ => None,
     };
     let charge = identity
         .take()
         .filter(|_| !matches!(config.count, Count::All) || config.settle.is_some())
-        .map(|identity| Charge::new(config.clone(), identity, decision.receipt().cloned(), cost));
+        .map(|identity| {
+            let charge = Charge::new(config.clone(), identity, decision.receipt().cloned(), cost);
+            Box::new(charge)
+        });
     let decision = (config.style != HeaderStyle::None).then_some(decision);
     State::Calling {
         future,
@@ -188,19 +202,16 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking {
-                    check,
-                    call,
-                    identity,
-                } => {
+                StateProj::Checking { check, call } => {
                     let decision =
                         match admit(ready!(check.as_mut().poll(cx)), this.config, *this.grpc) {
                             Ok(decision) => decision,
                             Err(response) => return Poll::Ready(Ok(response)),
                         };
-                    let Some((mut inner, request)) = call.take() else {
+                    let Some(taken) = call.take() else {
                         unreachable!("the inner call is taken once");
                     };
+                    let (mut inner, request, mut identity) = *taken;
                     if let Some(due) = decision.due(&this.config.policy) {
                         let held = identity.as_ref().map(|who| {
                             Held::new(
@@ -210,14 +221,14 @@ where
                                 *this.cost,
                             )
                         });
-                        let identity = identity.take();
-                        this.state.set(State::Delaying {
+                        let delayed = Box::pin(Delayed {
                             sleep: tokio::time::sleep(due),
                             call: Some((inner, request)),
                             decision: Some(decision),
-                            identity,
+                            identity: identity.take(),
                             held,
                         });
+                        this.state.set(State::Delaying { delayed });
                         continue;
                     }
                     let next = self::call(
@@ -230,13 +241,14 @@ where
                     );
                     this.state.set(next);
                 }
-                StateProj::Delaying {
-                    sleep,
-                    call,
-                    decision,
-                    identity,
-                    held,
-                } => {
+                StateProj::Delaying { delayed } => {
+                    let DelayedProj {
+                        sleep,
+                        call,
+                        decision,
+                        identity,
+                        held,
+                    } = delayed.as_mut().project();
                     ready!(sleep.poll(cx));
                     if let Some(held) = held.take() {
                         held.due();
@@ -292,6 +304,7 @@ where
                     let status = output.as_ref().ok().map(Response::status);
                     // Refunded or settled before the response goes out: the client's next
                     // request sees it.
+                    let charge = *charge;
                     let work: BoxFuture<'static, ()> = if !charge.keeps(status) {
                         Box::pin(charge.refund())
                     } else if let Some(cost) = output
@@ -330,10 +343,10 @@ where
 /// the inner service lets them go at once).
 fn hold<B, E>(
     output: Result<Response<GateBody<B>>, E>,
-    slot: Option<Slot>,
+    slot: Option<Box<Slot>>,
 ) -> Result<Response<GateBody<B>>, E> {
     match (output, slot) {
-        (Ok(response), Some(slot)) => Ok(response.map(|body| body.holding(Box::new(slot)))),
+        (Ok(response), Some(slot)) => Ok(response.map(|body| body.holding(slot))),
         (output, _) => output,
     }
 }

@@ -155,16 +155,16 @@ pub(super) async fn decide(
     let mut response = json_bytes(body);
     let style = config.server.headers.for_answer(decision.allowed());
     let headers = response.headers_mut();
-    let wait = decision.retry_after();
-    entry.fields.write(style, &rules, wait, |name, value| {
-        let made = entry
-            .policy_field
-            .as_ref()
-            .filter(|made| name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes());
-        if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
-            headers.insert(HeaderName::from_static(name), value);
-        }
-    });
+    entry
+        .fields
+        .write(style, &decision, &entry.policy, |name, value| {
+            let made = entry.policy_field.as_ref().filter(|made| {
+                name == fields::RATELIMIT_POLICY && made.as_bytes() == value.as_bytes()
+            });
+            if let Some(value) = made.cloned().or_else(|| HeaderValue::from_str(value).ok()) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        });
     if style != fields::HeaderStyle::None {
         entry
             .fields
