@@ -232,12 +232,12 @@ fn write_policy(out: &mut impl fmt::Write, rules: &[RuleDecision], names: &[Stri
     for (i, (rule, name)) in rules.iter().zip(names).enumerate() {
         if rule.rule.is_concurrent() {
             // A quota of requests at once, not per window: the draft's quota unit says so.
-            write_item(out, i, name, ["q"], [rule.rule.limit()]);
+            write_item(out, i, name, [";q="], [rule.rule.limit()]);
             let _ = out.write_str(";qu=\"concurrent-requests\"");
             continue;
         }
         let (q, w) = (rule.rule.limit(), ceil_secs(rule.rule.window()));
-        write_item(out, i, name, ["q", "w"], [q, w]);
+        write_item(out, i, name, [";q=", ";w="], [q, w]);
     }
 }
 
@@ -257,7 +257,7 @@ fn write_limits(
             _ => rule.reset_after,
         };
         let (r, t) = (rule.remaining, ceil_secs(t));
-        write_item(out, i, name, ["r", "t"], [r, t]);
+        write_item(out, i, name, [";r=", ";t="], [r, t]);
     }
 }
 
@@ -288,7 +288,8 @@ enum PolicyText<'a> {
     Of(&'a [RuleDecision]),
 }
 
-/// One list item, `name;a=1;b=2`, after a separator unless it is the first (`i == 0`). Numbers
+/// One list item, `name;a=1;b=2` (`keys` with their separators: `;a=`), after a separator
+/// unless it is the first (`i == 0`). Numbers
 /// are written with `itoa`: the formatting machinery costs more than the rest of the field.
 fn write_item<const N: usize>(
     out: &mut impl fmt::Write,
@@ -303,9 +304,7 @@ fn write_item<const N: usize>(
     }
     let _ = out.write_str(name);
     for (key, value) in keys.into_iter().zip(values) {
-        let _ = out.write_char(';');
         let _ = out.write_str(key);
-        let _ = out.write_char('=');
         let _ = out.write_str(digits.format(value));
     }
 }
@@ -375,7 +374,7 @@ fn write_warning_items(
             continue;
         };
         let (r, t) = (warned.remaining, ceil_secs(warned.reset_after));
-        write_item(&mut text, items, &names[at], ["r", "t"], [r, t]);
+        write_item(&mut text, items, &names[at], [";r=", ";t="], [r, t]);
         items += 1;
     }
     if items > 0 {
