@@ -122,10 +122,13 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
         identity: Option<Identity>,
         cost: u64,
     ) -> RateLimitFuture<S, B, S::Future, R> {
-        let state = match admit(decided, &config, grpc) {
-            Ok(decision) => call(decision, inner, request, &config, identity, cost),
-            Err(response) => State::Refused {
-                response: Some(response),
+        // The decision is moved once, into the state: it is large.
+        let state = match decided {
+            Ok(decision) if decision.allowed() => {
+                call(decision, inner, request, &config, identity, cost)
+            }
+            refused => State::Refused {
+                response: Some(refuse(refused, &config, grpc)),
             },
         };
         RateLimitFuture {
@@ -137,20 +140,17 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
     }
 }
 
-/// The decision of an admitted request, or the response refusing it.
-// The response is returned as it is, once: boxing it would allocate on every refusal.
-#[allow(clippy::result_large_err)]
-fn admit<R>(
-    decided: Result<Decision, CheckError>,
+/// The response refusing a request that was not admitted: denied, or not checked.
+fn refuse<R>(
+    refused: Result<Decision, CheckError>,
     config: &Config,
     grpc: bool,
-) -> Result<Decision, Response<GateBody<R>>> {
-    let rejection = match decided {
-        Ok(decision) if decision.allowed() => return Ok(decision),
+) -> Response<GateBody<R>> {
+    let rejection = match refused {
         Ok(decision) => Rejection::denied(decision, &config.policy),
         Err(error) => Rejection::from_check_error(error),
     };
-    Err(reject(config, rejection, grpc))
+    reject(config, rejection, grpc)
 }
 
 /// Calls the inner service for an admitted request: what the response then needs (its
@@ -203,11 +203,12 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking { check, call } => {
-                    let decision =
-                        match admit(ready!(check.as_mut().poll(cx)), this.config, *this.grpc) {
-                            Ok(decision) => decision,
-                            Err(response) => return Poll::Ready(Ok(response)),
-                        };
+                    let decision = match ready!(check.as_mut().poll(cx)) {
+                        Ok(decision) if decision.allowed() => decision,
+                        refused => {
+                            return Poll::Ready(Ok(refuse(refused, this.config, *this.grpc)));
+                        }
+                    };
                     let Some(taken) = call.take() else {
                         unreachable!("the inner call is taken once");
                     };
@@ -286,11 +287,12 @@ where
                         if *failed_open {
                             response.extensions_mut().insert(FailedOpen);
                         }
-                        if let Some(decision) = decision.take() {
+                        // Read where it is: a move would copy it.
+                        if let Some(decision) = decision.as_ref() {
                             let headers = response.headers_mut();
                             this.config.fields.insert(
                                 this.config.style,
-                                &decision,
+                                decision,
                                 &this.config.policy,
                                 headers,
                             );
