@@ -526,8 +526,11 @@ impl PolicyFields {
         f: impl FnMut(&'static str, &str),
     ) {
         let wait = decision.retry_after();
-        if let Some(enforced) = decision.enforced(&policy.limiters) {
-            debug_assert!(enforced.clone().count() == self.names.len());
+        // Fields made for a policy of another shape take the way that names the rules.
+        let enforced = decision
+            .enforced(&policy.limiters)
+            .filter(|enforced| enforced.clone().count() == self.names.len());
+        if let Some(enforced) = enforced {
             let numbers = enforced.map(|(rule, said)| Numbers {
                 limit: rule.limit(),
                 allowed: said.allowed(),
