@@ -27,8 +27,9 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 pub struct SystemClock;
 
 /// The wall time (µs since the epoch) at the anchor, the monotonic clock (held here, so a read
-/// skips quanta's per-thread look-up of a mocked clock), and the monotonic instant of the anchor.
-static ANCHOR: OnceLock<(u64, quanta::Clock, quanta::Instant)> = OnceLock::new();
+/// skips quanta's per-thread look-up of a mocked clock), and the clock's raw reading at the
+/// anchor.
+static ANCHOR: OnceLock<(u64, quanta::Clock, u64)> = OnceLock::new();
 
 impl Clock for SystemClock {
     fn now_us(&self) -> u64 {
@@ -37,11 +38,12 @@ impl Clock for SystemClock {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_micros() as u64);
             let clock = quanta::Clock::new();
-            let at = clock.now();
+            let at = clock.raw();
             (wall, clock, at)
         });
-        let since = clock.now().saturating_duration_since(*at);
-        wall + since.as_micros() as u64
+        // Raw readings scaled once, as a difference (0 if the counter reads behind the anchor):
+        // no instant is scaled and no `Duration` made.
+        wall + clock.delta_as_nanos(*at, clock.raw()) / 1_000
     }
 }
 
