@@ -42,6 +42,13 @@ impl KeyBuf {
     pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
         self.0.extend_from_slice(bytes);
     }
+
+    /// Appends one byte of a compact key (a push: a slice's append calls `memmove` and
+    /// `memcpy`).
+    #[inline]
+    pub(crate) fn push_byte(&mut self, byte: u8) {
+        self.0.push(byte);
+    }
 }
 
 /// Where a compact key's identity value starts, after the limiter's text: no text holds this

@@ -114,7 +114,7 @@ pub(crate) fn push_limiter_key(
     out.push_str(start);
     out.push_str(head);
     if compact {
-        out.push_bytes(&[key::COMPACT_MARK]);
+        out.push_byte(key::COMPACT_MARK);
         limiter.dimension.push_compact(identity, out)
     } else {
         let found = limiter.dimension.push_value(identity, out);
