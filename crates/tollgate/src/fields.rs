@@ -289,8 +289,8 @@ enum PolicyText<'a> {
 }
 
 /// One list item, `name;a=1;b=2` (`keys` with their separators: `;a=`), after a separator
-/// unless it is the first (`i == 0`). Numbers
-/// are written with `itoa`: the formatting machinery costs more than the rest of the field.
+/// unless it is the first (`i == 0`). Numbers are written with `itoa`: the formatting
+/// machinery costs more than the rest of the field.
 fn write_item<const N: usize>(
     out: &mut impl fmt::Write,
     i: usize,
@@ -542,27 +542,7 @@ impl PolicyFields {
         }
         // Overridden limits, or a decision that names some rules only: named, and written
         // as any decision's.
-        let rules = decision.rules(policy);
-        let enforced = without_shadow(&rules);
-        let rules = enforced.as_deref().unwrap_or(&rules);
-        let same = rules.len() == self.rules.len()
-            && rules
-                .iter()
-                .zip(&self.rules)
-                .all(|(a, (limiter, rule))| a.rule == *rule && a.limiter == *limiter);
-        if same {
-            let numbers = rules.iter().map(Numbers::from);
-            write_with(
-                style,
-                numbers,
-                &self.names,
-                PolicyText::Made(&self.policy),
-                wait,
-                f,
-            );
-        } else {
-            write_fields(style, rules, wait, f);
-        }
+        write_fields(style, &decision.rules(policy), wait, f);
     }
 }
 
@@ -585,15 +565,6 @@ mod tests {
         let mut out = Vec::new();
         write_fields(style, rules, None, |n, v| out.push((n, v.to_owned())));
         out
-    }
-
-    /// Resolves a memory-store future, which is ready at once.
-    fn now<T>(f: impl std::future::Future<Output = T>) -> T {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        match std::pin::pin!(f).poll(&mut cx) {
-            std::task::Poll::Ready(value) => value,
-            std::task::Poll::Pending => panic!("a memory-store call waited"),
-        }
     }
 
     /// A policy's fields, written from its decisions without naming their rules, say what the
@@ -628,11 +599,12 @@ mod tests {
                 .with_ip("192.0.2.2".parse().unwrap())
                 .with_user_id("u2"),
         );
-        now(gate.set_override(&policy, "user_id", &raised, &[r("9/10s")], None)).unwrap();
+        crate::ready_now(gate.set_override(&policy, "user_id", &raised, &[r("9/10s")], None))
+            .unwrap();
         let mut decisions = Vec::new();
         for who in [&who, &raised] {
             for cost in [1, 1, 1, 1, 4] {
-                decisions.push(now(gate.check(&policy, who, cost)).unwrap());
+                decisions.push(crate::ready_now(gate.check(&policy, who, cost)).unwrap());
             }
         }
         let styles = [

@@ -73,6 +73,16 @@ mod policy;
 mod rule;
 mod store;
 
+/// Resolves a future of the memory store, which is ready at once (unit tests).
+#[cfg(test)]
+pub(crate) fn ready_now<T>(future: impl std::future::Future<Output = T>) -> T {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(future).poll(&mut cx) {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => panic!("the memory store answers at once"),
+    }
+}
+
 pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanScope, BanTarget};
 pub use bypass::{Bypass, IpNet, IpNetError};
 pub use calendar::{Calendar, CalendarUnit};

@@ -446,7 +446,7 @@ fn overrides_are_bounded_and_the_ended_ones_make_room() {
         crate::Override::new(("p", "l", value), &rules, &["9/1m".parse().unwrap()]).unwrap()
     };
     let set = |key: &'static str, ttl: Option<Duration>| {
-        futures_executor(store.set_override(&limiter(key), "", &entry(key), ttl))
+        crate::ready_now(store.set_override(&limiter(key), "", &entry(key), ttl))
     };
     set("a", Some(Duration::from_secs(10))).unwrap();
     set("b", None).unwrap();
@@ -457,14 +457,14 @@ fn overrides_are_bounded_and_the_ended_ones_make_room() {
     // `a` ends: its room goes to `c`.
     clock.advance(Duration::from_secs(10));
     set("c", None).unwrap();
-    let listed: Vec<String> = futures_executor(store.overrides(""))
+    let listed: Vec<String> = crate::ready_now(store.overrides(""))
         .unwrap()
         .into_iter()
         .map(|o| o.value)
         .collect();
     assert_eq!(listed, ["b", "c"]);
     // Removed, one is room again.
-    assert!(futures_executor(store.remove_override(&limiter("b"), "")).unwrap());
+    assert!(crate::ready_now(store.remove_override(&limiter("b"), "")).unwrap());
     set("d", None).unwrap();
 }
 
@@ -481,25 +481,12 @@ fn engines_sharing_a_store_each_list_their_own_overrides() {
     let who = |ip: &str| crate::Identity::new().with_ip(ip.parse().unwrap());
     let raised: [Rule; 1] = ["9/1m".parse().unwrap()];
     for (gate, ip) in [(&a, "192.0.2.1"), (&b, "192.0.2.2")] {
-        futures_executor(gate.set_override(&policy, "ip", &who(ip), &raised, None)).unwrap();
+        crate::ready_now(gate.set_override(&policy, "ip", &who(ip), &raised, None)).unwrap();
     }
     let listed = |gate: &crate::Tollgate<Arc<MemoryStore>>| -> Vec<String> {
-        let all = futures_executor(gate.overrides()).unwrap();
+        let all = crate::ready_now(gate.overrides()).unwrap();
         all.into_iter().map(|o| o.value).collect()
     };
     assert_eq!(listed(&a), ["192.0.2.1"]);
     assert_eq!(listed(&b), ["192.0.2.2"]);
-}
-
-/// Runs a future of the memory store, which is ready at once.
-fn futures_executor<T>(future: impl std::future::Future<Output = T>) -> T {
-    let mut future = std::pin::pin!(future);
-    let waker = std::task::Waker::noop();
-    match future
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(waker))
-    {
-        std::task::Poll::Ready(value) => value,
-        std::task::Poll::Pending => panic!("the memory store answers at once"),
-    }
 }
