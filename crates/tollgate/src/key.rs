@@ -16,38 +16,83 @@ use crate::rule::{Algorithm, Rule};
 pub const MAX_PART: usize = 128;
 
 /// A key being built on the stack, as bytes: keys are ASCII (every other byte is escaped), so
-/// the text is read once at the end ([`KeyBuf::text`]).
-#[derive(Default)]
-pub(crate) struct KeyBuf(smallvec::SmallVec<[u8; 256]>);
+/// the text is read once at the end ([`KeyBuf::text`]). The bytes live in an array while they
+/// fit (an append is one copy: a small vector's costs a `memmove` and a `memcpy` call), then on
+/// the heap.
+pub(crate) struct KeyBuf {
+    /// The bytes, while they fit and nothing spilled.
+    inline: [u8; KeyBuf::INLINE],
+    /// How many bytes of `inline` are written.
+    len: usize,
+    /// Every byte, once they outgrew `inline`; empty until then.
+    spilled: Vec<u8>,
+}
+
+impl Default for KeyBuf {
+    fn default() -> KeyBuf {
+        KeyBuf {
+            inline: [0; KeyBuf::INLINE],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+}
 
 impl KeyBuf {
+    const INLINE: usize = 256;
+
     /// The keys written so far, when they are all text.
     #[cfg(test)]
     pub(crate) fn text(&self) -> &str {
-        ascii(&self.0)
+        ascii(self.bytes())
     }
 
     /// The text keys written in `range` (compact keys are not text: see [`push_compact_part`]).
     pub(crate) fn text_at(&self, range: std::ops::Range<usize>) -> &str {
-        ascii(&self.0[range])
+        ascii(&self.bytes()[range])
     }
 
     /// Everything written so far, as bytes.
+    #[inline]
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.0
+        if self.spilled.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.spilled
+        }
     }
 
     /// Appends bytes of a compact key.
     #[inline]
     pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
+        if self.spilled.is_empty() {
+            if let Some(free) = self.inline.get_mut(self.len..self.len + bytes.len()) {
+                free.copy_from_slice(bytes);
+                self.len += bytes.len();
+                return;
+            }
+            self.spill();
+        }
+        self.spilled.extend_from_slice(bytes);
     }
 
-    /// Appends one byte of a compact key (a push: a slice's append calls `memmove` and
-    /// `memcpy`).
+    /// Appends one byte of a compact key.
     #[inline]
     pub(crate) fn push_byte(&mut self, byte: u8) {
-        self.0.push(byte);
+        match self.inline.get_mut(self.len) {
+            Some(free) if self.spilled.is_empty() => {
+                *free = byte;
+                self.len += 1;
+            }
+            _ => self.push_bytes(&[byte]),
+        }
+    }
+
+    /// Moves the bytes to the heap (they outgrew the array).
+    #[cold]
+    fn spill(&mut self) {
+        self.spilled.reserve(2 * KeyBuf::INLINE);
+        self.spilled.extend_from_slice(&self.inline[..self.len]);
     }
 }
 
@@ -103,23 +148,31 @@ impl KeyOut for String {
 impl KeyOut for KeyBuf {
     #[inline]
     fn push_str(&mut self, s: &str) {
-        self.0.extend_from_slice(s.as_bytes());
+        self.push_bytes(s.as_bytes());
     }
     #[inline]
     fn push_ascii(&mut self, b: u8) {
-        self.0.push(b);
+        self.push_byte(b);
     }
     #[inline]
     fn len(&self) -> usize {
-        self.0.len()
+        self.bytes().len()
     }
     #[inline]
     fn truncate(&mut self, len: usize) {
-        self.0.truncate(len);
+        if self.spilled.is_empty() {
+            self.len = self.len.min(len);
+        } else if len == 0 {
+            // Empty again: back to the array.
+            self.spilled.clear();
+            self.len = 0;
+        } else {
+            self.spilled.truncate(len);
+        }
     }
     #[inline]
     fn push_ascii_bytes(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
+        self.push_bytes(bytes);
     }
 }
 
@@ -420,6 +473,40 @@ pub(crate) fn guard_key(prefix: &str, scope: &str, by: &str, value: &str) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key buffer holds what was written, in order, across its move to the heap, and
+    /// truncates on either side of it.
+    #[test]
+    fn a_key_buffer_keeps_its_bytes_past_its_array() {
+        let mut buf = KeyBuf::default();
+        let mut expected = Vec::new();
+        for i in 0..100u8 {
+            let part = [i; 7];
+            if i % 3 == 0 {
+                buf.push_byte(i);
+                expected.push(i);
+            } else {
+                buf.push_bytes(&part);
+                expected.extend_from_slice(&part);
+            }
+            assert_eq!(buf.bytes(), &expected[..], "after part {i}");
+            assert_eq!(KeyOut::len(&buf), expected.len());
+        }
+        assert!(expected.len() > KeyBuf::INLINE);
+        buf.truncate(300);
+        expected.truncate(300);
+        assert_eq!(buf.bytes(), &expected[..]);
+        buf.truncate(0);
+        assert!(buf.bytes().is_empty());
+        buf.push_str("tg:{");
+        assert_eq!(buf.text(), "tg:{");
+        buf.truncate(2);
+        assert_eq!(buf.text(), "tg");
+        // One write larger than the array at once.
+        buf.push_bytes(&[b'x'; 2 * KeyBuf::INLINE]);
+        assert_eq!(buf.bytes().len(), 2 + 2 * KeyBuf::INLINE);
+        assert_eq!(&buf.bytes()[..3], b"tgx");
+    }
 
     #[test]
     fn separators_and_braces_cannot_break_out() {

@@ -42,6 +42,11 @@ fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut 
     out.allowed = verdict.allowed;
     out.reason = Reason::Ok;
     out.receipt = verdict.receipt.take();
+    if let [limiter] = limiters {
+        if verdict.allowed && !limiter.shadow {
+            return admitted_by_one(limiter, verdict, out);
+        }
+    }
     let mut outcomes = verdict.rules.iter();
     let mut retry_after = None::<u64>;
     let mut remaining = None::<u64>;
@@ -87,6 +92,26 @@ fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut 
         if out.retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
             out.reason = Reason::CostExceedsLimit;
         }
+    }
+}
+
+/// [`decide`] for the most common verdict: an admission by a policy's only limiter, enforced
+/// (no rule denied, so no message, wait or reason to find).
+#[inline(always)]
+fn admitted_by_one(limiter: &Limiter, verdict: &Verdict, out: &mut Decision) {
+    let outcomes = &verdict.rules[..limiter.rules.len().min(verdict.rules.len())];
+    let mut remaining = u64::MAX;
+    for outcome in outcomes {
+        remaining = remaining.min(outcome.remaining);
+        out.said.push(Said::new(
+            outcome.allowed,
+            outcome.remaining,
+            outcome.reset_after_us,
+        ));
+    }
+    out.remaining = (!outcomes.is_empty()).then_some(remaining);
+    for &(place, limit) in &verdict.limits {
+        out.said.push(Said::limit(place, limit));
     }
 }
 

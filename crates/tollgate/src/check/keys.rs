@@ -191,16 +191,29 @@ impl<'i> CheckKeys<'i> {
         every_ban_index: &'a str,
         (limiters, bans): (&'r mut LimiterRequests<'a>, &'r mut BanKeys<'a>),
         cost: u64,
-        (consume, delay_us): (bool, u64),
+        how: (bool, u64),
     ) -> CheckRequest<'r> {
         self.requests(&policy.limiters, &mut *limiters, &mut *bans);
         let (limiters, bans): (&'r LimiterRequests<'a>, &'r BanKeys<'a>) = (limiters, bans);
-        let mut request = CheckRequest::new(cost, consume, limiters)
-            .with_bans(bans, self.ban_index(every_ban_index))
-            .with_durability(policy.durability)
-            .with_lease(policy.lease);
-        request.delay_us = delay_us;
-        request
+        let index = self.ban_index(every_ban_index);
+        request_of(policy, limiters, (bans, index), cost, how)
+    }
+
+    /// The request of a policy's only limiter, when the check has no ban keys: the common
+    /// case, built without the vectors of [`request`](Self::request).
+    #[inline(always)]
+    pub(crate) fn only_limiter<'a>(&'a self, policy: &'a Policy) -> Option<LimiterRequest<'a>> {
+        let ([limiter], &[end]) = (&policy.limiters[..], &self.ends[..]) else {
+            return None;
+        };
+        if self.text.len() != end {
+            return None;
+        }
+        Some(if self.compact {
+            limiter.request("", self.text.bytes())
+        } else {
+            limiter.request(self.text.text_at(0..end), &[])
+        })
     }
 
     /// The request of each limiter (its key and rules) and the ban keys, into the caller's
@@ -275,4 +288,22 @@ impl<'i> CheckKeys<'i> {
             });
         }
     }
+}
+
+/// The store's request for a check of `policy` over `limiters` (`bans`: the ban keys and the
+/// ban index they go to; `how`: whether it records, and how long its units may wait, in µs).
+#[inline(always)]
+pub(crate) fn request_of<'r>(
+    policy: &'r Policy,
+    limiters: &'r [LimiterRequest<'r>],
+    (bans, ban_index): (&'r [BanKey<'r>], &'r str),
+    cost: u64,
+    (consume, delay_us): (bool, u64),
+) -> CheckRequest<'r> {
+    let mut request = CheckRequest::new(cost, consume, limiters)
+        .with_bans(bans, ban_index)
+        .with_durability(policy.durability)
+        .with_lease(policy.lease);
+    request.delay_us = delay_us;
+    request
 }

@@ -46,7 +46,12 @@ impl<S: Store> Tollgate<S> {
         }
         let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        let answered = {
+        let answered = if let Some(only) = keys.only_limiter(policy) {
+            let limiters = [only];
+            let bans = (&[][..], keys.ban_index(&self.ban_index));
+            let request = keys::request_of(policy, &limiters, bans, cost, how);
+            self.run_now(&request, on_error, &mut verdict)
+        } else {
             let (mut limiters, mut bans) = (LimiterRequests::new(), BanKeys::new());
             let vectors = (&mut limiters, &mut bans);
             let request = keys.request(policy, &self.ban_index, vectors, cost, how);

@@ -487,14 +487,28 @@ impl Shards {
     /// Locks the shards of `hashes`, in ascending order so that no two checks wait on each
     /// other.
     pub(super) fn lock(&self, hashes: &[u64]) -> Locked<'_> {
-        let first = hashes.first().map_or(0, |&h| self.shard_of(h));
-        if hashes.iter().all(|&h| self.shard_of(h) == first) {
-            return Locked::One(self.shards[first].0.lock());
+        // Sorted without repeats by insertion: a check holds a handful of keys, and the
+        // general sort and collects cost more than the locks.
+        let mut order = SmallVec::<[usize; 8]>::new();
+        for &hash in hashes {
+            let shard = self.shard_of(hash);
+            if order.contains(&shard) {
+                continue;
+            }
+            order.push(shard);
+            let mut at = order.len() - 1;
+            while at > 0 && order[at - 1] > shard {
+                order.swap(at - 1, at);
+                at -= 1;
+            }
         }
-        let mut order: SmallVec<[usize; 8]> = hashes.iter().map(|&h| self.shard_of(h)).collect();
-        order.sort_unstable();
-        order.dedup();
-        let guards = order.iter().map(|&i| self.shards[i].0.lock()).collect();
+        if order.len() <= 1 {
+            return Locked::One(self.shards[order.first().copied().unwrap_or(0)].0.lock());
+        }
+        let mut guards = SmallVec::new();
+        for &i in &order {
+            guards.push(self.shards[i].0.lock());
+        }
         Locked::Many {
             shards: self,
             order,

@@ -553,9 +553,10 @@ impl Inner {
         }
 
         let cost = request.cost;
-        verdict
-            .rules
-            .resize(request.rule_count(), RuleOutcome::default());
+        // Pushed, not resized: resizing goes through the general `extend`.
+        for _ in 0..request.rule_count() {
+            verdict.rules.push(RuleOutcome::default());
+        }
         let out = &mut verdict.rules;
         let mut found = Found::new();
         let mut allowed = true;
