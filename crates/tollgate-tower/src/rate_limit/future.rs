@@ -113,6 +113,7 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
 
     /// A request whose check was decided when the layer was called: refused at once, or passed
     /// to `inner` (ready: `poll_ready` said so) at once, without a clone of it.
+    #[inline(always)]
     pub(crate) fn decided(
         decided: Result<Decision, CheckError>,
         inner: &mut S,
@@ -141,6 +142,7 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
 }
 
 /// The response refusing a request that was not admitted: denied, or not checked.
+#[inline(never)]
 fn refuse<R>(
     refused: Result<Decision, CheckError>,
     config: &Config,
@@ -155,6 +157,7 @@ fn refuse<R>(
 
 /// Calls the inner service for an admitted request: what the response then needs (its
 /// headers, the request's refund or concurrency slot).
+#[inline(always)]
 fn call<S: Service<Request<B>>, B, R>(
     decision: Decision,
     inner: &mut S,

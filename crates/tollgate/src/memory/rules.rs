@@ -246,7 +246,9 @@ impl RuleStates {
         cost: u64,
         id: u64,
     ) -> u64 {
-        self.counters.retain(|c| c.expires_at() > now);
+        // Counters written here, which all count past `now`: when they are all there are,
+        // none has run out.
+        let mut written = 0;
         let mut expires_at = now;
         if let Some(window) = log_window(rules) {
             let log = self.log.get_or_insert_default();
@@ -276,6 +278,7 @@ impl RuleStates {
                         a: now,
                         b: id,
                     });
+                    written += 1;
                     continue;
                 }
                 Algorithm::SlidingLog => continue,
@@ -294,6 +297,7 @@ impl RuleStates {
                     if next.previous > 0 {
                         let start = next.start - rule.window_us();
                         self.put(id, start, next.previous);
+                        written += 1;
                     } else {
                         self.counters.retain(|c| c.rule != id);
                     }
@@ -304,7 +308,13 @@ impl RuleStates {
                 Algorithm::Gcra => (now.saturating_add(outcome.reset_after_us), 0),
             };
             let until = self.put(RuleId::of(place, rule), a, b);
+            written += 1;
             expires_at = expires_at.max(until);
+        }
+        // What ran out goes, after the writes: a rule's own counter is rewritten in place
+        // (every algorithm reads a counter that ran out as none), not dropped and pushed again.
+        if self.counters.len() > written {
+            self.counters.retain(|c| c.expires_at() > now);
         }
         expires_at
     }
