@@ -257,7 +257,7 @@ fn div(n: u128, d: u128) -> u128 {
 
 /// The GCRA emission interval: microseconds one unit occupies.
 pub fn gcra_interval(rule: &Rule) -> u64 {
-    (rule.window_us() / rule.limit()).max(1)
+    rule.interval_us()
 }
 
 /// How long after now the units of an admitting GCRA outcome are due (0: at once): the time
@@ -293,9 +293,16 @@ pub fn gcra_within(
     let fits = |wait: &u64| *wait <= tolerance && (delay_us == 0 || cost <= rule.limit());
     match u64::try_from(wait).ok().filter(fits) {
         Some(wait) => {
+            // Nothing owed before this request (the common case): what is left needs no
+            // division, `wait` being `cost` intervals and `cost` within the limit.
+            let remaining = if tat == now {
+                rule.limit().saturating_sub(cost)
+            } else {
+                capacity.saturating_sub(wait) / interval
+            };
             let outcome = RuleOutcome {
                 allowed: true,
-                remaining: capacity.saturating_sub(wait) / interval,
+                remaining,
                 reset_after_us: wait,
                 retry_after_us: None,
             };

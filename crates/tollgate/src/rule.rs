@@ -96,6 +96,14 @@ pub struct Rule {
     /// A concurrency limit: `limit` leases at once, each for `window_ms` unless released or
     /// extended (a log of lease starts, counted over the lease's time to live).
     concurrent: bool,
+    /// GCRA's emission interval (µs), `window / limit` and at least 1: made with the rule, as
+    /// a division on every check would cost more than the rest of GCRA's arithmetic.
+    interval_us: u64,
+}
+
+/// GCRA's emission interval (µs) of `limit` per `window_ms`.
+fn interval_of(limit: u64, window_ms: u64) -> u64 {
+    (window_ms * 1000 / limit).max(1)
 }
 
 impl Rule {
@@ -114,12 +122,14 @@ impl Rule {
         if window > MAX_WINDOW {
             return Err(RuleError::new(text(), RuleErrorKind::WindowTooLong));
         }
+        let window_ms = window.as_millis() as u64;
         Ok(Rule {
             limit,
-            window_ms: window.as_millis() as u64,
+            window_ms,
             algorithm: Algorithm::SlidingLog,
             calendar: None,
             concurrent: false,
+            interval_us: interval_of(limit, window_ms),
         })
     }
 
@@ -179,6 +189,7 @@ impl Rule {
             algorithm: Algorithm::FixedWindow,
             calendar: Some(calendar),
             concurrent: false,
+            interval_us: interval_of(limit, usual_ms),
         })
     }
 
@@ -212,7 +223,13 @@ impl Rule {
     #[must_use]
     pub fn with_limit(mut self, limit: u64) -> Rule {
         self.limit = limit.max(1);
+        self.interval_us = interval_of(self.limit, self.window_ms);
         self
+    }
+
+    /// GCRA's emission interval in microseconds: the window over the limit, at least 1.
+    pub(crate) fn interval_us(&self) -> u64 {
+        self.interval_us
     }
 
     /// How many units the window admits.
