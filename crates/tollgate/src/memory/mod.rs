@@ -339,8 +339,8 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Per limiter of a check: where its entry is, if it has one.
-type Found = SmallVec<[Option<SlotId>; 4]>;
+/// Per limiter of a check: where its entry is (if it has one), and whether it admits.
+type Found = SmallVec<[(Option<SlotId>, bool); 4]>;
 
 /// The outcomes of a limiter key evicted at its limit that owes `wait_us` more: every rule
 /// denies (a peek of cost 0 is told nothing is left). Returns whether it admits.
@@ -560,8 +560,8 @@ impl Inner {
         let out = &mut verdict.rules;
         let mut found = Found::new();
         let mut allowed = true;
-        // Per limiter: a shadow limiter that would deny (it records nothing).
-        let mut shadow_denied = SmallVec::<[bool; 8]>::new();
+        // Some shadow limiter would deny (it records nothing).
+        let mut shadow_denied = false;
         let mut first = 0;
         for (l, &hash) in request.limiters.iter().zip(limiter_hashes) {
             let out = &mut out[first..first + l.rules.len()];
@@ -574,26 +574,21 @@ impl Inner {
                 (cost, request.delay_us),
                 out,
             );
-            found.push(id);
-            shadow_denied.push(l.shadow && !admits);
+            found.push((id, admits));
+            shadow_denied |= l.shadow && !admits;
             allowed &= admits || l.shadow;
         }
-        let shadow_denies = |i: usize| shadow_denied[i];
 
-        if !allowed || shadow_denied.contains(&true) {
+        if !allowed || shadow_denied {
             // Nothing is recorded where a limiter would deny; nothing at all if an enforced one
             // does.
             let mut first = 0;
-            for (i, ((l, &hash), &id)) in request
-                .limiters
-                .iter()
-                .zip(limiter_hashes)
-                .zip(&found)
-                .enumerate()
+            for ((l, &hash), &(id, admits)) in
+                request.limiters.iter().zip(limiter_hashes).zip(&found)
             {
                 let out = &mut out[first..first + l.rules.len()];
                 first += l.rules.len();
-                if allowed && !shadow_denies(i) {
+                if allowed && admits {
                     continue;
                 }
                 settle(locked.shard(hash), id, l, now, out);
@@ -609,19 +604,18 @@ impl Inner {
         }
 
         if request.consume && cost > 0 {
-            self.make_room_for(limiter_hashes, &found, &mut locked, now);
+            if found.iter().any(|(id, _)| id.is_none()) {
+                self.make_room_for(limiter_hashes, &found, &mut locked, now);
+            }
             let check_id = self.check_id(request);
             let mut first = 0;
-            for (i, ((l, &hash), &id)) in request
-                .limiters
-                .iter()
-                .zip(limiter_hashes)
-                .zip(&found)
-                .enumerate()
+            for ((l, &hash), &(id, admits)) in
+                request.limiters.iter().zip(limiter_hashes).zip(&found)
             {
                 let outcomes = &out[first..first + l.rules.len()];
                 first += l.rules.len();
-                if !shadow_denies(i) {
+                // A shadow limiter that would deny records nothing.
+                if admits {
                     record(
                         locked.shard(hash),
                         id,
@@ -634,10 +628,12 @@ impl Inner {
                     );
                 }
             }
-            verdict.receipt = Some(if shadow_denied.contains(&true) {
-                let at = shadow_denied
-                    .iter()
-                    .map(|&skipped| if skipped { Receipt::NOT_RECORDED } else { now });
+            verdict.receipt = Some(if shadow_denied {
+                let at = found.iter().map(
+                    |&(_, admits)| {
+                        if admits { now } else { Receipt::NOT_RECORDED }
+                    },
+                );
                 Receipt::per_limiter(at, check_id, cost)
             } else {
                 Receipt::new(now, check_id, cost)
@@ -664,7 +660,7 @@ impl Inner {
             hashes
                 .iter()
                 .zip(found)
-                .filter(|(_, id)| id.is_none())
+                .filter(|(_, (id, _))| id.is_none())
                 .map(|(&hash, _)| hash)
         };
         for (i, hash) in new().enumerate() {
@@ -678,7 +674,7 @@ impl Inner {
                 .iter()
                 .zip(found)
                 .filter(|(h, _)| shard_of(**h) == shard_of(hash))
-                .filter_map(|(_, id)| *id)
+                .filter_map(|(_, &(id, _))| id)
                 .collect();
             self.make_room(locked.shard(hash), Kind::Counter, wanted, now, &keep);
         }
