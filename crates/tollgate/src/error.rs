@@ -5,11 +5,26 @@ use std::{error::Error as StdError, fmt};
 type Source = Box<dyn StdError + Send + Sync>;
 
 /// A store could not answer. Ask with the predicates rather than matching kinds.
+///
+/// One pointer wide: every check returns a `Result` of it, which then fits in registers
+/// (failures are rare; their details live on the heap).
+pub struct StoreError(Box<Failure>);
+
 #[derive(Debug)]
-pub struct StoreError {
+struct Failure {
     kind: StoreErrorKind,
     message: String,
     source: Option<Source>,
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("kind", &self.0.kind)
+            .field("message", &self.0.message)
+            .field("source", &self.0.source)
+            .finish()
+    }
 }
 
 /// The broad kind of a [`StoreError`].
@@ -33,52 +48,52 @@ pub enum StoreErrorKind {
 impl StoreError {
     /// A new error of `kind`.
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
-        StoreError {
+        StoreError(Box::new(Failure {
             kind,
             message: message.into(),
             source: None,
-        }
+        }))
     }
 
     /// Attaches the underlying cause.
     #[must_use]
     pub fn with_source(mut self, source: impl Into<Source>) -> StoreError {
-        self.source = Some(source.into());
+        self.0.source = Some(source.into());
         self
     }
 
     /// The kind of failure.
     pub fn kind(&self) -> StoreErrorKind {
-        self.kind
+        self.0.kind
     }
 
     /// No answer in time.
     pub fn is_timeout(&self) -> bool {
-        self.kind == StoreErrorKind::Timeout
+        self.0.kind == StoreErrorKind::Timeout
     }
 
     /// The store could not be reached.
     pub fn is_unavailable(&self) -> bool {
-        self.kind == StoreErrorKind::Unavailable
+        self.0.kind == StoreErrorKind::Unavailable
     }
 
     /// The store refused to grow.
     pub fn is_capacity(&self) -> bool {
-        self.kind == StoreErrorKind::Capacity
+        self.0.kind == StoreErrorKind::Capacity
     }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
+        let kind = match self.0.kind {
             StoreErrorKind::Timeout => "store timed out",
             StoreErrorKind::Unavailable => "store unavailable",
             StoreErrorKind::Capacity => "store full",
             StoreErrorKind::Protocol => "unexpected store reply",
             StoreErrorKind::NotReplicated => "store writes not replicated in time",
         };
-        write!(f, "{kind}: {}", self.message)?;
-        if let Some(source) = &self.source {
+        write!(f, "{kind}: {}", self.0.message)?;
+        if let Some(source) = &self.0.source {
             write!(f, ": {source}")?;
         }
         Ok(())
@@ -87,7 +102,8 @@ impl fmt::Display for StoreError {
 
 impl StdError for StoreError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
+        self.0
+            .source
             .as_deref()
             .map(|s| s as &(dyn StdError + 'static))
     }
@@ -214,4 +230,23 @@ pub enum PolicyError {
         /// The algorithm asked for.
         algorithm: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store's answer to a check is returned in registers: a `Result` of a store error is
+    /// no larger than two words.
+    #[test]
+    fn a_store_error_is_one_pointer() {
+        assert_eq!(std::mem::size_of::<StoreError>(), 8);
+        assert!(std::mem::size_of::<Option<Result<(), StoreError>>>() <= 16);
+        let e = StoreError::new(StoreErrorKind::Timeout, "no answer")
+            .with_source(std::io::Error::other("reset"));
+        assert!(e.is_timeout() && !e.is_unavailable());
+        assert_eq!(e.to_string(), "store timed out: no answer: reset");
+        assert!(StdError::source(&e).is_some());
+        assert!(format!("{e:?}").starts_with("StoreError { kind: Timeout, message: \"no answer\""));
+    }
 }

@@ -200,20 +200,25 @@ impl<'i> CheckKeys<'i> {
     }
 
     /// The request of a policy's only limiter, when the check has no ban keys: the common
-    /// case, built without the vectors of [`request`](Self::request).
+    /// case, built without the vectors of [`request`](Self::request). As the one-element
+    /// slice the store is asked with, built where it stays (a copy of a value just written
+    /// stalls the load that reads it).
     #[inline(always)]
-    pub(crate) fn only_limiter<'a>(&'a self, policy: &'a Policy) -> Option<LimiterRequest<'a>> {
+    pub(crate) fn only_limiter<'a>(
+        &'a self,
+        policy: &'a Policy,
+    ) -> Option<[LimiterRequest<'a>; 1]> {
         let ([limiter], &[end]) = (&policy.limiters[..], &self.ends[..]) else {
             return None;
         };
         if self.text.len() != end {
             return None;
         }
-        Some(if self.compact {
+        Some([if self.compact {
             limiter.request("", self.text.bytes())
         } else {
             limiter.request(self.text.text_at(0..end), &[])
-        })
+        }])
     }
 
     /// The request of each limiter (its key and rules) and the ban keys, into the caller's

@@ -46,8 +46,7 @@ impl<S: Store> Tollgate<S> {
         }
         let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        let answered = if let Some(only) = keys.only_limiter(policy) {
-            let limiters = [only];
+        let answered = if let Some(limiters) = keys.only_limiter(policy) {
             let bans = (&[][..], keys.ban_index(&self.ban_index));
             let request = keys::request_of(policy, &limiters, bans, cost, how);
             self.run_now(&request, on_error, &mut verdict)
