@@ -214,10 +214,18 @@ impl<'i> CheckKeys<'i> {
         if self.text.len() != end {
             return None;
         }
-        Some([if self.compact {
-            limiter.request("", self.text.bytes())
+        let (key, compact) = if self.compact {
+            ("", self.text.bytes())
         } else {
-            limiter.request(self.text.text_at(0..end), &[])
+            (self.text.text_at(0..end), &[][..])
+        };
+        Some([LimiterRequest {
+            key,
+            compact,
+            rules: &limiter.rules,
+            ban: limiter.ban,
+            shadow: limiter.shadow,
+            overrides: limiter.overrides,
         }])
     }
 
