@@ -22,8 +22,9 @@ pub(super) fn var_of(field: &str) -> String {
     format!("TOLLGATE_{}", field.replace('.', "_").to_ascii_uppercase())
 }
 
-/// Replaces the fields of `raw` whose variable `lookup` finds; returns the variables used, in
-/// the order of the fields.
+/// Replaces the fields of `raw` whose variable `lookup` finds (every field of `[server]` that
+/// is one value, and of `[store]` and `[record]`); returns the variables used, in the order they
+/// are read.
 pub(super) fn apply(
     raw: &mut RawConfig,
     lookup: &dyn Fn(&str) -> Option<String>,
@@ -90,26 +91,55 @@ pub(super) fn apply(
     if let Some((var, v)) = get("server.grpc") {
         s.grpc = Some(parsed("server.grpc", var, v)?);
     }
-    if let Some((_, v)) = get("server.admin_token_env") {
-        s.admin_token_env = Some(string(v));
+    for (field, slot) in [
+        ("server.admin_token_env", &mut s.admin_token_env),
+        ("server.check_token_env", &mut s.check_token_env),
+        ("server.refund_token_env", &mut s.refund_token_env),
+        ("server.receipt_key_env", &mut s.receipt_key_env),
+    ] {
+        if let Some((_, v)) = get(field) {
+            *slot = Some(string(v));
+        }
     }
-    if let Some((var, v)) = get("server.header_read_timeout") {
-        s.header_read_timeout = Some(duration("server.header_read_timeout", var, v)?);
+    for (field, slot) in [
+        ("server.header_read_timeout", &mut s.header_read_timeout),
+        ("server.body_read_timeout", &mut s.body_read_timeout),
+        ("server.idle_timeout", &mut s.idle_timeout),
+        ("server.write_timeout", &mut s.write_timeout),
+        ("server.max_keep_for", &mut s.max_keep_for),
+        ("server.max_delay", &mut s.max_delay),
+    ] {
+        if let Some((var, v)) = get(field) {
+            *slot = Some(duration(field, var, v)?);
+        }
     }
-    if let Some((var, v)) = get("server.body_read_timeout") {
-        s.body_read_timeout = Some(duration("server.body_read_timeout", var, v)?);
-    }
-    if let Some((var, v)) = get("server.max_connections") {
-        s.max_connections = Some(number("server.max_connections", var, v)?);
-    }
-    if let Some((var, v)) = get("server.grpc_max_message_bytes") {
-        s.grpc_max_message_bytes = Some(number("server.grpc_max_message_bytes", var, v)?);
-    }
-    if let Some((var, v)) = get("server.grpc_max_concurrent_streams") {
-        s.grpc_max_concurrent_streams = Some(number("server.grpc_max_concurrent_streams", var, v)?);
-    }
-    if let Some((var, v)) = get("server.max_batch") {
-        s.max_batch = Some(number("server.max_batch", var, v)?);
+    for (field, slot) in [
+        ("server.max_connections", &mut s.max_connections),
+        (
+            "server.max_connections_per_ip",
+            &mut s.max_connections_per_ip,
+        ),
+        ("server.max_health_watches", &mut s.max_health_watches),
+        (
+            "server.grpc_max_message_bytes",
+            &mut s.grpc_max_message_bytes,
+        ),
+        (
+            "server.grpc_max_concurrent_streams",
+            &mut s.grpc_max_concurrent_streams,
+        ),
+        ("server.max_batch", &mut s.max_batch),
+        ("server.max_batch_cost", &mut s.max_batch_cost),
+        ("server.max_descriptors", &mut s.max_descriptors),
+        (
+            "server.max_descriptor_entries",
+            &mut s.max_descriptor_entries,
+        ),
+        ("server.max_stored_response", &mut s.max_stored_response),
+    ] {
+        if let Some((var, v)) = get(field) {
+            *slot = Some(number(field, var, v)?);
+        }
     }
     if let Some((var, v)) = get("server.admin_failure_limit") {
         s.admin_failure_limit = Some(from_str("server.admin_failure_limit", &var, &v, "")?);
@@ -154,6 +184,24 @@ pub(super) fn apply(
     }
     if let Some((_, v)) = get("store.tls_key_file") {
         st.tls_key_file = Some(string(v));
+    }
+    for (field, slot) in [
+        ("store.max_keys", &mut st.max_keys),
+        ("store.max_bans", &mut st.max_bans),
+        ("store.max_locks", &mut st.max_locks),
+    ] {
+        if let Some((var, v)) = get(field) {
+            *slot = Some(number(field, var, v)?);
+        }
+    }
+    if let Some((var, v)) = get("store.max_response_bytes") {
+        let bytes = from_str(
+            "store.max_response_bytes",
+            &var,
+            &v,
+            " (a whole number of bytes)",
+        )?;
+        st.max_response_bytes = Some(Spanned::new(FROM_ENV, bytes));
     }
     let r = &mut raw.record;
     if let Some((_, v)) = get("record.path") {
@@ -236,6 +284,45 @@ prefix = "file"
             "{summary}"
         );
         assert!(!summary.contains("s3cret"), "{summary}");
+
+        // Every field of one value has its variable: the limits and the environment
+        // variables naming secrets too.
+        let config = parse(
+            FILE,
+            &[
+                ("TOLLGATE_SERVER_MAX_DELAY", "2s"),
+                ("TOLLGATE_SERVER_MAX_KEEP_FOR", "5m"),
+                ("TOLLGATE_SERVER_MAX_DESCRIPTORS", "7"),
+                ("TOLLGATE_SERVER_MAX_CONNECTIONS_PER_IP", "9"),
+                ("TOLLGATE_SERVER_IDLE_TIMEOUT", "30s"),
+                ("TOLLGATE_SERVER_RECEIPT_KEY_ENV", "RECEIPT_KEY"),
+                ("TOLLGATE_STORE_MAX_KEYS", "5000"),
+                ("TOLLGATE_STORE_MAX_RESPONSE_BYTES", "65536"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.server.max_delay, std::time::Duration::from_secs(2));
+        assert_eq!(
+            config.server.max_keep_for,
+            std::time::Duration::from_secs(300)
+        );
+        assert_eq!(config.server.max_descriptors, 7);
+        assert_eq!(config.server.max_connections_per_ip, 9);
+        assert_eq!(
+            config.server.idle_timeout,
+            std::time::Duration::from_secs(30)
+        );
+        assert_eq!(
+            config.server.receipt_key_env.as_deref(),
+            Some("RECEIPT_KEY")
+        );
+        assert_eq!(config.store.memory.max_keys, Some(5000));
+        assert_eq!(config.store.memory.max_response_bytes, Some(65536));
+        let bad = parse(FILE, &[("TOLLGATE_SERVER_MAX_DELAY", "soon")]).unwrap_err();
+        assert!(
+            bad.starts_with("TOLLGATE_SERVER_MAX_DELAY: server.max_delay:"),
+            "{bad}"
+        );
 
         // Without variables, the file's values.
         let config = parse(FILE, &[]).unwrap();
