@@ -40,6 +40,20 @@ impl Received {
     }
 }
 
+/// The server's metrics once they hold `line`, or after 20 s (a hang detector, not a timing
+/// assertion): a delivery is counted when the receiver's answer is back at the server, which is
+/// after the receiver has the body.
+async fn metrics_holding(server: &Server, line: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, metrics) = server.get_text("/metrics").await;
+        if metrics.contains(line) || tokio::time::Instant::now() >= deadline {
+            return metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn receiver(received: Received, status: StatusCode) -> Router {
     Router::new()
         .route(
@@ -111,11 +125,9 @@ async fn warnings_reach_an_http_webhook_once_per_key_and_window() {
     let config = format!("[webhook]\nurl = \"http://127.0.0.1:{port}/hooks\"\n{POLICIES}");
     let server = Server::start(&config);
     warnings_are_posted_once_per_key(&server, &received).await;
-    let (_, metrics) = server.get_text("/metrics").await;
-    assert!(
-        metrics.contains("tollgate_webhook_deliveries_total{result=\"delivered\"} 2"),
-        "{metrics}"
-    );
+    let delivered = "tollgate_webhook_deliveries_total{result=\"delivered\"} 2";
+    let metrics = metrics_holding(&server, delivered).await;
+    assert!(metrics.contains(delivered), "{metrics}");
 }
 
 // Two workers: the receiver answers while the test waits for the server's log line.
