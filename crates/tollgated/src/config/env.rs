@@ -22,9 +22,9 @@ pub(super) fn var_of(field: &str) -> String {
     format!("TOLLGATE_{}", field.replace('.', "_").to_ascii_uppercase())
 }
 
-/// Replaces the fields of `raw` whose variable `lookup` finds (every field of `[server]` that
-/// is one value, and of `[store]` and `[record]`); returns the variables used, in the order they
-/// are read.
+/// Replaces the fields of `raw` whose variable `lookup` finds (every field of `[server]` and
+/// `[store]` that is one value, and `[record]`'s `path`, `sample` and `identities`); returns
+/// the variables used, in the order they are read.
 pub(super) fn apply(
     raw: &mut RawConfig,
     lookup: &dyn Fn(&str) -> Option<String>,
