@@ -219,14 +219,7 @@ impl<'i> CheckKeys<'i> {
         } else {
             (self.text.text_at(0..end), &[][..])
         };
-        Some([LimiterRequest {
-            key,
-            compact,
-            rules: &limiter.rules,
-            ban: limiter.ban,
-            shadow: limiter.shadow,
-            overrides: limiter.overrides,
-        }])
+        Some([limiter.request(key, compact)])
     }
 
     /// The request of each limiter (its key and rules) and the ban keys, into the caller's
