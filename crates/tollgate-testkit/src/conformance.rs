@@ -1060,7 +1060,7 @@ pub async fn refunds_give_back_what_a_check_charged<S: FullStore>(s: Subject<S>)
     );
 
     // The second check's units come back, exactly: the next check fits, then no more.
-    gate.refund(&p, &who, 1, second.receipt())
+    gate.refund(&p, &who, 1, second.receipt().as_ref())
         .await
         .expect("refund");
     let third = s.check(&p, &who, 1).await;
@@ -1094,7 +1094,7 @@ pub async fn refunds_give_back_what_a_check_charged<S: FullStore>(s: Subject<S>)
     let old = s.check(&q, &late, 1).await;
     s.at(ms(61_000));
     expect_remaining(&s.check(&q, &late, 1).await, true, &[1]);
-    gate.refund(&q, &late, 1, old.receipt())
+    gate.refund(&q, &late, 1, old.receipt().as_ref())
         .await
         .expect("refund");
     expect_remaining(&s.check(&q, &late, 1).await, true, &[0]);
@@ -1107,7 +1107,7 @@ pub async fn refunds_give_back_what_a_check_charged<S: FullStore>(s: Subject<S>)
     let a = s.check(&log, &who, 1).await;
     s.at(ms(10_000));
     expect_remaining(&s.check(&log, &who, 1).await, true, &[0]);
-    gate.refund(&log, &who, 1, a.receipt())
+    gate.refund(&log, &who, 1, a.receipt().as_ref())
         .await
         .expect("refund");
     // At 65 s the entry of 10 s still counts (the refunded one of 0 s would have left anyway).
@@ -1130,7 +1130,7 @@ pub async fn refunds_give_back_what_a_check_charged<S: FullStore>(s: Subject<S>)
     assert!(!s.check(&r, &who, 1).await.shadow_denied());
     let over = s.check(&r, &who, 1).await;
     assert!(over.allowed() && over.shadow_denied());
-    gate.refund(&r, &who, 1, over.receipt())
+    gate.refund(&r, &who, 1, over.receipt().as_ref())
         .await
         .expect("refund");
     let after = s.check(&r, &who, 1).await;
@@ -1179,7 +1179,7 @@ pub async fn calendar_windows_follow_the_zones_days<S: FullStore>(s: Subject<S>)
     expect(&d, None, &[(true, 1, DAY)]);
     // A refund returns the unit to the day it was counted in.
     s.gate
-        .refund(&p, &who, 1, d.receipt())
+        .refund(&p, &who, 1, d.receipt().as_ref())
         .await
         .expect("refund");
     expect(&s.check(&p, &who, 1).await, None, &[(true, 1, DAY)]);
@@ -1227,14 +1227,14 @@ pub async fn concurrency_leases_bound_what_is_in_flight<S: FullStore>(s: Subject
     );
 
     // A release frees the slot at once; the rate quota stays spent.
-    gate.release_concurrent(&p, &who, a.receipt().expect("a lease"))
+    gate.release_concurrent(&p, &who, &a.receipt().expect("a lease"))
         .await
         .expect("release");
     s.at(ms(1_000));
     let d = s.check(&p, &who, 1).await;
     expect_remaining(&d, true, &[0, 2]);
     // Releasing again frees nothing.
-    gate.release_concurrent(&p, &who, a.receipt().expect("a lease"))
+    gate.release_concurrent(&p, &who, &a.receipt().expect("a lease"))
         .await
         .expect("release");
     let busy = s.check(&p, &who, 1).await;
@@ -1248,7 +1248,7 @@ pub async fn concurrency_leases_bound_what_is_in_flight<S: FullStore>(s: Subject
     // An extension renews b's lease from 30 s; d's (from 1 s) runs out at 61 s.
     s.at(ms(30_000));
     let b2 = gate
-        .extend_concurrent(&p, &who, b.receipt().expect("a lease"))
+        .extend_concurrent(&p, &who, &b.receipt().expect("a lease"))
         .await
         .expect("extend")
         .expect("b's lease is live");
@@ -1257,7 +1257,7 @@ pub async fn concurrency_leases_bound_what_is_in_flight<S: FullStore>(s: Subject
     // b's old receipt names no lease now, nor does d's, which ran out.
     for lost in [b.receipt(), d.receipt()] {
         let renewed = gate
-            .extend_concurrent(&p, &who, lost.expect("a receipt"))
+            .extend_concurrent(&p, &who, &lost.expect("a receipt"))
             .await
             .expect("extend");
         assert_eq!(renewed, None, "a lost lease is not renewed");
@@ -1951,7 +1951,7 @@ pub async fn waiters_are_admitted_in_order_never_over_the_limit<S: FullStore>(s:
     // The last waiter gives up: its place is the next one's.
     let last = waiters.pop().expect("three waiters");
     s.gate()
-        .refund(&p, &who, 1, last.receipt())
+        .refund(&p, &who, 1, last.receipt().as_ref())
         .await
         .expect("the store refunds");
     let d = s.check(&p, &who, 1).await;

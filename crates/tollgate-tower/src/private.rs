@@ -121,7 +121,7 @@ async fn admit(
             gate: context.gate.clone(),
             policy,
             identity: Some(identity.clone()),
-            receipt: decision.receipt().cloned(),
+            receipt: decision.receipt(),
             cost,
         };
         tokio::time::sleep(due).await;
@@ -146,7 +146,7 @@ pub async fn check_charged(
         gate: context.gate.clone(),
         policy,
         identity,
-        receipt: decision.receipt().cloned(),
+        receipt: decision.receipt(),
         cost,
         mode,
         concurrent: policy.limiters().iter().any(Limiter::is_concurrent),

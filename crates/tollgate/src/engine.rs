@@ -484,7 +484,7 @@ impl<S: RefundStore> Tollgate<S> {
     /// assert!(attempt.allowed());
     /// let password_was_right = true;
     /// if password_was_right {
-    ///     gate.refund(&login, &who, 1, attempt.receipt()).await?;
+    ///     gate.refund(&login, &who, 1, attempt.receipt().as_ref()).await?;
     /// }
     /// assert!(gate.check(&login, &who, 1).await?.allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -611,7 +611,7 @@ impl<S: RefundStore> Tollgate<S> {
     /// // The first lease ends in 5 minutes at the latest.
     /// assert!(busy.retry_after() <= Some(Duration::from_secs(300)));
     ///
-    /// gate.release_concurrent(&exports, &who, running.receipt().unwrap()).await?;
+    /// gate.release_concurrent(&exports, &who, &running.receipt().unwrap()).await?;
     /// assert!(gate.check(&exports, &who, 1).await?.allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();

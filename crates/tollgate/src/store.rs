@@ -373,6 +373,15 @@ impl Receipt {
         self.id
     }
 
+    /// The one instant every limiter recorded at, if they share one.
+    #[inline]
+    pub(crate) fn single(&self) -> Option<u64> {
+        match self.at_us.as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        }
+    }
+
     /// The same record, naming `units` of it: a check's share of units taken together (a
     /// quota lease), which a refund of this receipt gives back at most.
     #[must_use]

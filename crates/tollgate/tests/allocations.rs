@@ -65,12 +65,19 @@ fn two_by_three() -> Policy {
 }
 
 /// Checks `policy` for `who` until its keys exist and its logs have grown their room (70
-/// checks), then counts the allocations of 20 more admitted checks and of a denied one (of a
-/// cost over what the first limiter has left, which writes no ban).
+/// checks, the last 20 of them held at once: a decision of several rules keeps what does not
+/// fit inline in storage its thread reuses, and a thread holding 20 at once has made 20), then
+/// counts the allocations of 20 more admitted checks and of a denied one (of a cost over what
+/// the first limiter has left, which writes no ban).
 fn count<S: Store>(gate: &Tollgate<S>, policy: &Policy, who: &Identity) -> (u64, u64) {
-    for _ in 0..70 {
+    for _ in 0..50 {
         assert!(now(gate.check(policy, who, 1)).unwrap().allowed());
     }
+    let held: Vec<Decision> = (0..20)
+        .map(|_| now(gate.check(policy, who, 1)).unwrap())
+        .collect();
+    assert!(held.iter().all(Decision::allowed));
+    drop(held);
     let (admitted, decisions) = allocations(|| {
         (0..20)
             .map(|_| now(gate.check(policy, who, 1)).unwrap())
@@ -84,6 +91,7 @@ fn count<S: Store>(gate: &Tollgate<S>, policy: &Policy, who: &Identity) -> (u64,
     })
     .0;
     assert!(decisions.iter().all(Decision::allowed));
+    drop(decisions);
     // 90 used: 60 more is over the first limiter's 100 (or the single rule's 1,000 less 910).
     let cost = if policy.limiters().len() == 1 {
         960
@@ -186,4 +194,25 @@ fn a_new_key_allocates() {
     let (n, decision) = allocations(|| now(gate.check(&one_rule(), &who(), 1)).unwrap());
     assert!(decision.allowed());
     assert!(n > 0);
+}
+
+/// A decision of several rules keeps what does not fit inline in storage its thread reuses:
+/// a thread's first such decision allocates it, the next ones reuse it.
+#[test]
+fn a_thread_reuses_its_decisions_storage() {
+    let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    let policy = Arc::new(two_by_three());
+    // The keys exist and the logs have room: only the decision can allocate below.
+    for _ in 0..10 {
+        assert!(now(gate.check(&policy, &who(), 1)).unwrap().allowed());
+    }
+    let on_a_new_thread = std::thread::spawn(move || {
+        let who = who();
+        let first = allocations(|| now(gate.check(&policy, &who, 1)).unwrap()).0;
+        let second = allocations(|| now(gate.check(&policy, &who, 1)).unwrap()).0;
+        (first, second)
+    });
+    let (first, second) = on_a_new_thread.join().unwrap();
+    assert!(first > 0, "the first decision allocated nothing");
+    assert_eq!(second, 0);
 }

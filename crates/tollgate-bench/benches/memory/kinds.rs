@@ -106,7 +106,7 @@ pub(crate) fn limit_kinds(c: &mut Criterion) {
         let Some(receipt) = d.receipt() else {
             return false;
         };
-        ready(gate.release_concurrent(&leases, identity, receipt)).expect("a release");
+        ready(gate.release_concurrent(&leases, identity, &receipt)).expect("a release");
         true
     });
 
@@ -115,7 +115,7 @@ pub(crate) fn limit_kinds(c: &mut Criterion) {
     let gate = Tollgate::new(MemoryStore::new());
     bench_each(&mut g, "gcra_1rule_check_refund", &who, |identity| {
         let d = ready(gate.check(&p, identity, 1)).expect("a check");
-        ready(gate.refund(&p, identity, 1, d.receipt())).expect("a refund");
+        ready(gate.refund(&p, identity, 1, d.receipt().as_ref())).expect("a refund");
         d.allowed()
     });
     g.finish();

@@ -137,7 +137,7 @@ fn lease_worker() {
                         let hold = rand::random::<u64>() % 3;
                         tokio::time::sleep(Duration::from_millis(hold)).await;
                         let _: u64 = conn.srem(LIVE, &me).await.unwrap();
-                        gate.release_concurrent(&policy, &who, decision.receipt().unwrap())
+                        gate.release_concurrent(&policy, &who, &decision.receipt().unwrap())
                             .await
                             .unwrap();
                         held += 1;

@@ -184,7 +184,9 @@ async fn a_lease_in_hand_answers_without_a_future_and_names_its_share() {
                 .unwrap()
     };
     assert_eq!(counted().await, 250);
-    gate.refund(&policy, &who(), 1, d.receipt()).await.unwrap();
+    gate.refund(&policy, &who(), 1, d.receipt().as_ref())
+        .await
+        .unwrap();
     assert_eq!(counted().await, 249);
 }
 

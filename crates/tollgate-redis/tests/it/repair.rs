@@ -156,7 +156,9 @@ async fn a_repair_changes_nothing_where_nothing_was_lost_and_keeps_refunds() {
     assert_eq!(admitted(&gate, &window, 3).await, 3);
     // A refund lowers the window's count on purpose: no repair raises it again.
     let d = gate.check(&window, &who(), 1).await.unwrap();
-    gate.refund(&window, &who(), 1, d.receipt()).await.unwrap();
+    gate.refund(&window, &who(), 1, d.receipt().as_ref())
+        .await
+        .unwrap();
     // A call that times out makes a repair due; nothing was lost.
     server.pause();
     let d = gate

@@ -171,18 +171,17 @@ fn call<S: Service<Request<B>>, B, R>(
         request.extensions_mut().insert(FailedOpen);
     }
     let future = inner.call(request);
-    let slot = match (config.concurrent, decision.receipt(), &identity) {
-        (true, Some(receipt), Some(identity)) => {
-            let slot = Slot::new(config.clone(), identity.clone(), receipt.clone());
-            Some(Box::new(slot))
-        }
+    let slot = match (config.concurrent, &identity) {
+        (true, Some(identity)) => decision
+            .receipt()
+            .map(|receipt| Box::new(Slot::new(config.clone(), identity.clone(), receipt))),
         _ => None,
     };
     let charge = identity
         .take()
         .filter(|_| !matches!(config.count, Count::All) || config.settle.is_some())
         .map(|identity| {
-            let charge = Charge::new(config.clone(), identity, decision.receipt().cloned(), cost);
+            let charge = Charge::new(config.clone(), identity, decision.receipt(), cost);
             Box::new(charge)
         });
     let decision = (config.style != HeaderStyle::None).then_some(decision);
@@ -221,7 +220,7 @@ where
                             Held::new(
                                 this.config.clone(),
                                 who.clone(),
-                                decision.receipt().cloned(),
+                                decision.receipt(),
                                 *this.cost,
                             )
                         });

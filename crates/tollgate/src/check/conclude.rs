@@ -1,7 +1,5 @@
 //! The decision from how a check was answered: the store's verdict, or `on_error`'s.
 
-use std::time::Duration;
-
 use crate::{
     decision::{Decision, Reason, Said},
     engine::Answered,
@@ -21,9 +19,9 @@ pub(crate) fn conclude(
         Answered::Store => decide(limiters, (verdict, cost), out),
         Answered::Local => {
             decide(limiters, (verdict, cost), out);
-            out.reason = Reason::StoreUnavailable;
+            out.set_reason(Reason::StoreUnavailable);
             // Recorded in the local store, which a refund does not reach.
-            out.receipt = None;
+            out.clear_receipt();
         }
         Answered::Failed { allowed } => out.reset(allowed, Reason::StoreUnavailable),
     }
@@ -32,16 +30,14 @@ pub(crate) fn conclude(
 /// The decision from a store's verdict, into `out` (its receipt moves there), a fresh decision
 /// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice).
 fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut Decision) {
-    debug_assert!(out.said.is_empty() && out.receipt.is_none());
+    debug_assert!(out.receipt().is_none() && out.remaining().is_none());
     if let Some(left) = verdict.blocked_us {
-        out.allowed = false;
-        out.reason = Reason::Blocked;
-        out.retry_after = Some(Duration::from_micros(left));
+        out.set_outcome(false, Reason::Blocked);
+        out.set_retry_after_us(Some(left));
         return;
     }
-    out.allowed = verdict.allowed;
-    out.reason = Reason::Ok;
-    out.receipt = verdict.receipt.take();
+    out.set_outcome(verdict.allowed, Reason::Ok);
+    out.take_receipt(&mut verdict.receipt);
     if let [limiter] = limiters {
         if verdict.allowed && !limiter.shadow {
             return admitted_by_one(limiter, verdict, out);
@@ -55,42 +51,41 @@ fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut 
     for limiter in limiters {
         for (rule, outcome) in limiter.rules.iter().zip(outcomes.by_ref()) {
             if limiter.shadow {
-                out.shadow_denied |= !outcome.allowed;
+                out.note_shadow_denied(!outcome.allowed);
             } else {
                 remaining = Some(remaining.map_or(outcome.remaining, |r| r.min(outcome.remaining)));
                 if !outcome.allowed {
-                    if out.message.is_none() {
-                        out.message.clone_from(&limiter.message);
+                    if let Some(message) = &limiter.message {
+                        out.note_message(message);
                     }
                     retry_after = retry_after.max(outcome.retry_after_us);
                     concurrency &= rule.is_concurrent();
                 }
             }
-            out.said.push(Said::new(
+            out.push_said(Said::new(
                 outcome.allowed,
                 outcome.remaining,
                 outcome.reset_after_us,
             ));
         }
     }
-    out.remaining = remaining;
     // The limits overrides set, after the rules' entries.
     for &(place, limit) in &verdict.limits {
-        out.said.push(Said::limit(place, limit));
+        out.push_said(Said::limit(place, limit));
     }
+    out.set_remaining(remaining);
     if !verdict.allowed {
-        out.reason = if concurrency {
+        out.set_reason(if concurrency {
             Reason::ConcurrencyLimited
         } else {
             Reason::RateLimited
-        };
+        });
         // A ban written by this denial outlasts the rule's own wait.
-        out.retry_after = retry_after
-            .max(verdict.banned_us)
-            .map(Duration::from_micros);
+        let retry_after = retry_after.max(verdict.banned_us);
+        out.set_retry_after_us(retry_after);
         // No wait helps any denying rule: maybe a cost above the limits in force.
-        if out.retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
-            out.reason = Reason::CostExceedsLimit;
+        if retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
+            out.set_reason(Reason::CostExceedsLimit);
         }
     }
 }
@@ -103,16 +98,16 @@ fn admitted_by_one(limiter: &Limiter, verdict: &Verdict, out: &mut Decision) {
     let mut remaining = u64::MAX;
     for outcome in outcomes {
         remaining = remaining.min(outcome.remaining);
-        out.said.push(Said::new(
+        out.push_said(Said::new(
             outcome.allowed,
             outcome.remaining,
             outcome.reset_after_us,
         ));
     }
-    out.remaining = (!outcomes.is_empty()).then_some(remaining);
     for &(place, limit) in &verdict.limits {
-        out.said.push(Said::limit(place, limit));
+        out.push_said(Said::limit(place, limit));
     }
+    out.set_remaining((!outcomes.is_empty()).then_some(remaining));
 }
 
 /// Whether every enforced rule that denied did so because `cost` is above its limit: what the
@@ -146,17 +141,19 @@ pub(crate) fn missing_dimension(limiter: &Limiter) -> CheckError {
 
 pub(crate) fn cost_exceeds_limit(limiters: &[Limiter], cost: u64, out: &mut Decision) {
     out.reset(false, Reason::CostExceedsLimit);
+    let mut remaining = None;
     for limiter in limiters {
         for rule in limiter.rules.iter() {
             if !limiter.shadow && crate::policy::cost_too_large(rule, cost) {
-                if out.message.is_none() {
-                    out.message.clone_from(&limiter.message);
+                if let Some(message) = &limiter.message {
+                    out.note_message(message);
                 }
-                out.said.push(Said::new(false, 0, 0));
-                out.remaining = Some(0);
+                out.push_said(Said::new(false, 0, 0));
+                remaining = Some(0);
             } else {
-                out.said.push(Said::unnamed());
+                out.push_said(Said::unnamed());
             }
         }
     }
+    out.set_remaining(remaining);
 }

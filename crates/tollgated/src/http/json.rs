@@ -256,8 +256,10 @@ pub(crate) fn sealed_receipt(
     d: &Decision,
     asked: bool,
 ) -> Option<String> {
-    let receipt = d.receipt()?;
-    (asked || is_lease(d, policy)).then(|| app.receipts.seal(policy, identity, receipt))
+    if !asked && !is_lease(d, policy) {
+        return None;
+    }
+    Some(app.receipts.seal(policy, identity, &d.receipt()?))
 }
 
 /// Room for a decision's JSON, so that writing it takes one allocation.
