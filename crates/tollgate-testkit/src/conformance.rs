@@ -1793,7 +1793,7 @@ pub async fn settlements_charge_debts_and_give_back<S: FullStore>(s: Subject<S>)
         async move {
             let d = s.check(&p, &who, estimate).await;
             assert!(d.allowed(), "{d:#?}");
-            let receipt = d.receipt().expect("an admission is recorded").clone();
+            let receipt = d.receipt().expect("an admission is recorded");
             s.gate()
                 .settle(&p, &who, &receipt, cost)
                 .await
@@ -2040,7 +2040,7 @@ pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
     raise(p.clone(), who.clone(), "12/1m", None).await;
     let d = s.check(&p, &who, 2).await;
     assert!(d.allowed(), "{d:#?}");
-    let receipt = d.receipt().expect("recorded").clone();
+    let receipt = d.receipt().expect("recorded");
     let d = s.check(&p, &who, 1).await;
     assert_eq!(d.retry_after(), Some(ms(5_000)), "{d:#?}");
     // A refund of one unit gives back the override's 5 s, not the configured 10 s.
@@ -2182,7 +2182,7 @@ pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
     raise(p.clone(), who.clone(), "100/1m", None).await;
     let d = s.check(&p, &who, 50).await;
     assert!(d.allowed(), "{d:#?}");
-    let receipt = d.receipt().expect("recorded").clone();
+    let receipt = d.receipt().expect("recorded");
     let settled = s
         .gate()
         .settle(&p, &who, &receipt, 150)

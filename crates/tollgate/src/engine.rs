@@ -542,7 +542,7 @@ impl<S: RefundStore> Tollgate<S> {
     /// let estimate = gate.check(&tokens, &who, 100).await?;
     /// let receipt = estimate.receipt().expect("an admission is recorded");
     /// // The answer took 1,500 tokens: 1,400 more are owed.
-    /// let settled = gate.settle(&tokens, &who, receipt, 1_500).await?;
+    /// let settled = gate.settle(&tokens, &who, &receipt, 1_500).await?;
     /// assert_eq!(settled, Settlement::Charged(1_400));
     /// let next = gate.check(&tokens, &who, 1).await?;
     /// assert!(!next.allowed());
