@@ -275,11 +275,17 @@ impl More {
     }
 
     /// Gives the extra values back to the thread's spares.
-    #[inline]
+    #[inline(always)]
     fn clear(&mut self) {
-        let Some(mut extra) = self.0.take() else {
-            return;
-        };
+        if let Some(extra) = self.0.take() {
+            More::give_back(extra);
+        }
+    }
+
+    /// Empties `extra` and keeps it for this thread's next decision (out of line: a decision
+    /// of one rule has none, and its drop is one test).
+    #[inline(never)]
+    fn give_back(mut extra: Box<Extra>) {
         extra.remaining = None;
         extra.said.clear();
         extra.message = None;
@@ -297,6 +303,7 @@ impl More {
 }
 
 impl Drop for More {
+    #[inline(always)]
     fn drop(&mut self) {
         self.clear();
     }
