@@ -126,7 +126,8 @@ impl<S: Store> Tollgate<S> {
     ) -> Answered {
         match result {
             Ok(()) => Answered::Store,
-            Err(_) => self.store_failed(request, on_error, verdict),
+            // The error moves on: an admission drops nothing.
+            Err(error) => self.store_failed(error, request, on_error, verdict),
         }
     }
 
@@ -135,6 +136,7 @@ impl<S: Store> Tollgate<S> {
     #[inline(never)]
     fn store_failed(
         &self,
+        _error: StoreError,
         request: &CheckRequest<'_>,
         on_error: OnError,
         verdict: &mut Verdict,
