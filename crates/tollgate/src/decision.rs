@@ -223,7 +223,8 @@ pub struct Decision {
 struct Extra {
     /// The smallest `remaining` over the enforced rules (when there is `more`, it is here).
     remaining: Option<u64>,
-    /// What the rules after the first said, then the limits overrides set.
+    /// What every rule said, then the limits overrides set, once there is more than the first
+    /// (which is copied here from the decision's inline value).
     said: SmallVec<[Said; INLINE_RULES]>,
     message: Option<Arc<String>>,
     /// A receipt whose limiters recorded at different instants.
@@ -332,7 +333,7 @@ impl PartialEq for Decision {
             && self.shadow_denied == other.shadow_denied
             && self.retry_after() == other.retry_after()
             && self.remaining() == other.remaining()
-            && self.said().eq(other.said())
+            && self.said() == other.said()
             && self.message() == other.message()
             && self.receipt() == other.receipt()
     }
@@ -348,7 +349,7 @@ impl fmt::Debug for Decision {
             .field("shadow_denied", &self.shadow_denied)
             .field("retry_after", &self.retry_after())
             .field("remaining", &self.remaining())
-            .field("said", &self.said().collect::<Vec<_>>())
+            .field("said", &self.said())
             .field("message", &self.message())
             .field("receipt", &self.receipt())
             .finish()
@@ -483,9 +484,14 @@ impl Decision {
         if self.has & Decision::FIRST == 0 {
             self.first = said;
             self.has |= Decision::FIRST;
-        } else {
-            self.extra().said.push(said);
+            return;
         }
+        let first = self.first;
+        let all = &mut self.more.get_or_take().said;
+        if all.is_empty() {
+            all.push(first);
+        }
+        all.push(said);
     }
 
     /// The smallest `remaining` over the enforced rules: set after every rule said.
@@ -537,16 +543,12 @@ impl Decision {
     }
 
     /// What each rule said, then the limits overrides set.
-    fn said(&self) -> impl Iterator<Item = Said> + Clone + '_ {
-        let first = (self.has & Decision::FIRST != 0).then_some(self.first);
-        let rest = self.more.get().map_or(&[][..], |extra| &extra.said[..]);
-        first.into_iter().chain(rest.iter().copied())
-    }
-
-    /// How many entries [`said`](Self::said) yields.
-    fn said_len(&self) -> usize {
-        let rest = self.more.get().map_or(0, |extra| extra.said.len());
-        usize::from(self.has & Decision::FIRST != 0) + rest
+    fn said(&self) -> &[Said] {
+        match self.more.get() {
+            Some(extra) if !extra.said.is_empty() => &extra.said,
+            _ if self.has & Decision::FIRST != 0 => std::slice::from_ref(&self.first),
+            _ => &[],
+        }
     }
 
     /// The request may proceed.
@@ -678,13 +680,13 @@ impl Decision {
         limiters: &'a [Limiter],
     ) -> Option<impl Iterator<Item = (&'a Rule, Said)> + Clone + 'a> {
         let rules: usize = limiters.iter().map(|l| l.rules.len()).sum();
-        if self.said_len() != rules || !self.said().all(|s| s.named()) {
+        if self.said().len() != rules || !self.said().iter().all(|s| s.named()) {
             return None;
         }
         let enforced = limiters
             .iter()
             .flat_map(|l| l.rules.iter().map(move |r| (l.shadow, r)))
-            .zip(self.said())
+            .zip(self.said().iter().copied())
             .filter(|((shadow, _), _)| !shadow)
             .map(|((_, rule), said)| (rule, said));
         Some(enforced)
@@ -706,14 +708,14 @@ impl Decision {
         limiters: &'a [Limiter],
     ) -> impl Iterator<Item = (&'a Limiter, Rule, Said)> + 'a {
         let rules: usize = limiters.iter().map(|l| l.rules.len()).sum();
-        let limits = self.said().skip(rules);
+        let limits = self.said().get(rules..).unwrap_or_default();
         limiters
             .iter()
             .flat_map(|l| l.rules.iter().map(move |r| (l, r)))
-            .zip(self.said())
+            .zip(self.said().iter().copied())
             .enumerate()
             .map(move |(place, ((limiter, rule), said))| {
-                let rule = match limits.clone().find(|l| l.packed == place as u64) {
+                let rule = match limits.iter().find(|l| l.packed == place as u64) {
                     Some(l) => rule.with_limit(l.remaining),
                     None => *rule,
                 };
@@ -842,9 +844,20 @@ mod tests {
         assert!(one.more.get().is_none());
         assert_eq!(one.remaining(), Some(7));
         assert_eq!(one.receipt(), Some(Receipt::new(5, 6, 1)));
-        assert_eq!(one.said().collect::<Vec<_>>(), [Said::new(true, 7, 100)]);
+        assert_eq!(one.said(), [Said::new(true, 7, 100)]);
         one.clear_receipt();
         assert_eq!(one.receipt(), None);
+    }
+
+    /// A decision of one rule with a message keeps the rule inline beside the message.
+    #[test]
+    fn one_rule_with_a_message() {
+        let mut d = Decision::without_rules(false, Reason::RateLimited);
+        d.note_message(&Arc::new("wait".to_owned()));
+        d.push_said(Said::new(false, 0, 50));
+        d.set_remaining(Some(0));
+        assert_eq!(d.said(), [Said::new(false, 0, 50)]);
+        assert_eq!((d.message(), d.remaining()), (Some("wait"), Some(0)));
     }
 
     /// What does not fit inline reads back as it was set, and a clone owns its own copy.
@@ -868,9 +881,8 @@ mod tests {
         assert_eq!(copy.message(), Some("slow down"));
         assert_eq!(copy.retry_after(), Some(Duration::from_micros(20)));
         assert_eq!(copy.receipt(), Some(receipt));
-        assert_eq!(copy.said_len(), 3);
         assert_eq!(
-            copy.said().collect::<Vec<_>>(),
+            copy.said(),
             [
                 Said::new(true, 5, 10),
                 Said::new(false, 0, 20),
@@ -892,6 +904,6 @@ mod tests {
         let mut reset = copy.clone();
         reset.reset(true, Reason::Bypassed);
         assert_eq!(reset, Decision::without_rules(true, Reason::Bypassed));
-        assert_eq!((reset.said_len(), reset.receipt()), (0, None));
+        assert_eq!((reset.said().len(), reset.receipt()), (0, None));
     }
 }

@@ -239,11 +239,12 @@ pub(crate) fn write_decision(
 
 /// A concurrency limit's slot: the receipt names the lease.
 fn is_lease(d: &Decision, policy: &Policy) -> bool {
-    d.receipt().is_some()
-        && policy
-            .limiters()
-            .iter()
-            .any(tollgate::Limiter::is_concurrent)
+    // The policy first: reading the receipt makes one.
+    policy
+        .limiters()
+        .iter()
+        .any(tollgate::Limiter::is_concurrent)
+        && d.receipt().is_some()
 }
 
 /// The receipt an answer carries, sealed for its policy and identity: when the caller asked
