@@ -169,8 +169,10 @@ pub struct RuleDecision {
 ///
 /// A decision is compact: what every rule said is kept as numbers beside the rule's place in
 /// the policy, and named ([`RuleDecision`]) only when read, with the policy that was checked
-/// ([`rules`](Self::rules)). It holds up to [`INLINE_RULES`](crate::INLINE_RULES) rules over
-/// all limiters without a heap allocation.
+/// ([`rules`](Self::rules)). A decision is 64 bytes: the first rule's numbers are inline; a
+/// decision of several rules (up to [`INLINE_RULES`](crate::INLINE_RULES) without growing it)
+/// or with a message keeps the rest in storage its thread reuses, so a check allocates nothing
+/// once its thread has held as many decisions at once.
 ///
 /// ```
 /// use std::time::Duration;
