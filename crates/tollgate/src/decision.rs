@@ -219,8 +219,8 @@ pub struct Decision {
 }
 
 /// What a decision holds beyond its inline values. Its boxes are kept for reuse by each thread
-/// ([`More::take`]), so a check of several rules allocates nothing once its thread has made
-/// one.
+/// ([`More::take`]), so a check of several rules allocates nothing once its thread has made as
+/// many as it holds at once.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Extra {
     /// The smallest `remaining` over the enforced rules (when there is `more`, it is here).
