@@ -489,7 +489,7 @@ impl Decision {
             return;
         }
         let first = self.first;
-        let all = &mut self.more.get_or_take().said;
+        let all = &mut self.extra().said;
         if all.is_empty() {
             all.push(first);
         }
