@@ -862,6 +862,33 @@ mod tests {
         assert_eq!((d.message(), d.remaining()), (Some("wait"), Some(0)));
     }
 
+    /// A thread keeps at most `SPARES` boxes beside its next one, however many decisions it
+    /// held at once (invariant 6: bounded memory).
+    #[test]
+    fn a_thread_keeps_a_bounded_number_of_spares() {
+        std::thread::spawn(|| {
+            let held: Vec<Decision> = (0..100)
+                .map(|_| {
+                    let mut d = Decision::without_rules(true, Reason::Ok);
+                    d.push_said(Said::new(true, 1, 1));
+                    d.push_said(Said::new(true, 2, 2));
+                    d
+                })
+                .collect();
+            drop(held);
+            let next = NEXT.with(|next| {
+                let spare = next.take();
+                let kept = spare.is_some();
+                next.set(spare);
+                kept
+            });
+            assert!(next);
+            assert_eq!(SPARE.with(|spares| spares.borrow().len()), SPARES);
+        })
+        .join()
+        .expect("the thread ran");
+    }
+
     /// What does not fit inline reads back as it was set, and a clone owns its own copy.
     #[test]
     fn several_rules_read_back_and_clone() {
