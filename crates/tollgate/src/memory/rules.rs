@@ -65,6 +65,15 @@ impl RuleId {
         }
     }
 
+    /// The counter of a limiter's only rule, a GCRA rule ([`lone_gcra`]): `of(0, rule)`.
+    #[inline(always)]
+    fn gcra(rule: &Rule) -> RuleId {
+        RuleId {
+            place: 0,
+            window_and_algorithm: rule.window_ms() | 2 << 56,
+        }
+    }
+
     /// A lease of a concurrency limit (`a` its start, `b` the check's id): the log holds its
     /// units, this names whose they are, so that a release or a renewal finds its own.
     fn lease_of(rule: &Rule) -> RuleId {
@@ -156,6 +165,16 @@ enum Lease {
 /// How far ahead a charge may move a GCRA rule's arrival time: a year (µs).
 pub(crate) const MAX_DEBT_US: u64 = 366 * 86_400 * 1_000_000;
 
+/// The rule of a limiter of one GCRA rule, the common case, which a check evaluates and
+/// records without walking the rules and counters in general.
+#[inline(always)]
+fn lone_gcra(rules: &[Rule]) -> Option<&Rule> {
+    match rules {
+        [rule] if rule.algorithm() == Algorithm::Gcra => Some(rule),
+        _ => None,
+    }
+}
+
 /// The longest sliding-log window of `rules` (µs), if any rule is a sliding log.
 fn log_window(rules: &[Rule]) -> Option<u64> {
     rules
@@ -216,8 +235,21 @@ impl RuleStates {
         delay_us: u64,
         out: &mut [RuleOutcome],
     ) -> bool {
+        if let (Some(rule), [o]) = (lone_gcra(rules), &mut *out) {
+            let tat = self.counters.iter().find(|c| c.rule == RuleId::gcra(rule));
+            *o = algorithm::gcra_within(tat.map(|c| c.a), now, rule, cost, delay_us).0;
+            return o.allowed;
+        }
         let (log, counters) = self.view();
         let mut allowed = true;
+        // Sliding logs only (the seed's "1 a minute and 10 an hour"): no counter to find.
+        if rules.iter().all(|r| r.algorithm() == Algorithm::SlidingLog) {
+            for (o, rule) in out.iter_mut().zip(rules) {
+                *o = algorithm::sliding_log(log, now, rule, cost);
+                allowed &= o.allowed;
+            }
+            return allowed;
+        }
         for (o, rule) in out.iter_mut().zip(rules.iter().enumerate()) {
             *o = outcome(log, counters, rule, now, cost, delay_us);
             allowed &= o.allowed;
@@ -246,6 +278,9 @@ impl RuleStates {
         cost: u64,
         id: u64,
     ) -> u64 {
+        if let (Some(rule), [outcome]) = (lone_gcra(rules), outcomes) {
+            return self.record_lone_gcra(rule, outcome, now);
+        }
         // Counters written here, which all count past `now`: when they are all there are,
         // none has run out.
         let mut written = 0;
@@ -520,6 +555,36 @@ impl RuleStates {
     }
 
     /// Sets the counter `id` (adding it if need be); returns until when it counts.
+    /// [`record`](Self::record) for a limiter of one GCRA rule: its arrival time is its one
+    /// counter, moved to where the admitting outcome said.
+    #[inline(always)]
+    fn record_lone_gcra(&mut self, rule: &Rule, outcome: &RuleOutcome, now: u64) -> u64 {
+        let (id, tat) = (
+            RuleId::gcra(rule),
+            now.saturating_add(outcome.reset_after_us),
+        );
+        match &mut self.counters[..] {
+            [counter] if counter.rule == id => counter.a = tat,
+            // A new key, or one whose state ran out.
+            [] => self.counters.push(Counter {
+                rule: id,
+                a: tat,
+                b: 0,
+            }),
+            // Counters of rules the limiter had before: written in general.
+            _ => return self.put_and_sweep(id, tat, now),
+        }
+        tat
+    }
+
+    /// Writes a counter, then drops those that ran out.
+    #[cold]
+    fn put_and_sweep(&mut self, id: RuleId, a: u64, now: u64) -> u64 {
+        let until = self.put(id, a, 0);
+        self.counters.retain(|c| c.expires_at() > now);
+        until
+    }
+
     fn put(&mut self, id: RuleId, a: u64, b: u64) -> u64 {
         let counter = match self.counters.iter_mut().position(|c| c.rule == id) {
             Some(i) => &mut self.counters[i],
@@ -531,5 +596,97 @@ impl RuleStates {
         };
         (counter.a, counter.b) = (a, b);
         counter.expires_at()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn rule(text: &str, algorithm: Algorithm) -> Rule {
+        text.parse::<Rule>().unwrap().with_algorithm(algorithm)
+    }
+
+    /// Evaluates `rules` at `now` for one unit and records it when they admit: whether they did.
+    fn take(states: &mut RuleStates, rules: &[Rule], now: u64) -> bool {
+        let mut out = vec![RuleOutcome::default(); rules.len()];
+        let admits = states.evaluate(rules, now, 1, 0, &mut out);
+        if admits {
+            states.record(rules, &out, now, 1, 0);
+        }
+        admits
+    }
+
+    /// A limiter of one GCRA rule counts in its one counter, written in place, as the general
+    /// walk over rules would.
+    #[test]
+    fn a_lone_gcra_rule_counts_in_one_counter() {
+        let rules = [rule("2/1s", Algorithm::Gcra)];
+        let mut states = RuleStates::default();
+        assert!(take(&mut states, &rules, 10 * S));
+        assert!(take(&mut states, &rules, 10 * S + 1));
+        assert!(!take(&mut states, &rules, 10 * S + 2));
+        assert_eq!(states.counters.len(), 1);
+        // Two units taken at 10 s: the arrival time is a second on.
+        assert_eq!(states.counters[0].a, 11 * S);
+        assert!(RuleId::gcra(&rules[0]) == RuleId::of(0, &rules[0]));
+        // Half a second later, one unit is back.
+        assert!(take(&mut states, &rules, 10 * S + S / 2));
+        assert!(!take(&mut states, &rules, 10 * S + S / 2 + 1));
+    }
+
+    /// A limiter that had other rules before keeps their counters until they run out, beside
+    /// its GCRA rule's.
+    #[test]
+    fn a_lone_gcra_rule_sweeps_the_counters_of_former_rules() {
+        let mut states = RuleStates::default();
+        assert!(take(
+            &mut states,
+            &[rule("5/1m", Algorithm::FixedWindow)],
+            10 * S
+        ));
+        let rules = [rule("2/1s", Algorithm::Gcra)];
+        assert!(take(&mut states, &rules, 10 * S));
+        assert_eq!(
+            states.counters.len(),
+            2,
+            "the window's counter still counts"
+        );
+        assert!(take(&mut states, &rules, 100 * S));
+        assert_eq!(states.counters.len(), 1, "the window ran out");
+        assert_eq!(states.counters[0].a, 100 * S + S / 2);
+    }
+
+    /// A limiter of sliding logs only reads them without looking for counters: the same
+    /// outcomes as with a counter beside them.
+    #[test]
+    fn sliding_logs_only_count_as_beside_other_rules() {
+        let logs = [
+            rule("2/1s", Algorithm::SlidingLog),
+            rule("3/1m", Algorithm::SlidingLog),
+        ];
+        let mixed = [
+            logs[0].clone(),
+            logs[1].clone(),
+            rule("100/1m", Algorithm::Gcra),
+        ];
+        let (mut a, mut b) = (RuleStates::default(), RuleStates::default());
+        for (i, now) in [0, 1, 2, S + 1, S + 2, 70 * S].into_iter().enumerate() {
+            let now = 10 * S + now;
+            let (mut out_a, mut out_b) = ([RuleOutcome::default(); 2], [RuleOutcome::default(); 3]);
+            let admits = a.evaluate(&logs, now, 1, 0, &mut out_a);
+            assert_eq!(
+                admits,
+                b.evaluate(&mixed, now, 1, 0, &mut out_b),
+                "check {i}"
+            );
+            assert_eq!(out_a[..], out_b[..2], "check {i}");
+            if admits {
+                a.record(&logs, &out_a, now, 1, 0);
+                b.record(&mixed, &out_b, now, 1, 0);
+            }
+        }
     }
 }
