@@ -667,11 +667,7 @@ mod tests {
             rule("2/1s", Algorithm::SlidingLog),
             rule("3/1m", Algorithm::SlidingLog),
         ];
-        let mixed = [
-            logs[0].clone(),
-            logs[1].clone(),
-            rule("100/1m", Algorithm::Gcra),
-        ];
+        let mixed = [logs[0], logs[1], rule("100/1m", Algorithm::Gcra)];
         let (mut a, mut b) = (RuleStates::default(), RuleStates::default());
         for (i, now) in [0, 1, 2, S + 1, S + 2, 70 * S].into_iter().enumerate() {
             let now = 10 * S + now;
