@@ -274,6 +274,7 @@ pub fn gcra(tat: Option<u64>, now: u64, rule: &Rule, cost: u64) -> (RuleOutcome,
 
 /// [`gcra`], admitting units that conform within `delay_us` too: their place in the schedule
 /// is reserved (the new `tat` holds them), and they are due [`gcra_due_us`] from now.
+#[inline]
 pub fn gcra_within(
     tat: Option<u64>,
     now: u64,
