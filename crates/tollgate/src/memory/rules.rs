@@ -227,6 +227,7 @@ impl RuleStates {
     }
 
     /// Every rule's outcome into `out`; true if all admit.
+    #[inline(always)]
     pub(super) fn evaluate(
         &mut self,
         rules: &[Rule],
@@ -240,6 +241,18 @@ impl RuleStates {
             *o = algorithm::gcra_within(tat.map(|c| c.a), now, rule, cost, delay_us).0;
             return o.allowed;
         }
+        self.evaluate_all(rules, now, (cost, delay_us), out)
+    }
+
+    /// [`evaluate`](Self::evaluate) of any rules.
+    #[inline(never)]
+    fn evaluate_all(
+        &mut self,
+        rules: &[Rule],
+        now: u64,
+        (cost, delay_us): (u64, u64),
+        out: &mut [RuleOutcome],
+    ) -> bool {
         let (log, counters) = self.view();
         let mut allowed = true;
         // Sliding logs only (the seed's "1 a minute and 10 an hour"): no counter to find.
@@ -270,6 +283,7 @@ impl RuleStates {
 
     /// Records `cost` units that every rule admitted at `now`, with `outcomes` the admitting
     /// outcomes [`evaluate`](Self::evaluate) gave; returns until when the states count.
+    #[inline(always)]
     pub(super) fn record(
         &mut self,
         rules: &[Rule],
@@ -281,6 +295,19 @@ impl RuleStates {
         if let (Some(rule), [outcome]) = (lone_gcra(rules), outcomes) {
             return self.record_lone_gcra(rule, outcome, now);
         }
+        self.record_all(rules, outcomes, now, cost, id)
+    }
+
+    /// [`record`](Self::record) of any rules.
+    #[inline(never)]
+    fn record_all(
+        &mut self,
+        rules: &[Rule],
+        outcomes: &[RuleOutcome],
+        now: u64,
+        cost: u64,
+        id: u64,
+    ) -> u64 {
         // Counters written here, which all count past `now`: when they are all there are,
         // none has run out.
         let mut written = 0;
