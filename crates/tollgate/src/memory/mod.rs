@@ -357,18 +357,18 @@ fn owed(wait_us: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
     admits
 }
 
-/// Evaluates limiter `l` in its shard into `out`: where its entry is (`None` for a new key),
-/// and whether it admits.
+/// Evaluates limiter `l` (its key and the key's hash) in its shard into `out`: where its entry
+/// is (`None` for a new key), and whether it admits.
 #[inline(always)]
 fn evaluate(
     shard: &mut Shard,
-    hash: u64,
+    (hash, key): (u64, &[u8]),
     l: &LimiterRequest<'_>,
     now: u64,
     (cost, delay_us): (u64, u64),
     out: &mut [RuleOutcome],
 ) -> (Option<SlotId>, bool) {
-    let id = shard.find(hash, l.key_bytes());
+    let id = shard.find(hash, key);
     let Some(id) = id else {
         let admits = match shard.owed(hash, now) {
             Some(until) => owed(until - now, cost, out),
@@ -425,7 +425,7 @@ fn settle(
 fn record(
     shard: &mut Shard,
     id: Option<SlotId>,
-    hash: u64,
+    (hash, key): (u64, &[u8]),
     l: &LimiterRequest<'_>,
     outcomes: &[RuleOutcome],
     now: u64,
@@ -449,7 +449,7 @@ fn record(
             let expires_at = states.record(l.rules, outcomes, now, cost, check_id);
             let mut entry = Entry::new(State::Rules(states), expires_at);
             entry.limited = used_up;
-            shard.insert(hash, l.key_bytes(), entry);
+            shard.insert(hash, key, entry);
         }
     }
 }
@@ -507,7 +507,8 @@ impl Inner {
     /// A check of one enforced limiter without ban keys, the common case: one key, one shard.
     #[inline(always)]
     fn check_one(&self, request: &CheckRequest<'_>, l: &LimiterRequest<'_>, verdict: &mut Verdict) {
-        let hash = self.shards.hash(l.key_bytes());
+        let key = l.key_bytes();
+        let hash = self.shards.hash(key);
         let mut shard = self.shards.lock_one(hash);
         let now = self.clock.now_us();
         verdict.blocked_us = None;
@@ -517,7 +518,8 @@ impl Inner {
         }
         let out = &mut verdict.rules[..];
         let cost = request.cost;
-        let (id, admits) = evaluate(&mut shard, hash, l, now, (cost, request.delay_us), out);
+        let at = (hash, key);
+        let (id, admits) = evaluate(&mut shard, at, l, now, (cost, request.delay_us), out);
         verdict.allowed = admits;
         if !admits {
             settle(&mut shard, id, l, now, out);
@@ -528,7 +530,7 @@ impl Inner {
                 self.make_room(&mut shard, Kind::Counter, 1, now, &[]);
             }
             let check_id = self.check_id(request);
-            record(&mut shard, id, hash, l, out, now, cost, check_id);
+            record(&mut shard, id, at, l, out, now, cost, check_id);
             verdict.receipt = Some(Receipt::new(now, check_id, cost));
         }
     }
@@ -568,7 +570,7 @@ impl Inner {
             first += l.rules.len();
             let (id, admits) = evaluate(
                 locked.shard(hash),
-                hash,
+                (hash, l.key_bytes()),
                 l,
                 now,
                 (cost, request.delay_us),
@@ -619,7 +621,7 @@ impl Inner {
                     record(
                         locked.shard(hash),
                         id,
-                        hash,
+                        (hash, l.key_bytes()),
                         l,
                         outcomes,
                         now,

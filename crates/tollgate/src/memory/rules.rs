@@ -593,11 +593,14 @@ impl RuleStates {
         match &mut self.counters[..] {
             [counter] if counter.rule == id => counter.a = tat,
             // A new key, or one whose state ran out.
-            [] => self.counters.push(Counter {
-                rule: id,
-                a: tat,
-                b: 0,
-            }),
+            [] => {
+                let counter = Counter {
+                    rule: id,
+                    a: tat,
+                    b: 0,
+                };
+                self.counters = SmallVec::from_buf([counter]);
+            }
             // Counters of rules the limiter had before: written in general.
             _ => return self.put_and_sweep(id, tat, now),
         }
