@@ -273,8 +273,10 @@ impl RuleStates {
     /// After a denial: the rules that would have admitted report the state as it stays, which
     /// is what they say for a cost of zero.
     pub(super) fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
-        // Every rule denied (a lone rule always): nothing to say again.
-        if !out.iter().any(|o| o.allowed) {
+        // A lone rule denied: nothing to say again.
+        if let [only] = &*out
+            && !only.allowed
+        {
             return;
         }
         let (log, counters) = self.view();
