@@ -9,6 +9,7 @@ use crate::{
 };
 
 /// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
+#[inline]
 pub(crate) fn conclude(
     limiters: &[Limiter],
     answered: Answered,
