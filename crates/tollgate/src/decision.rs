@@ -496,6 +496,24 @@ impl Decision {
         all.push(said);
     }
 
+    /// What every rule of a fresh decision said at once (rules in policy order): as
+    /// [`push_said`](Self::push_said) one by one, the storage found once.
+    #[inline]
+    pub(crate) fn say_all(&mut self, mut said: impl ExactSizeIterator<Item = Said>) {
+        debug_assert!(self.has & Decision::FIRST == 0, "a fresh decision");
+        let more = said.len() > 1;
+        let Some(first) = said.next() else {
+            return;
+        };
+        self.first = first;
+        self.has |= Decision::FIRST;
+        if more {
+            let all = &mut self.extra().said;
+            all.push(first);
+            all.extend(said);
+        }
+    }
+
     /// The smallest `remaining` over the enforced rules: set after every rule said.
     #[inline]
     pub(crate) fn set_remaining(&mut self, remaining: Option<u64>) {
@@ -849,6 +867,28 @@ mod tests {
         assert_eq!(one.said(), [Said::new(true, 7, 100)]);
         one.clear_receipt();
         assert_eq!(one.receipt(), None);
+    }
+
+    /// Saying every rule at once is saying them one by one, for no rule, one and several.
+    #[test]
+    fn saying_all_rules_at_once_is_saying_each() {
+        for n in 0..4u64 {
+            let said: Vec<Said> = (0..n).map(|i| Said::new(i != 1, i, 10 * i)).collect();
+            let (mut each, mut all) = (
+                Decision::without_rules(true, Reason::Ok),
+                Decision::without_rules(true, Reason::Ok),
+            );
+            for s in &said {
+                each.push_said(*s);
+            }
+            all.say_all(said.iter().copied());
+            assert_eq!(all.said(), &said[..], "{n} rules");
+            assert_eq!(all, each, "{n} rules");
+            // The limits an override set go after them, as before.
+            all.push_said(Said::limit(0, 9));
+            each.push_said(Said::limit(0, 9));
+            assert_eq!(all, each, "{n} rules and a limit");
+        }
     }
 
     /// A decision of one rule with a message keeps the rule inline beside the message.

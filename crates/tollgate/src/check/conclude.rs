@@ -96,19 +96,16 @@ fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut 
 #[inline(always)]
 fn admitted_by_one(limiter: &Limiter, verdict: &Verdict, out: &mut Decision) {
     let outcomes = &verdict.rules[..limiter.rules.len().min(verdict.rules.len())];
-    let mut remaining = u64::MAX;
-    for outcome in outcomes {
-        remaining = remaining.min(outcome.remaining);
-        out.push_said(Said::new(
-            outcome.allowed,
-            outcome.remaining,
-            outcome.reset_after_us,
-        ));
-    }
+    let remaining = outcomes.iter().map(|o| o.remaining).min();
+    out.say_all(
+        outcomes
+            .iter()
+            .map(|o| Said::new(o.allowed, o.remaining, o.reset_after_us)),
+    );
     for &(place, limit) in &verdict.limits {
         out.push_said(Said::limit(place, limit));
     }
-    out.set_remaining((!outcomes.is_empty()).then_some(remaining));
+    out.set_remaining(remaining);
 }
 
 /// Whether every enforced rule that denied did so because `cost` is above its limit: what the
