@@ -86,7 +86,7 @@ impl FromStr for Algorithm {
 /// assert!(err.to_string().contains(r#"unknown unit "x" (use ms, s, m, h, d, w"#));
 /// # Ok::<(), tollgate::RuleError>(())
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rule {
     limit: u64,
     window_ms: u64,
@@ -255,6 +255,23 @@ impl Rule {
     /// How this rule counts.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
+    }
+}
+
+/// What the rule is, without what is derived from it (GCRA's emission interval).
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Rule");
+        d.field("limit", &self.limit)
+            .field("window", &self.window())
+            .field("algorithm", &self.algorithm);
+        if let Some(calendar) = &self.calendar {
+            d.field("calendar", calendar);
+        }
+        if self.concurrent {
+            d.field("concurrent", &true);
+        }
+        d.finish()
     }
 }
 
@@ -525,6 +542,21 @@ pub fn format_duration(duration: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Debug shows what the rule is, not the interval derived from it.
+    #[test]
+    fn debug_shows_the_rule() {
+        let rule: super::Rule = "10/1m".parse().unwrap();
+        assert_eq!(
+            format!("{rule:?}"),
+            "Rule { limit: 10, window: 60s, algorithm: SlidingLog }"
+        );
+        let lease: super::Rule = "3/5m concurrent".parse().unwrap();
+        assert!(
+            format!("{lease:?}").ends_with("concurrent: true }"),
+            "{lease:?}"
+        );
+    }
+
     use super::*;
 
     fn rule(text: &str) -> Rule {
