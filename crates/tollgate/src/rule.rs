@@ -542,25 +542,25 @@ pub fn format_duration(duration: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    /// Debug shows what the rule is, not the interval derived from it.
-    #[test]
-    fn debug_shows_the_rule() {
-        let rule: super::Rule = "10/1m".parse().unwrap();
-        assert_eq!(
-            format!("{rule:?}"),
-            "Rule { limit: 10, window: 60s, algorithm: SlidingLog }"
-        );
-        let lease: super::Rule = "3/5m concurrent".parse().unwrap();
-        assert!(
-            format!("{lease:?}").ends_with("concurrent: true }"),
-            "{lease:?}"
-        );
-    }
-
     use super::*;
 
     fn rule(text: &str) -> Rule {
         text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    /// Debug shows what the rule is, not the interval derived from it.
+    #[test]
+    fn debug_shows_the_rule() {
+        let ten: Rule = "10/1m".parse().unwrap();
+        assert_eq!(
+            format!("{ten:?}"),
+            "Rule { limit: 10, window: 60s, algorithm: SlidingLog }"
+        );
+        let lease: Rule = "3/5m concurrent".parse().unwrap();
+        assert!(
+            format!("{lease:?}").ends_with("concurrent: true }"),
+            "{lease:?}"
+        );
     }
 
     #[test]

@@ -587,7 +587,6 @@ impl RuleStates {
         now.saturating_add(window)
     }
 
-    /// Sets the counter `id` (adding it if need be); returns until when it counts.
     /// [`record`](Self::record) for a limiter of one GCRA rule: its arrival time is its one
     /// counter, moved to where the admitting outcome said.
     #[inline(always)]
@@ -621,6 +620,7 @@ impl RuleStates {
         until
     }
 
+    /// Sets the counter `id` (adding it if need be); returns until when it counts.
     fn put(&mut self, id: RuleId, a: u64, b: u64) -> u64 {
         let counter = match self.counters.iter_mut().position(|c| c.rule == id) {
             Some(i) => &mut self.counters[i],
