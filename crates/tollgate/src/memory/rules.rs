@@ -337,6 +337,14 @@ impl RuleStates {
                 }
             }
             expires_at = now + window;
+            // Plain sliding logs only: the log is all they count in.
+            if self.counters.is_empty()
+                && rules
+                    .iter()
+                    .all(|r| r.algorithm() == Algorithm::SlidingLog && !r.is_concurrent())
+            {
+                return expires_at;
+            }
         }
         for (place, (rule, outcome)) in rules.iter().zip(outcomes).enumerate() {
             let (a, b) = match rule.algorithm() {
