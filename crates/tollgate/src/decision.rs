@@ -510,7 +510,10 @@ impl Decision {
         if more {
             let all = &mut self.extra().said;
             all.push(first);
-            all.extend(said);
+            // Pushed: `extend` reserves through the general path first.
+            for s in said {
+                all.push(s);
+            }
         }
     }
 
