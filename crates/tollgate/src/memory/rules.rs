@@ -45,6 +45,9 @@ struct RuleId {
 }
 
 impl RuleId {
+    /// The algorithm code of a GCRA rule (and of a sliding log's, which has no counter).
+    const GCRA: u64 = 2;
+
     fn of(place: usize, rule: &Rule) -> RuleId {
         let (algorithm, zone) = match (rule.algorithm(), rule.calendar_window()) {
             (Algorithm::FixedWindow, Some(calendar)) => {
@@ -57,7 +60,7 @@ impl RuleId {
             }
             (Algorithm::FixedWindow, None) => (1, 0),
             (Algorithm::SlidingWindow, _) => (3, 0),
-            _ => (2, 0),
+            _ => (RuleId::GCRA, 0),
         };
         RuleId {
             place: place as u64,
@@ -70,7 +73,7 @@ impl RuleId {
     fn gcra(rule: &Rule) -> RuleId {
         RuleId {
             place: 0,
-            window_and_algorithm: rule.window_ms() | 2 << 56,
+            window_and_algorithm: rule.window_ms() | RuleId::GCRA << 56,
         }
     }
 
@@ -298,8 +301,10 @@ impl RuleStates {
         cost: u64,
         id: u64,
     ) -> u64 {
-        if let (Some(rule), [outcome]) = (lone_gcra(rules), outcomes) {
-            return self.record_lone_gcra(rule, outcome, now);
+        if let (Some(rule), [outcome]) = (lone_gcra(rules), outcomes)
+            && let Some(until) = self.record_lone_gcra(rule, outcome, now)
+        {
+            return until;
         }
         self.record_all(rules, outcomes, now, cost, id)
     }
@@ -596,9 +601,10 @@ impl RuleStates {
     }
 
     /// [`record`](Self::record) for a limiter of one GCRA rule: its arrival time is its one
-    /// counter, moved to where the admitting outcome said.
+    /// counter, moved to where the admitting outcome said. `None` when counters of rules the
+    /// limiter had before are there too: then the general walk writes and sweeps.
     #[inline(always)]
-    fn record_lone_gcra(&mut self, rule: &Rule, outcome: &RuleOutcome, now: u64) -> u64 {
+    fn record_lone_gcra(&mut self, rule: &Rule, outcome: &RuleOutcome, now: u64) -> Option<u64> {
         let (id, tat) = (
             RuleId::gcra(rule),
             now.saturating_add(outcome.reset_after_us),
@@ -614,18 +620,9 @@ impl RuleStates {
                 };
                 self.counters = SmallVec::from_buf([counter]);
             }
-            // Counters of rules the limiter had before: written in general.
-            _ => return self.put_and_sweep(id, tat, now),
+            _ => return None,
         }
-        tat
-    }
-
-    /// Writes a counter, then drops those that ran out.
-    #[cold]
-    fn put_and_sweep(&mut self, id: RuleId, a: u64, now: u64) -> u64 {
-        let until = self.put(id, a, 0);
-        self.counters.retain(|c| c.expires_at() > now);
-        until
+        Some(tat)
     }
 
     /// Sets the counter `id` (adding it if need be); returns until when it counts.
