@@ -101,12 +101,89 @@ impl<B> GateBody<B> {
             held: None,
         }
     }
+}
 
-    /// The same body, holding `guard` until it ends (its last frame, or an error) or is
-    /// dropped: a streamed response keeps what the request holds while it streams.
-    pub(crate) fn holding(mut self, guard: Box<dyn Send>) -> GateBody<B> {
+/// A response body the layers answer in: the inner service's own body type, so that a layer
+/// adds no wrapper around an admitted response (and axum, which boxes every body type but its
+/// own, no box). A layer writes its own answers (a rejection's problem document, a replayed
+/// response) in it, and wraps a body only to hold what a streamed response keeps (a
+/// concurrency slot) until it ends.
+///
+/// Implemented for axum's `Body` (feature `axum`), tonic's `Body` (feature `tonic`),
+/// http-body-util's `UnsyncBoxBody`, and [`GateBody`]: any other body goes
+/// through the layers wrapped in it ([`GateBody::new`], e.g. with `tower::ServiceBuilder`'s
+/// `map_response`).
+#[diagnostic::on_unimplemented(
+    message = "the layers answer in the inner service's body type, and `{Self}` is not one they can write",
+    note = "wrap the inner service's body in `tollgate_tower::GateBody::new`"
+)]
+pub trait LayerBody: Sized {
+    /// A body of these bytes.
+    fn full(data: Bytes) -> Self;
+
+    /// Any other body (a custom rejection's, a replay's).
+    fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> Self;
+
+    /// This body, holding `guard` until it ends (its last frame, or an error) or is dropped.
+    fn holding(self, guard: Box<dyn Send>) -> Self;
+}
+
+impl<B> LayerBody for GateBody<B> {
+    fn full(data: Bytes) -> GateBody<B> {
+        GateBody::full(data)
+    }
+
+    fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> GateBody<B> {
+        GateBody::from_box(body)
+    }
+
+    fn holding(mut self, guard: Box<dyn Send>) -> GateBody<B> {
         self.held = Some(guard);
         self
+    }
+}
+
+impl LayerBody for UnsyncBoxBody<Bytes, BoxError> {
+    fn full(data: Bytes) -> Self {
+        GateBody::<Self>::full(data).boxed_unsync()
+    }
+
+    fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
+        body
+    }
+
+    fn holding(self, guard: Box<dyn Send>) -> Self {
+        GateBody::new(self).holding(guard).boxed_unsync()
+    }
+}
+
+#[cfg(feature = "axum")]
+impl LayerBody for axum::body::Body {
+    fn full(data: Bytes) -> Self {
+        axum::body::Body::from(data)
+    }
+
+    fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
+        axum::body::Body::new(body)
+    }
+
+    fn holding(self, guard: Box<dyn Send>) -> Self {
+        axum::body::Body::new(GateBody::new(self).holding(guard))
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl LayerBody for tonic::body::Body {
+    fn full(data: Bytes) -> Self {
+        tonic::body::Body::new(GateBody::<Self>::full(data))
+    }
+
+    fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
+        tonic::body::Body::new(body)
+    }
+
+    fn holding(self, guard: Box<dyn Send>) -> Self {
+        tonic::body::Body::new(GateBody::new(self).holding(guard))
     }
 }
 
@@ -190,5 +267,58 @@ mod tests {
         let empty: GateBody<Full<Bytes>> = GateBody::empty();
         assert!(empty.is_end_stream());
         assert!(empty.collect().await.unwrap().to_bytes().is_empty());
+    }
+
+    /// Set when dropped.
+    struct Guard(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// What every body the layers answer in must do: carry a layer's bytes and any body, and
+    /// hold a guard until its last frame, not only until it is dropped.
+    async fn answers_as_a_layer_body<T>(inner: T)
+    where
+        T: LayerBody + Body<Data = Bytes> + Unpin,
+        T::Error: fmt::Debug,
+    {
+        assert_eq!(
+            T::full(Bytes::from("full"))
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes(),
+            "full"
+        );
+        let boxed = Full::new(Bytes::from("boxed"))
+            .map_err(|e| match e {})
+            .boxed_unsync();
+        assert_eq!(T::boxed(boxed).collect().await.unwrap().to_bytes(), "boxed");
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut held = inner.holding(Box::new(Guard(dropped.clone())));
+        let is_dropped = || dropped.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(!is_dropped(), "held while the body is unread");
+        let first = held.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "inner");
+        assert!(held.frame().await.is_none());
+        assert!(
+            is_dropped(),
+            "let go at the body's end, before it is dropped"
+        );
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn every_layer_body_answers_and_holds() {
+        let inner = || Full::new(Bytes::from("inner"));
+        answers_as_a_layer_body(GateBody::new(inner())).await;
+        answers_as_a_layer_body(inner().map_err(|e| match e {}).boxed_unsync()).await;
+        #[cfg(feature = "axum")]
+        answers_as_a_layer_body(axum::body::Body::new(inner())).await;
+        #[cfg(feature = "tonic")]
+        answers_as_a_layer_body(tonic::body::Body::new(inner())).await;
     }
 }

@@ -40,10 +40,11 @@
 //! A complete service is in `examples/sms-verification`.
 //!
 //! # Any tower stack
-//! The layers take requests of any body and answer `Response<GateBody<ResBody>>` around the
-//! inner service's own body ([`GateBody`]), as tower-http's layers do: they fit axum routers,
-//! hyper services (insert a [`PeerAddr`] per connection) and tonic servers
-//! (`Server::builder().layer(...)`). A gRPC request (`Content-Type: application/grpc...`) is
+//! The layers take requests of any body and answer in the inner service's own body type
+//! ([`LayerBody`]): an admitted request's response passes through untouched, and axum does not
+//! box it again. They fit axum routers, tonic servers (`Server::builder().layer(...)`, feature
+//! `tonic`) and hyper services (insert a [`PeerAddr`] per connection; a body other than
+//! http-body-util's `UnsyncBoxBody` goes through wrapped in [`GateBody::new`]). A gRPC request (`Content-Type: application/grpc...`) is
 //! refused with a gRPC status, `RESOURCE_EXHAUSTED` and the delay in `grpc-retry-pushback-ms`
 //! ([`Rejection::into_grpc_response`]).
 //!
@@ -52,8 +53,8 @@
 //!   the macros return it), and the client address is read from axum's
 //!   `ConnectInfo<SocketAddr>`.
 //! - `macros` (default): [`rate_limit`] and [`prevent_duplicate`].
-//! - `tonic`: `From<Rejection> for tonic::Status` (for macro-guarded gRPC methods), and the
-//!   client address from tonic's `TcpConnectInfo`.
+//! - `tonic`: `From<Rejection> for tonic::Status` (for macro-guarded gRPC methods), the
+//!   client address from tonic's `TcpConnectInfo`, and tonic's body as a [`LayerBody`].
 //!
 //! Without `axum`, nothing of axum is compiled: `default-features = false` for a hyper-only
 //! or tonic-only service.
@@ -69,7 +70,8 @@
 //!   [`ForwardedHeader`], [`AuthUser`], headers) and [`PeerAddr`].
 //! - `rejection`: [`Rejection`], every refusal and its HTTP response (RFC 9457 problem body)
 //!   or gRPC status.
-//! - `body`: [`GateBody`], the inner service's body or one a layer wrote.
+//! - `body`: [`LayerBody`], the bodies the layers answer in, and [`GateBody`], any body wrapped
+//!   into one.
 //! - `headers`: `RateLimit-Policy` / `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11) and
 //!   `Retry-After`; [`insert_rate_limit_headers`].
 //! - `engine`: the type-erased engine the layers share, and the lease guard that frees a lock
@@ -92,7 +94,7 @@ mod rejection;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use body::{BoxError, GateBody};
+pub use body::{BoxError, GateBody, LayerBody};
 pub use context::{Context, ContextFuture, ContextLayer, ContextService};
 pub use duplicate::{DuplicateFuture, DuplicateLayer, DuplicateService};
 pub use headers::{HeaderStyle, insert_rate_limit_headers};

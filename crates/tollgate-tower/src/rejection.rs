@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tollgate::{CheckError, Decision, NamedDecision, Policy, Reason, RuleDecision, StoreError};
 
 use crate::{
-    body::{BoxError, GateBody},
+    body::{BoxError, LayerBody},
     headers::{HeaderStyle, ceil_secs, insert_fields, insert_retry_after, policy_names},
 };
 
@@ -418,15 +418,15 @@ impl Rejection {
     }
 
     /// The layers' answer: `custom`'s if set, else [`respond`](Self::respond)'s.
-    pub(crate) fn answer<B>(
+    pub(crate) fn answer<B: LayerBody>(
         self,
         custom: Option<&OnRejection>,
         style: HeaderStyle,
         grpc: bool,
-    ) -> Response<GateBody<B>> {
+    ) -> Response<B> {
         match custom {
-            Some(f) => f(self).map(GateBody::from_box),
-            None => self.respond(style, grpc).map(GateBody::full),
+            Some(f) => f(self).map(B::boxed),
+            None => self.respond(style, grpc).map(B::full),
         }
     }
 }

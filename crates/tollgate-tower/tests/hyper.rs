@@ -1,5 +1,6 @@
-//! The layers in a plain hyper service stack, without axum: any request body in, the inner
-//! service's own body type out (wrapped in `GateBody`), over real HTTP on loopback. This test
+//! The layers in a plain hyper service stack, without axum: any request body in; the inner
+//! service's `Full<Bytes>`, which the layers cannot write in, goes through them wrapped in
+//! `GateBody`; over real HTTP on loopback. This test
 //! target is also built with `--no-default-features` (see scripts/test).
 
 #![allow(clippy::unwrap_used)]
@@ -42,8 +43,9 @@ async fn serve(gate: Arc<Tollgate<MemoryStore>>, handler: Handler) -> SocketAddr
                 .layer(RateLimitLayer::new(gate.clone(), policy.clone()))
                 .layer(DuplicateLayer::idempotency_key(gate.clone(), "orders"))
                 .service(service_fn(
+                    // A body the layers cannot write in goes through them wrapped.
                     move |request: Request<GateBody<Incoming>>| async move {
-                        Ok::<_, Infallible>(handler(request))
+                        Ok::<_, Infallible>(handler(request).map(GateBody::new))
                     },
                 ));
             tokio::spawn(async move {

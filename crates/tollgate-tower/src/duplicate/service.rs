@@ -18,7 +18,7 @@ use super::{
     stored,
 };
 use crate::{
-    body::{BoxError, GateBody},
+    body::{BoxError, GateBody, LayerBody},
     gate::LeaseGuard,
     headers::HeaderStyle,
     identity::identity_of,
@@ -28,7 +28,7 @@ use crate::{
 /// The service of a [`DuplicateLayer`](crate::DuplicateLayer).
 ///
 /// The inner service receives a [`GateBody`] around the request's body (which the guard may
-/// have read to fingerprint it), and answers with a [`GateBody`] around its own.
+/// have read to fingerprint it), and answers in its own body type ([`LayerBody`]).
 #[derive(Clone)]
 pub struct DuplicateService<S> {
     pub(crate) inner: S,
@@ -42,10 +42,10 @@ where
     S::Error: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + LayerBody + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<GateBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = DuplicateFuture<ResBody, S::Error>;
 
@@ -67,12 +67,12 @@ async fn guarded<S, B, ResBody>(
     config: Arc<Config>,
     mut inner: S,
     request: Request<B>,
-) -> Result<Response<GateBody<ResBody>>, S::Error>
+) -> Result<Response<ResBody>, S::Error>
 where
     S: Service<Request<GateBody<B>>, Response = Response<ResBody>>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + LayerBody + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let grpc = is_grpc(request.headers());
@@ -84,8 +84,7 @@ where
         match idempotency_key(&request) {
             Ok(Some(key)) => identity = identity.with_header(IDEMPOTENCY_KEY, key),
             Ok(None) if !config.require_key => {
-                let response = inner.call(request.map(GateBody::new)).await?;
-                return Ok(response.map(GateBody::new));
+                return inner.call(request.map(GateBody::new)).await;
             }
             Ok(None) => {
                 return Ok(reject(Rejection::BadKey(
@@ -110,7 +109,7 @@ where
         Ok(Acquire::Acquired(lease)) => lease,
         Ok(Acquire::Duplicate(duplicate)) => {
             return Ok(match answer_duplicate(&config, duplicate) {
-                Ok(replay) => replay.map(GateBody::full),
+                Ok(replay) => replay.map(ResBody::full),
                 Err(rejection) => reject(rejection),
             });
         }
@@ -127,13 +126,13 @@ where
     };
     if response.status().is_server_error() {
         lease.release().await;
-        return Ok(response.map(GateBody::new));
+        return Ok(response);
     }
     if config.mode != Mode::Key {
         // Repeats stay refused until the TTL counted from the first request ends.
         let left = config.ttl.saturating_sub(started.elapsed());
         lease.complete(Vec::new(), left).await;
-        return Ok(response.map(GateBody::new));
+        return Ok(response);
     }
     let (parts, body) = response.into_parts();
     match buffer(Box::pin(body), config.max_response).await {
@@ -141,17 +140,18 @@ where
             // An empty record marks "completed, not replayable".
             let record = stored::encode(&parts, &bytes).unwrap_or_default();
             lease.complete(record, config.replay_for).await;
-            Ok(Response::from_parts(parts, GateBody::full(bytes)))
+            Ok(Response::from_parts(parts, ResBody::full(bytes)))
         }
         Buffered::TooLarge(rest) => {
             lease.complete(Vec::new(), config.replay_for).await;
-            Ok(Response::from_parts(parts, GateBody::boxed(rest)))
+            let rest = rest.map_err(Into::into).boxed_unsync();
+            Ok(Response::from_parts(parts, ResBody::boxed(rest)))
         }
         Buffered::Failed(error) => {
             // The handler's response broke off: treat it as a server failure, retryable.
             lease.release().await;
             let detail = format!("the response body failed: {error}");
-            let mut response = Response::new(GateBody::full(detail));
+            let mut response = Response::new(ResBody::full(Bytes::from(detail)));
             *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
             response.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -15,7 +15,7 @@ use super::{
     count::{Charge, Held, Slot},
     layer::Config,
 };
-use crate::{body::GateBody, gate::BoxFuture, headers::HeaderStyle, rejection::Rejection};
+use crate::{body::LayerBody, gate::BoxFuture, headers::HeaderStyle, rejection::Rejection};
 
 pin_project! {
     /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,
@@ -66,12 +66,12 @@ pin_project! {
         },
         Refunding {
             refund: BoxFuture<'static, ()>,
-            output: Option<Result<Response<GateBody<R>>, E>>,
+            output: Option<Result<Response<R>, E>>,
             slot: Option<Box<Slot>>,
         },
         // Refused when the layer was called.
         Refused {
-            response: Option<Response<GateBody<R>>>,
+            response: Option<Response<R>>,
         },
     }
 }
@@ -89,7 +89,7 @@ pin_project! {
     }
 }
 
-impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
+impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R> {
     /// A request whose check awaits the store: `inner` is called once it admits.
     pub(crate) fn waiting(
         check: Checking,
@@ -143,11 +143,11 @@ impl<S: Service<Request<B>>, B, R> RateLimitFuture<S, B, S::Future, R> {
 
 /// The response refusing a request that was not admitted: denied, or not checked.
 #[inline(never)]
-fn refuse<R>(
+fn refuse<R: LayerBody>(
     refused: Result<Decision, CheckError>,
     config: &Config,
     grpc: bool,
-) -> Response<GateBody<R>> {
+) -> Response<R> {
     let rejection = match refused {
         Ok(decision) => Rejection::denied(decision, &config.policy),
         Err(error) => Rejection::from_check_error(error),
@@ -197,8 +197,9 @@ fn call<S: Service<Request<B>>, B, R>(
 impl<S, B, ResBody> Future for RateLimitFuture<S, B, S::Future, ResBody>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    ResBody: LayerBody,
 {
-    type Output = Result<Response<GateBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -284,8 +285,7 @@ where
                     slot,
                     failed_open,
                 } => {
-                    let output = ready!(future.poll(cx)).map(|response| {
-                        let mut response = response.map(GateBody::new);
+                    let output = ready!(future.poll(cx)).map(|mut response| {
                         if *failed_open {
                             response.extensions_mut().insert(FailedOpen);
                         }
@@ -345,16 +345,16 @@ where
 
 /// The response, its body holding the request's concurrency slots until it ends (an error of
 /// the inner service lets them go at once).
-fn hold<B, E>(
-    output: Result<Response<GateBody<B>>, E>,
+fn hold<B: LayerBody, E>(
+    output: Result<Response<B>, E>,
     slot: Option<Box<Slot>>,
-) -> Result<Response<GateBody<B>>, E> {
+) -> Result<Response<B>, E> {
     match (output, slot) {
         (Ok(response), Some(slot)) => Ok(response.map(|body| body.holding(slot))),
         (output, _) => output,
     }
 }
 
-fn reject<B>(config: &Config, rejection: Rejection, grpc: bool) -> Response<GateBody<B>> {
+fn reject<B: LayerBody>(config: &Config, rejection: Rejection, grpc: bool) -> Response<B> {
     rejection.answer(config.on_rejection.as_ref(), config.style, grpc)
 }

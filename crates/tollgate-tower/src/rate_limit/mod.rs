@@ -9,9 +9,9 @@
 //! instead (`RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`, see
 //! [`Rejection::into_grpc_response`](crate::Rejection::into_grpc_response)).
 //!
-//! The layer takes requests of any body and answers `Response<GateBody<ResBody>>`
-//! ([`GateBody`](crate::GateBody)), so it fits axum routers, hyper services and tonic
-//! servers alike.
+//! The layer takes requests of any body and answers in the inner service's body type
+//! ([`LayerBody`](crate::LayerBody)): an admitted request's response passes through as it
+//! is, so it fits axum routers, tonic servers and hyper services alike.
 //!
 //! ```no_run
 //! use std::{net::SocketAddr, sync::Arc};

@@ -8,12 +8,13 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::{Count, RateLimitFuture, future::Checking, layer::Config};
-use crate::{body::GateBody, identity::identity_of, rejection::is_grpc};
+use crate::{body::LayerBody, identity::identity_of, rejection::is_grpc};
 
 /// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks the policy, then calls
 /// the inner service or answers with the rejection.
 ///
-/// Its responses have a [`GateBody`] around the inner service's body.
+/// It answers in the inner service's body type ([`LayerBody`]): an admitted request's
+/// response passes through as it is.
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     pub(crate) inner: S,
@@ -23,8 +24,9 @@ pub struct RateLimitService<S> {
 impl<S, B, ResBody> Service<Request<B>> for RateLimitService<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    ResBody: LayerBody,
 {
-    type Response = Response<GateBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = RateLimitFuture<S, B, S::Future, ResBody>;
 

@@ -6,7 +6,7 @@ use std::{
     time::Duration,
 };
 
-use axum::{Router, http::StatusCode, response::IntoResponse, routing::get};
+use axum::{Router, body::Body, http::StatusCode, response::IntoResponse, routing::get};
 use serde_json::json;
 use tollgate::{
     BanRule, BanStore, Bypass, CheckRequest, Dimension, Limiter, LockStore, OnError, Policy,
@@ -313,7 +313,7 @@ async fn count_successes_refunds_failures_errors_and_panics() {
                     Ok::<_, std::convert::Infallible>(
                         http::Response::builder()
                             .status(code)
-                            .body(String::new())
+                            .body(Body::empty())
                             .unwrap(),
                     )
                 },
@@ -339,9 +339,7 @@ async fn count_successes_refunds_failures_errors_and_panics() {
             if true {
                 panic!("the handler fails");
             }
-            Ok::<http::Response<String>, std::convert::Infallible>(http::Response::new(
-                String::new(),
-            ))
+            Ok::<http::Response<Body>, std::convert::Infallible>(http::Response::new(Body::empty()))
         }));
     let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
     assert!(panicked.unwrap_err().is_panic());
@@ -429,9 +427,7 @@ async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
             if true {
                 panic!("the job fails");
             }
-            Ok::<http::Response<String>, std::convert::Infallible>(http::Response::new(
-                String::new(),
-            ))
+            Ok::<http::Response<Body>, std::convert::Infallible>(http::Response::new(Body::empty()))
         }));
     let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
     assert!(panicked.unwrap_err().is_panic());
@@ -913,9 +909,9 @@ impl Clone for Cloned {
 }
 
 impl tower::Service<http::Request<String>> for Cloned {
-    type Response = http::Response<String>;
+    type Response = http::Response<Body>;
     type Error = std::convert::Infallible;
-    type Future = std::future::Ready<Result<http::Response<String>, Self::Error>>;
+    type Future = std::future::Ready<Result<http::Response<Body>, Self::Error>>;
 
     fn poll_ready(
         &mut self,
@@ -925,7 +921,7 @@ impl tower::Service<http::Request<String>> for Cloned {
     }
 
     fn call(&mut self, _: http::Request<String>) -> Self::Future {
-        std::future::ready(Ok(http::Response::new(String::new())))
+        std::future::ready(Ok(http::Response::new(Body::empty())))
     }
 }
 
