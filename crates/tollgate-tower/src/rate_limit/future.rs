@@ -5,7 +5,7 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use tollgate::{CheckError, Decision, Identity, Reason};
 use tower_service::Service;
@@ -15,7 +15,12 @@ use super::{
     count::{Charge, Held, Slot},
     layer::Config,
 };
-use crate::{body::LayerBody, gate::BoxFuture, headers::HeaderStyle, rejection::Rejection};
+use crate::{
+    body::LayerBody,
+    gate::BoxFuture,
+    headers::HeaderStyle,
+    rejection::{Rejection, is_grpc},
+};
 
 pin_project! {
     /// The response future of [`RateLimitService`](crate::RateLimitService): first the check,
@@ -30,8 +35,6 @@ pin_project! {
         #[pin]
         state: State<S, B, F, R, S::Error>,
         config: Arc<Config>,
-        // The request is gRPC's: a rejection answers with a gRPC status.
-        grpc: bool,
         // What the request was charged.
         cost: u64,
     }
@@ -96,7 +99,6 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
         inner: S,
         request: Request<B>,
         config: Arc<Config>,
-        grpc: bool,
         identity: Option<Identity>,
         cost: u64,
     ) -> RateLimitFuture<S, B, S::Future, R> {
@@ -106,7 +108,6 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
                 call: Some(Box::new((inner, request, identity))),
             },
             config,
-            grpc,
             cost,
         }
     }
@@ -119,7 +120,6 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
         inner: &mut S,
         request: Request<B>,
         config: Arc<Config>,
-        grpc: bool,
         identity: Option<Identity>,
         cost: u64,
     ) -> RateLimitFuture<S, B, S::Future, R> {
@@ -129,25 +129,26 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
                 call(decision, inner, request, &config, identity, cost)
             }
             refused => State::Refused {
-                response: Some(refuse(refused, &config, grpc)),
+                response: Some(refuse(refused, &config, request.headers())),
             },
         };
         RateLimitFuture {
             state,
             config,
-            grpc,
             cost,
         }
     }
 }
 
-/// The response refusing a request that was not admitted: denied, or not checked.
+/// The response refusing a request that was not admitted (denied, or not checked), in gRPC's
+/// terms when its `headers` are a gRPC request's.
 #[inline(never)]
 fn refuse<R: LayerBody>(
     refused: Result<Decision, CheckError>,
     config: &Config,
-    grpc: bool,
+    headers: &HeaderMap,
 ) -> Response<R> {
+    let grpc = is_grpc(headers);
     let rejection = match refused {
         Ok(decision) => Rejection::denied(decision, &config.policy),
         Err(error) => Rejection::from_check_error(error),
@@ -206,14 +207,16 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking { check, call } => {
-                    let decision = match ready!(check.as_mut().poll(cx)) {
-                        Ok(decision) if decision.allowed() => decision,
-                        refused => {
-                            return Poll::Ready(Ok(refuse(refused, this.config, *this.grpc)));
-                        }
-                    };
+                    let polled = ready!(check.as_mut().poll(cx));
                     let Some(taken) = call.take() else {
                         unreachable!("the inner call is taken once");
+                    };
+                    let decision = match polled {
+                        Ok(decision) if decision.allowed() => decision,
+                        refused => {
+                            let headers = taken.1.headers();
+                            return Poll::Ready(Ok(refuse(refused, this.config, headers)));
+                        }
                     };
                     let (mut inner, request, mut identity) = *taken;
                     if let Some(due) = decision.due(&this.config.policy) {

@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::{Count, RateLimitFuture, future::Checking, layer::Config};
-use crate::{body::LayerBody, identity::identity_of, rejection::is_grpc};
+use crate::{body::LayerBody, identity::identity_of};
 
 /// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks the policy, then calls
 /// the inner service or answers with the rejection.
@@ -36,7 +36,6 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let identity = identity_of(&request, &self.config.resolver, &self.config.wanted);
-        let grpc = is_grpc(request.headers());
         let config = &self.config;
         let cost = config
             .cost_from
@@ -61,7 +60,6 @@ where
                 &mut self.inner,
                 request,
                 config,
-                grpc,
                 kept,
                 cost,
             );
@@ -78,7 +76,7 @@ where
                 None => gate.check(policy, &identity, cost).await,
             }
         });
-        RateLimitFuture::waiting(check, inner, request, config, grpc, kept, cost)
+        RateLimitFuture::waiting(check, inner, request, config, kept, cost)
     }
 }
 
