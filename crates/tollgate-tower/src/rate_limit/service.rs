@@ -55,14 +55,7 @@ where
         {
             // Decided at once: the inner service, which `poll_ready` made ready, is called now.
             let config = config.clone();
-            return RateLimitFuture::decided(
-                decided,
-                &mut self.inner,
-                request,
-                config,
-                kept,
-                cost,
-            );
+            return RateLimitFuture::decided(decided, &mut self.inner, request, config, kept, cost);
         }
         // The check awaits the store: the ready service goes with the request, a clone stays.
         let clone = self.inner.clone();
