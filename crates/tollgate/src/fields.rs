@@ -265,6 +265,8 @@ fn write_limits(
 /// the heap. A piece is appended with a bounds check and a copy, and the text is read without
 /// a check: a small vector's appends and a byte buffer's UTF-8 check cost more than the rest
 /// of a field.
+// It lives on the stack of the one call that writes a field: its size is the point.
+#[allow(clippy::large_enum_variant)]
 enum FieldText {
     Stack(arrayvec::ArrayString<256>),
     Heap(String),
