@@ -10,7 +10,8 @@
 //! total divided by the number of checks is the cost of one. Cases: `gcra_admit`, `gcra_deny`, `log_admit`,
 //! `log_deny`, `two_by_three_admit`, `governor_admit`, `governor_deny`; and, for what overrides
 //! cost their users, `gcra_overridable_admit` (the limiter takes overrides, one is set for
-//! another identity) and `gcra_overridden_admit` (every identity has one).
+//! another identity) and `gcra_overridden_admit` (every identity has one); for what a
+//! blocklist costs, `log_ban_admit` (`log_admit`'s limiter writes bans, as the seed's does).
 //!
 //! `probe threads2 5000000` runs that many GCRA admissions on each of 2 threads (its own
 //! thousand keys each) and prints checks a second, beside governor's, for profiles of how
@@ -29,7 +30,9 @@ use std::{
 };
 
 use governor::{Quota, RateLimiter};
-use tollgate::{Algorithm, Dimension, Identity, Limiter, MemoryStore, Policy, Rule, Tollgate};
+use tollgate::{
+    Algorithm, BanRule, Dimension, Identity, Limiter, MemoryStore, Policy, Rule, Tollgate,
+};
 use tollgate_bench::client_ip;
 
 const KEYS: u32 = 1000;
@@ -80,8 +83,11 @@ fn main() {
         "gcra_overridden_admit" => 2,
         _ => 0,
     };
+    let bans = case == "log_ban_admit";
     let case = if overrides > 0 {
         "gcra_admit"
+    } else if bans {
+        "log_admit"
     } else {
         case.as_str()
     };
@@ -114,8 +120,11 @@ fn main() {
         ),
         other => panic!("unknown case {other}"),
     };
-    let mut policy = Policy::builder("probe")
-        .limiter(Limiter::new(Dimension::Ip, rules.clone()).with_overrides(overrides > 0));
+    let mut limiter = Limiter::new(Dimension::Ip, rules.clone()).with_overrides(overrides > 0);
+    if bans {
+        limiter = limiter.with_blocklist(BanRule::new(std::time::Duration::from_secs(600)));
+    }
+    let mut policy = Policy::builder("probe").limiter(limiter);
     if limiters == 2 {
         policy = policy.limiter(Limiter::new(Dimension::UserId, rules));
     }

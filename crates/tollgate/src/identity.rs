@@ -225,17 +225,25 @@ impl IpPrefix {
         }
     }
 
-    /// The network's text in a stack buffer.
+    /// The network's text in a stack buffer. The longest (`ffff:...:ffff/127`) is 44 bytes.
     pub(crate) fn network_inline(self, ip: IpAddr) -> NetworkText {
-        let (addr, len, full) = match canonical(ip) {
-            IpAddr::V4(v4) => (IpAddr::V4(mask_v4(v4, self.v4)), self.v4, 32),
-            IpAddr::V6(v6) => (IpAddr::V6(mask_v6(v6, self.v6)), self.v6, 128),
-        };
         let mut text = NetworkText::new();
-        // The longest text (`ffff:...:ffff/127`) is 44 bytes: it stays on the stack.
-        let _ = write!(text, "{addr}");
-        if len < full {
-            let _ = write!(text, "/{len}");
+        match canonical(ip) {
+            // The common case, written by hand (as in `push_key`): `core::fmt` costs a
+            // thousand instructions here.
+            IpAddr::V4(v4) => {
+                key::push_ipv4(&mut text, mask_v4(v4, self.v4));
+                if self.v4 < 32 {
+                    let _ = text.try_push('/');
+                    key::push_u8(&mut text, self.v4);
+                }
+            }
+            IpAddr::V6(v6) => {
+                let _ = write!(text, "{}", mask_v6(v6, self.v6));
+                if self.v6 < 128 {
+                    let _ = write!(text, "/{}", self.v6);
+                }
+            }
         }
         text
     }
@@ -265,8 +273,8 @@ fn mask_v6(ip: Ipv6Addr, len: u8) -> Ipv6Addr {
     Ipv6Addr::from(u128::from(ip) & mask)
 }
 
-/// An IP network as text, on the stack.
-pub(crate) type NetworkText = smallstr::SmallString<[u8; 64]>;
+/// An IP network as text, on the stack (see [`IpPrefix::network_inline`]).
+pub(crate) type NetworkText = arrayvec::ArrayString<64>;
 
 /// What a limiter counts by.
 ///
@@ -594,5 +602,47 @@ mod tests {
             }
         }
         assert!(!Dimension::Ip.push_value(&Identity::new(), &mut String::new()));
+    }
+
+    /// A network's text, written by hand for IPv4, is what `Display` writes of the masked
+    /// address, with the prefix length when it is not the whole address.
+    #[test]
+    fn network_text_is_what_display_writes() {
+        let addrs = [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.20.3.255",
+            "192.0.2.1",
+            "100.64.9.99",
+            "::ffff:1.2.3.4",
+            "2001:db8:1:2:3:4:5:6",
+        ];
+        for (v4, v6) in [(32, 64), (24, 48), (0, 0), (31, 127), (1, 128), (9, 56)] {
+            let prefix = IpPrefix::new(v4, v6).unwrap();
+            for ip in addrs {
+                let ip: IpAddr = ip.parse().unwrap();
+                let expected = match canonical(ip) {
+                    IpAddr::V4(a) => {
+                        let mask = u32::MAX.checked_shl(32 - u32::from(v4)).unwrap_or(0);
+                        let masked = Ipv4Addr::from(u32::from(a) & mask);
+                        if v4 < 32 {
+                            format!("{masked}/{v4}")
+                        } else {
+                            masked.to_string()
+                        }
+                    }
+                    IpAddr::V6(a) => {
+                        let mask = u128::MAX.checked_shl(128 - u32::from(v6)).unwrap_or(0);
+                        let masked = Ipv6Addr::from(u128::from(a) & mask);
+                        if v6 < 128 {
+                            format!("{masked}/{v6}")
+                        } else {
+                            masked.to_string()
+                        }
+                    }
+                };
+                assert_eq!(prefix.network_text(ip), expected, "{ip} /{v4} /{v6}");
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! The braces make the limiter identity the Redis Cluster hash tag: all keys of one limiter
 //! live in one slot.
 
+use arrayvec::ArrayVec;
 use sha2::{Digest, Sha256};
 
 use crate::rule::{Algorithm, Rule};
@@ -17,30 +18,21 @@ pub const MAX_PART: usize = 128;
 
 /// A key being built on the stack, as bytes: keys are ASCII (every other byte is escaped), so
 /// the text is read once at the end ([`KeyBuf::text`]). The bytes live in an array while they
-/// fit (an append is one copy: a small vector's costs a `memmove` and a `memcpy` call), then on
-/// the heap.
+/// fit (an append is one copy: a small vector's costs a `memmove` and a `memcpy` call; and the
+/// array is not zeroed first, where a check's keys fill a few dozen of its bytes), then on the
+/// heap.
+#[derive(Default)]
 pub(crate) struct KeyBuf {
     /// The bytes, while they fit and nothing spilled.
-    inline: [u8; KeyBuf::INLINE],
-    /// How many bytes of `inline` are written.
-    len: usize,
+    inline: ArrayVec<u8, KEY_INLINE>,
     /// Every byte, once they outgrew `inline`; empty until then.
     spilled: Vec<u8>,
 }
 
-impl Default for KeyBuf {
-    fn default() -> KeyBuf {
-        KeyBuf {
-            inline: [0; KeyBuf::INLINE],
-            len: 0,
-            spilled: Vec::new(),
-        }
-    }
-}
+/// The bytes a [`KeyBuf`] holds on the stack.
+const KEY_INLINE: usize = 256;
 
 impl KeyBuf {
-    const INLINE: usize = 256;
-
     /// The keys written so far, when they are all text.
     #[cfg(test)]
     pub(crate) fn text(&self) -> &str {
@@ -56,7 +48,7 @@ impl KeyBuf {
     #[inline]
     pub(crate) fn bytes(&self) -> &[u8] {
         if self.spilled.is_empty() {
-            &self.inline[..self.len]
+            &self.inline
         } else {
             &self.spilled
         }
@@ -66,9 +58,7 @@ impl KeyBuf {
     #[inline]
     pub(crate) fn push_bytes(&mut self, bytes: &[u8]) {
         if self.spilled.is_empty() {
-            if let Some(free) = self.inline.get_mut(self.len..self.len + bytes.len()) {
-                free.copy_from_slice(bytes);
-                self.len += bytes.len();
+            if self.inline.try_extend_from_slice(bytes).is_ok() {
                 return;
             }
             self.spill();
@@ -79,20 +69,16 @@ impl KeyBuf {
     /// Appends one byte of a compact key.
     #[inline]
     pub(crate) fn push_byte(&mut self, byte: u8) {
-        match self.inline.get_mut(self.len) {
-            Some(free) if self.spilled.is_empty() => {
-                *free = byte;
-                self.len += 1;
-            }
-            _ => self.push_bytes(&[byte]),
+        if !(self.spilled.is_empty() && self.inline.try_push(byte).is_ok()) {
+            self.push_bytes(&[byte]);
         }
     }
 
     /// Moves the bytes to the heap (they outgrew the array).
     #[cold]
     fn spill(&mut self) {
-        self.spilled.reserve(2 * KeyBuf::INLINE);
-        self.spilled.extend_from_slice(&self.inline[..self.len]);
+        self.spilled.reserve(2 * KEY_INLINE);
+        self.spilled.extend_from_slice(&self.inline);
     }
 }
 
@@ -145,6 +131,25 @@ impl KeyOut for String {
     }
 }
 
+/// A network's text ([`NetworkText`](crate::identity::NetworkText)), sized for the longest.
+impl KeyOut for crate::identity::NetworkText {
+    #[inline]
+    fn push_str(&mut self, s: &str) {
+        // Sized for the longest text written into it: never full.
+        let _ = self.try_push_str(s);
+    }
+    #[inline]
+    fn push_ascii(&mut self, b: u8) {
+        let _ = self.try_push(char::from(b));
+    }
+    fn len(&self) -> usize {
+        arrayvec::ArrayString::len(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        arrayvec::ArrayString::truncate(self, len);
+    }
+}
+
 impl KeyOut for KeyBuf {
     #[inline]
     fn push_str(&mut self, s: &str) {
@@ -161,11 +166,11 @@ impl KeyOut for KeyBuf {
     #[inline]
     fn truncate(&mut self, len: usize) {
         if self.spilled.is_empty() {
-            self.len = self.len.min(len);
+            self.inline.truncate(len);
         } else if len == 0 {
             // Empty again: back to the array.
             self.spilled.clear();
-            self.len = 0;
+            self.inline.clear();
         } else {
             self.spilled.truncate(len);
         }
@@ -191,7 +196,7 @@ pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
             continue;
         }
         // Everything before `b` needs no escaping (printable ASCII): one copy.
-        out.push_str(ascii(&bytes[plain..i]));
+        out.push_ascii_bytes(&bytes[plain..i]);
         out.push_ascii(b'%');
         out.push_ascii(HEX_UPPER[usize::from(b >> 4)]);
         out.push_ascii(HEX_UPPER[usize::from(b & 0xf)]);
@@ -201,7 +206,7 @@ pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
         }
     }
     if out.len() - start <= MAX_PART {
-        out.push_str(ascii(&bytes[plain..]));
+        out.push_ascii_bytes(&bytes[plain..]);
     }
     if out.len() - start > MAX_PART {
         out.truncate(start);
@@ -492,7 +497,7 @@ mod tests {
             assert_eq!(buf.bytes(), &expected[..], "after part {i}");
             assert_eq!(KeyOut::len(&buf), expected.len());
         }
-        assert!(expected.len() > KeyBuf::INLINE);
+        assert!(expected.len() > KEY_INLINE);
         buf.truncate(300);
         expected.truncate(300);
         assert_eq!(buf.bytes(), &expected[..]);
@@ -503,8 +508,8 @@ mod tests {
         buf.truncate(2);
         assert_eq!(buf.text(), "tg");
         // One write larger than the array at once.
-        buf.push_bytes(&[b'x'; 2 * KeyBuf::INLINE]);
-        assert_eq!(buf.bytes().len(), 2 + 2 * KeyBuf::INLINE);
+        buf.push_bytes(&[b'x'; 2 * KEY_INLINE]);
+        assert_eq!(buf.bytes().len(), 2 + 2 * KEY_INLINE);
         assert_eq!(&buf.bytes()[..3], b"tgx");
     }
 
