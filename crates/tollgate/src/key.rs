@@ -188,8 +188,13 @@ pub fn push_part(out: &mut String, part: &str) {
 
 /// [`push_part`] into any key buffer.
 pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
-    let start = out.len();
     let bytes = part.as_bytes();
+    // The common case, a short part with nothing to escape (an IPv4 network, most ids): one
+    // copy.
+    if bytes.len() <= MAX_PART && !bytes.iter().any(|&b| needs_escape(b)) {
+        return out.push_ascii_bytes(bytes);
+    }
+    let start = out.len();
     let mut plain = 0;
     for (i, &b) in bytes.iter().enumerate() {
         if !needs_escape(b) {
