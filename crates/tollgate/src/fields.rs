@@ -50,7 +50,7 @@ use std::{
 
 use smallvec::SmallVec;
 
-use crate::{INLINE_RULES, LimiterName, Policy, RuleDecision, format_duration};
+use crate::{INLINE_RULES, LimiterName, Policy, RuleDecision, format_duration, text::StackText};
 
 /// Which rate-limit fields an answer carries.
 ///
@@ -261,63 +261,6 @@ fn write_limits(
     }
 }
 
-/// A field's value as it is written: on the stack up to 256 bytes (a dozen rules), then on
-/// the heap. A piece is appended with a bounds check and a copy, and the text is read without
-/// a check: a small vector's appends and a byte buffer's UTF-8 check cost more than the rest
-/// of a field.
-// It lives on the stack of the one call that writes a field: its size is the point.
-#[allow(clippy::large_enum_variant)]
-enum FieldText {
-    Stack(arrayvec::ArrayString<256>),
-    Heap(String),
-}
-
-impl FieldText {
-    fn new() -> FieldText {
-        FieldText::Stack(arrayvec::ArrayString::new())
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            FieldText::Stack(text) => text,
-            FieldText::Heap(text) => text,
-        }
-    }
-
-    fn clear(&mut self) {
-        match self {
-            FieldText::Stack(text) => text.clear(),
-            FieldText::Heap(text) => text.clear(),
-        }
-    }
-
-    /// Moves the text to the heap (it outgrew the stack), with `more` after it.
-    #[cold]
-    fn spill(&mut self, more: &str) {
-        let mut heap = String::with_capacity(2 * (self.as_str().len() + more.len()));
-        heap.push_str(self.as_str());
-        heap.push_str(more);
-        *self = FieldText::Heap(heap);
-    }
-}
-
-impl fmt::Write for FieldText {
-    #[inline]
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let spilled = match self {
-            FieldText::Stack(text) => text.try_push_str(s).is_err(),
-            FieldText::Heap(text) => {
-                text.push_str(s);
-                false
-            }
-        };
-        if spilled {
-            self.spill(s);
-        }
-        Ok(())
-    }
-}
-
 /// What the fields say of one rule.
 #[derive(Clone, Copy)]
 struct Numbers {
@@ -424,7 +367,7 @@ fn write_warning_items(
     names: &[String],
     mut f: impl FnMut(&'static str, &str),
 ) {
-    let mut text = FieldText::new();
+    let mut text = StackText::new();
     let mut items = 0;
     for warned in warnings {
         let Some(at) = place(&warned) else {
@@ -472,7 +415,7 @@ fn write_with(
     if style == HeaderStyle::None || rules.clone().next().is_none() {
         return;
     }
-    let mut text = FieldText::new();
+    let mut text = StackText::new();
     match policy {
         PolicyText::Made(policy) => f(RATELIMIT_POLICY, policy),
         PolicyText::Of(rules) => {

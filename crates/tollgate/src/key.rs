@@ -192,7 +192,7 @@ pub(crate) fn push_escaped(out: &mut (impl KeyOut + ?Sized), part: &str) {
     // The common case, a short part with nothing to escape (an IPv4 network, most ids): one
     // copy.
     if bytes.len() <= MAX_PART && !bytes.iter().any(|&b| needs_escape(b)) {
-        return out.push_ascii_bytes(bytes);
+        return out.push_str(part);
     }
     let start = out.len();
     let mut plain = 0;

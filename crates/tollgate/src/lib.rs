@@ -72,6 +72,7 @@ mod overrides;
 mod policy;
 mod rule;
 mod store;
+mod text;
 
 /// Resolves a future of the memory store, which is ready at once (unit tests).
 #[cfg(test)]

@@ -12,6 +12,7 @@ use crate::{
     key::{self, KeyBuf, KeyOut},
     policy::{Limiter, Policy},
     store::{BanKey, CheckRequest, LimiterRequest, Store},
+    text::StackText,
 };
 
 use super::{conclude::missing_dimension, cost_exceeds_limit};
@@ -46,12 +47,12 @@ impl<S: Store> Tollgate<S> {
             if let Some(ip) = identity.ip() {
                 // A ban covers the client's network: its text is the target's value.
                 keys.ip_text = BanTarget::PREFIX.network_inline(ip);
-                key::push_ban_key(&mut keys.text, &self.prefix, "ip", &keys.ip_text);
-                keys.ip_ban = Some(keys.text.len());
+                key::push_ban_key(&mut keys.bans, &self.prefix, "ip", &keys.ip_text);
+                keys.ip_ban = Some(keys.bans.len());
             }
             if let Some(id) = identity.user_id() {
-                key::push_ban_key(&mut keys.text, &self.prefix, "user_id", id);
-                keys.user_ban = Some((keys.text.len(), id));
+                key::push_ban_key(&mut keys.bans, &self.prefix, "user_id", id);
+                keys.user_ban = Some((keys.bans.len(), id));
             }
             // Bans of its own: read beside the blocklist every policy sees, and the only ones
             // a violation writes.
@@ -59,21 +60,21 @@ impl<S: Store> Tollgate<S> {
                 let scope = &policy.scope;
                 if keys.ip_ban.is_some() {
                     key::push_policy_ban_key(
-                        &mut keys.text,
+                        &mut keys.bans,
                         &self.prefix,
                         scope,
                         "ip",
                         &keys.ip_text,
                     );
-                    keys.own.ip = Some(keys.text.len());
+                    keys.own.ip = Some(keys.bans.len());
                 }
                 if let Some((_, id)) = keys.user_ban {
-                    key::push_policy_ban_key(&mut keys.text, &self.prefix, scope, "user_id", id);
-                    keys.own.user = Some(keys.text.len());
+                    key::push_policy_ban_key(&mut keys.bans, &self.prefix, scope, "user_id", id);
+                    keys.own.user = Some(keys.bans.len());
                 }
-                let start = keys.text.len();
-                key::push_policy_ban_index(&mut keys.text, &self.prefix, scope);
-                keys.own.index = start..keys.text.len();
+                let start = keys.bans.len();
+                key::push_policy_ban_index(&mut keys.bans, &self.prefix, scope);
+                keys.own.index = start..keys.bans.len();
             }
         }
         Ok(true)
@@ -129,12 +130,13 @@ pub(crate) type LimiterRequests<'a> = SmallVec<[LimiterRequest<'a>; INLINE_LIMIT
 /// The ban keys of one check: the IP's and the user's.
 pub(crate) type BanKeys<'a> = SmallVec<[BanKey<'a>; 2]>;
 
-/// The keys of one check, on the stack: every limiter's key and the ban keys in one buffer,
-/// and the IP ban's value.
+/// The keys of one check, on the stack: every limiter's key in one buffer, the ban keys in
+/// another, and the IP ban's value.
 pub(crate) struct CheckKeys<'i> {
-    /// The limiters' keys (text, or compact for a store that keeps no text), then the ban
-    /// keys (text).
+    /// The limiters' keys (text, or compact for a store that keeps no text).
     text: KeyBuf,
+    /// The ban keys, and a policy's own ban index (text, read without a UTF-8 check).
+    bans: StackText,
     /// The limiters' keys are compact ([`Store::text_keys`]).
     compact: bool,
     /// Where each limiter's key ends.
@@ -148,7 +150,8 @@ pub(crate) struct CheckKeys<'i> {
     own: OwnBans,
 }
 
-/// Where a policy's own ban keys and ban index end in a check's keys ([`BanScope::Policy`]).
+/// Where a policy's own ban keys and ban index end among a check's ban keys
+/// ([`BanScope::Policy`]).
 #[derive(Default)]
 struct OwnBans {
     ip: Option<usize>,
@@ -162,6 +165,7 @@ impl<'i> CheckKeys<'i> {
     pub(crate) fn new() -> CheckKeys<'i> {
         CheckKeys {
             text: KeyBuf::default(),
+            bans: StackText::new(),
             compact: false,
             ends: SmallVec::new(),
             ip_text: NetworkText::new(),
@@ -177,7 +181,7 @@ impl<'i> CheckKeys<'i> {
         if self.own.index.is_empty() {
             every
         } else {
-            self.text.text_at(self.own.index.clone())
+            &self.bans.as_str()[self.own.index.clone()]
         }
     }
 
@@ -211,7 +215,7 @@ impl<'i> CheckKeys<'i> {
         let ([limiter], &[end]) = (&policy.limiters[..], &self.ends[..]) else {
             return None;
         };
-        if self.text.len() != end {
+        if !self.bans.is_empty() {
             return None;
         }
         let (key, compact) = if self.compact {
@@ -248,46 +252,44 @@ impl<'i> CheckKeys<'i> {
             requests.push(limiter.request(key, compact));
             start = end;
         }
-        if self.text.len() == start {
+        let text = self.bans.as_str();
+        if text.is_empty() {
             return;
         }
-        // The ban keys, after the limiters'.
-        let text = self.text.text_at(start..self.text.len());
-        let at = |end: usize| end - limiters_end;
         let mut start = 0;
         // With bans of its own, the blocklist every policy sees is only read.
         let shared = self.own.index.is_empty();
         if let Some(end) = self.ip_ban {
             bans.push(BanKey {
-                key: &text[start..at(end)],
+                key: &text[start..end],
                 kind: "ip",
                 value: &self.ip_text,
                 write: shared,
             });
-            start = at(end);
+            start = end;
         }
         if let Some((end, id)) = self.user_ban {
             bans.push(BanKey {
-                key: &text[start..at(end)],
+                key: &text[start..end],
                 kind: "user_id",
                 value: id,
                 write: shared,
             });
-            start = at(end);
+            start = end;
         }
         if let Some(end) = self.own.ip {
             bans.push(BanKey {
-                key: &text[start..at(end)],
+                key: &text[start..end],
                 kind: "ip",
                 value: &self.ip_text,
                 write: true,
             });
-            start = at(end);
+            start = end;
         }
         if let Some(end) = self.own.user {
             let id = self.user_ban.map_or("", |(_, id)| id);
             bans.push(BanKey {
-                key: &text[start..at(end)],
+                key: &text[start..end],
                 kind: "user_id",
                 value: id,
                 write: true,
