@@ -44,9 +44,9 @@
 //! ([`LayerBody`]): an admitted request's response passes through untouched, and axum does not
 //! box it again. They fit axum routers, tonic servers (`Server::builder().layer(...)`, feature
 //! `tonic`) and hyper services (insert a [`PeerAddr`] per connection; a body other than
-//! http-body-util's `UnsyncBoxBody` goes through wrapped in [`GateBody::new`]). A gRPC request (`Content-Type: application/grpc...`) is
-//! refused with a gRPC status, `RESOURCE_EXHAUSTED` and the delay in `grpc-retry-pushback-ms`
-//! ([`Rejection::into_grpc_response`]).
+//! http-body-util's `UnsyncBoxBody` goes through wrapped in [`GateBody::new`]). A gRPC request
+//! (`Content-Type: application/grpc...`) is refused with a gRPC status, `RESOURCE_EXHAUSTED`
+//! and the delay in `grpc-retry-pushback-ms` ([`Rejection::into_grpc_response`]).
 //!
 //! # Features
 //! - `axum` (default): [`Rejection`] implements axum's `IntoResponse` (handlers guarded by
