@@ -487,6 +487,21 @@ impl Shards {
     /// Locks the shards of `hashes`, in ascending order so that no two checks wait on each
     /// other.
     pub(super) fn lock(&self, hashes: &[u64]) -> Locked<'_> {
+        // Two keys (two limiters, or one and a ban key): two shards at most, without the
+        // vectors of the general case.
+        if let &[a, b] = hashes {
+            let (a, b) = (self.shard_of(a), self.shard_of(b));
+            if a == b {
+                return Locked::One(self.shards[a].0.lock());
+            }
+            let (low, high) = (a.min(b), a.max(b));
+            let low_guard = self.shards[low].0.lock();
+            return Locked::Two {
+                shards: self,
+                low,
+                guards: [low_guard, self.shards[high].0.lock()],
+            };
+        }
         // Sorted without repeats by insertion: a check holds a handful of keys, and the
         // general sort and collects cost more than the locks.
         let mut order = SmallVec::<[usize; 8]>::new();
@@ -521,6 +536,12 @@ impl Shards {
 pub(super) enum Locked<'a> {
     /// Every key of the check lives in one shard.
     One(MutexGuard<'a, Shard>),
+    /// Two shards: the lower-numbered one's guard first.
+    Two {
+        shards: &'a Shards,
+        low: usize,
+        guards: [MutexGuard<'a, Shard>; 2],
+    },
     Many {
         shards: &'a Shards,
         order: SmallVec<[usize; 8]>,
@@ -533,6 +554,11 @@ impl Locked<'_> {
     pub(super) fn shard(&mut self, hash: u64) -> &mut Shard {
         match self {
             Locked::One(guard) => guard,
+            Locked::Two {
+                shards,
+                low,
+                guards,
+            } => &mut guards[usize::from(shards.shard_of(hash) != *low)],
             Locked::Many {
                 shards,
                 order,
@@ -542,5 +568,40 @@ impl Locked<'_> {
                 &mut guards[index]
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two keys in two shards, locked together in either order, are each written to and
+    /// found in their own shard; two keys of one shard take its one lock.
+    #[test]
+    fn two_keys_are_locked_in_their_own_shards() {
+        let shards = Shards::new(8);
+        let keys: Vec<String> = (0..256).map(|i| format!("key-{i}")).collect();
+        let shard_of = |k: &String| shards.shard_of(shards.hash(k));
+        let a = &keys[0];
+        let b = keys.iter().find(|k| shard_of(k) != shard_of(a)).unwrap();
+        let c = keys[1..]
+            .iter()
+            .find(|k| shard_of(k) == shard_of(a))
+            .unwrap();
+        let hash = |k: &String| shards.hash(k);
+        for (first, second) in [(a, b), (b, a)] {
+            let mut locked = shards.lock(&[hash(first), hash(second)]);
+            assert!(matches!(locked, Locked::Two { .. }));
+            for k in [first, second] {
+                let entry = Entry::new(State::Rules(RuleStates::default()), u64::MAX);
+                locked.shard(hash(k)).insert(hash(k), k, entry);
+            }
+            drop(locked);
+            for k in [first, second] {
+                assert!(shards.lock_one(hash(k)).find(hash(k), k).is_some(), "{k}");
+                shards.lock_one(hash(k)).remove(hash(k), k);
+            }
+        }
+        assert!(matches!(shards.lock(&[hash(a), hash(c)]), Locked::One(_)));
     }
 }
