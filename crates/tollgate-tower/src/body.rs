@@ -15,13 +15,15 @@ use pin_project_lite::pin_project;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
-    /// A response body from the inner service, or one a layer wrote: a rejection's problem
-    /// document, a replayed response, a custom rejection from `on_rejection`. The
-    /// [`DuplicateLayer`](crate::DuplicateLayer) also hands it to its inner service as the
-    /// request body, which it may have read to fingerprint it.
+    /// A body of type `B` passed through, or one a layer wrote: a rejection's problem
+    /// document, a replayed response, a custom rejection from `on_rejection`. It is a
+    /// [`LayerBody`] whatever `B` is: wrap an inner service's body in it
+    /// ([`GateBody::new`]) when the layers cannot write in that body's own type
+    /// (`Full<Bytes>`, `String`). The layers also wrap a response in it while it holds a
+    /// concurrency slot, and the [`DuplicateLayer`](crate::DuplicateLayer) hands it to its
+    /// inner service as the request body, which it may have read to fingerprint it.
     ///
-    /// It is an [`http_body::Body`] with `Bytes` data whatever `B` is, so the layers fit any
-    /// tower stack: axum routers, hyper services, tonic servers.
+    /// It is an [`http_body::Body`] with `Bytes` data whatever `B` is.
     ///
     /// ```
     /// use http_body_util::BodyExt;
