@@ -95,16 +95,6 @@ impl<B> GateBody<B> {
     }
 }
 
-impl<B> GateBody<B> {
-    /// A body boxed already (by [`OnRejection`](crate::rejection::OnRejection)).
-    pub(crate) fn from_box(body: UnsyncBoxBody<Bytes, BoxError>) -> GateBody<B> {
-        GateBody {
-            kind: Kind::Boxed { body },
-            held: None,
-        }
-    }
-}
-
 /// A response body the layers answer in: the inner service's own body type, so that a layer
 /// adds no wrapper around an admitted response (and axum, which boxes every body type but its
 /// own, no box). A layer writes its own answers (a rejection's problem document, a replayed
@@ -135,8 +125,12 @@ impl<B> LayerBody for GateBody<B> {
         GateBody::full(data)
     }
 
+    // Boxed already: kept as it is, not boxed again as `GateBody::boxed` would.
     fn boxed(body: UnsyncBoxBody<Bytes, BoxError>) -> GateBody<B> {
-        GateBody::from_box(body)
+        GateBody {
+            kind: Kind::Boxed { body },
+            held: None,
+        }
     }
 
     fn holding(mut self, guard: Box<dyn Send>) -> GateBody<B> {
