@@ -16,7 +16,7 @@ use crate::{
     duplicate::{Acquire, Duplicate, DuplicateGuard, DuplicateState, Fingerprint, Lease},
     error::{CheckError, StoreError},
     identity::{Dimension, Identity},
-    key::{self, KeyBuf, KeyOut, ban_index_key},
+    key::{self, KeyBuf, KeyHead, KeyOut, ban_index_key},
     overrides::{Override, OverrideError},
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
@@ -53,7 +53,7 @@ pub struct Tollgate<S> {
     pub(crate) store: Arc<S>,
     pub(crate) prefix: Arc<str>,
     /// `prefix:{`, where every limiter key starts.
-    pub(crate) key_start: Arc<str>,
+    pub(crate) key_start: KeyHead,
     pub(crate) on_error: OnError,
     pub(crate) blocklist: bool,
     pub(crate) ban_index: Arc<str>,
@@ -111,7 +111,7 @@ impl<S: Store> Tollgate<S> {
         Tollgate {
             store: Arc::new(store),
             prefix: "tg".into(),
-            key_start: key::limiter_key_start("tg").into(),
+            key_start: key::limiter_key_start("tg"),
             on_error: OnError::Allow,
             blocklist: true,
             ban_index: ban_index_key("tg").into(),
@@ -162,7 +162,7 @@ impl<S: Store> Tollgate<S> {
         let mut escaped = String::new();
         key::push_part(&mut escaped, prefix.as_ref());
         self.ban_index = ban_index_key(&escaped).into();
-        self.key_start = key::limiter_key_start(&escaped).into();
+        self.key_start = key::limiter_key_start(&escaped);
         self.prefix = escaped.into();
         self
     }

@@ -8,7 +8,13 @@
 //! The braces make the limiter identity the Redis Cluster hash tag: all keys of one limiter
 //! live in one slot.
 
+use std::{
+    collections::HashMap,
+    sync::{Arc, LazyLock},
+};
+
 use arrayvec::ArrayVec;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::rule::{Algorithm, Rule};
@@ -82,9 +88,8 @@ impl KeyBuf {
     }
 }
 
-/// Where a compact key's identity value starts, after the limiter's text: no text holds this
-/// byte (it is never UTF-8), so a compact key never equals a text key, and the limiter's part
-/// ends at its first occurrence.
+/// The first byte of a compact key: no text holds it (it is never UTF-8), so a compact key
+/// never equals a text key.
 pub(crate) const COMPACT_MARK: u8 = 0xff;
 
 /// Appends an identity's value to a compact key: its bytes as they are (tagged 0), or, past
@@ -317,8 +322,49 @@ pub(crate) fn open_limiter_key(out: &mut (impl KeyOut + ?Sized), prefix: &str, h
 }
 
 /// The text every limiter key of an engine starts with: `prefix:{`.
-pub(crate) fn limiter_key_start(prefix: &str) -> String {
-    format!("{prefix}:{{")
+pub(crate) fn limiter_key_start(prefix: &str) -> KeyHead {
+    KeyHead::new(format!("{prefix}:{{"))
+}
+
+/// A fixed part of limiter keys: an engine's `prefix:{`, or a limiter's `scope:name:` (see
+/// [`limiter_head`]). Text keys hold its text; compact keys its number ([`name_id`]), four
+/// bytes that hash and compare faster than the text.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyHead {
+    pub(crate) text: Arc<str>,
+    pub(crate) id: u32,
+}
+
+impl KeyHead {
+    pub(crate) fn new(text: impl Into<Arc<str>>) -> KeyHead {
+        let text = text.into();
+        let id = name_id(&text);
+        KeyHead { text, id }
+    }
+}
+
+/// A number for `text`, the same for the same text and different for different texts for the
+/// life of the process: what compact keys name an engine's prefix and a limiter by. The texts
+/// come from configuration (prefixes, policy and limiter names), never from a request, so the
+/// table grows with the configuration only: building the same policy again adds nothing.
+pub(crate) fn name_id(text: &str) -> u32 {
+    static IDS: LazyLock<Mutex<HashMap<Box<str>, u32>>> = LazyLock::new(Mutex::default);
+    let mut ids = IDS.lock();
+    if let Some(&id) = ids.get(text) {
+        return id;
+    }
+    let id = u32::try_from(ids.len()).expect("fewer than 2^32 key names in one process");
+    ids.insert(text.into(), id);
+    id
+}
+
+/// Appends the start of a compact limiter key: [`COMPACT_MARK`] (no text key has it, as no
+/// UTF-8 text has it), then the numbers of the engine's key start and the limiter's head, of
+/// fixed width, so that the value's bytes that follow are never read as part of them.
+#[inline(always)]
+pub(crate) fn push_compact_head(out: &mut KeyBuf, start: &KeyHead, head: &KeyHead) {
+    let ([a, b, c, d], [e, f, g, h]) = (start.id.to_le_bytes(), head.id.to_le_bytes());
+    out.push_bytes(&[COMPACT_MARK, a, b, c, d, e, f, g, h]);
 }
 
 /// Appends the name of an Envoy descriptor's counter: its entries `key:value|key:value`,
@@ -483,6 +529,19 @@ pub(crate) fn guard_key(prefix: &str, scope: &str, by: &str, value: &str) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One number per text: the same text gets it again, different texts never share one.
+    #[test]
+    fn name_ids_are_one_per_text() {
+        let texts: Vec<String> = (0..200).map(|i| format!("name-ids-test:{i}:")).collect();
+        let ids: Vec<u32> = texts.iter().map(|t| name_id(t)).collect();
+        let distinct: std::collections::HashSet<u32> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), texts.len());
+        for (text, id) in texts.iter().zip(&ids) {
+            assert_eq!(name_id(text), *id, "{text}");
+        }
+        assert_eq!(KeyHead::new(texts[7].as_str()).id, ids[7]);
+    }
 
     /// A key buffer holds what was written, in order, across its move to the heap, and
     /// truncates on either side of it.

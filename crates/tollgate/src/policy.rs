@@ -555,7 +555,7 @@ pub struct Policy {
     pub(crate) bypass: Option<Bypass>,
     pub(crate) max_units: u64,
     /// Per limiter, the part of its keys the policy fixes (see [`key::limiter_head`]).
-    pub(crate) key_heads: Box<[Box<str>]>,
+    pub(crate) key_heads: Box<[key::KeyHead]>,
     /// Whether a denial can ban the identity: some enforced limiter has a ban rule.
     pub(crate) may_ban: bool,
     /// Some enforced limiter warns (see [`Limiter::with_warning`]).
@@ -844,7 +844,7 @@ impl PolicyBuilder {
             .map(|l| {
                 let mut head = key::limiter_head(&self.scope, &l.name);
                 head.push(':');
-                head.into()
+                key::KeyHead::new(head)
             })
             .collect();
         Ok(Policy {

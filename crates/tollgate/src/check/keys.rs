@@ -9,7 +9,7 @@ use crate::{
     engine::Tollgate,
     error::CheckError,
     identity::{Identity, NetworkText},
-    key::{self, KeyBuf, KeyOut},
+    key::{self, KeyBuf, KeyHead, KeyOut},
     policy::{Limiter, Policy},
     store::{BanKey, CheckRequest, LimiterRequest, Store},
     text::StackText,
@@ -91,7 +91,7 @@ impl<S: Store> Tollgate<S> {
     ) -> Result<(), CheckError> {
         keys.compact = !self.store.text_keys();
         for (limiter, head) in policy.limiters.iter().zip(&policy.key_heads) {
-            let at = (&*self.key_start, &**head);
+            let at = (&self.key_start, head);
             if !push_limiter_key(&mut keys.text, at, limiter, identity, keys.compact) {
                 return Err(missing_dimension(limiter));
             }
@@ -107,17 +107,17 @@ impl<S: Store> Tollgate<S> {
 #[inline(always)]
 pub(crate) fn push_limiter_key(
     out: &mut KeyBuf,
-    (start, head): (&str, &str),
+    (start, head): (&KeyHead, &KeyHead),
     limiter: &Limiter,
     identity: &Identity,
     compact: bool,
 ) -> bool {
-    out.push_str(start);
-    out.push_str(head);
     if compact {
-        out.push_byte(key::COMPACT_MARK);
+        key::push_compact_head(out, start, head);
         limiter.dimension.push_compact(identity, out)
     } else {
+        out.push_str(&start.text);
+        out.push_str(&head.text);
         let found = limiter.dimension.push_value(identity, out);
         out.push_ascii(b'}');
         found

@@ -490,3 +490,39 @@ fn engines_sharing_a_store_each_list_their_own_overrides() {
     assert_eq!(listed(&a), ["192.0.2.1"]);
     assert_eq!(listed(&b), ["192.0.2.2"]);
 }
+
+/// Compact keys name the engine's prefix and the limiter by number: engines of different
+/// prefixes sharing a store count apart, and a policy built again (a configuration reloaded)
+/// counts on the keys of the one it replaces.
+#[test]
+fn compact_keys_tell_prefixes_apart_and_survive_a_rebuilt_policy() {
+    let store = Arc::new(MemoryStore::new());
+    let a = crate::Tollgate::new(store.clone()).with_prefix("a");
+    let b = crate::Tollgate::new(store.clone()).with_prefix("b");
+    let also_a = crate::Tollgate::new(store).with_prefix("a");
+    let policy = |scope: &str| {
+        let rules: [Rule; 1] = ["1/1m".parse().unwrap()];
+        crate::Policy::builder(scope)
+            .limiter(crate::Limiter::new(crate::Dimension::Ip, rules))
+            .build()
+            .unwrap()
+    };
+    let who = crate::Identity::new().with_ip("192.0.2.1".parse().unwrap());
+    let allowed = |gate: &crate::Tollgate<Arc<MemoryStore>>, policy: &crate::Policy| {
+        crate::ready_now(gate.check(policy, &who, 1))
+            .unwrap()
+            .allowed()
+    };
+    let (p, q) = (policy("p"), policy("q"));
+    assert!(allowed(&a, &p));
+    assert!(allowed(&b, &p), "another prefix counts apart");
+    assert!(allowed(&a, &q), "another policy counts apart");
+    assert!(
+        !allowed(&a, &policy("p")),
+        "the same policy built again shares the count"
+    );
+    assert!(
+        !allowed(&also_a, &p),
+        "an engine of the same prefix shares the count"
+    );
+}
