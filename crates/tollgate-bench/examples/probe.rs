@@ -12,6 +12,9 @@
 //! cost their users, `gcra_overridable_admit` (the limiter takes overrides, one is set for
 //! another identity) and `gcra_overridden_admit` (every identity has one); for what a
 //! blocklist costs, `log_ban_admit` (`log_admit`'s limiter writes bans, as the seed's does).
+//! Any tollgate case with `_sync` appended (`gcra_admit_sync`) checks through
+//! `Tollgate::check_sync` instead of polling `Tollgate::check`'s future: what a caller without
+//! a future pays.
 //!
 //! `probe threads2 5000000` runs that many GCRA admissions on each of 2 threads (its own
 //! thousand keys each) and prints checks a second, beside governor's, for profiles of how
@@ -82,6 +85,11 @@ fn main() {
         "gcra_overridable_admit" => 1,
         "gcra_overridden_admit" => 2,
         _ => 0,
+    };
+    // `<case>_sync`: the same checks through `Tollgate::check_sync`, without a future.
+    let (case, sync) = match case.strip_suffix("_sync") {
+        Some(case) => (case.to_owned(), true),
+        None => (case, false),
     };
     let bans = case == "log_ban_admit";
     let case = if overrides > 0 {
@@ -155,7 +163,11 @@ fn main() {
             ready(gate.check(&policy, who, 1)).expect("a check");
         }
     }
-    let wrong = checks(&gate, &policy, &who, n, admit);
+    let wrong = if sync {
+        checks_sync(&gate, &policy, &who, n, admit)
+    } else {
+        checks(&gate, &policy, &who, n, admit)
+    };
     assert_eq!(wrong, 0, "checks went the wrong way");
 }
 
@@ -172,6 +184,27 @@ fn checks(
     for i in 0..n {
         let who = &who[(i % KEYS) as usize];
         let decision = ready(gate.check(policy, black_box(who), 1)).expect("a check");
+        wrong += u32::from(black_box(decision).allowed() != admit);
+    }
+    wrong
+}
+
+/// [`checks`] through [`Tollgate::check_sync`]: what a caller without a future pays.
+#[inline(never)]
+fn checks_sync(
+    gate: &Tollgate<MemoryStore>,
+    policy: &Policy,
+    who: &[Identity],
+    n: u32,
+    admit: bool,
+) -> u32 {
+    let mut wrong = 0;
+    for i in 0..n {
+        let who = &who[(i % KEYS) as usize];
+        let decision = gate
+            .check_sync(policy, black_box(who), 1)
+            .expect("a memory store answers at once")
+            .expect("a check");
         wrong += u32::from(black_box(decision).allowed() != admit);
     }
     wrong
