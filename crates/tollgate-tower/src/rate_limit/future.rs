@@ -34,7 +34,6 @@ pin_project! {
     {
         #[pin]
         state: State<S, B, F, R, S::Error>,
-        config: Arc<Config>,
         // What the request was charged.
         cost: u64,
     }
@@ -45,7 +44,9 @@ pub(crate) type Checking = BoxFuture<'static, Result<Decision, CheckError>>;
 
 // The states that only some requests reach (awaiting a networked store, held for their units,
 // charged or holding a concurrency slot) keep what they need on the heap: the future of every
-// request is moved several times on its way, and its size is that of its largest state.
+// request is moved several times on its way, and its size is that of its largest state. The
+// layer's configuration is held only by the states that read it: an admitted request whose
+// response gets no fields takes no reference to it (two atomic operations fewer).
 pin_project! {
     #[project = StateProj]
     enum State<S, B, F, R, E> {
@@ -54,6 +55,7 @@ pin_project! {
             // The inner service and the request, and the identity, kept for a refund (see
             // `Count`).
             call: Option<Box<(S, Request<B>, Option<Identity>)>>,
+            config: Arc<Config>,
         },
         // Admitted, its units due later (see `RateLimitLayer::max_delay`): held until then.
         Delaying {
@@ -62,7 +64,8 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            decision: Option<Decision>,
+            // The decision the response's fields are written from, when it gets them.
+            fields: Option<(Decision, Arc<Config>)>,
             charge: Option<Box<Charge>>,
             slot: Option<Box<Slot>>,
             failed_open: bool,
@@ -89,6 +92,7 @@ pin_project! {
         decision: Option<Decision>,
         identity: Option<Identity>,
         held: Option<Held>,
+        config: Arc<Config>,
     }
 }
 
@@ -106,8 +110,8 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
             state: State::Checking {
                 check,
                 call: Some(Box::new((inner, request, identity))),
+                config,
             },
-            config,
             cost,
         }
     }
@@ -119,24 +123,20 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
         decided: Result<Decision, CheckError>,
         inner: &mut S,
         request: Request<B>,
-        config: Arc<Config>,
+        config: &Arc<Config>,
         identity: Option<Identity>,
         cost: u64,
     ) -> RateLimitFuture<S, B, S::Future, R> {
         // The decision is moved once, into the state: it is large.
         let state = match decided {
             Ok(decision) if decision.allowed() => {
-                call(decision, inner, request, &config, identity, cost)
+                call(decision, inner, request, config, identity, cost)
             }
             refused => State::Refused {
-                response: Some(refuse(refused, &config, request.headers())),
+                response: Some(refuse(refused, config, request.headers())),
             },
         };
-        RateLimitFuture {
-            state,
-            config,
-            cost,
-        }
+        RateLimitFuture { state, cost }
     }
 }
 
@@ -185,10 +185,10 @@ fn call<S: Service<Request<B>>, B, R>(
             let charge = Charge::new(config.clone(), identity, decision.receipt(), cost);
             Box::new(charge)
         });
-    let decision = (config.style != HeaderStyle::None).then_some(decision);
+    let fields = (config.style != HeaderStyle::None).then(|| (decision, config.clone()));
     State::Calling {
         future,
-        decision,
+        fields,
         charge,
         slot,
         failed_open,
@@ -206,7 +206,11 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { check, call } => {
+                StateProj::Checking {
+                    check,
+                    call,
+                    config,
+                } => {
                     let polled = ready!(check.as_mut().poll(cx));
                     let Some(taken) = call.take() else {
                         unreachable!("the inner call is taken once");
@@ -215,18 +219,13 @@ where
                         Ok(decision) if decision.allowed() => decision,
                         refused => {
                             let headers = taken.1.headers();
-                            return Poll::Ready(Ok(refuse(refused, this.config, headers)));
+                            return Poll::Ready(Ok(refuse(refused, config, headers)));
                         }
                     };
                     let (mut inner, request, mut identity) = *taken;
-                    if let Some(due) = decision.due(&this.config.policy) {
+                    if let Some(due) = decision.due(&config.policy) {
                         let held = identity.as_ref().map(|who| {
-                            Held::new(
-                                this.config.clone(),
-                                who.clone(),
-                                decision.receipt(),
-                                *this.cost,
-                            )
+                            Held::new(config.clone(), who.clone(), decision.receipt(), *this.cost)
                         });
                         let delayed = Box::pin(Delayed {
                             sleep: tokio::time::sleep(due),
@@ -234,6 +233,7 @@ where
                             decision: Some(decision),
                             identity: identity.take(),
                             held,
+                            config: config.clone(),
                         });
                         this.state.set(State::Delaying { delayed });
                         continue;
@@ -242,7 +242,7 @@ where
                         decision,
                         &mut inner,
                         request,
-                        this.config,
+                        config,
                         identity.take(),
                         *this.cost,
                     );
@@ -255,6 +255,7 @@ where
                         decision,
                         identity,
                         held,
+                        config,
                     } = delayed.as_mut().project();
                     ready!(sleep.poll(cx));
                     if let Some(held) = held.take() {
@@ -269,7 +270,7 @@ where
                         decision,
                         &mut inner,
                         request,
-                        this.config,
+                        config,
                         identity.take(),
                         *this.cost,
                     );
@@ -283,7 +284,7 @@ where
                 }
                 StateProj::Calling {
                     future,
-                    decision,
+                    fields,
                     charge,
                     slot,
                     failed_open,
@@ -293,14 +294,10 @@ where
                             response.extensions_mut().insert(FailedOpen);
                         }
                         // Read where it is: a move would copy it.
-                        if let Some(decision) = decision.as_ref() {
+                        if let Some((decision, config)) = fields.as_ref() {
                             let headers = response.headers_mut();
-                            this.config.fields.insert(
-                                this.config.style,
-                                decision,
-                                &this.config.policy,
-                                headers,
-                            );
+                            let (style, policy) = (config.style, &config.policy);
+                            config.fields.insert(style, decision, policy, headers);
                         }
                         response
                     });

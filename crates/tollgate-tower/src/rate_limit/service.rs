@@ -54,7 +54,6 @@ where
             .flatten()
         {
             // Decided at once: the inner service, which `poll_ready` made ready, is called now.
-            let config = config.clone();
             return RateLimitFuture::decided(decided, &mut self.inner, request, config, kept, cost);
         }
         // The check awaits the store: the ready service goes with the request, a clone stays.
