@@ -126,9 +126,50 @@ pub(super) struct Evicted {
 
 struct Slot {
     /// Text (bans, locks, limiter keys of a text request) or a limiter's compact key.
-    key: Box<[u8]>,
+    key: SlotKey,
     /// `None` while the slot is free.
     entry: Option<Entry>,
+}
+
+/// A slot's key: in the slot while short (a compact key of an IPv4 client is 15 bytes), so
+/// that a look-up compares it where the entry is, not behind a pointer in a cache line of its
+/// own; else on the heap.
+enum SlotKey {
+    Inline {
+        len: u8,
+        bytes: [u8; SlotKey::INLINE],
+    },
+    Heap(Box<[u8]>),
+}
+
+impl SlotKey {
+    /// The longest key held in the slot: the enum then takes as much room as a boxed key.
+    const INLINE: usize = 22;
+
+    fn new(key: &[u8]) -> SlotKey {
+        match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= SlotKey::INLINE => {
+                let mut bytes = [0; SlotKey::INLINE];
+                bytes[..key.len()].copy_from_slice(key);
+                SlotKey::Inline { len, bytes }
+            }
+            _ => SlotKey::Heap(key.into()),
+        }
+    }
+
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        match self {
+            SlotKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            SlotKey::Heap(key) => key,
+        }
+    }
+
+    /// The key of a free slot.
+    const EMPTY: SlotKey = SlotKey::Inline {
+        len: 0,
+        bytes: [0; SlotKey::INLINE],
+    };
 }
 
 /// One shard: a slab of entries and a table of their indices. A slot keeps no hash (8 bytes
@@ -242,10 +283,11 @@ impl Shard {
     }
 
     /// The slot holding `key`.
+    #[inline]
     pub(super) fn find(&self, hash: u64, key: &(impl AsRef<[u8]> + ?Sized)) -> Option<SlotId> {
         let (slots, key) = (&self.slots, key.as_ref());
         self.table
-            .find(hash, |&i| *slots[i as usize].key == *key)
+            .find(hash, |&i| slots[i as usize].key.bytes() == key)
             .copied()
     }
 
@@ -299,7 +341,7 @@ impl Shard {
             return id;
         }
         let slot = Slot {
-            key: key.as_ref().into(),
+            key: SlotKey::new(key.as_ref()),
             entry: Some(entry),
         };
         let id = match self.free.pop() {
@@ -313,8 +355,9 @@ impl Shard {
             }
         };
         let (slots, hasher) = (&self.slots, &self.hasher);
-        self.table
-            .insert_unique(hash, id, |&i| hasher.hash_one(&*slots[i as usize].key));
+        self.table.insert_unique(hash, id, |&i| {
+            hasher.hash_one(slots[i as usize].key.bytes())
+        });
         id
     }
 
@@ -323,14 +366,14 @@ impl Shard {
         let (slots, key) = (&self.slots, key.as_ref());
         let found = self
             .table
-            .find_entry(hash, |&i| *slots[i as usize].key == *key);
+            .find_entry(hash, |&i| slots[i as usize].key.bytes() == key);
         let (id, _) = found.ok()?.remove();
         self.release(id)
     }
 
     fn release(&mut self, id: SlotId) -> Option<Entry> {
         let slot = &mut self.slots[id as usize];
-        slot.key = Box::default();
+        slot.key = SlotKey::EMPTY;
         let entry = slot.entry.take();
         if let Some(entry) = &entry {
             self.usage.count(&entry.state, false);
@@ -354,7 +397,7 @@ impl Shard {
             let live = slot.entry.as_ref().is_some_and(|e| e.expires_at > now);
             let keep = live || keep.contains(&id);
             if !keep {
-                slot.key = Box::default();
+                slot.key = SlotKey::EMPTY;
                 if let Some(entry) = slot.entry.take() {
                     usage.count(&entry.state, false);
                 }
@@ -407,7 +450,7 @@ impl Shard {
                 .min();
         }
         let (_, id) = best?;
-        let hash = self.hasher.hash_one(&*self.slots[id as usize].key);
+        let hash = self.hasher.hash_one(self.slots[id as usize].key.bytes());
         if let Ok(found) = self.table.find_entry(hash, |&i| i == id) {
             found.remove();
         }
@@ -432,7 +475,7 @@ impl Shard {
     pub(super) fn iter(&self) -> impl Iterator<Item = (&[u8], &Entry)> {
         self.table.iter().filter_map(|&id| {
             let slot = &self.slots[id as usize];
-            slot.entry.as_ref().map(|e| (&*slot.key, e))
+            slot.entry.as_ref().map(|e| (slot.key.bytes(), e))
         })
     }
 }
@@ -574,6 +617,31 @@ impl Locked<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys of every length around the inline limit are kept whole, in the slot or on the
+    /// heap, and each is found as itself only: not as a key it is a prefix of, nor one padded
+    /// with zeros.
+    #[test]
+    fn keys_in_and_out_of_the_slot_are_found_whole() {
+        let mut shard = Shard::new(Hasher::default());
+        let keys: Vec<Vec<u8>> = (1..=2 * SlotKey::INLINE)
+            .flat_map(|n| [vec![0xffu8; n], vec![0u8; n]])
+            .collect();
+        let hash = |k: &[u8]| shard.hasher.hash_one(k);
+        let hashes: Vec<u64> = keys.iter().map(|k| hash(k)).collect();
+        for (i, (key, &h)) in keys.iter().zip(&hashes).enumerate() {
+            let entry = Entry::new(State::Rules(RuleStates::default()), i as u64);
+            let id = shard.insert(h, key, entry);
+            assert_eq!(shard.slots[id as usize].key.bytes(), &key[..]);
+            let inline = matches!(shard.slots[id as usize].key, SlotKey::Inline { .. });
+            assert_eq!(inline, key.len() <= SlotKey::INLINE, "{} bytes", key.len());
+        }
+        for (i, (key, &h)) in keys.iter().zip(&hashes).enumerate() {
+            let found = shard.get_mut(h, key).expect("every key is found");
+            assert_eq!(found.expires_at, i as u64, "{} bytes", key.len());
+        }
+        assert_eq!(shard.len(), keys.len());
+    }
 
     /// Two keys in two shards, locked together in either order, are each written to and
     /// found in their own shard; two keys of one shard take its one lock.
