@@ -42,42 +42,51 @@ impl<S: Store> Tollgate<S> {
             return Ok(false);
         }
         // Ban keys cost a key per target: left out when this check can neither meet a ban (the
-        // store knows none can be live) nor write one.
-        if self.blocklist && ((consume && policy.may_ban) || self.store.bans_possible()) {
-            if let Some(ip) = identity.ip() {
-                // A ban covers the client's network: its text is the target's value.
-                keys.ip_text = BanTarget::PREFIX.network_inline(ip);
-                key::push_ban_key(&mut keys.bans, &self.prefix, "ip", &keys.ip_text);
-                keys.ip_ban = Some(keys.bans.len());
-            }
-            if let Some(id) = identity.user_id() {
-                key::push_ban_key(&mut keys.bans, &self.prefix, "user_id", id);
-                keys.user_ban = Some((keys.bans.len(), id));
-            }
-            // Bans of its own: read beside the blocklist every policy sees, and the only ones
-            // a violation writes.
-            if policy.ban_scope == BanScope::Policy {
-                let scope = &policy.scope;
-                if keys.ip_ban.is_some() {
-                    key::push_policy_ban_key(
-                        &mut keys.bans,
-                        &self.prefix,
-                        scope,
-                        "ip",
-                        &keys.ip_text,
-                    );
-                    keys.own.ip = Some(keys.bans.len());
-                }
-                if let Some((_, id)) = keys.user_ban {
-                    key::push_policy_ban_key(&mut keys.bans, &self.prefix, scope, "user_id", id);
-                    keys.own.user = Some(keys.bans.len());
-                }
-                let start = keys.bans.len();
-                key::push_policy_ban_index(&mut keys.bans, &self.prefix, scope);
-                keys.own.index = start..keys.bans.len();
-            }
+        // store knows none can be live) nor write one. When it can only write one, they are
+        // left out until it does: only a denial writes a ban, and a denial writes nothing
+        // else, so a denied check is asked again with them (see `Tollgate::check_now`).
+        if self.blocklist && self.store.bans_possible() {
+            self.ban_keys(policy, identity, keys);
+        } else if self.blocklist && consume && policy.may_ban {
+            keys.bans_deferred = true;
         }
         Ok(true)
+    }
+
+    /// Adds the identity's ban keys.
+    pub(crate) fn ban_keys<'i>(
+        &self,
+        policy: &Policy,
+        identity: &'i Identity,
+        keys: &mut CheckKeys<'i>,
+    ) {
+        keys.bans_deferred = false;
+        if let Some(ip) = identity.ip() {
+            // A ban covers the client's network: its text is the target's value.
+            keys.ip_text = BanTarget::PREFIX.network_inline(ip);
+            key::push_ban_key(&mut keys.bans, &self.prefix, "ip", &keys.ip_text);
+            keys.ip_ban = Some(keys.bans.len());
+        }
+        if let Some(id) = identity.user_id() {
+            key::push_ban_key(&mut keys.bans, &self.prefix, "user_id", id);
+            keys.user_ban = Some((keys.bans.len(), id));
+        }
+        // Bans of its own: read beside the blocklist every policy sees, and the only ones
+        // a violation writes.
+        if policy.ban_scope == BanScope::Policy {
+            let scope = &policy.scope;
+            if keys.ip_ban.is_some() {
+                key::push_policy_ban_key(&mut keys.bans, &self.prefix, scope, "ip", &keys.ip_text);
+                keys.own.ip = Some(keys.bans.len());
+            }
+            if let Some((_, id)) = keys.user_ban {
+                key::push_policy_ban_key(&mut keys.bans, &self.prefix, scope, "user_id", id);
+                keys.own.user = Some(keys.bans.len());
+            }
+            let start = keys.bans.len();
+            key::push_policy_ban_index(&mut keys.bans, &self.prefix, scope);
+            keys.own.index = start..keys.bans.len();
+        }
     }
 
     /// Writes the key of every limiter of `policy` for `identity` into `keys`, one after the
@@ -148,6 +157,9 @@ pub(crate) struct CheckKeys<'i> {
     user_ban: Option<(usize, &'i str)>,
     /// The policy's own bans, when its bans are its own.
     own: OwnBans,
+    /// The ban keys are left out for now: the store knows no ban is live, and only a denial
+    /// needs them, to write one.
+    pub(crate) bans_deferred: bool,
 }
 
 /// Where a policy's own ban keys and ban index end among a check's ban keys
@@ -172,6 +184,7 @@ impl<'i> CheckKeys<'i> {
             ip_ban: None,
             user_ban: None,
             own: OwnBans::default(),
+            bans_deferred: false,
         }
     }
 

@@ -46,22 +46,48 @@ impl<S: Store> Tollgate<S> {
         }
         let mut verdict = Verdict::empty();
         let on_error = policy.on_error.unwrap_or(self.on_error);
-        let answered = if let Some(limiters) = keys.only_limiter(policy) {
-            let bans = (&[][..], keys.ban_index(&self.ban_index));
-            let request = keys::request_of(policy, &limiters, bans, cost, how);
-            self.run_now(&request, on_error, &mut verdict)
-        } else {
-            let (mut limiters, mut bans) = (LimiterRequests::new(), BanKeys::new());
-            let vectors = (&mut limiters, &mut bans);
-            let request = keys.request(policy, &self.ban_index, vectors, cost, how);
-            self.run_now(&request, on_error, &mut verdict)
-        };
+        let mut answered = self.ask_now(policy, &keys, (cost, how), on_error, &mut verdict);
+        if keys.bans_deferred && matches!(answered, Some(Answered::Store)) && !verdict.allowed {
+            // A denial may write a ban: asked again, with the ban keys. The denial recorded
+            // nothing, so the second asking counts as the only one.
+            self.ban_keys(policy, identity, &mut keys);
+            verdict = Verdict::empty();
+            answered = self.ask_now(policy, &keys, (cost, how), on_error, &mut verdict);
+        }
         match answered {
             Some(answered) => {
                 conclude(&policy.limiters, answered, (&mut verdict, cost), out);
                 Now::Done(Ok(()))
             }
-            None => Now::Later(keys),
+            None => {
+                // The store's future asks once: with every key.
+                if keys.bans_deferred {
+                    self.ban_keys(policy, identity, &mut keys);
+                }
+                Now::Later(keys)
+            }
+        }
+    }
+
+    /// Asks the store for the check of `keys` at once (see [`run_now`](Self::run_now)).
+    #[inline(always)]
+    fn ask_now(
+        &self,
+        policy: &Policy,
+        keys: &CheckKeys<'_>,
+        (cost, how): (u64, (bool, u64)),
+        on_error: OnError,
+        verdict: &mut Verdict,
+    ) -> Option<Answered> {
+        if let Some(limiters) = keys.only_limiter(policy) {
+            let bans = (&[][..], keys.ban_index(&self.ban_index));
+            let request = keys::request_of(policy, &limiters, bans, cost, how);
+            self.run_now(&request, on_error, verdict)
+        } else {
+            let (mut limiters, mut bans) = (LimiterRequests::new(), BanKeys::new());
+            let vectors = (&mut limiters, &mut bans);
+            let request = keys.request(policy, &self.ban_index, vectors, cost, how);
+            self.run_now(&request, on_error, verdict)
         }
     }
 
