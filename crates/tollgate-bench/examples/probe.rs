@@ -34,7 +34,7 @@ use std::{
 
 use governor::{Quota, RateLimiter};
 use tollgate::{
-    Algorithm, BanRule, Dimension, Identity, Limiter, MemoryStore, Policy, Rule, Tollgate,
+    Algorithm, BanRule, Decision, Dimension, Identity, Limiter, MemoryStore, Policy, Rule, Tollgate,
 };
 use tollgate_bench::client_ip;
 
@@ -164,47 +164,27 @@ fn main() {
         }
     }
     let wrong = if sync {
-        checks_sync(&gate, &policy, &who, n, admit)
+        checks(&who, n, admit, |who| {
+            let now = gate.check_sync(&policy, who, 1);
+            now.expect("a memory store answers at once")
+                .expect("a check")
+        })
     } else {
-        checks(&gate, &policy, &who, n, admit)
+        checks(&who, n, admit, |who| {
+            ready(gate.check(&policy, who, 1)).expect("a check")
+        })
     };
     assert_eq!(wrong, 0, "checks went the wrong way");
 }
 
-/// The measured loop: `n` checks over the identities in turn; how many went the wrong way.
+/// The measured loop: `n` checks over the identities in turn, each by `check`; how many went
+/// the wrong way.
 #[inline(never)]
-fn checks(
-    gate: &Tollgate<MemoryStore>,
-    policy: &Policy,
-    who: &[Identity],
-    n: u32,
-    admit: bool,
-) -> u32 {
+fn checks(who: &[Identity], n: u32, admit: bool, check: impl Fn(&Identity) -> Decision) -> u32 {
     let mut wrong = 0;
     for i in 0..n {
         let who = &who[(i % KEYS) as usize];
-        let decision = ready(gate.check(policy, black_box(who), 1)).expect("a check");
-        wrong += u32::from(black_box(decision).allowed() != admit);
-    }
-    wrong
-}
-
-/// [`checks`] through [`Tollgate::check_sync`]: what a caller without a future pays.
-#[inline(never)]
-fn checks_sync(
-    gate: &Tollgate<MemoryStore>,
-    policy: &Policy,
-    who: &[Identity],
-    n: u32,
-    admit: bool,
-) -> u32 {
-    let mut wrong = 0;
-    for i in 0..n {
-        let who = &who[(i % KEYS) as usize];
-        let decision = gate
-            .check_sync(policy, black_box(who), 1)
-            .expect("a memory store answers at once")
-            .expect("a check");
+        let decision = check(black_box(who));
         wrong += u32::from(black_box(decision).allowed() != admit);
     }
     wrong
