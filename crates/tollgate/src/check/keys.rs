@@ -48,7 +48,8 @@ impl<S: Store> Tollgate<S> {
         if self.blocklist && self.store.bans_possible() {
             self.ban_keys(policy, identity, keys);
         } else if self.blocklist && consume && policy.may_ban {
-            keys.bans_deferred = true;
+            // An identity with neither an IP nor a user has no ban keys to wait for.
+            keys.bans_deferred = identity.ip().is_some() || identity.user_id().is_some();
         }
         Ok(true)
     }

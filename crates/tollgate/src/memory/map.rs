@@ -143,7 +143,8 @@ enum SlotKey {
 }
 
 impl SlotKey {
-    /// The longest key held in the slot: the enum then takes as much room as a boxed key.
+    /// The longest key held in the slot: with its length and the enum's tag, 24 bytes, 8 more
+    /// than a boxed key, which would take an allocation of its own besides.
     const INLINE: usize = 22;
 
     fn new(key: &[u8]) -> SlotKey {
