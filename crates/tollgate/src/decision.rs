@@ -475,6 +475,20 @@ impl Decision {
         }
     }
 
+    /// What a fresh decision's only rule said: its outcome, and the smallest `remaining`; and
+    /// the receipt's instant, id and units when the admission was recorded.
+    #[inline(always)]
+    pub(crate) fn say_only(&mut self, said: Said, recorded: Option<[u64; 3]>) {
+        debug_assert!(self.has == 0, "a fresh decision");
+        self.allowed = said.allowed();
+        self.first = said;
+        self.has = Decision::FIRST | Decision::REMAINING;
+        if let Some(recorded) = recorded {
+            self.recorded = recorded;
+            self.has |= Decision::RECEIPT;
+        }
+    }
+
     /// The extra values, made when first needed.
     fn extra(&mut self) -> &mut Extra {
         self.more.get_or_take()

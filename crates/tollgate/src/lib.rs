@@ -108,8 +108,9 @@ pub use rule::{
     parse_duration, parse_rules,
 };
 pub use store::{
-    AnyStore, BanKey, BanStore, CheckRequest, FullStore, HeldLock, INLINE_RULES, LimiterRequest,
-    LockReply, LockStore, Outcomes, OverrideStore, Receipt, RefundStore, Store, Verdict,
+    AnyStore, BanKey, BanStore, CheckRequest, FullStore, GcraAnswer, GcraCheck, HeldLock,
+    INLINE_RULES, LimiterRequest, LockReply, LockStore, Outcomes, OverrideStore, Receipt,
+    RefundStore, Store, Verdict,
 };
 
 /// The README's example, compiled and run as a doctest.

@@ -471,6 +471,46 @@ pub enum LockReply {
     Held(HeldLock),
 }
 
+/// A check of one enforced limiter whose only rule is a GCRA rule, with no ban key to read or
+/// write and no override to apply: the most common check, which a store that keeps a GCRA
+/// rule's state as one word may answer in place ([`Store::check_gcra`]).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct GcraCheck<'a> {
+    /// The limiter's compact key ([`LimiterRequest::compact`]): the engine asks only a store
+    /// that keeps no text ([`Store::text_keys`]).
+    pub key: &'a [u8],
+    /// The limiter's rule.
+    pub rule: &'a Rule,
+    /// The units asked for (within the rule's limit).
+    pub cost: u64,
+    /// Whether an admission is recorded, or only looked at.
+    pub consume: bool,
+    /// How long the units may wait (µs; see [`CheckRequest::with_delay`]).
+    pub delay_us: u64,
+}
+
+/// What a store answered to a [`GcraCheck`]: the rule's outcome, and the instant (µs) the
+/// admission was recorded at, when it was (its receipt's instant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GcraAnswer {
+    /// What the rule said.
+    pub outcome: RuleOutcome,
+    /// When the admission was recorded (an admitted check that consumes units).
+    pub recorded_at: Option<u64>,
+}
+
+impl GcraAnswer {
+    /// An answer, for stores outside this crate.
+    pub fn new(outcome: RuleOutcome, recorded_at: Option<u64>) -> GcraAnswer {
+        GcraAnswer {
+            outcome,
+            recorded_at,
+        }
+    }
+}
+
 /// Where rate-limit state lives: the checks. A store implements what it can beside them, each
 /// an ability of its own: [`RefundStore`] (refunds and concurrency leases), [`LockStore`]
 /// (duplicate-guard locks), [`BanStore`] (the blocklist) and [`OverrideStore`] (per-identity
@@ -493,6 +533,16 @@ pub trait Store: Send + Sync + 'static {
         verdict: &mut Verdict,
     ) -> Option<Result<(), StoreError>> {
         let _ = (request, verdict);
+        None
+    }
+
+    /// Answers a check of one GCRA rule ([`GcraCheck`]) in place, when the store can: a store
+    /// that keeps the rule's state as one word it updates under one lock (the memory store),
+    /// and holds the key already. `None` asks for the check as a [`CheckRequest`] instead
+    /// (the default; a new key, say). A store that answers must answer, and record, exactly as
+    /// [`check_sync`](Self::check_sync) would for the same check.
+    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
+        let _ = check;
         None
     }
 
@@ -702,6 +752,7 @@ trait DynStore: Send + Sync + 'static {
         request: &CheckRequest<'_>,
         verdict: &mut Verdict,
     ) -> Option<Result<(), StoreError>>;
+    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer>;
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
     fn refund<'a>(
         &'a self,
@@ -788,6 +839,10 @@ impl<S: FullStore> DynStore for S {
         verdict: &mut Verdict,
     ) -> Option<Result<(), StoreError>> {
         Store::check_sync(self, request, verdict)
+    }
+
+    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
+        Store::check_gcra(self, check)
     }
 
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -982,6 +1037,11 @@ macro_rules! forward_store {
         ) -> Option<Result<(), $crate::StoreError>> {
             let $inner = self;
             $trait::check_sync($to, request, verdict)
+        }
+
+        fn check_gcra(&self, check: &$crate::GcraCheck<'_>) -> Option<$crate::GcraAnswer> {
+            let $inner = self;
+            $trait::check_gcra($to, check)
         }
 
         async fn reset(

@@ -5,7 +5,7 @@ use crate::{
     engine::Answered,
     error::CheckError,
     policy::Limiter,
-    store::Verdict,
+    store::{GcraAnswer, Verdict},
 };
 
 /// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
@@ -87,6 +87,30 @@ fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut 
         // No wait helps any denying rule: maybe a cost above the limits in force.
         if retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
             out.set_reason(Reason::CostExceedsLimit);
+        }
+    }
+}
+
+/// The decision from a store's answer to a [`GcraCheck`](crate::GcraCheck) of `limiter`, a
+/// policy's only limiter, enforced, of one GCRA rule without overrides, into a fresh `out`:
+/// what [`decide`] makes of the verdict of the same check.
+#[inline(always)]
+pub(crate) fn decide_gcra(limiter: &Limiter, answer: &GcraAnswer, cost: u64, out: &mut Decision) {
+    let o = &answer.outcome;
+    let recorded = answer.recorded_at.map(|at| [at, 0, cost]);
+    out.say_only(
+        Said::new(o.allowed, o.remaining, o.reset_after_us),
+        recorded,
+    );
+    if !o.allowed {
+        // A GCRA rule is no concurrency limit, and without overrides its limit is known: a
+        // cost above it was refused before the store.
+        out.set_reason(Reason::RateLimited);
+        out.set_retry_after_us(o.retry_after_us);
+        if let Some(message) = &limiter.message {
+            out.note_message(message);
+            // Once a decision holds extra values, its smallest `remaining` is among them.
+            out.set_remaining(Some(o.remaining));
         }
     }
 }

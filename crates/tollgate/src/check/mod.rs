@@ -13,7 +13,7 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-pub(crate) use conclude::{conclude, cost_exceeds_limit};
+pub(crate) use conclude::{conclude, cost_exceeds_limit, decide_gcra};
 pub(crate) use keys::{BanKeys, CheckKeys, INLINE_LIMITERS, LimiterRequests, push_limiter_key};
 
 use crate::{
@@ -21,8 +21,9 @@ use crate::{
     engine::{Answered, Tollgate},
     error::{CheckError, StoreError},
     identity::Identity,
+    key::KeyBuf,
     policy::{Limiter, OnError, Policy},
-    store::{CheckRequest, LimiterRequest, Store, Verdict},
+    store::{CheckRequest, GcraCheck, LimiterRequest, Store, Verdict},
 };
 
 impl<S: Store> Tollgate<S> {
@@ -38,6 +39,9 @@ impl<S: Store> Tollgate<S> {
         how: (bool, u64),
         out: &mut Decision,
     ) -> Now<'i> {
+        if policy.lone_gcra && self.check_gcra(policy, identity, cost, how, out) {
+            return Now::Done(Ok(()));
+        }
         let mut keys = CheckKeys::new();
         match self.prepare(policy, identity, cost, how.0, &mut keys, out) {
             Ok(true) => {}
@@ -67,6 +71,50 @@ impl<S: Store> Tollgate<S> {
                 Now::Later(keys)
             }
         }
+    }
+
+    /// The check of a policy of one GCRA rule ([`Policy::lone_gcra`]), answered in place by a
+    /// store that keeps no text ([`Store::check_gcra`]), into `out`. False when the general
+    /// path must answer: a bypass, a cost above the limit, a ban to read or to write, a
+    /// missing dimension, or a store that asks for the whole request.
+    #[inline(always)]
+    fn check_gcra(
+        &self,
+        policy: &Policy,
+        identity: &Identity,
+        cost: u64,
+        (consume, delay_us): (bool, u64),
+        out: &mut Decision,
+    ) -> bool {
+        let ([limiter], [head]) = (&policy.limiters[..], &policy.key_heads[..]) else {
+            return false;
+        };
+        let [rule] = &limiter.rules[..] else {
+            return false;
+        };
+        if policy.bypass.is_some()
+            || cost > policy.max_units
+            || self.store.text_keys()
+            || (self.blocklist && (policy.may_ban || self.store.bans_possible()))
+        {
+            return false;
+        }
+        let mut key = KeyBuf::default();
+        if !push_limiter_key(&mut key, (&self.key_start, head), limiter, identity, true) {
+            return false;
+        }
+        let check = GcraCheck {
+            key: key.bytes(),
+            rule,
+            cost,
+            consume,
+            delay_us,
+        };
+        let Some(answer) = self.store.check_gcra(&check) else {
+            return false;
+        };
+        decide_gcra(limiter, &answer, cost, out);
+        true
     }
 
     /// Asks the store for the check of `keys` at once (see [`run_now`](Self::run_now)).

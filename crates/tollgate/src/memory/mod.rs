@@ -31,14 +31,14 @@ use self::{
     rules::RuleStates,
 };
 use crate::{
-    algorithm::RuleOutcome,
+    algorithm::{self, RuleOutcome},
     blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::StoreError,
     overrides::Override,
     store::{
-        BanStore, CheckRequest, LimiterRequest, LockReply, LockStore, OverrideStore, Receipt,
-        RefundStore, Store, Verdict,
+        BanStore, CheckRequest, GcraAnswer, GcraCheck, LimiterRequest, LockReply, LockStore,
+        OverrideStore, Receipt, RefundStore, Store, Verdict,
     },
 };
 
@@ -470,6 +470,40 @@ impl Inner {
         self.check_rules(request, verdict)
     }
 
+    /// A check of one GCRA rule on a key that holds that rule's state alone (see
+    /// [`Store::check_gcra`]): its arrival time read and moved in place, under the shard's
+    /// lock. `None` for anything else (a new key, a key evicted at its limit, the state of
+    /// other rules), which [`check`](Self::check) answers. What it writes is what
+    /// `check_one` writes for the same check.
+    #[inline]
+    fn check_gcra(&self, c: &GcraCheck<'_>) -> Option<GcraAnswer> {
+        let hash = self.shards.hash(c.key);
+        let mut shard = self.shards.lock_one(hash);
+        let id = shard.find(hash, c.key)?;
+        let now = self.clock.now_us();
+        let entry = shard.entry(id);
+        let State::Rules(states) = &mut entry.state else {
+            return None;
+        };
+        // An arrival time that ran out is in the past: read as `now`, as a cleared state is.
+        let tat = states.lone_gcra(c.rule)?;
+        let (outcome, _) = algorithm::gcra_within(Some(*tat), now, c.rule, c.cost, c.delay_us);
+        let mut recorded_at = None;
+        if !outcome.allowed {
+            entry.limited = true;
+        } else if c.consume && c.cost > 0 {
+            *tat = now.saturating_add(outcome.reset_after_us);
+            entry.expires_at = entry.expires_at.max(*tat);
+            entry.limited = outcome.remaining == 0;
+            recorded_at = Some(now);
+        }
+        shard.touch(id);
+        Some(GcraAnswer {
+            outcome,
+            recorded_at,
+        })
+    }
+
     /// A check that may meet an override: with the limits of those that apply.
     #[cold]
     #[inline(never)]
@@ -892,6 +926,11 @@ impl Store for MemoryStore {
         verdict: &mut Verdict,
     ) -> Option<Result<(), StoreError>> {
         Some(self.inner.check(request, verdict))
+    }
+
+    #[inline]
+    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
+        self.inner.check_gcra(check)
     }
 
     fn reset(

@@ -220,6 +220,20 @@ impl RuleStates {
         self.counters.clear();
     }
 
+    /// The arrival time of GCRA `rule`, a limiter's only rule, when these states hold it alone
+    /// (as [`record`](Self::record) leaves them for such a limiter): for a check to read and
+    /// move in place.
+    #[inline(always)]
+    pub(super) fn lone_gcra(&mut self, rule: &Rule) -> Option<&mut u64> {
+        if self.log.as_ref().is_some_and(|log| !log.is_empty()) {
+            return None;
+        }
+        match &mut self.counters[..] {
+            [counter] if counter.rule == RuleId::gcra(rule) => Some(&mut counter.a),
+            _ => None,
+        }
+    }
+
     /// The log as one slice (sorted, oldest first), and the counters.
     fn view(&mut self) -> (&[u64], &[Counter]) {
         let log = match &mut self.log {
