@@ -30,7 +30,9 @@ impl<S: Store> Tollgate<S> {
     /// A check answered without a future, into `out`, when the store can answer at once;
     /// otherwise its keys, prepared once, for [`check_async`](Self::check_async) to ask the
     /// store with. The decision is written in place: it is large (it holds its rules), and
-    /// every move is a copy.
+    /// every move is a copy. A policy of one GCRA rule is tried in place first, in the
+    /// caller's frame.
+    #[inline(always)]
     pub(crate) fn check_now<'i>(
         &self,
         policy: &Policy,
@@ -42,6 +44,18 @@ impl<S: Store> Tollgate<S> {
         if policy.lone_gcra && self.check_gcra(policy, identity, cost, how, out) {
             return Now::Done(Ok(()));
         }
+        self.check_general(policy, identity, cost, how, out)
+    }
+
+    /// [`check_now`](Self::check_now) through the store's general check.
+    fn check_general<'i>(
+        &self,
+        policy: &Policy,
+        identity: &'i Identity,
+        cost: u64,
+        how: (bool, u64),
+        out: &mut Decision,
+    ) -> Now<'i> {
         let mut keys = CheckKeys::new();
         match self.prepare(policy, identity, cost, how.0, &mut keys, out) {
             Ok(true) => {}

@@ -292,11 +292,14 @@ impl Shard {
             .copied()
     }
 
-    /// Marks the entry in `id` as used now.
-    pub(super) fn touch(&mut self, id: SlotId) {
+    /// Marks the entry in `id` as used now, and returns it.
+    #[inline]
+    pub(super) fn touch(&mut self, id: SlotId) -> &mut Entry {
         self.tick = self.tick.wrapping_add(1);
         let tick = self.tick;
-        self.entry(id).used = tick;
+        let entry = self.entry(id);
+        entry.used = tick;
+        entry
     }
 
     pub(super) fn entry(&mut self, id: SlotId) -> &mut Entry {

@@ -376,8 +376,7 @@ fn evaluate(
         };
         return (None, admits);
     };
-    shard.touch(id);
-    match shard.entry(id) {
+    match shard.touch(id) {
         Entry {
             state: State::Rules(states),
             expires_at,
@@ -456,6 +455,7 @@ fn record(
 
 impl Inner {
     /// Whether a ban may be live now (false until a ban was ever written, without a clock read).
+    #[inline]
     fn bans_possible(&self) -> bool {
         let horizon = self.ban_horizon.load(Ordering::Acquire);
         horizon != 0 && self.clock.now_us() < horizon
@@ -481,7 +481,7 @@ impl Inner {
         let mut shard = self.shards.lock_one(hash);
         let id = shard.find(hash, c.key)?;
         let now = self.clock.now_us();
-        let entry = shard.entry(id);
+        let entry = shard.touch(id);
         let State::Rules(states) = &mut entry.state else {
             return None;
         };
@@ -497,7 +497,6 @@ impl Inner {
             entry.limited = outcome.remaining == 0;
             recorded_at = Some(now);
         }
-        shard.touch(id);
         Some(GcraAnswer {
             outcome,
             recorded_at,
@@ -945,6 +944,7 @@ impl Store for MemoryStore {
         std::future::ready(Ok(()))
     }
 
+    #[inline]
     fn bans_possible(&self) -> bool {
         self.inner.bans_possible()
     }
