@@ -475,18 +475,21 @@ impl Decision {
         }
     }
 
-    /// What a fresh decision's only rule said: its outcome, and the smallest `remaining`; and
-    /// the receipt's instant, id and units when the admission was recorded.
+    /// What a fresh decision's only rule said: its outcome, and so the smallest `remaining`.
     #[inline(always)]
-    pub(crate) fn say_only(&mut self, said: Said, recorded: Option<[u64; 3]>) {
-        debug_assert!(self.has == 0, "a fresh decision");
+    pub(crate) fn say_only(&mut self, said: Said) {
+        debug_assert!(self.has & Decision::FIRST == 0, "a fresh decision");
         self.allowed = said.allowed();
         self.first = said;
-        self.has = Decision::FIRST | Decision::REMAINING;
-        if let Some(recorded) = recorded {
-            self.recorded = recorded;
-            self.has |= Decision::RECEIPT;
-        }
+        self.has |= Decision::FIRST | Decision::REMAINING;
+    }
+
+    /// The receipt of an admission its limiters recorded at one instant: the instant, the
+    /// check's id and the units.
+    #[inline(always)]
+    pub(crate) fn set_receipt(&mut self, [at, id, units]: [u64; 3]) {
+        self.recorded = [at, id, units];
+        self.has |= Decision::RECEIPT;
     }
 
     /// The extra values, made when first needed.
@@ -565,17 +568,9 @@ impl Decision {
         if let Some(recorded) = receipt {
             self.has |= Decision::RECEIPT;
             match recorded.single() {
-                Some(at) => self.recorded = [at, recorded.id(), recorded.units()],
+                Some(at) => self.set_receipt([at, recorded.id(), recorded.units()]),
                 None => self.extra().receipt = receipt.take(),
             }
-        }
-    }
-
-    /// Forgets the receipt.
-    pub(crate) fn clear_receipt(&mut self) {
-        self.has &= !Decision::RECEIPT;
-        if let Some(extra) = self.more.get_mut() {
-            extra.receipt = None;
         }
     }
 
@@ -882,8 +877,6 @@ mod tests {
         assert_eq!(one.remaining(), Some(7));
         assert_eq!(one.receipt(), Some(Receipt::new(5, 6, 1)));
         assert_eq!(one.said(), [Said::new(true, 7, 100)]);
-        one.clear_receipt();
-        assert_eq!(one.receipt(), None);
     }
 
     /// Saying every rule at once is saying them one by one, for no rule, one and several.

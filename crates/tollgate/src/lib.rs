@@ -108,8 +108,8 @@ pub use rule::{
     parse_duration, parse_rules,
 };
 pub use store::{
-    AnyStore, BanKey, BanStore, CheckRequest, FullStore, GcraAnswer, GcraCheck, HeldLock,
-    INLINE_RULES, LimiterRequest, LockReply, LockStore, Outcomes, OverrideStore, Receipt,
+    AnyStore, BanKey, BanStore, CheckRequest, FullStore, HeldLock, INLINE_RULES, LimiterAnswer,
+    LimiterCheck, LimiterRequest, LockReply, LockStore, Outcomes, OverrideStore, Receipt,
     RefundStore, Store, Verdict,
 };
 

@@ -558,9 +558,11 @@ pub struct Policy {
     pub(crate) key_heads: Box<[key::KeyHead]>,
     /// Whether a denial can ban the identity: some enforced limiter has a ban rule.
     pub(crate) may_ban: bool,
-    /// The policy is one enforced limiter of one GCRA rule, without overrides: what a store
-    /// may answer in place ([`Store::check_gcra`](crate::Store::check_gcra)).
-    pub(crate) lone_gcra: bool,
+    /// The policy is one enforced limiter of at most
+    /// [`ONE_LIMITER_RULES`](crate::check::ONE_LIMITER_RULES) rules, none a concurrency limit,
+    /// without overrides: what a store may answer in place
+    /// ([`Store::check_limiter`](crate::Store::check_limiter)).
+    pub(crate) one_limiter: bool,
     /// Some enforced limiter warns (see [`Limiter::with_warning`]).
     pub(crate) warns: bool,
     /// Every limiter is in shadow mode.
@@ -853,11 +855,12 @@ impl PolicyBuilder {
         Ok(Policy {
             key_heads,
             may_ban: self.limiters.iter().any(|l| l.ban.is_some() && !l.shadow),
-            lone_gcra: match &self.limiters[..] {
+            one_limiter: match &self.limiters[..] {
                 [l] => {
                     !l.shadow
                         && l.overrides.is_none()
-                        && matches!(&l.rules[..], [r] if r.algorithm() == Algorithm::Gcra)
+                        && l.rules.len() <= crate::check::ONE_LIMITER_RULES
+                        && !l.rules.iter().any(Rule::is_concurrent)
                 }
                 _ => false,
             },

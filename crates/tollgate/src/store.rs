@@ -471,18 +471,18 @@ pub enum LockReply {
     Held(HeldLock),
 }
 
-/// A check of one enforced limiter whose only rule is a GCRA rule, with no ban key to read or
-/// write and no override to apply: the most common check, which a store that keeps a GCRA
-/// rule's state as one word may answer in place ([`Store::check_gcra`]).
+/// A check of one enforced limiter, with no ban key to read or write, no override to apply
+/// and no concurrency limit among its rules: the most common check, which an in-process store
+/// may answer in place, without a [`CheckRequest`] or a [`Verdict`] ([`Store::check_limiter`]).
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
-pub struct GcraCheck<'a> {
+pub struct LimiterCheck<'a> {
     /// The limiter's compact key ([`LimiterRequest::compact`]): the engine asks only a store
     /// that keeps no text ([`Store::text_keys`]).
     pub key: &'a [u8],
-    /// The limiter's rule.
-    pub rule: &'a Rule,
-    /// The units asked for (within the rule's limit).
+    /// The limiter's rules.
+    pub rules: &'a [Rule],
+    /// The units asked for (within the rules' limits).
     pub cost: u64,
     /// Whether an admission is recorded, or only looked at.
     pub consume: bool,
@@ -490,22 +490,23 @@ pub struct GcraCheck<'a> {
     pub delay_us: u64,
 }
 
-/// What a store answered to a [`GcraCheck`]: the rule's outcome, and the instant (µs) the
-/// admission was recorded at, when it was (its receipt's instant).
+/// What a store answered to a [`LimiterCheck`], beside the rules' outcomes it wrote: whether
+/// every rule admitted, and the instant (µs) the admission was recorded at, when it was (its
+/// receipt's instant).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct GcraAnswer {
-    /// What the rule said.
-    pub outcome: RuleOutcome,
+pub struct LimiterAnswer {
+    /// Every rule admitted.
+    pub allowed: bool,
     /// When the admission was recorded (an admitted check that consumes units).
     pub recorded_at: Option<u64>,
 }
 
-impl GcraAnswer {
+impl LimiterAnswer {
     /// An answer, for stores outside this crate.
-    pub fn new(outcome: RuleOutcome, recorded_at: Option<u64>) -> GcraAnswer {
-        GcraAnswer {
-            outcome,
+    pub fn new(allowed: bool, recorded_at: Option<u64>) -> LimiterAnswer {
+        LimiterAnswer {
+            allowed,
             recorded_at,
         }
     }
@@ -536,13 +537,17 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Answers a check of one GCRA rule ([`GcraCheck`]) in place, when the store can: a store
-    /// that keeps the rule's state as one word it updates under one lock (the memory store),
-    /// and holds the key already. `None` asks for the check as a [`CheckRequest`] instead
-    /// (the default; a new key, say). A store that answers must answer, and record, exactly as
+    /// Answers a check of one limiter ([`LimiterCheck`]) in place when the store can, writing
+    /// one outcome per rule into `outcomes` (as long as the rules): an in-process store that
+    /// holds the key already. `None` asks for the check as a [`CheckRequest`] instead (the
+    /// default; a new key, say). A store that answers must answer, and record, exactly as
     /// [`check_sync`](Self::check_sync) would for the same check.
-    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
-        let _ = check;
+    fn check_limiter(
+        &self,
+        check: &LimiterCheck<'_>,
+        outcomes: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer> {
+        let _ = (check, outcomes);
         None
     }
 
@@ -752,7 +757,11 @@ trait DynStore: Send + Sync + 'static {
         request: &CheckRequest<'_>,
         verdict: &mut Verdict,
     ) -> Option<Result<(), StoreError>>;
-    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer>;
+    fn check_limiter(
+        &self,
+        check: &LimiterCheck<'_>,
+        outcomes: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer>;
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>>;
     fn refund<'a>(
         &'a self,
@@ -841,8 +850,12 @@ impl<S: FullStore> DynStore for S {
         Store::check_sync(self, request, verdict)
     }
 
-    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
-        Store::check_gcra(self, check)
+    fn check_limiter(
+        &self,
+        check: &LimiterCheck<'_>,
+        outcomes: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer> {
+        Store::check_limiter(self, check, outcomes)
     }
 
     fn reset<'a>(&'a self, request: &'a CheckRequest<'a>) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -1039,9 +1052,13 @@ macro_rules! forward_store {
             $trait::check_sync($to, request, verdict)
         }
 
-        fn check_gcra(&self, check: &$crate::GcraCheck<'_>) -> Option<$crate::GcraAnswer> {
+        fn check_limiter(
+            &self,
+            check: &$crate::LimiterCheck<'_>,
+            outcomes: &mut [$crate::algorithm::RuleOutcome],
+        ) -> Option<$crate::LimiterAnswer> {
             let $inner = self;
-            $trait::check_gcra($to, check)
+            $trait::check_limiter($to, check, outcomes)
         }
 
         async fn reset(

@@ -1,7 +1,7 @@
-//! A policy of one GCRA rule is answered in place by the memory store (`Store::check_gcra`):
-//! every answer must be the general check's, on random request sequences, and the engine must
-//! take the in-place way exactly when nothing else (a ban, a bypass, a new key) needs the
-//! general one.
+//! A policy of one limiter is answered in place by the memory store (`Store::check_limiter`):
+//! every answer must be the general check's, on random rules and request sequences, and the
+//! engine must take the in-place way exactly when nothing else (a ban, a bypass, a new key, a
+//! second limiter) needs the general one.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -12,8 +12,8 @@ use std::{
 use proptest::prelude::*;
 use tollgate::{
     Algorithm, BanRule, BanStore, BanTarget, Bypass, CheckError, CheckRequest, Decision, Dimension,
-    GcraAnswer, GcraCheck, Identity, Limiter, ManualClock, MemoryStore, Policy, Rule, Store,
-    StoreError, Tollgate, Verdict,
+    Identity, Limiter, LimiterAnswer, LimiterCheck, ManualClock, MemoryStore, Policy, Rule, Store,
+    StoreError, Tollgate, Verdict, algorithm::RuleOutcome,
 };
 
 /// 2100-01-01T00:00:00Z.
@@ -65,8 +65,12 @@ impl Store for General {
 impl Store for InPlace {
     forward_checks!();
 
-    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
-        let answer = self.0.check_gcra(check);
+    fn check_limiter(
+        &self,
+        check: &LimiterCheck<'_>,
+        outcomes: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer> {
+        let answer = self.0.check_limiter(check, outcomes);
         self.1
             .fetch_add(usize::from(answer.is_some()), Ordering::Relaxed);
         answer
@@ -125,8 +129,19 @@ proptest! {
 
     #[test]
     fn in_place_answers_are_the_general_checks(
-        limit in 1u64..6,
-        window_ms in 1u64..4000,
+        rules in prop::collection::vec(
+            (
+                1u64..6,
+                1u64..4000,
+                prop_oneof![
+                    Just(Algorithm::SlidingLog),
+                    Just(Algorithm::FixedWindow),
+                    Just(Algorithm::Gcra),
+                    Just(Algorithm::SlidingWindow),
+                ],
+            ),
+            1..4,
+        ),
         message in any::<bool>(),
         ops in prop::collection::vec(
             (
@@ -145,11 +160,19 @@ proptest! {
         let clock = ManualClock::new(START);
         let in_place = Tollgate::new(InPlace(store(&clock), AtomicUsize::new(0)));
         let general = Tollgate::new(General(store(&clock)));
-        let mut limiter = Limiter::new(Dimension::Ip, [gcra(limit, Duration::from_millis(window_ms))]);
+        let rules = rules.iter().map(|&(limit, window_ms, algorithm)| {
+            Rule::new(limit, Duration::from_millis(window_ms))
+                .expect("a valid rule")
+                .with_algorithm(algorithm)
+        });
+        let mut limiter = Limiter::new(Dimension::Ip, rules);
         if message {
             limiter = limiter.with_message("slow down");
         }
-        let policy = Policy::builder("in-place").limiter(limiter).build().expect("a policy");
+        // Two equal rules make no policy.
+        let Ok(policy) = Policy::builder("in-place").limiter(limiter).build() else {
+            return Ok(());
+        };
         for (step, &(advance_ms, who, cost, ask)) in ops.iter().enumerate() {
             clock.advance(Duration::from_millis(advance_ms));
             // The fourth client has no IP: both refuse it alike.
@@ -204,21 +227,28 @@ fn the_engine_answers_in_place_only_what_needs_nothing_else() {
         .unwrap();
     assert_eq!(answered_in_place(&gate, &banning, &client(1), 5), 0);
 
-    // So does a bypass, and a policy of another rule or of two limiters.
+    // So does a bypass, and a policy of two limiters.
     let bypassed = Policy::builder("bypassed")
         .limiter(Limiter::new(Dimension::Ip, [rule]))
         .bypass(Bypass::new().user_id("operator"))
         .build()
         .unwrap();
     assert_eq!(answered_in_place(&gate, &bypassed, &client(1), 5), 0);
-    let window = Policy::builder("window")
+    let two = Policy::builder("two")
+        .limiter(Limiter::new(Dimension::Ip, [rule]))
+        .limiter(Limiter::new(Dimension::Global, [rule]))
+        .build()
+        .unwrap();
+    assert_eq!(answered_in_place(&gate, &two, &client(1), 5), 0);
+    // A sliding log of three rules is answered in place too.
+    let log = Policy::builder("log")
         .limiter(Limiter::new(
             Dimension::Ip,
-            ["1000/1s".parse::<Rule>().unwrap()],
+            ["1000/1s", "10000/1m", "100000/1h"].map(|r| r.parse::<Rule>().unwrap()),
         ))
         .build()
         .unwrap();
-    assert_eq!(answered_in_place(&gate, &window, &client(1), 5), 0);
+    assert_eq!(answered_in_place(&gate, &log, &client(1), 5), 4);
 
     // Once a ban may be live, every check reads the identity's ban keys.
     ban_someone(&gate);

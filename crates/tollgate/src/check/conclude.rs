@@ -1,11 +1,12 @@
 //! The decision from how a check was answered: the store's verdict, or `on_error`'s.
 
 use crate::{
+    algorithm::RuleOutcome,
     decision::{Decision, Reason, Said},
     engine::Answered,
     error::CheckError,
     policy::Limiter,
-    store::{GcraAnswer, Verdict},
+    store::Verdict,
 };
 
 /// The decision from how a check was answered (into `out`): the verdict's, or `on_error`'s.
@@ -17,34 +18,66 @@ pub(crate) fn conclude(
     out: &mut Decision,
 ) {
     match answered {
-        Answered::Store => decide(limiters, (verdict, cost), out),
+        Answered::Store => {
+            out.take_receipt(&mut verdict.receipt);
+            decide(limiters, Told::of(verdict), cost, out);
+        }
         Answered::Local => {
-            decide(limiters, (verdict, cost), out);
+            // Without the receipt: recorded in the local store, which a refund does not reach.
+            decide(limiters, Told::of(verdict), cost, out);
             out.set_reason(Reason::StoreUnavailable);
-            // Recorded in the local store, which a refund does not reach.
-            out.clear_receipt();
         }
         Answered::Failed { allowed } => out.reset(allowed, Reason::StoreUnavailable),
     }
 }
 
-/// The decision from a store's verdict, into `out` (its receipt moves there), a fresh decision
-/// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice).
-fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut Decision) {
-    debug_assert!(out.receipt().is_none() && out.remaining().is_none());
-    if let Some(left) = verdict.blocked_us {
+/// The most rules a limiter may have to be checked in place (see `Tollgate::check_limiter`):
+/// their outcomes live in an array on the stack.
+pub(crate) const ONE_LIMITER_RULES: usize = 4;
+
+/// What a store told of a check, borrowed: a [`Verdict`]'s parts, or a [`LimiterCheck`]'s
+/// answer and outcomes (see `Tollgate::check_limiter`).
+///
+/// [`LimiterCheck`]: crate::LimiterCheck
+#[derive(Clone, Copy)]
+pub(crate) struct Told<'a> {
+    pub(crate) allowed: bool,
+    pub(crate) rules: &'a [RuleOutcome],
+    pub(crate) blocked_us: Option<u64>,
+    pub(crate) banned_us: Option<u64>,
+    pub(crate) limits: &'a [(usize, u64)],
+}
+
+impl<'a> Told<'a> {
+    #[inline(always)]
+    fn of(verdict: &'a Verdict) -> Told<'a> {
+        Told {
+            allowed: verdict.allowed,
+            rules: &verdict.rules,
+            blocked_us: verdict.blocked_us,
+            banned_us: verdict.banned_us,
+            limits: &verdict.limits,
+        }
+    }
+}
+
+/// The decision from what a store told, into `out`, a fresh decision
+/// ([`Decision::without_rules`]: every caller makes one per check, so nothing is reset twice)
+/// that holds the check's receipt already, if any.
+pub(crate) fn decide(limiters: &[Limiter], told: Told<'_>, cost: u64, out: &mut Decision) {
+    debug_assert!(out.remaining().is_none());
+    if let Some(left) = told.blocked_us {
         out.set_outcome(false, Reason::Blocked);
         out.set_retry_after_us(Some(left));
         return;
     }
-    out.set_outcome(verdict.allowed, Reason::Ok);
-    out.take_receipt(&mut verdict.receipt);
+    out.set_outcome(told.allowed, Reason::Ok);
     if let [limiter] = limiters {
-        if verdict.allowed && !limiter.shadow {
-            return admitted_by_one(limiter, verdict, out);
+        if told.allowed && !limiter.shadow {
+            return admitted_by_one(limiter, &told, out);
         }
     }
-    let mut outcomes = verdict.rules.iter();
+    let mut outcomes = told.rules.iter();
     let mut retry_after = None::<u64>;
     let mut remaining = None::<u64>;
     // Every denial is a concurrency limit's (until a rate rule denies).
@@ -71,40 +104,35 @@ fn decide(limiters: &[Limiter], (verdict, cost): (&mut Verdict, u64), out: &mut 
         }
     }
     // The limits overrides set, after the rules' entries.
-    for &(place, limit) in &verdict.limits {
+    for &(place, limit) in told.limits {
         out.push_said(Said::limit(place, limit));
     }
     out.set_remaining(remaining);
-    if !verdict.allowed {
+    if !told.allowed {
         out.set_reason(if concurrency {
             Reason::ConcurrencyLimited
         } else {
             Reason::RateLimited
         });
         // A ban written by this denial outlasts the rule's own wait.
-        let retry_after = retry_after.max(verdict.banned_us);
+        let retry_after = retry_after.max(told.banned_us);
         out.set_retry_after_us(retry_after);
         // No wait helps any denying rule: maybe a cost above the limits in force.
-        if retry_after.is_none() && !concurrency && cost_above_limits(limiters, verdict, cost) {
+        if retry_after.is_none() && !concurrency && cost_above_limits(limiters, &told, cost) {
             out.set_reason(Reason::CostExceedsLimit);
         }
     }
 }
 
-/// The decision from a store's answer to a [`GcraCheck`](crate::GcraCheck) of `limiter`, a
-/// policy's only limiter, enforced, of one GCRA rule without overrides, into a fresh `out`:
-/// what [`decide`] makes of the verdict of the same check.
+/// [`decide`] for a policy of one limiter, enforced, of one rule without overrides, none a
+/// concurrency limit (see `Tollgate::check_limiter`), from the rule's outcome: the most common
+/// check, without walking rules.
 #[inline(always)]
-pub(crate) fn decide_gcra(limiter: &Limiter, answer: &GcraAnswer, cost: u64, out: &mut Decision) {
-    let o = &answer.outcome;
-    let recorded = answer.recorded_at.map(|at| [at, 0, cost]);
-    out.say_only(
-        Said::new(o.allowed, o.remaining, o.reset_after_us),
-        recorded,
-    );
+pub(crate) fn decide_one_rule(limiter: &Limiter, o: &RuleOutcome, out: &mut Decision) {
+    out.say_only(Said::new(o.allowed, o.remaining, o.reset_after_us));
     if !o.allowed {
-        // A GCRA rule is no concurrency limit, and without overrides its limit is known: a
-        // cost above it was refused before the store.
+        // Without overrides a cost above the limit was refused before the store, so a wait is
+        // known; and a concurrency limit is never checked this way.
         out.set_reason(Reason::RateLimited);
         out.set_retry_after_us(o.retry_after_us);
         if let Some(message) = &limiter.message {
@@ -118,15 +146,15 @@ pub(crate) fn decide_gcra(limiter: &Limiter, answer: &GcraAnswer, cost: u64, out
 /// [`decide`] for the most common verdict: an admission by a policy's only limiter, enforced
 /// (no rule denied, so no message, wait or reason to find).
 #[inline(always)]
-fn admitted_by_one(limiter: &Limiter, verdict: &Verdict, out: &mut Decision) {
-    let outcomes = &verdict.rules[..limiter.rules.len().min(verdict.rules.len())];
+fn admitted_by_one(limiter: &Limiter, told: &Told<'_>, out: &mut Decision) {
+    let outcomes = &told.rules[..limiter.rules.len().min(told.rules.len())];
     let remaining = outcomes.iter().map(|o| o.remaining).min();
     out.say_all(
         outcomes
             .iter()
             .map(|o| Said::new(o.allowed, o.remaining, o.reset_after_us)),
     );
-    for &(place, limit) in &verdict.limits {
+    for &(place, limit) in told.limits {
         out.push_said(Said::limit(place, limit));
     }
     out.set_remaining(remaining);
@@ -136,7 +164,7 @@ fn admitted_by_one(limiter: &Limiter, verdict: &Verdict, out: &mut Decision) {
 /// engine refuses before the store for limiters of known limits, and the store, for limiters
 /// that take overrides (their limit is the store's to know).
 #[cold]
-fn cost_above_limits(limiters: &[Limiter], verdict: &Verdict, cost: u64) -> bool {
+fn cost_above_limits(limiters: &[Limiter], told: &Told<'_>, cost: u64) -> bool {
     if !limiters.iter().any(|l| l.overrides.is_some()) {
         return false;
     }
@@ -144,12 +172,10 @@ fn cost_above_limits(limiters: &[Limiter], verdict: &Verdict, cost: u64) -> bool
         .iter()
         .flat_map(|l| l.rules.iter().map(move |r| (l, r)));
     let mut denied = rules
-        .zip(&verdict.rules)
+        .zip(told.rules)
         .enumerate()
         .filter(|(_, ((limiter, _), outcome))| !limiter.shadow && !outcome.allowed)
-        .map(|(place, ((_, rule), _))| {
-            cost > Verdict::limit_at(&verdict.limits, place, rule.limit())
-        })
+        .map(|(place, ((_, rule), _))| cost > Verdict::limit_at(told.limits, place, rule.limit()))
         .peekable();
     denied.peek().is_some() && denied.all(|too_large| too_large)
 }

@@ -13,24 +13,27 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-pub(crate) use conclude::{conclude, cost_exceeds_limit, decide_gcra};
+pub(crate) use conclude::{
+    ONE_LIMITER_RULES, Told, conclude, cost_exceeds_limit, decide, decide_one_rule,
+};
 pub(crate) use keys::{BanKeys, CheckKeys, INLINE_LIMITERS, LimiterRequests, push_limiter_key};
 
 use crate::{
+    algorithm::RuleOutcome,
     decision::{Decision, Reason},
     engine::{Answered, Tollgate},
     error::{CheckError, StoreError},
     identity::Identity,
     key::KeyBuf,
     policy::{Limiter, OnError, Policy},
-    store::{CheckRequest, GcraCheck, LimiterRequest, Store, Verdict},
+    store::{CheckRequest, LimiterCheck, LimiterRequest, Store, Verdict},
 };
 
 impl<S: Store> Tollgate<S> {
     /// A check answered without a future, into `out`, when the store can answer at once;
     /// otherwise its keys, prepared once, for [`check_async`](Self::check_async) to ask the
     /// store with. The decision is written in place: it is large (it holds its rules), and
-    /// every move is a copy. A policy of one GCRA rule is tried in place first, in the
+    /// every move is a copy. A policy of one limiter is tried in place first, in the
     /// caller's frame.
     #[inline(always)]
     pub(crate) fn check_now<'i>(
@@ -41,7 +44,7 @@ impl<S: Store> Tollgate<S> {
         how: (bool, u64),
         out: &mut Decision,
     ) -> Now<'i> {
-        if policy.lone_gcra && self.check_gcra(policy, identity, cost, how, out) {
+        if policy.one_limiter && self.check_limiter(policy, identity, cost, how, out) {
             return Now::Done(Ok(()));
         }
         self.check_general(policy, identity, cost, how, out)
@@ -87,12 +90,12 @@ impl<S: Store> Tollgate<S> {
         }
     }
 
-    /// The check of a policy of one GCRA rule ([`Policy::lone_gcra`]), answered in place by a
-    /// store that keeps no text ([`Store::check_gcra`]), into `out`. False when the general
-    /// path must answer: a bypass, a cost above the limit, a ban to read or to write, a
-    /// missing dimension, or a store that asks for the whole request.
+    /// The check of a policy of one limiter ([`Policy::one_limiter`]), answered in place by a
+    /// store that keeps no text ([`Store::check_limiter`]), into `out`. False when the general
+    /// path must answer: a bypass, a cost above a limit, a ban to read or to write, a missing
+    /// dimension, or a store that asks for the whole request (a new key, say).
     #[inline(always)]
-    fn check_gcra(
+    fn check_limiter(
         &self,
         policy: &Policy,
         identity: &Identity,
@@ -101,9 +104,6 @@ impl<S: Store> Tollgate<S> {
         out: &mut Decision,
     ) -> bool {
         let ([limiter], [head]) = (&policy.limiters[..], &policy.key_heads[..]) else {
-            return false;
-        };
-        let [rule] = &limiter.rules[..] else {
             return false;
         };
         if policy.bypass.is_some()
@@ -117,17 +117,35 @@ impl<S: Store> Tollgate<S> {
         if !push_limiter_key(&mut key, (&self.key_start, head), limiter, identity, true) {
             return false;
         }
-        let check = GcraCheck {
+        let mut outcomes = [RuleOutcome::default(); ONE_LIMITER_RULES];
+        let Some(outcomes) = outcomes.get_mut(..limiter.rules.len()) else {
+            return false;
+        };
+        let check = LimiterCheck {
             key: key.bytes(),
-            rule,
+            rules: &limiter.rules,
             cost,
             consume,
             delay_us,
         };
-        let Some(answer) = self.store.check_gcra(&check) else {
+        let Some(answer) = self.store.check_limiter(&check, outcomes) else {
             return false;
         };
-        decide_gcra(limiter, &answer, cost, out);
+        if let Some(at) = answer.recorded_at {
+            out.set_receipt([at, 0, cost]);
+        }
+        if let [one] = outcomes {
+            decide_one_rule(limiter, one, out);
+            return true;
+        }
+        let told = Told {
+            allowed: answer.allowed,
+            rules: outcomes,
+            blocked_us: None,
+            banned_us: None,
+            limits: &[],
+        };
+        decide(&policy.limiters, told, cost, out);
         true
     }
 

@@ -36,8 +36,9 @@ use crate::{
     clock::{Clock, SystemClock},
     error::StoreError,
     overrides::Override,
+    rule::{Algorithm, Rule},
     store::{
-        BanStore, CheckRequest, GcraAnswer, GcraCheck, LimiterRequest, LockReply, LockStore,
+        BanStore, CheckRequest, LimiterAnswer, LimiterCheck, LimiterRequest, LockReply, LockStore,
         OverrideStore, Receipt, RefundStore, Store, Verdict,
     },
 };
@@ -357,25 +358,46 @@ fn owed(wait_us: u64, cost: u64, out: &mut [RuleOutcome]) -> bool {
     admits
 }
 
-/// Evaluates limiter `l` (its key and the key's hash) in its shard into `out`: where its entry
-/// is (`None` for a new key), and whether it admits.
+/// Evaluates `rules`, a limiter's, under its key (and the key's hash) in its shard into `out`:
+/// where its entry is (`None` for a new key), and whether it admits.
 #[inline(always)]
 fn evaluate(
     shard: &mut Shard,
     (hash, key): (u64, &[u8]),
-    l: &LimiterRequest<'_>,
+    rules: &[Rule],
     now: u64,
     (cost, delay_us): (u64, u64),
     out: &mut [RuleOutcome],
 ) -> (Option<SlotId>, bool) {
-    let id = shard.find(hash, key);
-    let Some(id) = id else {
-        let admits = match shard.owed(hash, now) {
-            Some(until) => owed(until - now, cost, out),
-            None => RuleStates::default().evaluate(l.rules, now, cost, delay_us, out),
-        };
-        return (None, admits);
-    };
+    let found = shard.find(hash, key).and_then(|id| {
+        Some((
+            id,
+            evaluate_at(shard, id, rules, now, (cost, delay_us), out)?,
+        ))
+    });
+    match found {
+        Some((id, admits)) => (Some(id), admits),
+        None => {
+            let admits = match shard.owed(hash, now) {
+                Some(until) => owed(until - now, cost, out),
+                None => RuleStates::default().evaluate(rules, now, cost, delay_us, out),
+            };
+            (None, admits)
+        }
+    }
+}
+
+/// [`evaluate`] of the entry in slot `id`: whether it admits; `None` for a key of another kind
+/// (never in practice), which is replaced, as a new key.
+#[inline(always)]
+fn evaluate_at(
+    shard: &mut Shard,
+    id: SlotId,
+    rules: &[Rule],
+    now: u64,
+    (cost, delay_us): (u64, u64),
+    out: &mut [RuleOutcome],
+) -> Option<bool> {
     match shard.touch(id) {
         Entry {
             state: State::Rules(states),
@@ -385,23 +407,53 @@ fn evaluate(
             if *expires_at <= now {
                 states.clear();
             }
-            (Some(id), states.evaluate(l.rules, now, cost, delay_us, out))
+            Some(states.evaluate(rules, now, cost, delay_us, out))
         }
-        // A key of another kind (never in practice): replaced, as a new key.
-        _ => (
-            None,
-            RuleStates::default().evaluate(l.rules, now, cost, delay_us, out),
-        ),
+        _ => None,
     }
 }
 
-/// After limiter `l` was not recorded: its admitting rules report the state as it stays, and
-/// its entry is marked limited if a rule denied.
+/// A check of a limiter's only rule, a GCRA rule, on the entry in slot `id`, when the entry
+/// holds that rule's state alone (as `record` leaves it): its arrival time read and moved in
+/// place, the entry marked as `evaluate`, `settle` and `record` would mark it. `None` when the
+/// entry holds anything else.
+#[inline(always)]
+fn gcra_in_place(
+    shard: &mut Shard,
+    id: SlotId,
+    rule: &Rule,
+    now: u64,
+    c: &LimiterCheck<'_>,
+    o: &mut RuleOutcome,
+) -> Option<LimiterAnswer> {
+    let entry = shard.touch(id);
+    let State::Rules(states) = &mut entry.state else {
+        return None;
+    };
+    // An arrival time that ran out is in the past: read as `now`, as a cleared state is.
+    let tat = states.lone_gcra(rule)?;
+    *o = algorithm::gcra_within(Some(*tat), now, rule, c.cost, c.delay_us).0;
+    let recorded = o.allowed && c.consume && c.cost > 0;
+    if !o.allowed {
+        entry.limited = true;
+    } else if recorded {
+        *tat = now.saturating_add(o.reset_after_us);
+        entry.expires_at = entry.expires_at.max(*tat);
+        entry.limited = o.remaining == 0;
+    }
+    Some(LimiterAnswer {
+        allowed: o.allowed,
+        recorded_at: recorded.then_some(now),
+    })
+}
+
+/// After a limiter of `rules` was not recorded: its admitting rules report the state as it
+/// stays, and its entry is marked limited if a rule denied.
 #[inline]
 fn settle(
     shard: &mut Shard,
     id: Option<SlotId>,
-    l: &LimiterRequest<'_>,
+    rules: &[Rule],
     now: u64,
     out: &mut [RuleOutcome],
 ) {
@@ -410,22 +462,22 @@ fn settle(
         Some(entry) => {
             entry.limited |= denied;
             if let State::Rules(states) = &mut entry.state {
-                states.settle(l.rules, now, out);
+                states.settle(rules, now, out);
             }
         }
-        None => RuleStates::default().settle(l.rules, now, out),
+        None => RuleStates::default().settle(rules, now, out),
     }
 }
 
-/// Records an admission of `cost` in limiter `l`'s entry (a new one when `id` is `None`; room
-/// was made for it), with `outcomes` its admitting outcomes.
+/// Records an admission of `cost` in the entry of a limiter of `rules` (a new one when `id` is
+/// `None`; room was made for it), with `outcomes` its admitting outcomes.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn record(
     shard: &mut Shard,
     id: Option<SlotId>,
     (hash, key): (u64, &[u8]),
-    l: &LimiterRequest<'_>,
+    rules: &[Rule],
     outcomes: &[RuleOutcome],
     now: u64,
     cost: u64,
@@ -439,13 +491,13 @@ fn record(
             limited,
             ..
         }) => {
-            let until = states.record(l.rules, outcomes, now, cost, check_id);
+            let until = states.record(rules, outcomes, now, cost, check_id);
             *expires_at = (*expires_at).max(until);
             *limited = used_up;
         }
         _ => {
             let mut states = RuleStates::default();
-            let expires_at = states.record(l.rules, outcomes, now, cost, check_id);
+            let expires_at = states.record(rules, outcomes, now, cost, check_id);
             let mut entry = Entry::new(State::Rules(states), expires_at);
             entry.limited = used_up;
             shard.insert(hash, key, entry);
@@ -470,36 +522,43 @@ impl Inner {
         self.check_rules(request, verdict)
     }
 
-    /// A check of one GCRA rule on a key that holds that rule's state alone (see
-    /// [`Store::check_gcra`]): its arrival time read and moved in place, under the shard's
-    /// lock. `None` for anything else (a new key, a key evicted at its limit, the state of
-    /// other rules), which [`check`](Self::check) answers. What it writes is what
-    /// `check_one` writes for the same check.
+    /// A check of one limiter on a key the store holds (see [`Store::check_limiter`]),
+    /// under its shard's lock, by the functions `check_one` uses (a lone GCRA rule's arrival
+    /// time read and moved in place). `None` for a new key (room to make, maybe a debt to
+    /// read) or a key of another kind, which [`check`](Self::check) answers.
     #[inline]
-    fn check_gcra(&self, c: &GcraCheck<'_>) -> Option<GcraAnswer> {
+    fn check_limiter(
+        &self,
+        c: &LimiterCheck<'_>,
+        out: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer> {
         let hash = self.shards.hash(c.key);
         let mut shard = self.shards.lock_one(hash);
         let id = shard.find(hash, c.key)?;
         let now = self.clock.now_us();
-        let entry = shard.touch(id);
-        let State::Rules(states) = &mut entry.state else {
-            return None;
-        };
-        // An arrival time that ran out is in the past: read as `now`, as a cleared state is.
-        let tat = states.lone_gcra(c.rule)?;
-        let (outcome, _) = algorithm::gcra_within(Some(*tat), now, c.rule, c.cost, c.delay_us);
-        let mut recorded_at = None;
-        if !outcome.allowed {
-            entry.limited = true;
-        } else if c.consume && c.cost > 0 {
-            *tat = now.saturating_add(outcome.reset_after_us);
-            entry.expires_at = entry.expires_at.max(*tat);
-            entry.limited = outcome.remaining == 0;
-            recorded_at = Some(now);
+        if let ([rule], [o]) = (c.rules, &mut *out)
+            && rule.algorithm() == Algorithm::Gcra
+            && let Some(answer) = gcra_in_place(&mut shard, id, rule, now, c, o)
+        {
+            return Some(answer);
         }
-        Some(GcraAnswer {
-            outcome,
-            recorded_at,
+        let admits = evaluate_at(&mut shard, id, c.rules, now, (c.cost, c.delay_us), out)?;
+        if !admits {
+            settle(&mut shard, Some(id), c.rules, now, out);
+            return Some(LimiterAnswer {
+                allowed: false,
+                recorded_at: None,
+            });
+        }
+        let recorded = c.consume && c.cost > 0;
+        if recorded {
+            // No concurrency limit: no lease to name, so no check id.
+            let at = (hash, c.key);
+            record(&mut shard, Some(id), at, c.rules, out, now, c.cost, 0);
+        }
+        Some(LimiterAnswer {
+            allowed: true,
+            recorded_at: recorded.then_some(now),
         })
     }
 
@@ -552,10 +611,10 @@ impl Inner {
         let out = &mut verdict.rules[..];
         let cost = request.cost;
         let at = (hash, key);
-        let (id, admits) = evaluate(&mut shard, at, l, now, (cost, request.delay_us), out);
+        let (id, admits) = evaluate(&mut shard, at, l.rules, now, (cost, request.delay_us), out);
         verdict.allowed = admits;
         if !admits {
-            settle(&mut shard, id, l, now, out);
+            settle(&mut shard, id, l.rules, now, out);
             return;
         }
         if request.consume && cost > 0 {
@@ -563,7 +622,7 @@ impl Inner {
                 self.make_room(&mut shard, Kind::Counter, 1, now, &[]);
             }
             let check_id = self.check_id(request);
-            record(&mut shard, id, at, l, out, now, cost, check_id);
+            record(&mut shard, id, at, l.rules, out, now, cost, check_id);
             verdict.receipt = Some(Receipt::new(now, check_id, cost));
         }
     }
@@ -604,7 +663,7 @@ impl Inner {
             let (id, admits) = evaluate(
                 locked.shard(hash),
                 (hash, l.key_bytes()),
-                l,
+                l.rules,
                 now,
                 (cost, request.delay_us),
                 out,
@@ -626,7 +685,7 @@ impl Inner {
                 if allowed && admits {
                     continue;
                 }
-                settle(locked.shard(hash), id, l, now, out);
+                settle(locked.shard(hash), id, l.rules, now, out);
             }
         }
         if !allowed {
@@ -655,7 +714,7 @@ impl Inner {
                         locked.shard(hash),
                         id,
                         (hash, l.key_bytes()),
-                        l,
+                        l.rules,
                         outcomes,
                         now,
                         cost,
@@ -928,8 +987,12 @@ impl Store for MemoryStore {
     }
 
     #[inline]
-    fn check_gcra(&self, check: &GcraCheck<'_>) -> Option<GcraAnswer> {
-        self.inner.check_gcra(check)
+    fn check_limiter(
+        &self,
+        check: &LimiterCheck<'_>,
+        outcomes: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer> {
+        self.inner.check_limiter(check, outcomes)
     }
 
     fn reset(
