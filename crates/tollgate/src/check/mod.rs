@@ -2,7 +2,9 @@
 //! ([`Tollgate::run`]), and the decision from the store's verdict ([`conclude`]). Every front
 //! end reaches the store through here: the library's checks, the tower layer, the macros and
 //! the server's HTTP API (through [`Tollgate::check`] and [`Tollgate::check_sync`]), and its
-//! Envoy API (through [`Tollgate::run`], with the requests its descriptors make).
+//! Envoy API (through [`Tollgate::run`], with the requests its descriptors make). A policy of
+//! one limiter that needs nothing else is first offered to the store in place
+//! ([`Store::check_limiter`]), and its decision written by the same `decide`.
 
 mod conclude;
 mod keys;
