@@ -261,3 +261,41 @@ fn the_engine_answers_in_place_only_what_needs_nothing_else() {
     ban_someone(&unlisted);
     assert_eq!(answered_in_place(&unlisted, &banning, &client(1), 5), 4);
 }
+
+/// A key whose state another rule wrote (the policy was rebuilt with other rules under the
+/// same limiter) is answered as the general check answers it: the in-place way reads only the
+/// state it recognises.
+#[test]
+fn a_key_of_other_rules_is_answered_as_the_general_check_answers_it() {
+    let clock = ManualClock::new(START);
+    let in_place = Tollgate::new(InPlace(store(&clock), AtomicUsize::new(0)));
+    let general = Tollgate::new(General(store(&clock)));
+    let of = |rules: &[&str], algorithm| {
+        let rules = rules
+            .iter()
+            .map(|r| r.parse::<Rule>().unwrap().with_algorithm(algorithm));
+        Policy::builder("rebuilt")
+            .limiter(Limiter::new(Dimension::Ip, rules).with_name("api"))
+            .build()
+            .unwrap()
+    };
+    // A GCRA rule's state is its window's (an override may change the limit): another window
+    // is another rule.
+    let policies = [
+        of(&["3/1s"], Algorithm::Gcra),
+        of(&["6/2s"], Algorithm::Gcra),
+        of(&["2/1s"], Algorithm::Gcra),
+        of(&["3/1s"], Algorithm::FixedWindow),
+        of(&["3/1s"], Algorithm::Gcra),
+        of(&["3/1s", "5/1m"], Algorithm::SlidingLog),
+        of(&["3/1s"], Algorithm::Gcra),
+    ];
+    let who = client(7);
+    for (i, policy) in policies.iter().cycle().take(35).enumerate() {
+        clock.advance(Duration::from_millis(150));
+        let a = now(in_place.check(policy, &who, 1)).unwrap();
+        let b = now(general.check(policy, &who, 1)).unwrap();
+        assert_eq!(a, b, "check {i}");
+    }
+    assert!(in_place.store().1.load(Ordering::Relaxed) > 0);
+}
