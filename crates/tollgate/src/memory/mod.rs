@@ -369,21 +369,20 @@ fn evaluate(
     (cost, delay_us): (u64, u64),
     out: &mut [RuleOutcome],
 ) -> (Option<SlotId>, bool) {
-    let found = shard.find(hash, key).and_then(|id| {
-        Some((
-            id,
-            evaluate_at(shard, id, rules, now, (cost, delay_us), out)?,
-        ))
-    });
-    match found {
-        Some((id, admits)) => (Some(id), admits),
-        None => {
-            let admits = match shard.owed(hash, now) {
-                Some(until) => owed(until - now, cost, out),
-                None => RuleStates::default().evaluate(rules, now, cost, delay_us, out),
-            };
-            (None, admits)
-        }
+    let Some(id) = shard.find(hash, key) else {
+        let admits = match shard.owed(hash, now) {
+            Some(until) => owed(until - now, cost, out),
+            None => RuleStates::default().evaluate(rules, now, cost, delay_us, out),
+        };
+        return (None, admits);
+    };
+    match evaluate_at(shard, id, rules, now, (cost, delay_us), out) {
+        Some(admits) => (Some(id), admits),
+        // A key of another kind (never in practice): replaced, as a new key.
+        None => (
+            None,
+            RuleStates::default().evaluate(rules, now, cost, delay_us, out),
+        ),
     }
 }
 
