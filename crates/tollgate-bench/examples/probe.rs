@@ -20,6 +20,14 @@
 //! thousand keys each) and prints checks a second, beside governor's, for profiles of how
 //! threads share the store (`perf stat`, `perf record`).
 //!
+//! `engine_only` (and `engine_only_sync`) checks a one-rule GCRA policy against a store that
+//! answers every check in place at once and keeps nothing: what the engine costs (key, lane,
+//! decision) without a store's hashing, lock, clock and state.
+//!
+//! The checks cycle through a thousand clients; build with `PROBE_KEYS=16` in the environment
+//! for sixteen, whose state stays in the L1 cache: a case that costs the same both ways is not
+//! waiting on memory.
+//!
 //! `probe rss 1000000` instead fills a memory store with that many one-rule (GCRA) keys of
 //! distinct IPv4 clients and prints the resident memory per key.
 
@@ -34,11 +42,29 @@ use std::{
 
 use governor::{Quota, RateLimiter};
 use tollgate::{
-    Algorithm, BanRule, Decision, Dimension, Identity, Limiter, MemoryStore, Policy, Rule, Tollgate,
+    Algorithm, BanRule, CheckRequest, Decision, Dimension, Identity, Limiter, LimiterAnswer,
+    LimiterCheck, MemoryStore, Policy, Rule, Store, StoreError, StoreErrorKind, Tollgate, Verdict,
+    algorithm::RuleOutcome,
 };
 use tollgate_bench::client_ip;
 
-const KEYS: u32 = 1000;
+/// The clients the checks cycle through: a thousand, or `PROBE_KEYS` at build time.
+const KEYS: u32 = match option_env!("PROBE_KEYS") {
+    Some(keys) => parse_keys(keys),
+    None => 1000,
+};
+
+const fn parse_keys(text: &str) -> u32 {
+    let (digits, mut i, mut keys) = (text.as_bytes(), 0, 0);
+    assert!(!digits.is_empty(), "PROBE_KEYS must be a number");
+    while i < digits.len() {
+        assert!(digits[i].is_ascii_digit(), "PROBE_KEYS must be a number");
+        keys = keys * 10 + (digits[i] - b'0') as u32;
+        i += 1;
+    }
+    assert!(keys > 0, "PROBE_KEYS must be above 0");
+    keys
+}
 
 fn ready<F: Future>(fut: F) -> F::Output {
     match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
@@ -78,6 +104,22 @@ fn main() {
         }
         let wrong = governor_checks(&limiter, &ips, n, admit);
         assert_eq!(wrong, 0, "{wrong} checks went the wrong way");
+        return;
+    }
+    if let Some(sync) = case.strip_prefix("engine_only").map(|rest| rest == "_sync") {
+        let gate = Tollgate::new(InPlace);
+        let policy = gcra_per_ip("1000000000/1h");
+        let wrong = if sync {
+            checks(&who, n, true, |who| {
+                let now = gate.check_sync(&policy, who, 1);
+                now.expect("answered at once").expect("a check")
+            })
+        } else {
+            checks(&who, n, true, |who| {
+                ready(gate.check(&policy, who, 1)).expect("a check")
+            })
+        };
+        assert_eq!(wrong, 0, "checks went the wrong way");
         return;
     }
     // 0: no overrides; 1: the limiter takes them, one set elsewhere; 2: every identity has one.
@@ -292,4 +334,52 @@ fn throughput(threads: u32, n: u32) {
     side("governor", &|t, i| {
         limiter.check_key(black_box(&ips[t][i])).is_ok()
     });
+}
+
+/// A store that admits every check in place, at once, and keeps nothing (`engine_only`).
+struct InPlace;
+
+impl Store for InPlace {
+    fn check(
+        &self,
+        _: &CheckRequest<'_>,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Protocol,
+            "this store answers only in place",
+        )))
+    }
+
+    fn check_limiter(
+        &self,
+        check: &LimiterCheck<'_>,
+        outcomes: &mut [RuleOutcome],
+    ) -> Option<LimiterAnswer> {
+        for o in outcomes.iter_mut() {
+            // Read from the check, so that nothing is decided at compile time.
+            *o = RuleOutcome {
+                allowed: true,
+                remaining: check.key.len() as u64,
+                reset_after_us: check.cost,
+                retry_after_us: None,
+            };
+        }
+        Some(LimiterAnswer::new(true, None))
+    }
+
+    fn reset(&self, _: &CheckRequest<'_>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    fn bans_possible(&self) -> bool {
+        false
+    }
+
+    fn text_keys(&self) -> bool {
+        false
+    }
 }
