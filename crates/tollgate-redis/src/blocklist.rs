@@ -17,16 +17,13 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::Value;
-use tollgate::{BanCursor, BanEntry, BanPage, BanTarget, StoreError, ban_index_key};
+use tollgate::{BanEntry, BanPage, BanTarget, PageCursor, StoreError, ban_index_key};
 
 use crate::{
     backend::Backend,
     cluster,
-    script::{micros, protocol},
+    script::{LIST_PAGE, micros, page_reply, protocol},
 };
-
-/// The page size [`all`] reads with: each call stays short, however many bans there are.
-const LIST_PAGE: usize = 1000;
 
 /// Bans `target` under `prefix` for `duration` from now, keeping its strikes.
 pub(crate) async fn ban(
@@ -104,7 +101,7 @@ pub(crate) async fn count(store: &Backend, prefix: &str) -> Result<u64, StoreErr
 pub(crate) async fn page(
     store: &Backend,
     prefix: &str,
-    after: Option<&BanCursor>,
+    after: Option<&PageCursor>,
     limit: usize,
 ) -> Result<BanPage, StoreError> {
     let limit = limit.max(1);
@@ -142,9 +139,9 @@ pub(crate) async fn page(
 async fn index_page(
     store: &Backend,
     prefix: &str,
-    after: Option<&BanCursor>,
+    after: Option<&PageCursor>,
     limit: usize,
-) -> Result<(Option<BanCursor>, u64, Vec<String>), StoreError> {
+) -> Result<(Option<PageCursor>, u64, Vec<String>), StoreError> {
     let mut call = store.scripts.bans.call();
     call.key(ban_index_key(prefix))
         .arg(store.now_arg())
@@ -161,7 +158,7 @@ async fn index_page(
                 .map_err(|e| store.redis_error("list bans", e))
         })
         .await?;
-    page_reply(&reply)
+    page_reply("bans", &reply)
 }
 
 /// A listed ban from its hash's `u`, `s`, `k`, `v` at `now`; `None` if lifted or ended since.
@@ -200,75 +197,9 @@ pub(crate) async fn all(store: &Backend, prefix: &str) -> Result<Vec<BanEntry>, 
     Ok(bans)
 }
 
-/// Reads the reply of `bans.lua`: the next cursor, now, then the page's ban keys.
-fn page_reply(reply: &[Value]) -> Result<(Option<BanCursor>, u64, Vec<String>), StoreError> {
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let bad = || protocol("bans", format!("unexpected reply {reply:?}"));
-    let [
-        Value::BulkString(next_us),
-        Value::BulkString(next_key),
-        Value::BulkString(now),
-        keys @ ..,
-    ] = reply
-    else {
-        return Err(bad());
-    };
-    let next = if next_us.is_empty() {
-        None
-    } else {
-        let until_us = text(next_us).parse().map_err(|_| bad())?;
-        Some(BanCursor::new(until_us, text(next_key)))
-    };
-    let now = text(now).parse().map_err(|_| bad())?;
-    let keys = keys
-        .iter()
-        .map(|key| match key {
-            Value::BulkString(key) => Ok(text(key)),
-            _ => Err(bad()),
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok((next, now, keys))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn a_page_reply_is_read_with_its_cursor() {
-        let reply = [
-            bulk("1700000000000000"),
-            bulk("tg:ban:ip:192.0.2.1"),
-            bulk("1600000000000000"),
-            bulk("tg:ban:ip:192.0.2.1"),
-        ];
-        let (next, now, keys) = page_reply(&reply).unwrap();
-        assert_eq!(
-            next,
-            Some(BanCursor::new(1_700_000_000_000_000, "tg:ban:ip:192.0.2.1"))
-        );
-        assert_eq!(now, 1_600_000_000_000_000);
-        assert_eq!(keys, ["tg:ban:ip:192.0.2.1"]);
-        let (next, _, keys) = page_reply(&[bulk(""), bulk(""), bulk("1")]).unwrap();
-        assert_eq!((next, keys.len()), (None, 0));
-    }
-
-    #[test]
-    fn a_malformed_page_reply_is_a_protocol_error() {
-        for reply in [
-            vec![],
-            vec![bulk(""), bulk("")],
-            vec![bulk("x"), bulk("k"), bulk("1")],
-            vec![bulk(""), bulk(""), bulk("now")],
-            vec![bulk(""), bulk(""), bulk("1"), Value::Int(1)],
-        ] {
-            assert!(page_reply(&reply).is_err(), "{reply:?}");
-        }
-    }
 
     #[test]
     fn a_ban_is_listed_from_its_hash_while_it_lasts() {

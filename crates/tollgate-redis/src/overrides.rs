@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::Value;
-use tollgate::{LimiterRequest, Override, StoreError, key};
+use tollgate::{LimiterRequest, Override, OverridePage, PageCursor, StoreError, key};
 
 use crate::{
     backend::Backend,
-    script::{micros, protocol},
+    script::{LIST_PAGE, micros, page_reply},
 };
 
 /// Sets the override of `limiter`'s key; returns it as kept, its end included.
@@ -92,44 +92,85 @@ pub(crate) async fn remove(
     Ok(removed)
 }
 
-/// Every override in `index` that has not ended, by policy, limiter and value.
-pub(crate) async fn list(store: &Backend, index: &str) -> Result<Vec<Override>, StoreError> {
+/// One page of the overrides in `index` that have not ended, in the order they end, then by
+/// key (see `tollgate::OverrideStore::overrides_page`).
+pub(crate) async fn page(
+    store: &Backend,
+    index: &str,
+    after: Option<&PageCursor>,
+    limit: usize,
+) -> Result<OverridePage, StoreError> {
+    let limit = limit.max(1);
+    let mut overrides = Vec::new();
+    let mut after = after.cloned();
+    // Another round only when overrides were removed between the index and their values.
+    loop {
+        let (next, now, keys) =
+            index_page(store, index, after.as_ref(), limit - overrides.len()).await?;
+        // Each override in its own slot, read apart (no script touches a key it was not
+        // given): a page's worth at a time.
+        let reads = join_all(keys.iter().map(|key| {
+            let mut conn = store.conn();
+            async move {
+                store
+                    .bounded(
+                        "list overrides",
+                        redis::cmd("GET").arg(key).query_async(&mut conn),
+                    )
+                    .await
+            }
+        }))
+        .await;
+        for read in reads {
+            let value: Option<String> = read?;
+            if let Some(entry) = value.as_deref().and_then(|v| parse(v, now)) {
+                overrides.push(entry);
+            }
+        }
+        match next {
+            Some(next) if overrides.len() < limit => after = Some(next),
+            next => return Ok(OverridePage { overrides, next }),
+        }
+    }
+}
+
+/// The keys of one page of the index (`override.lua`'s `page`): the next cursor, the
+/// script's now, the keys.
+async fn index_page(
+    store: &Backend,
+    index: &str,
+    after: Option<&PageCursor>,
+    limit: usize,
+) -> Result<(Option<PageCursor>, u64, Vec<String>), StoreError> {
     let mut call = store.scripts.overrides.call();
-    call.key(index).arg(store.now_arg()).arg("list");
+    call.key(index)
+        .arg(store.now_arg())
+        .arg("page")
+        .arg(limit.max(1));
+    match after {
+        Some(cursor) if cursor.until_us() == u64::MAX => call.arg("inf").arg(cursor.key()),
+        Some(cursor) => call.arg(cursor.until_us()).arg(cursor.key()),
+        None => call.arg("").arg(""),
+    };
     let mut conn = store.conn();
     let reply: Vec<Value> = store
         .bounded("list overrides", call.invoke(&mut conn))
         .await?;
-    let (now, keys) = match reply.split_first() {
-        Some((Value::Int(now), keys)) => (u64::try_from(*now).unwrap_or(0), keys),
-        _ => return Err(protocol("overrides", "a listing without its time")),
-    };
-    let keys: Vec<String> = keys
-        .iter()
-        .map(|k| match k {
-            Value::BulkString(b) => String::from_utf8(b.clone())
-                .map_err(|_| protocol("overrides", "an index key that is not text")),
-            _ => Err(protocol("overrides", "an index entry that is not a key")),
-        })
-        .collect::<Result<_, _>>()?;
-    // Each override in its own slot, read apart (no script touches a key it was not given).
-    let reads = join_all(keys.iter().map(|key| {
-        let mut conn = store.conn();
-        async move {
-            store
-                .bounded(
-                    "list overrides",
-                    redis::cmd("GET").arg(key).query_async(&mut conn),
-                )
-                .await
-        }
-    }))
-    .await;
+    page_reply("overrides", &reply)
+}
+
+/// Every override in `index` that has not ended, by policy, limiter and value: page after
+/// page, so that no call holds the server for long, nor reads more than a page at once.
+/// Overrides set or removed meanwhile may or may not be listed.
+pub(crate) async fn list(store: &Backend, index: &str) -> Result<Vec<Override>, StoreError> {
     let mut all = Vec::new();
-    for read in reads {
-        let value: Option<String> = read?;
-        if let Some(entry) = value.as_deref().and_then(|v| parse(v, now)) {
-            all.push(entry);
+    let mut after = None;
+    loop {
+        let page = page(store, index, after.as_ref(), LIST_PAGE).await?;
+        all.extend(page.overrides);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
         }
     }
     all.sort_by(|a, b| (&a.policy, &a.limiter, &a.value).cmp(&(&b.policy, &b.limiter, &b.value)));

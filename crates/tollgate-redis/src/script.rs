@@ -5,8 +5,8 @@ use std::{fmt, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, Receipt, Rule,
-    StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome, key,
+    Algorithm, CheckRequest, HeldLock, LimiterRequest, LockReply, Outcomes, PageCursor, Receipt,
+    Rule, StoreError, StoreErrorKind, Verdict, algorithm::RuleOutcome, key,
 };
 
 use crate::conn::{Call, Lua};
@@ -718,11 +718,95 @@ pub(crate) fn slot_reply(
     })
 }
 
+/// The page size a whole listing (of bans, of overrides) is read in: each call stays short,
+/// however many there are.
+pub(crate) const LIST_PAGE: usize = 1000;
+
+/// Reads the reply of a listing's page (`bans.lua`, `override.lua`'s `page`) for `what`: the
+/// next cursor (its end `inf` for an entry that never ends), now, then the page's keys.
+pub(crate) fn page_reply(
+    what: &str,
+    reply: &[Value],
+) -> Result<(Option<PageCursor>, u64, Vec<String>), StoreError> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let bad = || protocol(what, format!("unexpected reply {reply:?}"));
+    let [
+        Value::BulkString(next_us),
+        Value::BulkString(next_key),
+        Value::BulkString(now),
+        keys @ ..,
+    ] = reply
+    else {
+        return Err(bad());
+    };
+    let next = if next_us.is_empty() {
+        None
+    } else {
+        let until_us = match &next_us[..] {
+            b"inf" => u64::MAX,
+            digits => text(digits).parse().map_err(|_| bad())?,
+        };
+        Some(PageCursor::new(until_us, text(next_key)))
+    };
+    let now = text(now).parse().map_err(|_| bad())?;
+    let keys = keys
+        .iter()
+        .map(|key| match key {
+            Value::BulkString(key) => Ok(text(key)),
+            _ => Err(bad()),
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok((next, now, keys))
+}
+
 #[cfg(test)]
 mod tests {
     use tollgate::{LimiterRequest, Rule};
 
     use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_page_reply_is_read_with_its_cursor() {
+        let reply = [
+            bulk("1700000000000000"),
+            bulk("tg:ban:ip:192.0.2.1"),
+            bulk("1600000000000000"),
+            bulk("tg:ban:ip:192.0.2.1"),
+        ];
+        let (next, now, keys) = page_reply("bans", &reply).unwrap();
+        assert_eq!(
+            next,
+            Some(PageCursor::new(
+                1_700_000_000_000_000,
+                "tg:ban:ip:192.0.2.1"
+            ))
+        );
+        assert_eq!(now, 1_600_000_000_000_000);
+        assert_eq!(keys, ["tg:ban:ip:192.0.2.1"]);
+        let (next, _, keys) = page_reply("bans", &[bulk(""), bulk(""), bulk("1")]).unwrap();
+        assert_eq!((next, keys.len()), (None, 0));
+        // An override that never ends.
+        let reply = [bulk("inf"), bulk("k"), bulk("1"), bulk("k")];
+        let (next, _, _) = page_reply("overrides", &reply).unwrap();
+        assert_eq!(next, Some(PageCursor::new(u64::MAX, "k")));
+    }
+
+    #[test]
+    fn a_malformed_page_reply_is_a_protocol_error() {
+        for reply in [
+            vec![],
+            vec![bulk(""), bulk("")],
+            vec![bulk("x"), bulk("k"), bulk("1")],
+            vec![bulk(""), bulk(""), bulk("now")],
+            vec![bulk(""), bulk(""), bulk("1"), Value::Int(1)],
+        ] {
+            assert!(page_reply("bans", &reply).is_err(), "{reply:?}");
+        }
+    }
 
     /// A request of one limiter, kept for the test's whole run.
     fn plan(rules: &[&str]) -> CheckRequest<'static> {

@@ -5,9 +5,9 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use redis::Value;
 use tollgate::{
-    BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LimiterRequest, LockReply,
-    LockStore, Override, OverrideStore, Receipt, RefundStore, Store, StoreError, StoreErrorKind,
-    Verdict,
+    BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LimiterRequest, LockReply, LockStore,
+    Override, OverridePage, OverrideStore, PageCursor, Receipt, RefundStore, Store, StoreError,
+    StoreErrorKind, Verdict,
 };
 
 use crate::{
@@ -497,6 +497,15 @@ impl OverrideStore for RedisStore {
     async fn overrides(&self, index: &str) -> Result<Vec<Override>, StoreError> {
         overrides::list(self.backend(), index).await
     }
+
+    async fn overrides_page(
+        &self,
+        index: &str,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> Result<OverridePage, StoreError> {
+        overrides::page(self.backend(), index, after, limit).await
+    }
 }
 
 impl BanStore for RedisStore {
@@ -532,7 +541,7 @@ impl BanStore for RedisStore {
     async fn bans_page(
         &self,
         prefix: &str,
-        after: Option<&BanCursor>,
+        after: Option<&PageCursor>,
         limit: usize,
     ) -> Result<BanPage, StoreError> {
         blocklist::page(self.backend(), prefix, after, limit).await

@@ -151,6 +151,7 @@ macro_rules! conformance_suite {
             settlements_charge_debts_and_give_back,
             waiters_are_admitted_in_order_never_over_the_limit,
             overrides_set_limits_per_identity,
+            overrides_page_in_the_order_they_end,
             store_answers_ping,
         );
 
@@ -2203,6 +2204,99 @@ pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
         .await
         .expect_err("a limiter without overrides refuses one");
     assert!(e.to_string().contains("takes no overrides"), "{e}");
+}
+
+/// Scenario: the overrides listed page by page. Every live override once, in the order they
+/// end (ties by key, those that never end last), a page at most its size, an ended override
+/// left out, and a cursor still good, as text, after the override it names was removed.
+pub async fn overrides_page_in_the_order_they_end<S: FullStore>(s: Subject<S>) {
+    let p = policy(
+        "ovr_pages",
+        [Limiter::new(Dimension::UserId, [fixed("5/1m")]).with_overrides(true)],
+    );
+    let gate = s.gate();
+    let page = |after: Option<tollgate::PageCursor>, limit: usize| async move {
+        gate.overrides_page(after.as_ref(), limit)
+            .await
+            .expect("the store lists overrides")
+    };
+    s.at(ms(0));
+    let empty = page(None, 10).await;
+    assert_eq!((empty.overrides.len(), empty.next), (0, None));
+    // 11 overrides: three end together at each of 60 s, 120 s and 180 s (ties), two never
+    // end, and one ends at 5 s.
+    let ttl = |i: u64| match i {
+        0..=8 => Some(ms(60_000 * (1 + i / 3))),
+        9 | 10 => None,
+        _ => Some(ms(5_000)),
+    };
+    let mut live = Vec::new();
+    for i in 0..12u64 {
+        let who = user(&format!("user-{i:02}"));
+        gate.set_override(&p, "user_id", &who, &[fixed("9/1m")], ttl(i))
+            .await
+            .expect("the store keeps overrides");
+        if i != 11 {
+            live.push(format!("user-{i:02}"));
+        }
+    }
+    s.at(ms(10_000));
+    // Page after page of 3, the cursor through its text form.
+    let (mut listed, mut after, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let page = page(after.take(), 3).await;
+        pages += 1;
+        assert!(page.overrides.len() <= 3, "{page:?}");
+        listed.extend(page.overrides);
+        let Some(next) = page.next else { break };
+        after = Some(next.to_string().parse().expect("a cursor"));
+        if pages == 2 {
+            // Removing the override a cursor names does not lose the page after it.
+            let named = listed.last().expect("two pages").value.clone();
+            assert!(
+                gate.remove_override(&p, "user_id", &user(&named))
+                    .await
+                    .expect("the store removes overrides")
+            );
+            live.retain(|v| *v != named);
+        }
+        assert!(pages < 20, "the pages never end");
+    }
+    assert!(pages >= 4, "11 overrides in pages of 3: {pages}");
+    let ends: Vec<u64> = listed
+        .iter()
+        .map(|o| o.expires_at_us.unwrap_or(u64::MAX))
+        .collect();
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
+    assert_eq!(
+        ends.iter().filter(|&&e| e == u64::MAX).count(),
+        2,
+        "{ends:?}"
+    );
+    let mut seen: Vec<String> = listed.iter().map(|o| o.value.clone()).collect();
+    seen.sort();
+    let mut every: Vec<String> = (0..11).map(|i| format!("user-{i:02}")).collect();
+    every.sort();
+    assert_eq!(
+        seen, every,
+        "every live override exactly once, the 5 s one left out"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|o| o.limits == [9] && o.policy == "ovr_pages")
+    );
+    // One page holds them all; the whole listing agrees.
+    let all = page(None, 1000).await;
+    assert_eq!((all.overrides.len(), all.next), (live.len(), None));
+    let whole: Vec<String> = gate
+        .overrides()
+        .await
+        .expect("the store lists overrides")
+        .into_iter()
+        .map(|o| o.value)
+        .collect();
+    assert_eq!(whole, live, "by policy, limiter and value");
 }
 
 /// Scenario 16: the store answers a ping.

@@ -10,8 +10,9 @@ use std::{sync::Arc, time::Duration};
 use crate::FullStore;
 use tokio::sync::Barrier;
 use tollgate::{
-    Acquire, BanCursor, BanRule, BanScope, BanTarget, Bypass, CheckError, Dimension, DuplicateBy,
-    DuplicateGuard, DuplicateState, Fingerprint, Identity, Limiter, Policy, Reason, Rule,
+    Acquire, BanRule, BanScope, BanTarget, Bypass, CheckError, Dimension, DuplicateBy,
+    DuplicateGuard, DuplicateState, Fingerprint, Identity, Limiter, PageCursor, Policy, Reason,
+    Rule,
 };
 
 use crate::conformance::{START, Subject};
@@ -585,7 +586,7 @@ pub async fn blocklist_counts_and_pages_in_the_order_bans_end<S: FullStore>(s: S
     let mut expected_listed = targets.clone();
     expected_listed.sort();
     let mut listed = Vec::new();
-    let mut after: Option<BanCursor> = None;
+    let mut after: Option<PageCursor> = None;
     let mut pages = 0;
     loop {
         let page = store

@@ -96,6 +96,7 @@ mod conformance {
         settlements_charge_debts_and_give_back,
         waiters_are_admitted_in_order_never_over_the_limit,
         overrides_set_limits_per_identity,
+        overrides_page_in_the_order_they_end,
         store_answers_ping,
     );
 }

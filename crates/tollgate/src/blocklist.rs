@@ -6,6 +6,7 @@ use crate::{
     bypass::IpNet,
     identity::{IpPrefix, canonical},
     key,
+    page::PageCursor,
 };
 
 /// Whom the bans a policy writes refuse (see [`PolicyBuilder::ban_scope`]).
@@ -258,81 +259,6 @@ pub struct BanEntry {
     pub strikes: u32,
 }
 
-/// Where a page of the blocklist ended: the next page starts after it.
-///
-/// Stores list bans in the order they end, then by key; a cursor is the end of the last ban
-/// of a page (µs since the epoch, on the store's clock) and its key. Its text form (`Display`
-/// and `FromStr`) is URL-safe, for APIs that hand it to clients; it is only meaningful to the
-/// store that made it, under the same prefix.
-///
-/// ```
-/// use tollgate::BanCursor;
-///
-/// let cursor = BanCursor::new(1_700_000_000_000_000, "tg:ban:ip:192.0.2.1");
-/// let text = cursor.to_string();
-/// assert!(text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'));
-/// assert_eq!(text.parse::<BanCursor>().unwrap(), cursor);
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BanCursor {
-    until_us: u64,
-    key: String,
-}
-
-impl BanCursor {
-    /// After the ban stored under `key` that ends at `until_us`.
-    pub fn new(until_us: u64, key: impl Into<String>) -> BanCursor {
-        BanCursor {
-            until_us,
-            key: key.into(),
-        }
-    }
-
-    /// The end of the last ban of the page, µs since the epoch on the store's clock.
-    pub fn until_us(&self) -> u64 {
-        self.until_us
-    }
-
-    /// The store key of the last ban of the page.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl fmt::Display for BanCursor {
-    /// `until.hexkey`: digits, a dot, and the key's bytes in lowercase hex.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.", self.until_us)?;
-        for b in self.key.bytes() {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::str::FromStr for BanCursor {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<BanCursor, String> {
-        let bad = || format!("{s:?} is not a blocklist cursor");
-        let (until, hex) = s.split_once('.').ok_or_else(bad)?;
-        let until_us = until.parse().map_err(|_| bad())?;
-        if hex.len() % 2 != 0 {
-            return Err(bad());
-        }
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| {
-                hex.get(i..i + 2)
-                    .and_then(|pair| u8::from_str_radix(pair, 16).ok())
-            })
-            .collect::<Option<Vec<u8>>>()
-            .ok_or_else(bad)?;
-        let key = String::from_utf8(bytes).map_err(|_| bad())?;
-        Ok(BanCursor { until_us, key })
-    }
-}
-
 /// One page of the blocklist (see [`BanStore::bans_page`](crate::BanStore::bans_page)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BanPage {
@@ -340,7 +266,7 @@ pub struct BanPage {
     pub bans: Vec<BanEntry>,
     /// Where the next page starts; `None` after the last page. A page may come back shorter
     /// than asked, or even empty, while more follow.
-    pub next: Option<BanCursor>,
+    pub next: Option<PageCursor>,
 }
 
 /// Pages `bans` by target, for stores that can only list every ban: their cursors carry the
@@ -348,7 +274,7 @@ pub struct BanPage {
 pub(crate) fn page_by_key(
     prefix: &str,
     bans: Vec<BanEntry>,
-    after: Option<&BanCursor>,
+    after: Option<&PageCursor>,
     limit: usize,
 ) -> BanPage {
     let limit = limit.max(1);
@@ -361,7 +287,7 @@ pub(crate) fn page_by_key(
     let more = keyed.len() > limit;
     keyed.truncate(limit);
     let next = more
-        .then(|| keyed.last().map(|(key, _)| BanCursor::new(0, key.clone())))
+        .then(|| keyed.last().map(|(key, _)| PageCursor::new(0, key.clone())))
         .flatten();
     BanPage {
         bans: keyed.into_iter().map(|(_, b)| b).collect(),
@@ -381,15 +307,6 @@ mod tests {
         let flat = BanRule::new(Duration::from_secs(60));
         assert_eq!(flat.duration_for(9), Duration::from_secs(60));
         assert_eq!(flat.memory(), Duration::ZERO);
-    }
-
-    #[test]
-    fn cursors_round_trip_and_reject_garbage() {
-        let odd = BanCursor::new(7, "p:ban:user_id:é \"x\"/?&");
-        assert_eq!(odd.to_string().parse::<BanCursor>(), Ok(odd));
-        for bad in ["", "12", "x.00", "1.0", "1.zz", "1.ff", "-1.61"] {
-            assert!(bad.parse::<BanCursor>().is_err(), "{bad:?}");
-        }
     }
 
     #[test]

@@ -17,7 +17,8 @@ use crate::{
     error::{CheckError, StoreError},
     identity::{Dimension, Identity},
     key::{self, KeyBuf, KeyHead, KeyOut, ban_index_key},
-    overrides::{Override, OverrideError},
+    overrides::{Override, OverrideError, OverridePage},
+    page::PageCursor,
     policy::{Limiter, OnError, Policy},
     rule::{Algorithm, Rule},
     store::{
@@ -388,10 +389,45 @@ impl<S: OverrideStore> Tollgate<S> {
         Ok(self.remove_override_at(&request).await?)
     }
 
-    /// Every override of this engine's store (all policies) that has not ended.
+    /// Every override of this engine's store (all policies) that has not ended, by policy,
+    /// limiter and value. For a store that may hold many, [`overrides_page`](Self::overrides_page)
+    /// lists them a page at a time.
     pub async fn overrides(&self) -> Result<Vec<Override>, StoreError> {
         let index = key::override_index_key(&self.prefix);
         self.store.overrides(&index).await
+    }
+
+    /// At most `limit` (at least 1) of this engine's overrides that have not ended, in the
+    /// order they end (those that never end last), after `after` (`None`: from the start);
+    /// the page's `next` continues (see [`OverrideStore::overrides_page`]).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use tollgate::{Dimension, Identity, Limiter, MemoryStore, Policy, Tollgate};
+    ///
+    /// let gate = Tollgate::new(MemoryStore::new());
+    /// let api = Policy::builder("api")
+    ///     .limiter(Limiter::new(Dimension::UserId, ["100/1h".parse()?]).with_overrides(true))
+    ///     .build()?;
+    /// for user in ["ann", "bob", "cyd"] {
+    ///     let who = Identity::new().with_user_id(user);
+    ///     gate.set_override(&api, "user_id", &who, &["5000/1h".parse()?], None).await?;
+    /// }
+    /// let first = gate.overrides_page(None, 2).await?;
+    /// assert_eq!(first.overrides.len(), 2);
+    /// let rest = gate.overrides_page(first.next.as_ref(), 2).await?;
+    /// assert_eq!(rest.overrides[0].value, "cyd");
+    /// assert_eq!(rest.next, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn overrides_page(
+        &self,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> Result<OverridePage, StoreError> {
+        let index = key::override_index_key(&self.prefix);
+        self.store.overrides_page(&index, after, limit).await
     }
 
     /// The key of limiter `at` of `policy` for `identity`, as this store finds it.

@@ -69,6 +69,7 @@ mod identity;
 pub mod key;
 mod memory;
 mod overrides;
+mod page;
 mod policy;
 mod rule;
 mod store;
@@ -84,7 +85,7 @@ pub(crate) fn ready_now<T>(future: impl std::future::Future<Output = T>) -> T {
     }
 }
 
-pub use blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanScope, BanTarget};
+pub use blocklist::{BanEntry, BanPage, BanRule, BanScope, BanTarget};
 pub use bypass::{Bypass, IpNet, IpNetError};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -98,7 +99,8 @@ pub use error::{CheckError, PolicyError, StoreError, StoreErrorKind};
 pub use identity::{Dimension, Extractor, Identity, IpPrefix};
 pub use key::ban_index_key;
 pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryUsage};
-pub use overrides::{MAX_OVERRIDE_LIMIT, Override, OverrideError, fingerprint};
+pub use overrides::{MAX_OVERRIDE_LIMIT, Override, OverrideError, OverridePage, fingerprint};
+pub use page::PageCursor;
 pub use policy::{
     Durability, Limiter, MAX_LOG_COST, MAX_LOG_LIMIT, OnError, Policy, PolicyBuilder, QuotaLease,
     SOFT_SUFFIX,

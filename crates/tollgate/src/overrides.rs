@@ -7,11 +7,12 @@
 //! fingerprint of their windows and algorithms; when a deployment changes those, the store
 //! ignores the override rather than apply its limits to other rules.
 
-use std::{fmt, num::NonZeroU64};
+use std::{cmp::Ordering, collections::BinaryHeap, fmt, num::NonZeroU64};
 
 use crate::{
     StoreError,
     algorithm::MAX_SLIDING_WINDOW_PRODUCT,
+    page::PageCursor,
     policy::MAX_LOG_LIMIT,
     rule::{Algorithm, Rule},
 };
@@ -231,6 +232,119 @@ pub enum OverrideError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// One page of the overrides (see [`OverrideStore::overrides_page`](crate::OverrideStore::overrides_page)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverridePage {
+    /// The overrides, in the order they end (those that never end last), then by key.
+    pub overrides: Vec<Override>,
+    /// Where the next page starts; `None` after the last page. A page may come back shorter
+    /// than asked, or even empty, while more follow.
+    pub next: Option<PageCursor>,
+}
+
+/// Pages overrides by their end, then by their listing's key (policy, limiter and value, one
+/// per line: no two overrides of one index share it), for stores that keep no index of their
+/// own: only the page's overrides are cloned, however many are fed.
+pub(crate) struct Pager<'c> {
+    after: Option<&'c PageCursor>,
+    limit: usize,
+    /// The smallest positions fed after the cursor, at most one more than the page (to know
+    /// whether another follows), largest on top.
+    kept: BinaryHeap<Listed>,
+}
+
+/// An override and its place in a listing.
+struct Listed {
+    at: (u64, String),
+    entry: Override,
+}
+
+impl PartialEq for Listed {
+    fn eq(&self, other: &Listed) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Listed {}
+
+impl PartialOrd for Listed {
+    fn partial_cmp(&self, other: &Listed) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Listed {
+    fn cmp(&self, other: &Listed) -> Ordering {
+        self.at.cmp(&other.at)
+    }
+}
+
+impl<'c> Pager<'c> {
+    /// A page of at most `limit` (at least 1), after `after`.
+    pub(crate) fn new(after: Option<&'c PageCursor>, limit: usize) -> Pager<'c> {
+        Pager {
+            after,
+            limit: limit.max(1),
+            kept: BinaryHeap::new(),
+        }
+    }
+
+    /// Offers `entry` to the page.
+    pub(crate) fn feed(&mut self, entry: &Override) {
+        let end = entry.expires_at_us.unwrap_or(u64::MAX);
+        // The listing key's bytes, compared without writing it.
+        let key = || {
+            let (p, l, v) = (&entry.policy, &entry.limiter, &entry.value);
+            let line = [b'\n'];
+            p.bytes()
+                .chain(line)
+                .chain(l.bytes())
+                .chain(line)
+                .chain(v.bytes())
+        };
+        let beyond = |(until, other): (u64, &str)| {
+            end.cmp(&until).then_with(|| key().cmp(other.bytes())) == Ordering::Greater
+        };
+        if self.after.is_some_and(|a| !beyond((a.until_us(), a.key()))) {
+            return;
+        }
+        let full = self.kept.len() > self.limit;
+        if full
+            && self
+                .kept
+                .peek()
+                .is_none_or(|top| beyond((top.at.0, &top.at.1)))
+        {
+            return;
+        }
+        self.kept.push(Listed {
+            at: (
+                end,
+                format!("{}\n{}\n{}", entry.policy, entry.limiter, entry.value),
+            ),
+            entry: entry.clone(),
+        });
+        if self.kept.len() > self.limit + 1 {
+            self.kept.pop();
+        }
+    }
+
+    /// The page of what was fed.
+    pub(crate) fn page(self) -> OverridePage {
+        let mut listed = self.kept.into_sorted_vec();
+        let more = listed.len() > self.limit;
+        listed.truncate(self.limit);
+        let next = more
+            .then(|| listed.last())
+            .flatten()
+            .map(|l| PageCursor::new(l.at.0, l.at.1.clone()));
+        OverridePage {
+            overrides: listed.into_iter().map(|l| l.entry).collect(),
+            next,
+        }
+    }
 }
 
 impl fmt::Display for Override {

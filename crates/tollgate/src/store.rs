@@ -8,9 +8,11 @@ use smallvec::SmallVec;
 
 use crate::{
     algorithm::RuleOutcome,
-    blocklist::{self, BanCursor, BanEntry, BanPage, BanRule, BanTarget},
+    blocklist::{self, BanEntry, BanPage, BanRule, BanTarget},
     error::StoreError,
     key,
+    overrides::{OverridePage, Pager},
+    page::PageCursor,
     policy::{Durability, QuotaLease},
     rule::{Algorithm, Rule},
 };
@@ -657,6 +659,27 @@ pub trait OverrideStore: Store {
         &self,
         index: &str,
     ) -> impl Future<Output = Result<Vec<crate::Override>, StoreError>> + Send;
+
+    /// At most `limit` (at least 1) of the overrides under `index` that have not ended, in the
+    /// order they end (those that never end last), starting after `after` (`None`: from the
+    /// start); the page's `next` continues.
+    ///
+    /// Stores with an override index read only the page (Redis: O(log n + limit)). The default
+    /// lists every override and pages them, by end, then by policy, limiter and value.
+    fn overrides_page(
+        &self,
+        index: &str,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<OverridePage, StoreError>> + Send {
+        let all = self.overrides(index);
+        let after = after.cloned();
+        async move {
+            let mut pager = Pager::new(after.as_ref(), limit);
+            all.await?.iter().for_each(|o| pager.feed(o));
+            Ok(pager.page())
+        }
+    }
 }
 
 /// Duplicate-guard locks (see [`Tollgate::acquire`](crate::Tollgate::acquire)).
@@ -726,7 +749,7 @@ pub trait BanStore: Store {
     fn bans_page(
         &self,
         prefix: &str,
-        after: Option<&BanCursor>,
+        after: Option<&PageCursor>,
         limit: usize,
     ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
         let bans = self.bans(prefix);
@@ -813,7 +836,7 @@ trait DynStore: Send + Sync + 'static {
     fn bans_page<'a>(
         &'a self,
         prefix: &'a str,
-        after: Option<&'a BanCursor>,
+        after: Option<&'a PageCursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<BanPage, StoreError>>;
     fn set_override<'a>(
@@ -832,6 +855,12 @@ trait DynStore: Send + Sync + 'static {
         &'a self,
         index: &'a str,
     ) -> BoxFuture<'a, Result<Vec<crate::Override>, StoreError>>;
+    fn overrides_page<'a>(
+        &'a self,
+        index: &'a str,
+        after: Option<&'a PageCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<OverridePage, StoreError>>;
 }
 
 impl<S: FullStore> DynStore for S {
@@ -955,7 +984,7 @@ impl<S: FullStore> DynStore for S {
     fn bans_page<'a>(
         &'a self,
         prefix: &'a str,
-        after: Option<&'a BanCursor>,
+        after: Option<&'a PageCursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<BanPage, StoreError>> {
         Box::pin(BanStore::bans_page(self, prefix, after, limit))
@@ -986,6 +1015,15 @@ impl<S: FullStore> DynStore for S {
         index: &'a str,
     ) -> BoxFuture<'a, Result<Vec<crate::Override>, StoreError>> {
         Box::pin(OverrideStore::overrides(self, index))
+    }
+
+    fn overrides_page<'a>(
+        &'a self,
+        index: &'a str,
+        after: Option<&'a PageCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<OverridePage, StoreError>> {
+        Box::pin(OverrideStore::overrides_page(self, index, after, limit))
     }
 }
 
@@ -1184,7 +1222,7 @@ macro_rules! forward_bans {
         async fn bans_page(
             &self,
             prefix: &str,
-            after: Option<&$crate::BanCursor>,
+            after: Option<&$crate::PageCursor>,
             limit: usize,
         ) -> Result<$crate::BanPage, $crate::StoreError> {
             let $inner = self;
@@ -1222,6 +1260,16 @@ macro_rules! forward_overrides {
         ) -> Result<Vec<$crate::Override>, $crate::StoreError> {
             let $inner = self;
             $trait::overrides($to, index).await
+        }
+
+        async fn overrides_page(
+            &self,
+            index: &str,
+            after: Option<&$crate::PageCursor>,
+            limit: usize,
+        ) -> Result<$crate::OverridePage, $crate::StoreError> {
+            let $inner = self;
+            $trait::overrides_page($to, index, after, limit).await
         }
     };
 }

@@ -8,9 +8,9 @@ use std::{
 };
 
 use tollgate::{
-    AnyStore, BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LimiterRequest,
-    LockReply, LockStore, MemoryStore, OnError, Override, OverrideStore, Receipt, RefundStore,
-    Store, StoreError, StoreErrorKind, Verdict,
+    AnyStore, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, LimiterRequest, LockReply,
+    LockStore, MemoryStore, OnError, Override, OverridePage, OverrideStore, PageCursor, Receipt,
+    RefundStore, Store, StoreError, StoreErrorKind, Verdict,
 };
 use tollgate_redis::{RedisStore, RedisStoreBuilder};
 
@@ -307,7 +307,7 @@ impl BanStore for Late {
     fn bans_page(
         &self,
         prefix: &str,
-        after: Option<&BanCursor>,
+        after: Option<&PageCursor>,
         limit: usize,
     ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
         let store = self.store();
@@ -342,6 +342,16 @@ impl OverrideStore for Late {
     ) -> impl Future<Output = Result<Vec<Override>, StoreError>> + Send {
         let store = self.store();
         async move { store?.overrides(index).await }
+    }
+
+    fn overrides_page(
+        &self,
+        index: &str,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<OverridePage, StoreError>> + Send {
+        let store = self.store();
+        async move { store?.overrides_page(index, after, limit).await }
     }
 }
 

@@ -10,8 +10,9 @@ use super::{
 };
 use crate::{
     algorithm::RuleOutcome,
-    blocklist::{BanCursor, BanEntry, BanPage, BanRule, BanTarget},
+    blocklist::{BanEntry, BanPage, BanRule, BanTarget},
     key,
+    page::PageCursor,
     store::CheckRequest,
 };
 
@@ -214,14 +215,14 @@ impl Inner {
     pub(super) fn bans_page(
         &self,
         prefix: &str,
-        after: Option<&BanCursor>,
+        after: Option<&PageCursor>,
         limit: usize,
     ) -> BanPage {
         let limit = limit.max(1);
         let now = self.clock.now_us();
-        let mut found: Vec<(BanCursor, BanEntry)> = Vec::new();
+        let mut found: Vec<(PageCursor, BanEntry)> = Vec::new();
         self.each_live_ban(prefix, now, |key, ban| {
-            let at = BanCursor::new(ban.until, key);
+            let at = PageCursor::new(ban.until, key);
             if after.is_none_or(|a| at > *a) {
                 let entry = BanEntry {
                     target: ban.target.clone(),

@@ -32,10 +32,11 @@ use self::{
 };
 use crate::{
     algorithm::{self, RuleOutcome},
-    blocklist::{BanCursor, BanEntry, BanPage, BanTarget},
+    blocklist::{BanEntry, BanPage, BanTarget},
     clock::{Clock, SystemClock},
     error::StoreError,
-    overrides::Override,
+    overrides::{Override, OverridePage},
+    page::PageCursor,
     rule::{Algorithm, Rule},
     store::{
         BanStore, CheckRequest, LimiterAnswer, LimiterCheck, LimiterRequest, LockReply, LockStore,
@@ -1081,6 +1082,17 @@ impl OverrideStore for MemoryStore {
         let now = self.inner.clock.now_us();
         std::future::ready(Ok(self.inner.overrides.list(index, now)))
     }
+
+    fn overrides_page(
+        &self,
+        index: &str,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<OverridePage, StoreError>> + Send {
+        let now = self.inner.clock.now_us();
+        let page = self.inner.overrides.page(index, now, after, limit);
+        std::future::ready(Ok(page))
+    }
 }
 
 impl LockStore for MemoryStore {
@@ -1143,7 +1155,7 @@ impl BanStore for MemoryStore {
     fn bans_page(
         &self,
         prefix: &str,
-        after: Option<&BanCursor>,
+        after: Option<&PageCursor>,
         limit: usize,
     ) -> impl Future<Output = Result<BanPage, StoreError>> + Send {
         std::future::ready(Ok(self.inner.bans_page(prefix, after, limit)))

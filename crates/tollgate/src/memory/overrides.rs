@@ -12,8 +12,9 @@ use std::{
 use smallvec::SmallVec;
 
 use crate::{
-    INLINE_RULES, Override, StoreError, StoreErrorKind,
-    overrides::apply,
+    INLINE_RULES, Override, OverridePage, StoreError, StoreErrorKind,
+    overrides::{Pager, apply},
+    page::PageCursor,
     rule::Rule,
     store::{CheckRequest, LimiterRequest},
 };
@@ -171,6 +172,27 @@ impl Overrides {
             (&a.policy, &a.limiter, &a.value).cmp(&(&b.policy, &b.limiter, &b.value))
         });
         all
+    }
+
+    /// One page of the live overrides under `index` (see `OverrideStore::overrides_page`):
+    /// each map read once, only the page's overrides cloned.
+    pub(super) fn page(
+        &self,
+        index: &str,
+        now: u64,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> OverridePage {
+        let mut pager = Pager::new(after, limit);
+        for map in self.maps.iter() {
+            let map = map.read().unwrap_or_else(|e| e.into_inner());
+            let listed = map.values().filter(|k| &*k.index == index);
+            listed
+                .map(|k| &k.entry)
+                .filter(|o| o.live_at(now))
+                .for_each(|o| pager.feed(o));
+        }
+        pager.page()
     }
 }
 

@@ -14,7 +14,7 @@ use axum::{
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use serde_json::Value;
 use tollgate::{
-    BanCursor, BanTarget, CheckError, Identity, LimiterRequest, Override, OverrideError, Policy,
+    BanTarget, CheckError, Identity, LimiterRequest, Override, OverrideError, PageCursor, Policy,
     Rule,
 };
 
@@ -23,7 +23,7 @@ use super::{
     error::{ApiError, ApiJson, check_error},
     json::{
         BanJson, BanRequest, BlocklistPage, BlocklistQuery, OverrideJson, OverrideRequest,
-        ResetRequest, UnbanQuery, ceil_ms,
+        OverridesPage, PageQuery, ResetRequest, UnbanQuery, ceil_ms,
     },
     scope::Admin,
 };
@@ -239,18 +239,28 @@ pub(crate) async fn remove_override(
     }
 }
 
-/// `GET /v1/overrides`: every override that has not ended.
+/// `GET /v1/overrides?limit=&cursor=`: one page of the overrides that have not ended, in the
+/// order they end (those that never end last).
 pub(crate) async fn overrides(
     State(app): State<Arc<App>>,
     _: Admin,
-) -> Result<Json<Value>, ApiError> {
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Json<OverridesPage>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let (limit, after) = page_of(query.limit.as_deref(), query.cursor.as_deref())?;
     let started = Instant::now();
-    let result = app.gate.overrides().await;
+    let result = app.gate.overrides_page(after.as_ref(), limit).await;
     app.metrics
         .store_call("overrides", started.elapsed(), result.is_err());
-    let all = result.map_err(|e| ApiError::store("overrides", &e))?;
-    let listed: Vec<OverrideJson> = all.into_iter().map(|o| override_json(&app, o)).collect();
-    Ok(Json(serde_json::json!({ "overrides": listed })))
+    let page = result.map_err(|e| ApiError::store("overrides", &e))?;
+    Ok(Json(OverridesPage {
+        overrides: page
+            .overrides
+            .into_iter()
+            .map(|o| override_json(&app, o))
+            .collect(),
+        next_cursor: page.next.map(|c| c.to_string()),
+    }))
 }
 
 /// An override as the API shows it: its rules as the configuration makes them (its policy's
@@ -305,9 +315,40 @@ fn override_error(e: OverrideError) -> ApiError {
     ApiError::new(status, e.to_string()).with_code(code)
 }
 
-/// The blocklist page size when the request names none, and the largest it may name.
-const BLOCKLIST_PAGE: usize = 100;
-const BLOCKLIST_PAGE_MAX: usize = 1000;
+/// A listing's page size (blocklist, overrides) when the request names none, and the largest
+/// it may name.
+const PAGE: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+/// The page size and the cursor a listing's request names (`limit`, `cursor`).
+fn page_of(
+    limit: Option<&str>,
+    cursor: Option<&str>,
+) -> Result<(usize, Option<PageCursor>), ApiError> {
+    let limit = match limit {
+        None => PAGE,
+        Some(text) => text
+            .parse()
+            .ok()
+            .filter(|n| (1..=PAGE_MAX).contains(n))
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("limit {text:?}: expected a number from 1 to {PAGE_MAX}"),
+                )
+            })?,
+    };
+    let after = cursor
+        .map(str::parse::<PageCursor>)
+        .transpose()
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("cursor: {e} (pass next_cursor of the previous page)"),
+            )
+        })?;
+    Ok((limit, after))
+}
 
 /// `GET /v1/blocklist?limit=&cursor=`: one page of the live bans, in the order they end.
 pub(crate) async fn blocklist(
@@ -317,30 +358,7 @@ pub(crate) async fn blocklist(
 ) -> Result<Json<BlocklistPage>, ApiError> {
     use tollgate::BanStore as _;
     let Query(query) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let limit = match query.limit.as_deref() {
-        None => BLOCKLIST_PAGE,
-        Some(text) => text
-            .parse()
-            .ok()
-            .filter(|n| (1..=BLOCKLIST_PAGE_MAX).contains(n))
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("limit {text:?}: expected a number from 1 to {BLOCKLIST_PAGE_MAX}"),
-                )
-            })?,
-    };
-    let after = query
-        .cursor
-        .as_deref()
-        .map(str::parse::<BanCursor>)
-        .transpose()
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("cursor: {e} (pass next_cursor of the previous page)"),
-            )
-        })?;
+    let (limit, after) = page_of(query.limit.as_deref(), query.cursor.as_deref())?;
     let prefix = match query.policy.as_deref() {
         Some(name) => own_bans(&app, name)?,
         None => app.gate.prefix().to_owned(),

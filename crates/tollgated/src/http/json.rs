@@ -368,6 +368,23 @@ pub(crate) struct BlocklistQuery {
     pub(crate) policy: Option<String>,
 }
 
+/// `?limit=&cursor=` of the overrides' listing: the page size, and `next_cursor` of the page
+/// before.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PageQuery {
+    pub(crate) limit: Option<String>,
+    pub(crate) cursor: Option<String>,
+}
+
+/// `GET /v1/overrides`: one page of the overrides.
+#[derive(Debug, Serialize)]
+pub(crate) struct OverridesPage {
+    pub(crate) overrides: Vec<OverrideJson>,
+    /// Pass as `cursor` for the next page; `null` after the last one.
+    pub(crate) next_cursor: Option<String>,
+}
+
 /// `?policy=` of an unban: the policy whose own ban to lift.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -13,8 +13,8 @@ use envoy_types::pb::envoy::{
 };
 use serde_json::json;
 use tollgate::{
-    AnyStore, BanCursor, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, Dimension, Identity,
-    Limiter, LockReply, LockStore, MemoryStore, Policy, Receipt, RefundStore, Store, StoreError,
+    AnyStore, BanEntry, BanPage, BanStore, BanTarget, CheckRequest, Dimension, Identity, Limiter,
+    LockReply, LockStore, MemoryStore, PageCursor, Policy, Receipt, RefundStore, Store, StoreError,
     Tollgate, Verdict,
 };
 use tollgate_tower::{Context, IdentityResolver, RateLimitLayer, Rejection, rate_limit};
@@ -174,7 +174,7 @@ impl BanStore for Recorder {
     async fn bans_page(
         &self,
         prefix: &str,
-        after: Option<&BanCursor>,
+        after: Option<&PageCursor>,
         limit: usize,
     ) -> Result<BanPage, StoreError> {
         self.inner.bans_page(prefix, after, limit).await

@@ -7,7 +7,9 @@ use tollgate_testkit::RedisServer;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-use crate::support::{ADMIN_TOKEN, Server, assert_problem, descriptor, should_rate_limit};
+use crate::support::{
+    ADMIN_TOKEN, Server, assert_problem, descriptor, error_message, should_rate_limit,
+};
 
 const POLICIES: &str = r#"
 [server]
@@ -247,12 +249,69 @@ async fn envoy_descriptors_take_overrides(server: &Server) {
     assert_eq!((status, body), (200, json!({ "removed": true })));
 }
 
+/// `GET /v1/overrides` answers a page at a time, in the order overrides end (those that never
+/// end last), and follows its `next_cursor` to the end; a bad `limit` or `cursor` is a 400.
+async fn overrides_listed_page_by_page(server: &Server) {
+    let (_, before) = admin(server, Method::GET, None).await;
+    let mut expected: Vec<String> = before["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["value"].as_str().unwrap().to_owned())
+        .collect();
+    for (i, ttl) in ["1h", "2h", "1h", "3h"].iter().enumerate() {
+        let user = format!("paged-{i}");
+        let set = json!({
+            "policy": "api", "limiter": "user_id", "identity": { "user_id": user },
+            "rules": ["7/1m"], "ttl": ttl,
+        });
+        let (status, body) = admin(server, Method::PUT, Some(set)).await;
+        assert_eq!(status, 200, "{body}");
+        expected.push(user);
+    }
+    let (mut listed, mut ends, mut path) =
+        (Vec::new(), Vec::new(), "/v1/overrides?limit=2".to_owned());
+    loop {
+        let (status, page) = server.get_admin(&path).await;
+        assert_eq!(status, 200, "{page}");
+        let overrides = page["overrides"].as_array().unwrap();
+        assert!(overrides.len() <= 2, "{page}");
+        for o in overrides {
+            listed.push(o["value"].as_str().unwrap().to_owned());
+            ends.push(o["expires_at_ms"].as_u64().unwrap_or(u64::MAX));
+        }
+        match &page["next_cursor"] {
+            Value::String(cursor) => path = format!("/v1/overrides?limit=2&cursor={cursor}"),
+            Value::Null => break,
+            other => panic!("next_cursor {other}"),
+        }
+        assert!(listed.len() < 100, "the pages never end");
+    }
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
+    listed.sort();
+    expected.sort();
+    assert_eq!(listed, expected, "every override once");
+    for (query, says) in [
+        ("limit=0", "limit \"0\": expected a number from 1 to 1000"),
+        ("limit=1001", "limit"),
+        ("limit=many", "limit"),
+        ("cursor=nonsense", "cursor"),
+        ("cursor=1.zz", "cursor"),
+        ("page=2", "page"),
+    ] {
+        let (status, body) = server.get_admin(&format!("/v1/overrides?{query}")).await;
+        let message = error_message(status, &body, 400);
+        assert!(message.contains(says), "{query}: {message}");
+    }
+}
+
 #[tokio::test]
 async fn overrides_on_the_memory_store() {
     let server = Server::start(POLICIES);
     overrides_over_the_api(&server).await;
     bad_overrides_say_what_is_wrong(&server).await;
     envoy_descriptors_take_overrides(&server).await;
+    overrides_listed_page_by_page(&server).await;
 }
 
 #[tokio::test]
@@ -263,4 +322,5 @@ async fn overrides_on_redis() {
     overrides_over_the_api(&server).await;
     bad_overrides_say_what_is_wrong(&server).await;
     envoy_descriptors_take_overrides(&server).await;
+    overrides_listed_page_by_page(&server).await;
 }
