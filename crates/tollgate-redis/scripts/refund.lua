@@ -14,7 +14,9 @@
 --          (0: none), the instant µs the check recorded at (-1: none, refund the newest units
 --          of the current window; charge: the most entries its log may hold, twice its largest
 --          sliding-log limit), the fingerprint of its rules if it takes overrides (0: it does
---          not; a live override made for them sets the limits GCRA's interval follows), then
+--          not; a live override made for them sets the limits GCRA's interval follows, in a
+--          refund by a receipt no lower than the rule's, which is the one the check counted
+--          by), then
 --          per rule:
 --          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
 --          window), limit, window µs, and for a calendar window four instants µs around the
@@ -259,7 +261,13 @@ while argi < #ARGV do
   end
   for r = 1, rules do
     local algorithm, limit, window = arg(), arg(), arg()
-    limit = limits[r] or limit
+    if limits[r] and at >= 0 then
+      -- By a receipt, the rule's limit is the one the check counted by: no lower one, so that
+      -- GCRA gives back no more time than the check took.
+      limit = math.max(limits[r], limit)
+    else
+      limit = limits[r] or limit
+    end
     local start
     if algorithm == 5 then
       -- The calendar window holding `when`: a fixed window from here on.

@@ -364,10 +364,19 @@ pub(crate) fn prepare_refund(
             .arg(limiter.log_window_us().unwrap_or(0))
             .arg(at)
             .arg(limiter.overrides.map_or(0, std::num::NonZeroU64::get));
-        for rule in limiter.rules.iter() {
-            call.arg(rule_code(rule)?)
-                .arg(rule.limit())
-                .arg(rule.window_us());
+        // Where the limiter's rules start among the plan's (a receipt names limits by place).
+        let first = plan.limiters[..i]
+            .iter()
+            .map(|l| l.rules.len())
+            .sum::<usize>();
+        for (place, rule) in (first..).zip(limiter.rules.iter()) {
+            // A refund by a receipt: no lower limit than the check counted by (see
+            // `RefundStore::refund`; refund.lua takes the larger of it and an override's).
+            let limit = match (mode, receipt) {
+                (Adjust::Refund, Some(receipt)) => receipt.counted_limit(place, rule.limit()),
+                _ => rule.limit(),
+            };
+            call.arg(rule_code(rule)?).arg(limit).arg(rule.window_us());
             // Around the check's instant: the window its units were counted in.
             let around = match mode {
                 Adjust::Charge => now_us,

@@ -152,6 +152,7 @@ macro_rules! conformance_suite {
             waiters_are_admitted_in_order_never_over_the_limit,
             overrides_set_limits_per_identity,
             overrides_page_in_the_order_they_end,
+            refunds_count_by_the_limits_their_check_counted_by,
             store_answers_ping,
         );
 
@@ -2204,6 +2205,85 @@ pub async fn overrides_set_limits_per_identity<S: FullStore>(s: Subject<S>) {
         .await
         .expect_err("a limiter without overrides refuses one");
     assert!(e.to_string().contains("takes no overrides"), "{e}");
+}
+
+/// Scenario: a refund by a receipt gives back by the limits its check counted by. GCRA gives
+/// back time (the cost times the rule's interval): after an override that raised the limit is
+/// removed, or one that lowers it is set, a refund by the limit of now would give back more
+/// time than the check took. And a receipt whose text names a lower limit than the configured
+/// one (a client may forge it) gives back no more than the configured limit does.
+pub async fn refunds_count_by_the_limits_their_check_counted_by<S: FullStore>(s: Subject<S>) {
+    let p = policy(
+        "ovr_refund",
+        [Limiter::new(Dimension::UserId, [gcra("6/1m")]).with_overrides(true)],
+    );
+    let (gate, p) = (s.gate(), &p);
+    let set = |who: Identity, to: &'static str| async move {
+        gate.set_override(p, "user_id", &who, &[gcra(to)], None)
+            .await
+            .expect("the store keeps overrides");
+    };
+    let refund = |who: Identity, receipt: tollgate::Receipt| async move {
+        gate.refund(p, &who, 1, Some(&receipt))
+            .await
+            .expect("the store refunds");
+    };
+    s.at(ms(0));
+    // Raised to 12/1m (5 s a unit) for the check, removed before its refund.
+    let who = user("raised");
+    set(who.clone(), "12/1m").await;
+    let d = s.check(p, &who, 12).await;
+    assert!(d.allowed(), "{d:#?}");
+    let receipt = d.receipt().expect("recorded");
+    assert_eq!(receipt.limits(), [(0, 12)]);
+    let text = receipt.to_string();
+    assert_eq!(
+        text.parse::<tollgate::Receipt>(),
+        Ok(receipt.clone()),
+        "{text}"
+    );
+    assert!(
+        gate.remove_override(p, "user_id", &who)
+            .await
+            .expect("the store removes overrides")
+    );
+    eprintln!("DBG receipt {receipt:?} {receipt}");
+    refund(who.clone(), receipt).await;
+    // 5 s back, not the configured 10 s: 55 s owed, and a unit of 10 s does not fit in 60.
+    let d = s.check(p, &who, 1).await;
+    assert_eq!(
+        (d.allowed(), d.retry_after()),
+        (false, Some(ms(5_000))),
+        "{d:#?}"
+    );
+
+    // Checked by the configured 6/1m (10 s a unit), lowered to 3/1m (20 s) before its refund.
+    let who = user("lowered");
+    let d = s.check(p, &who, 6).await;
+    let receipt = d.receipt().expect("recorded");
+    assert!(receipt.limits().is_empty(), "{receipt:?}");
+    set(who.clone(), "3/1m").await;
+    refund(who.clone(), receipt).await;
+    // 10 s back, not 20: 50 s owed, and a unit of 20 s does not fit in the 60 s of 3/1m.
+    let d = s.check(p, &who, 1).await;
+    assert_eq!(
+        (d.allowed(), d.retry_after()),
+        (false, Some(ms(10_000))),
+        "{d:#?}"
+    );
+
+    // A receipt's text naming 1/1m (60 s a unit): no more than the configured 10 s back.
+    let who = user("forged");
+    let d = s.check(p, &who, 6).await;
+    let forged = format!("{}.0:1", d.receipt().expect("recorded"));
+    refund(who.clone(), forged.parse().expect("a receipt")).await;
+    assert!(s.check(p, &who, 1).await.allowed());
+    let d = s.check(p, &who, 1).await;
+    assert_eq!(
+        (d.allowed(), d.retry_after()),
+        (false, Some(ms(10_000))),
+        "{d:#?}"
+    );
 }
 
 /// Scenario: the overrides listed page by page. Every live override once, in the order they

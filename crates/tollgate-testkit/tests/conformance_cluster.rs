@@ -97,6 +97,7 @@ mod conformance {
         waiters_are_admitted_in_order_never_over_the_limit,
         overrides_set_limits_per_identity,
         overrides_page_in_the_order_they_end,
+        refunds_count_by_the_limits_their_check_counted_by,
         store_answers_ping,
     );
 }

@@ -574,6 +574,20 @@ impl Decision {
         }
     }
 
+    /// The limits overrides set for the check (rule place, limit), after the rules' entries;
+    /// the receipt, if any, names them too, for a refund by the limits the check counted by.
+    pub(crate) fn push_limits(&mut self, limits: &[(usize, u64)]) {
+        if limits.is_empty() {
+            return;
+        }
+        for &(place, limit) in limits {
+            self.push_said(Said::limit(place, limit));
+        }
+        if let Some(receipt) = self.receipt() {
+            self.extra().receipt = Some(receipt.with_limits(limits.iter().copied()));
+        }
+    }
+
     /// What each rule said, then the limits overrides set.
     fn said(&self) -> &[Said] {
         match self.more.get() {

@@ -317,6 +317,12 @@ impl Verdict {
 /// A shadow limiter that would have denied recorded nothing: its receipt says so, and a refund
 /// leaves it alone.
 ///
+/// When an identity's override set the limits the check counted by, the receipt names them
+/// ([`limits`](Self::limits)), so that a refund gives back by them even after the override
+/// changed or was removed (GCRA gives back time, `units` times the rule's interval: by a lower
+/// limit, more time than the check took). A refund takes them only to raise a limit: a
+/// receipt handed back by a client cannot make a refund give back more.
+///
 /// ```
 /// use tollgate::Receipt;
 ///
@@ -331,6 +337,9 @@ pub struct Receipt {
     at_us: SmallVec<[u64; 1]>,
     id: u64,
     units: u64,
+    /// The limits overrides set for the check: (the rule's place among the policy's rules,
+    /// limiters in order, the limit), by place.
+    limits: Vec<(usize, u64)>,
 }
 
 impl Receipt {
@@ -343,6 +352,7 @@ impl Receipt {
             at_us: SmallVec::from_buf([at_us]),
             id,
             units,
+            limits: Vec::new(),
         }
     }
 
@@ -353,7 +363,12 @@ impl Receipt {
         if at_us.len() > 1 && at_us.iter().all(|&t| t == at_us[0]) {
             at_us.truncate(1);
         }
-        Receipt { at_us, id, units }
+        Receipt {
+            at_us,
+            id,
+            units,
+            limits: Vec::new(),
+        }
     }
 
     /// The units the check recorded (its cost).
@@ -389,10 +404,37 @@ impl Receipt {
     #[must_use]
     pub fn with_units(&self, units: u64) -> Receipt {
         Receipt {
-            at_us: self.at_us.clone(),
-            id: self.id,
             units,
+            ..self.clone()
         }
+    }
+
+    /// The same record, naming the limits overrides set for the check: (the rule's place among
+    /// the policy's rules, limiters in order, the limit). The engine writes them into the
+    /// receipts of its decisions.
+    #[must_use]
+    pub fn with_limits(mut self, limits: impl IntoIterator<Item = (usize, u64)>) -> Receipt {
+        self.limits = limits.into_iter().collect();
+        self.limits.sort_unstable();
+        self.limits.dedup_by_key(|&mut (place, _)| place);
+        self
+    }
+
+    /// The limits overrides set for the check, by rule place (see
+    /// [`with_limits`](Self::with_limits)); empty when the check counted by the configured
+    /// limits.
+    pub fn limits(&self) -> &[(usize, u64)] {
+        &self.limits
+    }
+
+    /// The limit a refund by this receipt gives back by, for the rule at `place` among the
+    /// policy's rules (limiters in order) whose configured limit is `configured`: the limit
+    /// the check counted by where an override raised it, else the configured one. Never
+    /// lower than `configured`: a receipt is text a client may hand back, and a lower limit
+    /// would give back more GCRA time than any check took.
+    pub fn counted_limit(&self, place: usize, configured: u64) -> u64 {
+        let named = self.limits.iter().find(|&&(p, _)| p == place);
+        named.map_or(configured, |&(_, limit)| limit.max(configured))
     }
 }
 
@@ -416,6 +458,13 @@ impl std::fmt::Display for Receipt {
                 at => f.write_str(digits.format(at))?,
             }
         }
+        // `.place:limit,...` for the limits overrides set.
+        for (i, &(place, limit)) in self.limits.iter().enumerate() {
+            f.write_str(if i == 0 { "." } else { "," })?;
+            f.write_str(digits.format(place))?;
+            f.write_str(":")?;
+            f.write_str(digits.format(limit))?;
+        }
         Ok(())
     }
 }
@@ -430,7 +479,11 @@ impl std::str::FromStr for Receipt {
             )
         };
         let (id, rest) = text.split_once('.').ok_or_else(bad)?;
-        let (units, times) = rest.split_once('.').ok_or_else(bad)?;
+        let (units, rest) = rest.split_once('.').ok_or_else(bad)?;
+        let (times, limits) = match rest.split_once('.') {
+            Some((times, limits)) => (times, Some(limits)),
+            None => (rest, None),
+        };
         if id.len() != 16 {
             return Err(bad());
         }
@@ -447,7 +500,17 @@ impl std::str::FromStr for Receipt {
                     .ok_or_else(bad),
             })
             .collect::<Result<SmallVec<[u64; 1]>, String>>()?;
-        Ok(Receipt::per_limiter(at_us, id, units))
+        let limits = limits
+            .into_iter()
+            .flat_map(|l| l.split(','))
+            .map(|pair| {
+                let (place, limit) = pair.split_once(':').ok_or_else(bad)?;
+                let place = place.parse::<usize>().map_err(|_| bad())?;
+                let limit = limit.parse::<u64>().map_err(|_| bad())?;
+                Ok((place, limit))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Receipt::per_limiter(at_us, id, units).with_limits(limits))
     }
 }
 
@@ -604,7 +667,11 @@ pub trait RefundStore: Store {
     /// - GCRA moves its theoretical arrival time back by `cost` emission intervals, not before
     ///   now.
     ///
-    /// A limiter the receipt says recorded nothing is left alone.
+    /// A limiter the receipt says recorded nothing is left alone. With a receipt, a rule gives
+    /// back by the larger of the limit in force now (its override's, if one applies) and
+    /// [`Receipt::counted_limit`] (the limit its check counted by, where an override raised
+    /// it), so that a GCRA rule gives back no more time than the check took, whatever happened
+    /// to the override since (after a lowered override, a little less).
     fn refund(
         &self,
         request: &CheckRequest<'_>,
@@ -1337,6 +1404,18 @@ mod receipt_tests {
         );
         let same = Receipt::per_limiter([9, 9], 1, 1);
         assert_eq!(same.to_string(), "0000000000000001.1.9");
+        // The limits an override set, by rule place, sorted, once each.
+        let raised = mixed.clone().with_limits([(3, 50), (0, 12), (3, 60)]);
+        assert_eq!(raised.limits(), [(0, 12), (3, 50)]);
+        assert_eq!(raised.to_string(), "00000000000000ab.1.5,-,7.0:12,3:50");
+        assert_eq!(raised.to_string().parse::<Receipt>(), Ok(raised.clone()));
+        assert_eq!(raised.with_units(0).limits(), raised.limits());
+        // A refund by it: never below the configured limit.
+        assert_eq!(
+            (raised.counted_limit(0, 6), raised.counted_limit(0, 20)),
+            (12, 20)
+        );
+        assert_eq!(raised.counted_limit(1, 6), 6, "no override for that rule");
         for bad in [
             "",
             "x",
@@ -1344,6 +1423,10 @@ mod receipt_tests {
             "00000000000000ab.one.5",
             "00000000000000ab.1",
             "00000000000000ab.1.5,x",
+            "00000000000000ab.1.5.",
+            "00000000000000ab.1.5.0",
+            "00000000000000ab.1.5.0:x",
+            "00000000000000ab.1.5.0:1.2",
         ] {
             let e = bad.parse::<Receipt>().unwrap_err();
             assert!(e.contains("is not a receipt"), "{bad:?}: {e}");

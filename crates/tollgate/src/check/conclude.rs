@@ -103,10 +103,7 @@ pub(crate) fn decide(limiters: &[Limiter], told: Told<'_>, cost: u64, out: &mut 
             ));
         }
     }
-    // The limits overrides set, after the rules' entries.
-    for &(place, limit) in told.limits {
-        out.push_said(Said::limit(place, limit));
-    }
+    out.push_limits(told.limits);
     out.set_remaining(remaining);
     if !told.allowed {
         out.set_reason(if concurrency {
@@ -154,9 +151,7 @@ fn admitted_by_one(limiter: &Limiter, told: &Told<'_>, out: &mut Decision) {
             .iter()
             .map(|o| Said::new(o.allowed, o.remaining, o.reset_after_us)),
     );
-    for &(place, limit) in told.limits {
-        out.push_said(Said::limit(place, limit));
-    }
+    out.push_limits(told.limits);
     out.set_remaining(remaining);
 }
 

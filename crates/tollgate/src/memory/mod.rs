@@ -1023,8 +1023,26 @@ impl RefundStore for MemoryStore {
         request: &CheckRequest<'_>,
         receipt: Option<&Receipt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner
-            .with_overrides(request, &mut Vec::new(), |r| self.inner.refund(r, receipt));
+        self.inner.with_overrides(request, &mut Vec::new(), |now| {
+            let Some(receipt) = receipt else {
+                return self.inner.refund(now, None);
+            };
+            // No lower limit than the check counted by (see `RefundStore::refund`).
+            let floored: Rules = (now.limiters.iter().zip(request.limiters))
+                .flat_map(|(now, configured)| now.rules.iter().zip(configured.rules))
+                .enumerate()
+                .map(|(place, (now, configured))| {
+                    let counted = receipt.counted_limit(place, configured.limit());
+                    now.with_limit(now.limit().max(counted))
+                })
+                .collect();
+            let limiters = overrides::over(now, &floored);
+            let now = CheckRequest {
+                limiters: &limiters,
+                ..*now
+            };
+            self.inner.refund(&now, Some(receipt));
+        });
         std::future::ready(Ok(()))
     }
 
