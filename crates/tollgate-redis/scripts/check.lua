@@ -401,22 +401,10 @@ while argi < args do
         -- The identity's override, read beside its counters: applied if it was made for these
         -- rules and has not ended.
         local o = call('GET', override)
-        if o then
-          local head = string.match(o, '^[^\n]*')
-          local v, c = {}, 0
-          for d in string.gmatch(head, '%d+') do
-            c = c + 1
-            v[c] = tonumber(d)
-          end
-          if c == n + 2 and v[1] == fingerprint and (v[2] == 0 or v[2] > now) then
-            for j = 1, n do
-              if v[j + 2] > 0 then
-                rule[4 * (rules + j) - 2] = v[j + 2]
-                overridden = overridden or {}
-                overridden[rules + j] = v[j + 2]
-              end
-            end
-          end
+        for j, limit in pairs(o and override_limits_of(o, n, fingerprint) or {}) do
+          rule[4 * (rules + j) - 2] = limit
+          overridden = overridden or {}
+          overridden[rules + j] = limit
         end
       end
       local m = 6 * l

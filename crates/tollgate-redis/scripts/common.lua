@@ -38,3 +38,25 @@ local function ttl_ms(us)
   end
   return q + ttl_slack_ms
 end
+
+-- The limits an override sets (rule index -> limit; none where the configured limit stands),
+-- from its stored value `o` (see override.lua: "fingerprint:ends:limit:...", then the
+-- listing), for a limiter of `n` rules whose fingerprint is `fingerprint`; nil if it was made
+-- for other rules or has ended.
+local function override_limits_of(o, n, fingerprint)
+  local v, c = {}, 0
+  for d in string.gmatch(string.match(o, '^[^\n]*'), '%d+') do
+    c = c + 1
+    v[c] = tonumber(d)
+  end
+  if c ~= n + 2 or v[1] ~= fingerprint or (v[2] ~= 0 and v[2] <= now) then
+    return nil
+  end
+  local limits = {}
+  for j = 1, n do
+    if v[j + 2] > 0 then
+      limits[j] = v[j + 2]
+    end
+  end
+  return limits
+end

@@ -45,28 +45,12 @@ end
 -- The limits of a limiter's override (rule index -> limit; none where the configured limit
 -- stands), when it takes overrides (`fingerprint` > 0): its key is the limiter's next.
 local function override_limits(fingerprint, n)
-  local limits = {}
   if fingerprint == 0 then
-    return limits
+    return {}
   end
   keyi = keyi + 1
   local o = redis.call('GET', KEYS[keyi])
-  if not o then
-    return limits
-  end
-  local v, c = {}, 0
-  for d in string.gmatch(string.match(o, '^[^\n]*'), '%d+') do
-    c = c + 1
-    v[c] = tonumber(d)
-  end
-  if c == n + 2 and v[1] == fingerprint and (v[2] == 0 or v[2] > now) then
-    for j = 1, n do
-      if v[j + 2] > 0 then
-        limits[j] = v[j + 2]
-      end
-    end
-  end
-  return limits
+  return o and override_limits_of(o, n, fingerprint) or {}
 end
 
 if extend then
