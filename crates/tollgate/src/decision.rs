@@ -565,11 +565,14 @@ impl Decision {
     /// limiters recorded at different instants (else read in place).
     #[inline(always)]
     pub(crate) fn take_receipt(&mut self, receipt: &mut Option<Receipt>) {
-        if let Some(recorded) = receipt {
-            self.has |= Decision::RECEIPT;
-            match recorded.single() {
-                Some(at) => self.set_receipt([at, recorded.id(), recorded.units()]),
-                None => self.extra().receipt = receipt.take(),
+        let Some(recorded) = receipt else {
+            return;
+        };
+        match recorded.single() {
+            Some(at) => self.set_receipt([at, recorded.id(), recorded.units()]),
+            None => {
+                self.extra().receipt = receipt.take();
+                self.has |= Decision::RECEIPT;
             }
         }
     }
