@@ -9,42 +9,8 @@
 -- Reply    flat: the next cursor (end µs as text, key), or '' and '' after the last page; now
 --          (µs, as text); then each ban's key
 --
--- Cost: O(log n + page size). The page starts at a rank found by ZCOUNT, so no call walks
--- the bans before it; only the few that share the cursor's end are stepped over.
+-- Cost: O(log n + page size) (see common.lua's index_page).
 
-local index = KEYS[1]
-local limit = math.max(1, tonumber(ARGV[2]) or 1)
-local after_us = tonumber(ARGV[3])
+local after_end = tonumber(ARGV[3])
 local after_key = ARGV[4]
-
-local from = now
-if after_us and after_us > from then
-  from = after_us
-end
--- Every index entry before this rank ends before `from`.
-local rank = redis.call('ZCOUNT', index, '-inf', '(' .. int(from))
-local total = redis.call('ZCARD', index)
-local out = { '', '', int(now) }
-local found = 0
-local last_us, last_key
-while found < limit and rank < total do
-  local batch = redis.call('ZRANGE', index, rank, rank + limit - found - 1, 'WITHSCORES')
-  if #batch == 0 then
-    break
-  end
-  for i = 1, #batch, 2 do
-    local key, until_us = batch[i], tonumber(batch[i + 1])
-    rank = rank + 1
-    local seen = after_us and until_us == after_us and key <= after_key
-    if until_us > now and not seen then
-      last_us, last_key = until_us, key
-      out[#out + 1] = key
-      found = found + 1
-    end
-  end
-end
-if rank < total and last_us then
-  out[1] = int(last_us)
-  out[2] = last_key
-end
-return out
+return index_page(KEYS[1], math.max(1, tonumber(ARGV[2]) or 1), after_end, after_key)

@@ -60,3 +60,57 @@ local function override_limits_of(o, n, fingerprint)
   end
   return limits
 end
+
+-- One page of an index: a sorted set of keys scored by when they end (µs; +inf: never), in
+-- its order (by end, then by key), of the keys that end after now, after the cursor
+-- (`after_end`, `after_key`: the last of the page before; nil for the first page), at most
+-- `limit` (at least 1). Reply, flat: the next cursor (its end as text, 'inf' for never, and
+-- its key), or '' and '' after the last page; now (µs, as text); then the keys.
+--
+-- O(log n + limit): the page starts at a rank found by ZCOUNT, so no call walks the keys
+-- before it; only those that share the cursor's end are stepped over.
+local function index_page(index, limit, after_end, after_key)
+  local from = now
+  if after_end and after_end > from then
+    from = after_end
+  end
+  -- Every index entry before this rank ends before `from`.
+  local rank
+  if from == math.huge then
+    rank = call('ZCOUNT', index, '-inf', '(+inf')
+  else
+    rank = call('ZCOUNT', index, '-inf', '(' .. format('%d', from))
+  end
+  local total = call('ZCARD', index)
+  local out = { '', '', format('%d', now) }
+  local found = 0
+  local last_end, last_key
+  while found < limit and rank < total do
+    local batch = call('ZRANGE', index, rank, rank + limit - found - 1, 'WITHSCORES')
+    if #batch == 0 then
+      break
+    end
+    for i = 1, #batch, 2 do
+      local key, ends = batch[i], math.huge
+      if batch[i + 1] ~= 'inf' and batch[i + 1] ~= '+inf' then
+        ends = tonumber(batch[i + 1])
+      end
+      rank = rank + 1
+      local seen = after_end and ends == after_end and key <= after_key
+      if ends > now and not seen then
+        last_end, last_key = ends, key
+        out[#out + 1] = key
+        found = found + 1
+      end
+    end
+  end
+  if rank < total and last_end then
+    if last_end == math.huge then
+      out[1] = 'inf'
+    else
+      out[1] = format('%d', last_end)
+    end
+    out[2] = last_key
+  end
+  return out
+end

@@ -12,61 +12,19 @@
 --             of the last override of the previous page, or '' and '' for the first page.
 --             Reply, flat: the next cursor (end as text, key), or '' and '' after the last
 --             page; now (µs, as text); then each override's key, in the order they end, then
---             by key (the index's own order). O(log n + page size): the page starts at a rank
---             found by ZCOUNT, so no call walks the overrides before it.
+--             by key (the index's own order). O(log n + page size) (see common.lua's
+--             index_page).
 -- The index is a sorted set of override keys scored by their end (+inf: never).
 
 local what = ARGV[2]
 
 if what == 'page' then
-  local index = KEYS[1]
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', int(now))
-  local limit = math.max(1, tonumber(ARGV[3]) or 1)
-  local after_us, after_key = nil, ARGV[5]
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
+  local after_end = tonumber(ARGV[4])
   if ARGV[4] == 'inf' then
-    after_us = math.huge
-  elseif ARGV[4] ~= '' then
-    after_us = tonumber(ARGV[4])
+    after_end = math.huge
   end
-  -- Every index entry before this rank ends before the cursor's end.
-  local rank = 0
-  if after_us == math.huge then
-    rank = redis.call('ZCOUNT', index, '-inf', '(+inf')
-  elseif after_us then
-    rank = redis.call('ZCOUNT', index, '-inf', '(' .. int(after_us))
-  end
-  local total = redis.call('ZCARD', index)
-  local out = { '', '', int(now) }
-  local found = 0
-  local last_us, last_key
-  while found < limit and rank < total do
-    local batch = redis.call('ZRANGE', index, rank, rank + limit - found - 1, 'WITHSCORES')
-    if #batch == 0 then
-      break
-    end
-    for i = 1, #batch, 2 do
-      local key, score = batch[i], batch[i + 1]
-      local ends = math.huge
-      if score ~= 'inf' and score ~= '+inf' then
-        ends = tonumber(score)
-      end
-      rank = rank + 1
-      if not (after_us and ends == after_us and key <= after_key) then
-        last_us, last_key = ends, key
-        out[#out + 1] = key
-        found = found + 1
-      end
-    end
-  end
-  if rank < total and last_us then
-    if last_us == math.huge then
-      out[1] = 'inf'
-    else
-      out[1] = int(last_us)
-    end
-    out[2] = last_key
-  end
-  return out
+  return index_page(KEYS[1], math.max(1, tonumber(ARGV[3]) or 1), after_end, ARGV[5])
 end
 
 if what == 'remove' then
