@@ -16,6 +16,7 @@ mod guards;
 mod layout;
 mod leases;
 mod local_cache;
+mod override_index;
 mod parity;
 mod persistence;
 mod quota_leases;
