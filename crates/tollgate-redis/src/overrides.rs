@@ -2,8 +2,9 @@
 //! the key's hash slot (`base:o`), which check.lua reads beside the counters, and an index
 //! (`prefix:{ovr}:index`, a sorted set of override keys scored by their end) that lists them.
 //! On a standalone server `override.lua` writes both at once; on a Cluster the index lives in
-//! its own slot and is updated by a command of its own right after: an override whose index
-//! update failed counts but is not listed.
+//! its own slot and is updated by commands of its own: before the override is set (so an
+//! override is never set unlisted; a set that stops between the two leaves an index entry
+//! without an override, which listings step over) and after it is removed.
 
 use std::time::Duration;
 
@@ -25,6 +26,11 @@ pub(crate) async fn set(
     ttl: Option<Duration>,
 ) -> Result<Override, StoreError> {
     let key = key::override_key(limiter.key);
+    if store.is_cluster() {
+        // Listed before it counts: a set that stops between its writes leaves an index entry
+        // without an override (stepped over by the listing), never an override nobody sees.
+        list_in(store, index, &key, "+inf").await?;
+    }
     let limits: Vec<String> = entry.limits.iter().map(u64::to_string).collect();
     let listing = format!("{}\n{}\n{}", entry.policy, entry.limiter, entry.value);
     let mut call = store.scripts.overrides.call();
@@ -42,22 +48,25 @@ pub(crate) async fn set(
     let ends: u64 = store
         .bounded("set override", call.invoke(&mut conn))
         .await?;
-    if store.is_cluster() {
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(index);
-        match ends {
-            0 => zadd.arg("+inf"),
-            ends => zadd.arg(ends),
-        };
-        zadd.arg(&key);
-        let mut conn = store.conn();
-        let _: i64 = store
-            .bounded("index override", zadd.query_async(&mut conn))
-            .await?;
+    if store.is_cluster() && ends > 0 {
+        // Its end, so that the index forgets it once it has ended.
+        list_in(store, index, &key, &ends.to_string()).await?;
     }
     let mut kept = entry.clone();
     kept.expires_at_us = (ends > 0).then_some(ends);
     Ok(kept)
+}
+
+/// Lists the override `key` in `index` (a Cluster's, in a slot of its own) until `ends` (µs,
+/// or `+inf`).
+async fn list_in(store: &Backend, index: &str, key: &str, ends: &str) -> Result<(), StoreError> {
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg(index).arg(ends).arg(key);
+    let mut conn = store.conn();
+    let _: i64 = store
+        .bounded("index override", zadd.query_async(&mut conn))
+        .await?;
+    Ok(())
 }
 
 /// Removes the override of `limiter`'s key; whether a live one was there.
