@@ -579,10 +579,15 @@ impl Decision {
 
     /// The limits overrides set for the check (rule place, limit), after the rules' entries;
     /// the receipt, if any, names them too, for a refund by the limits the check counted by.
+    #[inline(always)]
     pub(crate) fn push_limits(&mut self, limits: &[(usize, u64)]) {
-        if limits.is_empty() {
-            return;
+        if !limits.is_empty() {
+            self.push_set_limits(limits);
         }
+    }
+
+    #[cold]
+    fn push_set_limits(&mut self, limits: &[(usize, u64)]) {
         for &(place, limit) in limits {
             self.push_said(Said::limit(place, limit));
         }
