@@ -289,6 +289,11 @@ where
                     slot,
                     failed_open,
                 } => {
+                    // Nothing to add to the response or to do after it (the common case): the
+                    // inner service's answer as it is, moved once.
+                    if !*failed_open && fields.is_none() && charge.is_none() && slot.is_none() {
+                        return future.poll(cx);
+                    }
                     let output = ready!(future.poll(cx)).map(|mut response| {
                         if *failed_open {
                             response.extensions_mut().insert(FailedOpen);
