@@ -14,13 +14,12 @@
 --          (0: none), the instant µs the check recorded at (-1: none, refund the newest units
 --          of the current window; charge: the most entries its log may hold, twice its largest
 --          sliding-log limit), the fingerprint of its rules if it takes overrides (0: it does
---          not; a live override made for them sets the limits GCRA's interval follows, in a
---          refund by a receipt no lower than the rule's, which is the one the check counted
---          by), then
+--          not; a live override made for them sets the limits GCRA's interval follows), then
 --          per rule:
 --          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
---          window), limit, window µs, and for a calendar window four instants µs around the
---          check's (as check.lua takes them)
+--          window), limit, window µs, the limit the check counted by (a refund by a receipt:
+--          it gives back by the larger of it and the limit in force; 0: none), and for a
+--          calendar window four instants µs around the check's (as check.lua takes them)
 -- Reply    refund and charge: how many keys were changed; extend: {1, now} if renewed,
 --          {0, now} if a lease is gone
 
@@ -67,8 +66,7 @@ if extend then
     end
     for _ = 1, rules do
       local algorithm = arg()
-      arg()
-      arg()
+      argi = argi + 3
       if algorithm == 5 then
         argi = argi + 4
       end
@@ -116,6 +114,7 @@ if charge then
     end
     for r = 1, rules do
       local algorithm, limit, window = arg(), arg(), arg()
+      argi = argi + 1 -- a charge counts by the limits in force
       limit = limits[r] or limit
       local bounds = false
       if algorithm == 5 then
@@ -244,14 +243,10 @@ while argi < #ARGV do
     end
   end
   for r = 1, rules do
-    local algorithm, limit, window = arg(), arg(), arg()
-    if limits[r] and at >= 0 then
-      -- By a receipt, the rule's limit is the one the check counted by: no lower one, so that
-      -- GCRA gives back no more time than the check took.
-      limit = math.max(limits[r], limit)
-    else
-      limit = limits[r] or limit
-    end
+    local algorithm, limit, window, counted = arg(), arg(), arg(), arg()
+    -- By a receipt, the limit the check counted by, unless the one in force now is higher:
+    -- GCRA gives back no more time than the check took, whatever limit the receipt names.
+    limit = math.max(limits[r] or limit, counted)
     local start
     if algorithm == 5 then
       -- The calendar window holding `when`: a fixed window from here on.

@@ -370,13 +370,16 @@ pub(crate) fn prepare_refund(
             .map(|l| l.rules.len())
             .sum::<usize>();
         for (place, rule) in (first..).zip(limiter.rules.iter()) {
-            // A refund by a receipt: no lower limit than the check counted by (see
-            // `RefundStore::refund`; refund.lua takes the larger of it and an override's).
-            let limit = match (mode, receipt) {
+            // A refund by a receipt: the limit its check counted by, which refund.lua gives
+            // back by where it is above the one in force (see `RefundStore::refund`); 0: none.
+            let counted = match (mode, receipt) {
                 (Adjust::Refund, Some(receipt)) => receipt.counted_limit(place, rule.limit()),
-                _ => rule.limit(),
+                _ => 0,
             };
-            call.arg(rule_code(rule)?).arg(limit).arg(rule.window_us());
+            call.arg(rule_code(rule)?)
+                .arg(rule.limit())
+                .arg(rule.window_us())
+                .arg(counted);
             // Around the check's instant: the window its units were counted in.
             let around = match mode {
                 Adjust::Charge => now_us,

@@ -2247,7 +2247,6 @@ pub async fn refunds_count_by_the_limits_their_check_counted_by<S: FullStore>(s:
             .await
             .expect("the store removes overrides")
     );
-    eprintln!("DBG receipt {receipt:?} {receipt}");
     refund(who.clone(), receipt).await;
     // 5 s back, not the configured 10 s: 55 s owed, and a unit of 10 s does not fit in 60.
     let d = s.check(p, &who, 1).await;
@@ -2271,6 +2270,65 @@ pub async fn refunds_count_by_the_limits_their_check_counted_by<S: FullStore>(s:
         (false, Some(ms(10_000))),
         "{d:#?}"
     );
+
+    // Lowered to 3/1m (20 s a unit) before the check and still: 20 s back, what it took.
+    let who = user("punished");
+    set(who.clone(), "3/1m").await;
+    let d = s.check(p, &who, 3).await;
+    let receipt = d.receipt().expect("recorded");
+    assert_eq!(receipt.limits(), [(0, 3)]);
+    refund(who.clone(), receipt).await;
+    // 40 s owed: one unit of 20 s fits in the 60 s of 3/1m, a second does not.
+    let d = s.check(p, &who, 1).await;
+    assert!(d.allowed(), "{d:#?}");
+    let d = s.check(p, &who, 1).await;
+    assert_eq!(
+        (d.allowed(), d.retry_after()),
+        (false, Some(ms(20_000))),
+        "{d:#?}"
+    );
+
+    // Settled below its estimate after the override was removed, with a concurrency limiter
+    // before it (left out of the settlement, so the rule's place moves): 6 units back by
+    // 12/1m (30 s), not by 6/1m (60 s).
+    let settled = policy(
+        "ovr_settle",
+        [
+            Limiter::concurrent(Dimension::UserId, 20, ms(300_000))
+                .expect("a valid concurrency limit")
+                .with_name("slot"),
+            Limiter::new(Dimension::UserId, [gcra("6/1m")]).with_overrides(true),
+        ],
+    );
+    let who = user("settled");
+    gate.set_override(&settled, "user_id", &who, &[gcra("12/1m")], None)
+        .await
+        .expect("the store keeps overrides");
+    let d = s.check(&settled, &who, 12).await;
+    assert!(d.allowed(), "{d:#?}");
+    let receipt = d.receipt().expect("recorded");
+    assert_eq!(receipt.limits(), [(1, 12)]);
+    // The lease renewed: the receipt that names it now names the limits too.
+    let renewed = gate.extend_concurrent(&settled, &who, &receipt).await;
+    let receipt = renewed
+        .expect("the store renews")
+        .expect("the lease is live");
+    assert_eq!(receipt.limits(), [(1, 12)]);
+    assert!(
+        gate.remove_override(&settled, "user_id", &who)
+            .await
+            .expect("the store removes overrides")
+    );
+    let back = gate.settle(&settled, &who, &receipt, 6).await;
+    assert_eq!(back.expect("the store settles"), Settlement::Refunded(6));
+    // 30 s owed: 3 units of 10 s fit in 60 s, 4 do not (10 s too many).
+    let d = s.check(&settled, &who, 4).await;
+    assert_eq!(
+        (d.allowed(), d.retry_after()),
+        (false, Some(ms(10_000))),
+        "{d:#?}"
+    );
+    assert!(s.check(&settled, &who, 3).await.allowed());
 
     // A receipt's text naming 1/1m (60 s a unit): no more than the configured 10 s back.
     let who = user("forged");

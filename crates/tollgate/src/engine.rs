@@ -603,17 +603,25 @@ impl<S: RefundStore> Tollgate<S> {
         let mut limiters = LimiterRequests::new();
         keys.requests(&policy.limiters, &mut limiters, &mut BanKeys::new());
         // Concurrency slots are not the settlement's: their limiters are left out, and the
-        // receipt names the others' instants in their new places.
+        // receipt names the others' instants, and the limits overrides set for their rules,
+        // in their new places.
         let mut at_us = SmallVec::<[u64; 4]>::new();
+        let mut limits = Vec::new();
+        let (mut place, mut kept) = (0, 0);
         for (i, limiter) in limiters.iter().enumerate() {
+            let rules = place..place + limiter.rules.len();
             if !limiter.is_concurrent() {
                 at_us.push(receipt.at_us(i).unwrap_or(Receipt::NOT_RECORDED));
+                let named = receipt.limits().iter().filter(|(p, _)| rules.contains(p));
+                limits.extend(named.map(|&(p, limit)| (p - place + kept, limit)));
+                kept += rules.len();
             }
+            place = rules.end;
         }
         limiters.retain(|l| !l.is_concurrent());
         if cost < estimate {
             let back = estimate - cost;
-            let receipt = Receipt::per_limiter(at_us, receipt.id(), back);
+            let receipt = Receipt::per_limiter(at_us, receipt.id(), back).with_limits(limits);
             self.store
                 .refund(&CheckRequest::new(back, true, &limiters), Some(&receipt))
                 .await?;
@@ -702,11 +710,8 @@ impl<S: RefundStore> Tollgate<S> {
             };
             at.unwrap_or(Receipt::NOT_RECORDED)
         });
-        Ok(Some(Receipt::per_limiter(
-            at_us,
-            receipt.id(),
-            receipt.units(),
-        )))
+        let renewed = Receipt::per_limiter(at_us, receipt.id(), receipt.units());
+        Ok(Some(renewed.with_limits(receipt.limits().iter().copied())))
     }
 }
 

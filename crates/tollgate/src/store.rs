@@ -427,14 +427,14 @@ impl Receipt {
         &self.limits
     }
 
-    /// The limit a refund by this receipt gives back by, for the rule at `place` among the
-    /// policy's rules (limiters in order) whose configured limit is `configured`: the limit
-    /// the check counted by where an override raised it, else the configured one. Never
-    /// lower than `configured`: a receipt is text a client may hand back, and a lower limit
-    /// would give back more GCRA time than any check took.
+    /// The limit the check of this receipt counted by, for the rule at `place` among the
+    /// policy's rules (limiters in order) whose configured limit is `configured`: the one an
+    /// override set, as the receipt names it, else `configured`. A receipt is text a client
+    /// may hand back, so a store gives back by no lower limit than the one in force when it
+    /// refunds (a lower limit gives back more GCRA time): see [`RefundStore::refund`].
     pub fn counted_limit(&self, place: usize, configured: u64) -> u64 {
         let named = self.limits.iter().find(|&&(p, _)| p == place);
-        named.map_or(configured, |&(_, limit)| limit.max(configured))
+        named.map_or(configured, |&(_, limit)| limit)
     }
 }
 
@@ -669,9 +669,10 @@ pub trait RefundStore: Store {
     ///
     /// A limiter the receipt says recorded nothing is left alone. With a receipt, a rule gives
     /// back by the larger of the limit in force now (its override's, if one applies) and
-    /// [`Receipt::counted_limit`] (the limit its check counted by, where an override raised
-    /// it), so that a GCRA rule gives back no more time than the check took, whatever happened
-    /// to the override since (after a lowered override, a little less).
+    /// [`Receipt::counted_limit`] (the limit its check counted by), so that a GCRA rule gives
+    /// back no more time than the check took, whatever happened to the override since and
+    /// whatever limit a receipt's text names: exactly what it took, or a little less where the
+    /// limit in force now is higher than the one it counted by.
     fn refund(
         &self,
         request: &CheckRequest<'_>,
@@ -1410,10 +1411,10 @@ mod receipt_tests {
         assert_eq!(raised.to_string(), "00000000000000ab.1.5,-,7.0:12,3:50");
         assert_eq!(raised.to_string().parse::<Receipt>(), Ok(raised.clone()));
         assert_eq!(raised.with_units(0).limits(), raised.limits());
-        // A refund by it: never below the configured limit.
+        // The limit the check counted by, as named, whatever is configured.
         assert_eq!(
             (raised.counted_limit(0, 6), raised.counted_limit(0, 20)),
-            (12, 20)
+            (12, 12)
         );
         assert_eq!(raised.counted_limit(1, 6), 6, "no override for that rule");
         for bad in [

@@ -1027,7 +1027,8 @@ impl RefundStore for MemoryStore {
             let Some(receipt) = receipt else {
                 return self.inner.refund(now, None);
             };
-            // No lower limit than the check counted by (see `RefundStore::refund`).
+            // The limit the check counted by, unless the one in force now is higher (see
+            // `RefundStore::refund`).
             let floored: Rules = (now.limiters.iter().zip(request.limiters))
                 .flat_map(|(now, configured)| now.rules.iter().zip(configured.rules))
                 .enumerate()
