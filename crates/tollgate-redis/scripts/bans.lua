@@ -9,8 +9,8 @@
 -- Reply    flat: the next cursor (end µs as text, key), or '' and '' after the last page; now
 --          (µs, as text); then each ban's key
 --
--- Cost: O(log n + page size) (see common.lua's index_page).
+-- Cost: O(log n + page size) (see index.lua's index_page).
 
-local after_end = tonumber(ARGV[3])
-local after_key = ARGV[4]
-return index_page(KEYS[1], math.max(1, tonumber(ARGV[2]) or 1), after_end, after_key)
+--@include index.lua
+
+return index_page(KEYS[1], math.max(1, tonumber(ARGV[2]) or 1), ARGV[3], ARGV[4])

@@ -12,19 +12,17 @@
 --             of the last override of the previous page, or '' and '' for the first page.
 --             Reply, flat: the next cursor (end as text, key), or '' and '' after the last
 --             page; now (µs, as text); then each override's key, in the order they end, then
---             by key (the index's own order). O(log n + page size) (see common.lua's
+--             by key (the index's own order). O(log n + page size) (see index.lua's
 --             index_page).
 -- The index is a sorted set of override keys scored by their end (+inf: never).
+
+--@include index.lua
 
 local what = ARGV[2]
 
 if what == 'page' then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
-  local after_end = tonumber(ARGV[4])
-  if ARGV[4] == 'inf' then
-    after_end = math.huge
-  end
-  return index_page(KEYS[1], math.max(1, tonumber(ARGV[3]) or 1), after_end, ARGV[5])
+  return index_page(KEYS[1], math.max(1, tonumber(ARGV[3]) or 1), ARGV[4], ARGV[5])
 end
 
 if what == 'remove' then

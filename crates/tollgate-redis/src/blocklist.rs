@@ -22,7 +22,7 @@ use tollgate::{BanEntry, BanPage, BanTarget, PageCursor, StoreError, ban_index_k
 use crate::{
     backend::Backend,
     cluster,
-    script::{LIST_PAGE, micros, page_reply, protocol},
+    script::{LIST_PAGE, cursor_end, micros, page_reply, protocol},
 };
 
 /// Bans `target` under `prefix` for `duration` from now, keeping its strikes.
@@ -147,7 +147,7 @@ async fn index_page(
         .arg(store.now_arg())
         .arg(limit.max(1));
     match after {
-        Some(cursor) => call.arg(cursor.until_us()).arg(cursor.key()),
+        Some(cursor) => call.arg(cursor_end(cursor)).arg(cursor.key()),
         None => call.arg("").arg(""),
     };
     let mut conn = store.conn();

@@ -14,7 +14,7 @@ use tollgate::{LimiterRequest, Override, OverridePage, PageCursor, StoreError, k
 
 use crate::{
     backend::Backend,
-    script::{LIST_PAGE, micros, page_reply},
+    script::{LIST_PAGE, cursor_end, micros, page_reply},
 };
 
 /// Sets the override of `limiter`'s key; returns it as kept, its end included.
@@ -157,8 +157,7 @@ async fn index_page(
         .arg("page")
         .arg(limit.max(1));
     match after {
-        Some(cursor) if cursor.until_us() == u64::MAX => call.arg("inf").arg(cursor.key()),
-        Some(cursor) => call.arg(cursor.until_us()).arg(cursor.key()),
+        Some(cursor) => call.arg(cursor_end(cursor)).arg(cursor.key()),
         None => call.arg("").arg(""),
     };
     let mut conn = store.conn();

@@ -18,10 +18,11 @@ const PRELUDE: &str = include_str!("../scripts/prelude.lua");
 
 /// The parts scripts splice in with a line `--@include <name>`: one source for what several
 /// scripts share.
-const PARTS: [(&str, &str); 3] = [
+const PARTS: [(&str, &str); 4] = [
     ("common.lua", include_str!("../scripts/common.lua")),
     ("prelude.lua", PRELUDE),
     ("ban_writer.lua", include_str!("../scripts/ban_writer.lua")),
+    ("index.lua", include_str!("../scripts/index.lua")),
 ];
 
 /// `source` with each `--@include <name>` line replaced by that part (itself assembled).
@@ -61,6 +62,16 @@ macro_rules! lua_file {
 
 /// Integers above this are not exact in Lua's doubles.
 const MAX_EXACT: u64 = 1 << 53;
+
+/// A page cursor's end as index.lua reads it: `inf` for never (`u64::MAX`), else in µs, no
+/// later than Lua counts exactly. A later end (past the year 2255, where no entry ends) lists
+/// what it would: every entry that ends later, those that never end.
+pub(crate) fn cursor_end(cursor: &PageCursor) -> String {
+    match cursor.until_us() {
+        u64::MAX => "inf".to_owned(),
+        until => until.min(MAX_EXACT - 1).to_string(),
+    }
+}
 
 /// Every script the store runs (EVALSHA, and EVAL on NOSCRIPT: see [`Call::invoke`]).
 pub(crate) struct Scripts {

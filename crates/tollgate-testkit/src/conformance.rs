@@ -2427,6 +2427,12 @@ pub async fn overrides_page_in_the_order_they_end<S: FullStore>(s: Subject<S>) {
     // One page holds them all; the whole listing agrees.
     let all = page(None, 1000).await;
     assert_eq!((all.overrides.len(), all.next), (live.len(), None));
+    // A cursor past any instant an entry ends at (a client's, through its text): those that
+    // never end.
+    let late = tollgate::PageCursor::new(u64::MAX - 1, "");
+    let never = page(Some(late), 1000).await;
+    let never: Vec<Option<u64>> = never.overrides.iter().map(|o| o.expires_at_us).collect();
+    assert_eq!(never, [None, None]);
     let whole: Vec<String> = gate
         .overrides()
         .await
