@@ -7,6 +7,8 @@
 --             ("limit:limit:...", one per rule), 6 what a listing reads (policy, limiter, value
 --             on lines of their own). Reply: when it ends µs (0: never)
 --   'remove'  KEYS as for 'set'. Reply: 1 if a live override was removed, else 0
+--   'ends'    KEYS[1] the override key. Reply: when it ends µs (0: never), or -1 if there is
+--             no live override (what a Cluster's index entry must say, see overrides.rs)
 --   'page'    KEYS[1] the index (trimmed of the overrides that have ended); ARGV 3 the page
 --             size (at least 1), 4 and 5 the cursor: the end (µs, or 'inf' for never) and key
 --             of the last override of the previous page, or '' and '' for the first page.
@@ -23,6 +25,15 @@ local what = ARGV[2]
 if what == 'page' then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
   return index_page(KEYS[1], math.max(1, tonumber(ARGV[3]) or 1), ARGV[4], ARGV[5])
+end
+
+if what == 'ends' then
+  local o = redis.call('GET', KEYS[1])
+  local ends = o and tonumber(string.match(o, '^%d+:(%d+):'))
+  if ends and (ends == 0 or ends > now) then
+    return ends
+  end
+  return -1
 end
 
 if what == 'remove' then

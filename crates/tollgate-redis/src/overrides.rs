@@ -4,7 +4,8 @@
 //! On a standalone server `override.lua` writes both at once; on a Cluster the index lives in
 //! its own slot and is updated by commands of its own: before the override is set (so an
 //! override is never set unlisted; a set that stops between the two leaves an index entry
-//! without an override, which listings step over) and after it is removed.
+//! without an override, which listings step over), and after it is set or removed, to what the
+//! override then says (see [`follow`]).
 
 use std::time::Duration;
 
@@ -48,9 +49,9 @@ pub(crate) async fn set(
     let ends: u64 = store
         .bounded("set override", call.invoke(&mut conn))
         .await?;
-    if store.is_cluster() && ends > 0 {
+    if store.is_cluster() {
         // Its end, so that the index forgets it once it has ended.
-        list_in(store, index, &key, &ends.to_string()).await?;
+        follow(store, index, &key, Some(ends)).await?;
     }
     let mut kept = entry.clone();
     kept.expires_at_us = (ends > 0).then_some(ends);
@@ -87,18 +88,62 @@ pub(crate) async fn remove(
         .bounded("remove override", call.invoke(&mut conn))
         .await?;
     if store.is_cluster() {
-        let mut conn = store.conn();
-        let _: i64 = store
-            .bounded(
-                "index override",
-                redis::cmd("ZREM")
-                    .arg(index)
-                    .arg(&key)
-                    .query_async(&mut conn),
-            )
-            .await?;
+        follow(store, index, &key, None).await?;
     }
     Ok(removed)
+}
+
+/// How many times [`follow`] writes an index entry while the override keeps changing.
+const FOLLOW_ROUNDS: usize = 4;
+
+/// On a Cluster, makes the index entry of override `key` say what the override does, starting
+/// from what this writer left (`ends`: when it ends, 0 for never; `None`: removed): written,
+/// then the override read again, until a read finds what was written. Of writers racing on
+/// one key (a set and a remove, two sets with other ends), the last to read leaves the entry
+/// as the override stands: the index never lists a live override as ended (which would drop
+/// it from the listing once that time passed) nor leaves it out. One that keeps changing
+/// after a few rounds is another writer's, which follows it in turn.
+async fn follow(
+    store: &Backend,
+    index: &str,
+    key: &str,
+    mut ends: Option<u64>,
+) -> Result<(), StoreError> {
+    for _ in 0..FOLLOW_ROUNDS {
+        match ends {
+            Some(0) => list_in(store, index, key, "+inf").await?,
+            Some(ends) => list_in(store, index, key, &ends.to_string()).await?,
+            None => unlist(store, index, key).await?,
+        }
+        let now = ends_of(store, key).await?;
+        if now == ends {
+            break;
+        }
+        ends = now;
+    }
+    Ok(())
+}
+
+/// When the override `key` ends (0: never), or `None` if it is not live.
+async fn ends_of(store: &Backend, key: &str) -> Result<Option<u64>, StoreError> {
+    let mut call = store.scripts.overrides.call();
+    call.key(key).arg(store.now_arg()).arg("ends");
+    let mut conn = store.conn();
+    let ends: i64 = store
+        .bounded("read override", call.invoke(&mut conn))
+        .await?;
+    Ok(u64::try_from(ends).ok())
+}
+
+/// Takes the override `key` out of `index` (a Cluster's).
+async fn unlist(store: &Backend, index: &str, key: &str) -> Result<(), StoreError> {
+    let mut zrem = redis::cmd("ZREM");
+    zrem.arg(index).arg(key);
+    let mut conn = store.conn();
+    let _: i64 = store
+        .bounded("index override", zrem.query_async(&mut conn))
+        .await?;
+    Ok(())
 }
 
 /// One page of the overrides in `index` that have not ended, in the order they end, then by

@@ -604,3 +604,76 @@ async fn with_the_blocklist_on_no_primary_serves_most_checks() {
     assert!(store.unban("tg", &target).await.unwrap());
     assert_eq!(store.ban_count("tg").await.unwrap(), 0);
 }
+
+/// An override's index entry lives in a slot of its own on a Cluster, written by commands apart
+/// from the override's: sets (one that never ends, one that does) and removes racing on one
+/// key from several tasks leave it saying what the override does (its end, `inf` for never, or
+/// no entry once it is gone), whichever write lands last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_sets_and_removes_leave_the_index_as_the_override_stands() {
+    use tollgate::{Dimension, Identity, Limiter, Policy, Tollgate, key};
+
+    let cluster = shared_cluster();
+    let gate = Arc::new(Tollgate::new(store(&cluster).await).with_prefix("ovrace"));
+    let policy = Arc::new(
+        Policy::builder("race")
+            .limiter(
+                Limiter::new(Dimension::UserId, [rule("5/1m", Algorithm::FixedWindow)])
+                    .with_overrides(true),
+            )
+            .build()
+            .unwrap(),
+    );
+    let raised = [rule("50/1m", Algorithm::FixedWindow)];
+    let mut conn = raw(&cluster).await;
+    let index = key::override_index_key(gate.prefix());
+    for round in 0..30 {
+        let value = format!("u{round}");
+        let writers = 6;
+        let barrier = Arc::new(Barrier::new(writers));
+        let tasks: Vec<_> = (0..writers)
+            .map(|i| {
+                let (gate, policy, barrier) = (gate.clone(), policy.clone(), barrier.clone());
+                let who = Identity::new().with_user_id(value.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    match i % 3 {
+                        0 => drop(
+                            gate.set_override(&policy, "user_id", &who, &raised, None)
+                                .await,
+                        ),
+                        1 => {
+                            let ttl = Some(Duration::from_secs(600));
+                            drop(
+                                gate.set_override(&policy, "user_id", &who, &raised, ttl)
+                                    .await,
+                            )
+                        }
+                        _ => drop(gate.remove_override(&policy, "user_id", &who).await),
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let base = key::limiter_key(gate.prefix(), "race", "user_id", &value);
+        let override_key = key::override_key(&base);
+        let stored: Option<String> = conn.get(&override_key).await.unwrap();
+        let listed: Option<String> = redis::cmd("ZSCORE")
+            .arg(&index)
+            .arg(&override_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // "fingerprint:ends:limits\n...": the end, 0 for never.
+        let ends = stored.map(|v| match v.split(':').nth(1).unwrap() {
+            "0" => "inf".to_owned(),
+            ends => ends.to_owned(),
+        });
+        assert_eq!(
+            listed, ends,
+            "round {round}: the index entry against the override"
+        );
+    }
+}
