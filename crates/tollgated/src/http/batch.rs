@@ -12,9 +12,7 @@ use tollgate::{Decision, Identity};
 
 use super::{
     error::{ApiError, JsonBody, parse_json},
-    json::{
-        BatchChecks, BatchRequest, CheckRequest, ItemErrorJson, sealed_receipt, write_decision,
-    },
+    json::{BatchRequest, CheckRequest, ItemErrorJson, sealed_receipt, write_decision},
     scope::CheckCaller,
 };
 use crate::{
@@ -37,37 +35,11 @@ pub(crate) async fn checks(
     _: CheckCaller,
     JsonBody(body): JsonBody,
 ) -> Response {
-    // Most batches hold only well-formed checks: parsed in one pass. Otherwise each check's
-    // text is kept and parsed on its own, so that a malformed one fails alone.
-    let parsed: Result<Vec<Result<CheckRequest<'_>, ApiError>>, ApiError> =
-        match serde_json::from_slice::<BatchChecks<'_>>(&body) {
-            Ok(batch) => Ok(batch.checks.into_iter().map(Ok).collect()),
-            Err(_) => parse_json::<BatchRequest<'_>>(&body).map(|batch| {
-                batch
-                    .checks
-                    .iter()
-                    .enumerate()
-                    .map(|(i, raw)| parse_item(i, raw))
-                    .collect()
-            }),
-        };
-    let requests = match parsed {
+    let config = app.config_full();
+    let requests = match parse_batch(&body, config.server.max_batch) {
         Ok(requests) => requests,
         Err(e) => return e.into_response(),
     };
-    let config = app.config_full();
-    let max = config.server.max_batch;
-    if requests.len() > max {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "a batch holds at most {max} checks (server.max_batch); this one has {}",
-                requests.len()
-            ),
-        )
-        .with_code("batch_too_large")
-        .into_response();
-    }
     // All the units a batch charges together are bounded too: each is charged to the store.
     let max_cost = config.server.max_batch_cost;
     let cost = requests
@@ -243,6 +215,147 @@ fn item<'c, 'b>(config: &'c Config, req: CheckRequest<'b>) -> Result<Item<'c, 'b
 }
 
 /// The `i`th check of a batch, parsed from its text, or the error naming what is wrong with it.
+/// The checks of a batch body, at most `max`: each parsed, or the error that answers it.
+///
+/// Most batches hold only well-formed checks: parsed in one pass. Otherwise each check's text
+/// is kept and parsed on its own, so that a malformed one fails alone. Either way parsing stops
+/// at the first check past `max`, unread: a body of a million tiny items costs what `max` do.
+fn parse_batch(
+    body: &[u8],
+    max: usize,
+) -> Result<Vec<Result<CheckRequest<'_>, ApiError>>, ApiError> {
+    let too_many = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a batch holds at most {max} checks (server.max_batch); this one has more"),
+        )
+        .with_code("batch_too_large")
+    };
+    match AtMost::<CheckRequest<'_>>::parse(body, max) {
+        Ok(Some(checks)) => return Ok(checks.into_iter().map(Ok).collect()),
+        Ok(None) => return Err(too_many()),
+        Err(_) => {}
+    }
+    match AtMost::<&RawValue>::parse(body, max) {
+        Ok(Some(raw)) => Ok(raw
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| parse_item(i, raw))
+            .collect()),
+        Ok(None) => Err(too_many()),
+        // The body's own error, named as for any other body.
+        Err(e) => Err(parse_json::<BatchRequest<'_>>(body)
+            .err()
+            .unwrap_or_else(|| {
+                ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}"))
+                    .with_code("malformed_json")
+            })),
+    }
+}
+
+/// `{"checks": [...]}` with at most `max` checks (see [`parse_batch`]).
+struct AtMost<T> {
+    max: usize,
+    /// Set when a check past `max` stopped the parse.
+    over: std::cell::Cell<bool>,
+    checks: std::marker::PhantomData<T>,
+}
+
+impl<'de, T: serde::Deserialize<'de>> AtMost<T> {
+    /// The checks; `None` if there are more than `max`.
+    fn parse(body: &'de [u8], max: usize) -> Result<Option<Vec<T>>, serde_json::Error> {
+        let at_most = AtMost {
+            max,
+            over: std::cell::Cell::new(false),
+            checks: std::marker::PhantomData,
+        };
+        let mut deserializer = serde_json::Deserializer::from_slice(body);
+        let parsed = serde::Deserializer::deserialize_struct(
+            &mut deserializer,
+            "BatchRequest",
+            &["checks"],
+            &at_most,
+        )
+        .and_then(|checks| deserializer.end().map(|()| checks));
+        match parsed {
+            Err(_) if at_most.over.get() => Ok(None),
+            parsed => parsed.map(Some),
+        }
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for &AtMost<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object with the field `checks`")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Vec<T>, A::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(field_identifier, rename_all = "lowercase")]
+        enum Field {
+            Checks,
+        }
+        let mut checks = None;
+        while let Some(Field::Checks) = map.next_key()? {
+            if checks.is_some() {
+                return Err(serde::de::Error::duplicate_field("checks"));
+            }
+            checks = Some(map.next_value_seed(Items(self))?);
+        }
+        checks.ok_or_else(|| serde::de::Error::missing_field("checks"))
+    }
+}
+
+/// The array of checks of [`AtMost`].
+struct Items<'a, T>(&'a AtMost<T>);
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::DeserializeSeed<'de> for Items<'_, T> {
+    type Value = Vec<T>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Items<'_, T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of checks")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let max = self.0.max;
+        let mut checks = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(max));
+        while checks.len() < max {
+            match seq.next_element()? {
+                Some(check) => checks.push(check),
+                None => return Ok(checks),
+            }
+        }
+        // One more is refused before it is read.
+        match seq.next_element_seed(Past(&self.0.over))? {
+            Some(()) | None => Ok(checks),
+        }
+    }
+}
+
+/// A check past the batch's `max`: marks it and stops the parse without reading it.
+struct Past<'a>(&'a std::cell::Cell<bool>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Past<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
+        self.0.set(true);
+        Err(serde::de::Error::custom(
+            "more checks than the batch may hold",
+        ))
+    }
+}
+
 fn parse_item(i: usize, raw: &RawValue) -> Result<CheckRequest<'_>, ApiError> {
     serde_json::from_str(raw.get()).map_err(|_| {
         let mut deserializer = serde_json::Deserializer::from_str(raw.get());

@@ -142,7 +142,39 @@ async fn bad_items_fail_alone_and_oversized_batches_are_refused() {
         .await;
     assert_eq!(
         error_message(status, &body, 413),
-        "a batch holds at most 8 checks (server.max_batch); this one has 9"
+        "a batch holds at most 8 checks (server.max_batch); this one has more"
+    );
+    // Parsing stops at the first check past the cap, unread: what follows it (here not even
+    // JSON) costs nothing, as a million tiny items would not.
+    let eight = vec![item("login", "192.0.2.8"); 8];
+    let text = serde_json::to_string(&json!({ "checks": eight })).unwrap();
+    let over = format!("{}, 1, {{\"x\": ]}}", text.trim_end_matches("]}"));
+    let (status, body) = server
+        .send(
+            server
+                .request(reqwest::Method::POST, "/v1/checks")
+                .header("content-type", "application/json")
+                .body(over),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["code"], "batch_too_large", "{body}");
+    // The same body within the cap is malformed JSON, named as such.
+    let six = vec![item("login", "192.0.2.8"); 6];
+    let text = serde_json::to_string(&json!({ "checks": six })).unwrap();
+    let bad = format!("{}, 1, {{\"x\": ]}}", text.trim_end_matches("]}"));
+    let (status, body) = server
+        .send(
+            server
+                .request(reqwest::Method::POST, "/v1/checks")
+                .header("content-type", "application/json")
+                .body(bad),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["code"]),
+        (400, &json!("malformed_json")),
+        "{body}"
     );
     let d = server.check("login", json!({ "ip": "192.0.2.8" })).await;
     assert_eq!(remaining(&d, "ip", "3/1h"), 2);
