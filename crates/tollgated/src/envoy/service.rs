@@ -1182,12 +1182,13 @@ impl RateLimiter {
                         domain,
                         keys,
                         &group.counters,
-                        (group.cost, false, true),
+                        (hits(group.cost), false, true),
                         &[],
                     )
                     .await;
-                // A look reports the count as it would be with the hits.
-                let after = checked.count(0);
+                // A look reports the count as it would be with the hits (at least the hits: a
+                // count holds at most 2^52, and hits that would take it past are not recorded).
+                let after = checked.count(0).map(|a| a.max(hits(group.cost)));
                 failed |= checked.answer.reason() == Reason::StoreUnavailable;
                 let node = &group.counters[0].node;
                 over.push(after.is_some_and(|a| a > node.rules[0].limit()));
@@ -1197,11 +1198,12 @@ impl RateLimiter {
             }
         }
         for (group, counted) in groups.iter().zip(counted) {
-            let cost = if counted { group.cost } else { 0 };
+            let cost = if counted { hits(group.cost) } else { 0 };
             let checked = self
                 .check(domain, keys, &group.counters, (cost, true, true), &[])
                 .await;
-            let after = checked.count(0);
+            // At least the hits, recorded or not.
+            let after = checked.count(0).map(|a| a.max(cost));
             let node = &group.counters[0].node;
             let limit = node.rules[0].limit();
             let over = after.map(|a| a > limit);
@@ -1323,4 +1325,11 @@ impl RateLimiter {
             starts,
         }
     }
+}
+
+/// A descriptor's hits as the reference counts them: at most what a count holds
+/// ([`COUNT_ALL`](super::descriptors::COUNT_ALL)), which is past any limit (a store takes no
+/// more in one call, and a larger `hits_addend` must not fail the call as the store's fault).
+fn hits(cost: u64) -> u64 {
+    cost.min(super::descriptors::COUNT_ALL)
 }

@@ -539,6 +539,37 @@ async fn every_descriptor_counts_on_its_own_unless_told_otherwise() {
     }
 }
 
+/// A descriptor's `hits_addend` past what a count holds (2^52 and more) is over its limit, as
+/// every count past the limit is: it was answered OK, nothing recorded.
+#[tokio::test]
+async fn hits_past_what_a_count_holds_are_over_the_limit() {
+    let redis = RedisServer::start();
+    let server = start(&redis, &[("CACHE_KEY_PREFIX", "huge")]);
+    let mut rls = server.grpc_client().await;
+    for hits in [50, 51, 1 << 52, u64::MAX] {
+        let mut ask = descriptor(&[("minutely", "huge")]);
+        ask.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+        let r = rls
+            .should_rate_limit(RateLimitRequest {
+                domain: "reference".into(),
+                descriptors: vec![ask],
+                hits_addend: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // 50 a minute: 50 hits fit, 51 do not, whatever came before.
+        assert_eq!(
+            (
+                r.overall_code == Code::OverLimit as i32,
+                r.statuses[0].limit_remaining
+            ),
+            (hits > 50, 0),
+            "{hits} hits: {r:?}"
+        );
+    }
+}
+
 /// `quota_mode` as the reference: a quota descriptor over its limit is OVER_LIMIT in its status,
 /// but the request is over only when every quota descriptor of it is (or another one is).
 #[tokio::test]
