@@ -146,7 +146,7 @@ pub async fn check_charged(
         gate: context.gate.clone(),
         policy,
         identity,
-        receipt: decision.receipt(),
+        receipt: crate::rate_limit::receipt_of(&decision, cost),
         cost,
         mode,
         concurrent: policy.limiters().iter().any(Limiter::is_concurrent),

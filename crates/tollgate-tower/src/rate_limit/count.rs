@@ -3,7 +3,7 @@
 use std::{fmt, sync::Arc};
 
 use http::{HeaderMap, HeaderName, StatusCode, Uri};
-use tollgate::{Identity, Receipt};
+use tollgate::{Decision, Identity, Receipt};
 
 use super::layer::Config;
 use crate::gate::in_background;
@@ -166,6 +166,17 @@ impl fmt::Debug for Settle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Settle(..)")
     }
+}
+
+/// The receipt a request's refund or settlement goes by: its check's, or, for an admission of
+/// no units (a cost of 0 records nothing, so its check has none), one of no units, so that a
+/// settlement still charges what the response says it cost: a client that claims a cost of 0
+/// is not let through for free.
+pub(crate) fn receipt_of(decision: &Decision, cost: u64) -> Option<Receipt> {
+    decision.receipt().or_else(|| {
+        let admitted = cost == 0 && decision.reason() == tollgate::Reason::Ok;
+        admitted.then(|| Receipt::per_limiter([], 0, 0))
+    })
 }
 
 /// The header `name` as a whole number.

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::{
     Count, FailedOpen,
-    count::{Charge, Held, Slot},
+    count::{Charge, Held, Slot, receipt_of},
     layer::Config,
 };
 use crate::{
@@ -182,7 +182,8 @@ fn call<S: Service<Request<B>>, B, R>(
         .take()
         .filter(|_| !matches!(config.count, Count::All) || config.settle.is_some())
         .map(|identity| {
-            let charge = Charge::new(config.clone(), identity, decision.receipt(), cost);
+            let receipt = receipt_of(&decision, cost);
+            let charge = Charge::new(config.clone(), identity, receipt, cost);
             Box::new(charge)
         });
     let fields = (config.style != HeaderStyle::None).then(|| (decision, config.clone()));

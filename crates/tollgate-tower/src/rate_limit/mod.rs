@@ -60,6 +60,7 @@ mod service;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailedOpen;
 
+pub(crate) use count::receipt_of;
 pub use count::{Cost, Count, FailureWhen, Settle};
 pub use future::RateLimitFuture;
 pub use layer::RateLimitLayer;

@@ -733,8 +733,11 @@ async fn a_cost_from_the_arguments_is_settled_at_what_the_result_says() {
             .remaining()
             .unwrap()
     };
-    // Checked for 30, used 50: 50 charged.
-    assert_eq!(context.clone().scope(complete(30, 50)).await.unwrap(), 50);
+    // Checked for 0 (nothing recorded), used 20: 20 charged.
+    assert_eq!(context.clone().scope(complete(0, 20)).await.unwrap(), 20);
+    assert_eq!(left().await, 80);
+    // Checked for 30, used 30: 50 charged in all.
+    assert_eq!(context.clone().scope(complete(30, 30)).await.unwrap(), 30);
     assert_eq!(left().await, 50);
     // Checked for 40, used 10: 10 charged (30 given back).
     assert_eq!(context.clone().scope(complete(40, 10)).await.unwrap(), 10);

@@ -1027,8 +1027,11 @@ async fn a_cost_read_from_the_request_is_settled_at_what_the_response_says() {
             .remaining()
             .unwrap()
     };
-    // 10 asked, 50 used: 50 charged in all.
-    assert_eq!(ask(10, 50).await.unwrap().status(), 200);
+    // 0 asked (a client's claim, admitted with nothing recorded), 20 used: 20 charged.
+    assert_eq!(ask(0, 20).await.unwrap().status(), 200);
+    assert_eq!(remaining().await, 80);
+    // 10 asked, 30 used: 50 charged in all.
+    assert_eq!(ask(10, 30).await.unwrap().status(), 200);
     assert_eq!(remaining().await, 50);
     // 30 asked, 5 used: 25 back.
     assert_eq!(ask(30, 5).await.unwrap().status(), 200);
