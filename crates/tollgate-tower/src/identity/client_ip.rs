@@ -113,8 +113,10 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Every hop of every instance of the header, in order; an unreadable header value counts as
-/// one unparseable hop, so it stops the walk instead of being skipped.
+/// Every hop of every instance of the header, in order. Bytes that are not text are read as
+/// replacement characters: they spoil the hop they are in, which then stops the walk, and no
+/// other (a client's unreadable bytes must not hide the address a trusted proxy appended to
+/// the same line).
 fn hops(
     headers: &HeaderMap,
     name: header::HeaderName,
@@ -123,10 +125,7 @@ fn hops(
     headers
         .get_all(name)
         .iter()
-        .flat_map(|value| match value.to_str() {
-            Ok(text) => split(text),
-            Err(_) => vec![String::new()],
-        })
+        .flat_map(|value| split(&String::from_utf8_lossy(value.as_bytes())))
         .collect()
 }
 
@@ -146,6 +145,8 @@ fn forwarded_for(value: &str) -> Vec<String> {
         .collect()
 }
 
+/// `text` split at each `separator` outside a quoted string; at every one, if a quote is left
+/// open (a client's unbalanced quote must not swallow the elements a proxy appended).
 fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
     let mut parts = Vec::new();
     let mut quoted = false;
@@ -162,6 +163,9 @@ fn split_outside_quotes(text: &str, separator: char) -> Vec<&str> {
             }
             _ => {}
         }
+    }
+    if quoted {
+        return text.split(separator).collect();
     }
     parts.push(&text[start..]);
     parts
@@ -251,6 +255,31 @@ mod tests {
             ForwardedHeader::XForwardedFor,
         );
         assert_eq!(got, ip("10.0.0.1"));
+    }
+
+    /// A client's unreadable bytes or unbalanced quote spoil its own hop only: the address the
+    /// trusted proxy appended to the same line is still read, so the client does not pass for
+    /// the proxy (whose address every client behind it shares).
+    #[test]
+    fn a_clients_garbage_does_not_hide_what_the_proxy_appended() {
+        let trusted = nets(&["10.0.0.0/8"]);
+        let mut h = HeaderMap::new();
+        let value = http::HeaderValue::from_bytes(b"\xff\xfe, 198.51.100.7").unwrap();
+        h.append("x-forwarded-for", value);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::XForwardedFor);
+        assert_eq!(got, ip("198.51.100.7"));
+        let mut h = HeaderMap::new();
+        let value = http::HeaderValue::from_bytes(b"for=\xff, for=198.51.100.7").unwrap();
+        h.append("forwarded", value);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("198.51.100.7"));
+        let h = headers(&[("forwarded", "for=\"x, for=198.51.100.7")]);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("198.51.100.7"));
+        // A quoted address with its port still reads whole.
+        let h = headers(&[("forwarded", "for=\"[2001:db8::1]:4711\", for=10.0.0.2")]);
+        let got = by_nets(ip("10.0.0.1"), &h, &trusted, ForwardedHeader::Forwarded);
+        assert_eq!(got, ip("2001:db8::1"));
     }
 
     #[test]
