@@ -133,8 +133,12 @@ impl<B> LayerBody for GateBody<B> {
         }
     }
 
+    // A guard held already (a layer further in, holding its own slot) is held on beside it.
     fn holding(mut self, guard: Box<dyn Send>) -> GateBody<B> {
-        self.held = Some(guard);
+        self.held = Some(match self.held.take() {
+            Some(inner) => Box::new((inner, guard)),
+            None => guard,
+        });
         self
     }
 }
@@ -293,9 +297,18 @@ mod tests {
             .map_err(|e| match e {})
             .boxed_unsync();
         assert_eq!(T::boxed(boxed).collect().await.unwrap().to_bytes(), "boxed");
+        // Held by two layers (each its own concurrency slot): both until the body ends.
         let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut held = inner.holding(Box::new(Guard(dropped.clone())));
-        let is_dropped = || dropped.load(std::sync::atomic::Ordering::SeqCst);
+        let outer = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut held = inner
+            .holding(Box::new(Guard(dropped.clone())))
+            .holding(Box::new(Guard(outer.clone())));
+        let is_dropped = || {
+            let inner = dropped.load(std::sync::atomic::Ordering::SeqCst);
+            let outer = outer.load(std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(inner, outer, "the two guards go together");
+            inner
+        };
         assert!(!is_dropped(), "held while the body is unread");
         let first = held.frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap(), "inner");

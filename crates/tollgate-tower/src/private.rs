@@ -288,9 +288,10 @@ impl Args {
         Args::default()
     }
 
-    /// Adds an argument, serialized as JSON.
+    /// Adds an argument, serialized as canonical JSON (RFC 8785: an object's members sorted),
+    /// so that one value has one fingerprint: a `HashMap`'s own order differs map to map.
     pub fn push<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
-        match serde_json::to_vec(value) {
+        match serde_jcs::to_vec(value) {
             Ok(json) => self.args.push((name, json)),
             Err(e) => {
                 self.failed.get_or_insert(Rejection::Fingerprint {
@@ -374,5 +375,30 @@ pub trait Outcome {
 impl<T, E> Outcome for Result<T, E> {
     fn succeeded(&self) -> bool {
         self.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::Args;
+
+    /// Two maps of the same entries, filled in other orders (and hashed with their own
+    /// seeds), are one argument value.
+    #[test]
+    fn a_maps_fingerprint_does_not_follow_its_order() {
+        let entries: Vec<(String, u32)> = (0..32).map(|i| (format!("k{i}"), i)).collect();
+        let forward: HashMap<String, u32> = entries.iter().cloned().collect();
+        let backward: HashMap<String, u32> = entries.iter().rev().cloned().collect();
+        let fingerprint = |map: &HashMap<String, u32>| {
+            let mut args = Args::new();
+            args.push("items", map);
+            args.fingerprint().ok().expect("a map serializes")
+        };
+        assert!(fingerprint(&forward) == fingerprint(&backward));
+        let mut other = forward.clone();
+        other.insert("k0".into(), 99);
+        assert!(fingerprint(&forward) != fingerprint(&other));
     }
 }

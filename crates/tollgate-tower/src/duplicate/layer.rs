@@ -59,6 +59,8 @@ pub(crate) struct Config {
     pub(crate) gate: SharedGate,
     pub(crate) scope: Arc<str>,
     pub(crate) by: DuplicateBy,
+    /// The header a guard `by` `header:<name>` reads, for the identity to carry.
+    pub(crate) wanted: Option<http::HeaderName>,
     pub(crate) mode: Mode,
     pub(crate) global: bool,
     pub(crate) ttl: Duration,
@@ -112,11 +114,18 @@ impl DuplicateLayer {
             DuplicateBy::Dimension(Dimension::Header(h)) if h == IDEMPOTENCY_KEY => Mode::Key,
             _ => Mode::Identity,
         };
+        let wanted = match (&by, mode) {
+            (DuplicateBy::Dimension(Dimension::Header(name)), Mode::Identity) => {
+                http::HeaderName::from_bytes(name.as_bytes()).ok()
+            }
+            _ => None,
+        };
         let mut config = Config {
             gate: erase(gate),
             scope: scope.into(),
             guard: DuplicateGuard::new(scope, by.clone()),
             by,
+            wanted,
             mode,
             global: false,
             ttl: Duration::from_secs(1),

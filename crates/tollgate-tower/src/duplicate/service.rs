@@ -79,7 +79,7 @@ where
     let reject = |rejection: Rejection| {
         rejection.answer(config.on_rejection.as_ref(), HeaderStyle::Draft, grpc)
     };
-    let mut identity = identity_of(&request, &config.resolver, &[]);
+    let mut identity = identity_of(&request, &config.resolver, config.wanted.as_slice());
     if config.mode == Mode::Key {
         match idempotency_key(&request) {
             Ok(Some(key)) => identity = identity.with_header(IDEMPOTENCY_KEY, key),

@@ -342,6 +342,30 @@ async fn user_mode_is_409_in_flight_429_after_and_401_anonymous() {
     assert_eq!(anonymous.status(), 401);
 }
 
+/// A guard by a header's value: the same value is one submission, another value another, and
+/// a request without the header is malformed (400).
+#[tokio::test]
+async fn header_mode_tells_submissions_apart_by_the_headers_value() {
+    let (server, handler, _) = serve(|gate| {
+        DuplicateLayer::new(gate, "by-client", "header:x-client".parse().unwrap())
+            .ttl(Duration::from_secs(2))
+    })
+    .await;
+    let post = |client_id: Option<&str>| {
+        let request = client().post(server.at("/orders")).body("{}");
+        match client_id {
+            Some(id) => request.header("x-client", id),
+            None => request,
+        }
+        .send()
+    };
+    assert_eq!(post(Some("c1")).await.unwrap().status(), 201);
+    assert_eq!(post(Some("c1")).await.unwrap().status(), 429);
+    assert_eq!(post(Some("c2")).await.unwrap().status(), 201);
+    assert_eq!(post(None).await.unwrap().status(), 400);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn bodies_over_the_cap_are_413() {
     let (server, handler, _) = serve(|gate| orders(gate).max_body(16)).await;
