@@ -62,6 +62,8 @@ pub(crate) struct Auth {
     failures: Tollgate<MemoryStore>,
     /// Failures on admin endpoints: per address, and for all addresses together.
     policy: Policy,
+    /// The same failures per address only (the first limiter of `policy`, on its counters).
+    address: Policy,
     /// Failures on the check and refund scopes: per address only. A global budget there would
     /// let a few addresses' guesses lock every caller out of checking (tokens of 16 bytes or
     /// more are not guessed anyway).
@@ -91,9 +93,14 @@ impl Auth {
             failure_limit.window(),
         )
         .unwrap_or(failure_limit);
+        let per_address = Limiter::new(Dimension::Ip, [failure_limit]).with_name("failures");
         let policy = Policy::builder("tollgate_admin_auth")
-            .limiter(Limiter::new(Dimension::Ip, [failure_limit]).with_name("failures"))
+            .limiter(per_address.clone())
             .limiter(Limiter::new(Dimension::Global, [all]).with_name("all_failures"))
+            .build()
+            .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
+        let address = Policy::builder("tollgate_admin_auth")
+            .limiter(per_address)
             .build()
             .unwrap_or_else(|e| unreachable!("a one-rule policy is valid: {e}"));
         let scoped = Policy::builder("tollgate_scope_auth")
@@ -105,6 +112,7 @@ impl Auth {
                 .map(|t| t.as_deref().map(digest)),
             failures,
             policy,
+            address,
             scoped,
             limit: failure_limit,
         }
@@ -142,12 +150,15 @@ impl Auth {
         // budget rather than escaping it.
         let ip = client.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
         let identity = Identity::new().with_ip(ip);
-        let policy = if scope == Scope::Admin {
-            &self.policy
+        let (policy, own) = if scope == Scope::Admin {
+            (&self.policy, &self.address)
         } else {
-            &self.scoped
+            (&self.scoped, &self.scoped)
         };
-        if let Some(retry_after) = self.refused(policy, &identity).await {
+        // An address over its own budget is refused whatever it offers. The budget of all
+        // addresses together refuses only failures: a few addresses' wrong guesses must not
+        // lock the holder of the token out (a token of 16 bytes or more is not guessed).
+        if let Some(retry_after) = self.refused(own, &identity).await {
             tracing::debug!(client_ip = %ip, path = %path, "admin request refused: too many failed authentications");
             return Err(Refusal::TooManyFailures(retry_after));
         }

@@ -134,3 +134,30 @@ async fn the_failure_limit_is_configurable() {
     let retry_after = retry_after.unwrap();
     assert!((3500..=3600).contains(&retry_after), "{retry_after}");
 }
+
+/// Failures from many addresses use up the budget of all addresses together: every wrong
+/// guess is refused from then on, but the token still opens the endpoints, from any address
+/// that has not used up its own budget (a few addresses cannot lock the admin out).
+#[tokio::test]
+async fn many_addresses_failing_cannot_lock_the_token_out() {
+    let config = CONFIG.replace(
+        "admin_token_env = \"TG_TEST_ADMIN\"",
+        "admin_token_env = \"TG_TEST_ADMIN\"\nadmin_failure_limit = \"1/1h\"",
+    );
+    let server = Server::start(&config);
+    // 20 addresses' worth: one failure each fills the budget of all of them.
+    for i in 1..=20 {
+        let guesser = client_from([127, 0, 1, i]);
+        let (status, _, body) = get(&guesser, &server, "/v1/blocklist", Some(GUESS)).await;
+        error_message(status, &body, 401);
+    }
+    let admin = client_from([127, 0, 2, 1]);
+    let (status, _, body) = get(&admin, &server, "/v1/blocklist", Some(GUESS)).await;
+    error_message(status, &body, 429);
+    let (status, _, body) = get(&admin, &server, "/v1/blocklist", Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    // An address over its own budget stays refused, the token or not.
+    let guesser = client_from([127, 0, 1, 1]);
+    let (status, _, body) = get(&guesser, &server, "/v1/blocklist", Some(ADMIN_TOKEN)).await;
+    error_message(status, &body, 429);
+}
