@@ -30,6 +30,27 @@ const KINDS: [&str; 5] = [
 /// The key new keys are counted under once `envoy.max_stat_keys` are known.
 pub(crate) const OTHER: &str = "(other)";
 
+/// The longest statistics key or unknown domain kept as it is, in bytes: a longer one (a
+/// request's own value, up to a megabyte) is kept as its first bytes and a hash of it, so that
+/// `envoy.max_stat_keys` bounds the memory the labels take, not only their number.
+const MAX_LABEL: usize = 256;
+
+/// `text`, or, past [`MAX_LABEL`] bytes, its first bytes, `~` and 16 hex digits of its hash.
+fn bounded(text: &str) -> std::borrow::Cow<'_, str> {
+    use std::hash::{Hash, Hasher};
+    if text.len() <= MAX_LABEL {
+        return text.into();
+    }
+    // The standard library's SipHash with its fixed keys: the same text, the same label.
+    let mut hasher = std::hash::DefaultHasher::new();
+    text.hash(&mut hasher);
+    let mut end = MAX_LABEL - 17;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}~{:016x}", &text[..end], hasher.finish()).into()
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StatLabels {
     domain: String,
@@ -113,6 +134,7 @@ impl DescriptorStats {
     /// Counts a request for `domain`, which is not configured (the reference's
     /// `domain_not_found`).
     pub(crate) fn domain_not_found(&self, settings: StatSettings, domain: &str) {
+        let domain = &*bounded(domain);
         if let Some(counter) = self
             .unknown
             .read()
@@ -142,7 +164,7 @@ impl DescriptorStats {
 
     /// Counts `hits` under `key` (`domain.part...`) of `domain`.
     pub(crate) fn count(&self, settings: StatSettings, domain: &str, key: &str, hits: Hits) {
-        let counters = self.counters(settings, domain, key);
+        let counters = self.counters(settings, domain, &bounded(key));
         let [total, within, near, over, shadow] = &counters.0;
         total.inc_by(hits.hits);
         let Some(before) = hits.before else {
@@ -347,6 +369,38 @@ mod tests {
         assert_eq!(value(&stats, "d", OTHER, "total_hits"), 2);
         assert_eq!(value(&stats, "d", "x", "total_hits"), 0);
         assert_eq!(stats.keys.read().unwrap().len(), 3);
+    }
+
+    /// A request's own long value (a megabyte) takes a label of at most `MAX_LABEL` bytes, its
+    /// first bytes and a hash: two long values that share their first bytes stay apart.
+    #[test]
+    fn long_keys_and_domains_take_bounded_labels() {
+        let stats = DescriptorStats::default();
+        let settings = StatSettings::default();
+        let hit = Hits {
+            hits: 1,
+            limit: 5,
+            before: None,
+            shadow: false,
+        };
+        let long = |last: char| format!("d.v_{}{last}", "x".repeat(1 << 20));
+        for key in [long('a'), long('b'), long('a')] {
+            stats.count(settings, "d", &key, hit);
+        }
+        let keys = stats.keys.read().unwrap();
+        assert_eq!(keys.len(), 2, "one label per value");
+        assert!(
+            keys.keys().all(|k| k.len() <= MAX_LABEL),
+            "{:?}",
+            keys.keys().map(|k| k.len()).collect::<Vec<_>>()
+        );
+        drop(keys);
+        let label = bounded(&long('a')).strip_prefix("d.").unwrap().to_owned();
+        assert_eq!(value(&stats, "d", &label, "total_hits"), 2);
+        let domain = "e".repeat(1 << 20);
+        stats.domain_not_found(settings, &domain);
+        let unknown = stats.unknown.read().unwrap();
+        assert!(unknown.keys().all(|d| d.len() <= MAX_LABEL));
     }
 
     #[test]
