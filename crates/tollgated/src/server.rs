@@ -112,6 +112,16 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     if tokens.admin.is_none() {
         tracing::info!("no admin token (server.admin_token_env): admin endpoints answer 401");
     }
+    let grpc_verified = config
+        .server
+        .grpc_tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca.is_some());
+    if !grpc_verified && !config.server.grpc.ip().is_loopback() {
+        tracing::warn!(
+            "the gRPC port is not on loopback and verifies no client certificate (server.grpc_tls.client_ca_file): any client that reaches it may spend counters and, in a domain with `identity` and a blocklist, have the addresses and users it names banned; keep it on a private network"
+        );
+    }
     for (scope, set) in [("check", &tokens.check), ("refund", &tokens.refund)] {
         if set.is_none() && !config.server.http.ip().is_loopback() {
             tracing::warn!(

@@ -215,18 +215,28 @@ fn reference_headers(
         .collect()
 }
 
+/// The most addresses, and the most users, one request names: a request comes from one
+/// client (its address may come twice, as its proxy saw it and as it says), and one request
+/// must not have a crowd of others banned.
+const TARGETS_PER_KIND: usize = 2;
+
 /// The identities a request names: the values of its entries whose keys the domain maps to
-/// an ip or a user id (an entry that does not parse as one names nobody), without repeats.
+/// an ip or a user id (an entry that does not parse as one names nobody), without repeats, at
+/// most [`TARGETS_PER_KIND`] of each kind (the first).
 fn identity_targets(domain: &Domain, request: &RateLimitRequest) -> SmallVec<[BanTarget; 2]> {
     let mut targets: SmallVec<[BanTarget; 2]> = SmallVec::new();
     for entry in request.descriptors.iter().flat_map(|d| &d.entries) {
         let Some((_, kind)) = domain.identity.iter().find(|(key, _)| *key == entry.key) else {
             continue;
         };
-        if let Ok(target) = BanTarget::parse(kind, &entry.value) {
-            if !targets.contains(&target) {
-                targets.push(target);
-            }
+        let Ok(target) = BanTarget::parse(kind, &entry.value) else {
+            continue;
+        };
+        let same_kind =
+            |t: &&BanTarget| std::mem::discriminant(*t) == std::mem::discriminant(&target);
+        if !targets.contains(&target) && targets.iter().filter(same_kind).count() < TARGETS_PER_KIND
+        {
+            targets.push(target);
         }
     }
     targets

@@ -95,3 +95,36 @@ async fn a_ban_by_hand_refuses_envoy_traffic_until_lifted() {
     let r = should_rate_limit(&mut rls, "edge", ip(), 1).await;
     assert_eq!(code(r.overall_code), Code::Ok);
 }
+
+/// A request comes from one client: one that names five addresses, and earns a ban, has at
+/// most two of them banned (a client's address may come twice: as its proxy saw it and as it
+/// says), not a crowd of others.
+#[tokio::test]
+async fn one_request_bans_at_most_two_addresses() {
+    let server = Server::start(CONFIG);
+    let mut rls = server.grpc_client().await;
+    let crowd: Vec<_> = (1..=5)
+        .map(|i| descriptor(&[("remote_address", &format!("198.51.100.{i}"))]))
+        .collect();
+    for _ in 0..2 {
+        let r = should_rate_limit(&mut rls, "edge", crowd.clone(), 1).await;
+        assert_eq!(code(r.overall_code), Code::Ok);
+    }
+    let r = should_rate_limit(&mut rls, "edge", crowd.clone(), 1).await;
+    assert_eq!(code(r.overall_code), Code::OverLimit);
+    let (status, page) = server.get_admin("/v1/blocklist").await;
+    assert_eq!(status, 200, "{page}");
+    let banned: Vec<&str> = page["bans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["value"].as_str().unwrap())
+        .collect();
+    assert_eq!(banned.len(), 2, "{page}");
+    assert!(
+        banned
+            .iter()
+            .all(|b| ["198.51.100.1", "198.51.100.2"].contains(b)),
+        "{page}"
+    );
+}
