@@ -5,7 +5,7 @@
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tollgate::FullStore;
-use tollgate::{AnyStore, CheckError, Lease, Tollgate};
+use tollgate::{AnyStore, Lease, Tollgate};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -31,13 +31,18 @@ pub(crate) fn in_background(work: impl Future<Output = ()> + Send + 'static) {
 /// panicked), it releases the lock in the background so the client can retry at once instead
 /// of waiting for the TTL. Once the handler has produced its outcome, [`complete`] and
 /// [`release`] record it on a task of their own: the operation happened, so it is recorded
-/// even if the request's future is dropped meanwhile.
+/// even if the request's future is dropped meanwhile. Between the two, once the handler
+/// answered but its response is still being read ([`done`]), a drop completes the lock
+/// without a replay: the operation ran, and a repeat must not run it again.
 ///
 /// [`complete`]: LeaseGuard::complete
 /// [`release`]: LeaseGuard::release
+/// [`done`]: LeaseGuard::done
 pub(crate) struct LeaseGuard {
     gate: SharedGate,
     lease: Option<Lease>,
+    /// Set by [`done`](Self::done): how long a drop keeps the completion.
+    done: Option<Duration>,
 }
 
 impl LeaseGuard {
@@ -45,7 +50,14 @@ impl LeaseGuard {
         LeaseGuard {
             gate,
             lease: Some(lease),
+            done: None,
         }
+    }
+
+    /// The operation ran (its handler answered): from now on a drop completes the lock for
+    /// `keep_for`, without a replay, instead of releasing it.
+    pub(crate) fn done(&mut self, keep_for: Duration) {
+        self.done = Some(keep_for);
     }
 
     /// Frees the lock (the submission failed: let the client retry).
@@ -66,14 +78,11 @@ impl LeaseGuard {
         let gate = self.gate.clone();
         let _ = tokio::spawn(async move {
             match gate.complete(&lease, &response, keep_for).await {
-                // The engine keeps smaller responses than asked: record the completion
-                // without a replay rather than leave the lock to expire, which would let a
-                // repeat run the operation again.
-                Err(CheckError::ResponseTooLarge { .. }) => {
-                    gate.complete(&lease, &[], keep_for).await
-                }
-                // Any other failure leaves the lock held until its TTL: repeats are refused
-                // as in progress meanwhile, which is the safe side.
+                // The response could not be kept (larger than the engine keeps, a store's
+                // response budget full, ...): record the completion without a replay rather
+                // than leave the lock to expire, which would let a repeat run the operation
+                // again. A failure of that too leaves the lock held until its TTL.
+                Err(_) if !response.is_empty() => gate.complete(&lease, &[], keep_for).await,
                 other => other,
             }
         })
@@ -86,9 +95,12 @@ impl Drop for LeaseGuard {
         let Some(lease) = self.lease.take() else {
             return;
         };
-        let gate = self.gate.clone();
+        let (gate, done) = (self.gate.clone(), self.done);
         in_background(async move {
-            let _ = gate.release(&lease).await;
+            match done {
+                Some(keep_for) => drop(gate.complete(&lease, &[], keep_for).await),
+                None => drop(gate.release(&lease).await),
+            }
         });
     }
 }

@@ -116,7 +116,7 @@ where
         Err(error) => return Ok(reject(Rejection::from_check_error(error))),
     };
     let started = Instant::now();
-    let lease = LeaseGuard::new(config.gate.clone(), lease);
+    let mut lease = LeaseGuard::new(config.gate.clone(), lease);
     let response = match inner.call(request).await {
         Ok(response) => response,
         Err(error) => {
@@ -134,6 +134,9 @@ where
         lease.complete(Vec::new(), left).await;
         return Ok(response);
     }
+    // The operation ran: a client gone while its response is read must not let a repeat run
+    // it again.
+    lease.done(config.replay_for);
     let (parts, body) = response.into_parts();
     match buffer(Box::pin(body), config.max_response).await {
         Buffered::Whole(bytes) => {

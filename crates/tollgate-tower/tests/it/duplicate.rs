@@ -279,6 +279,56 @@ async fn a_cancelled_handler_releases_the_key() {
     assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
 }
 
+/// The handler answered, and the client went away while the layer read the response's body
+/// to keep it: the operation ran, so the key is completed (without a replay), not released,
+/// and a repeat does not run it again.
+#[tokio::test]
+async fn a_client_gone_while_its_response_is_read_does_not_run_it_again() {
+    let (gate, _) = gate();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let reading = Arc::new(Notify::new());
+    let handler = {
+        let (calls, reading) = (calls.clone(), reading.clone());
+        move || {
+            let (calls, reading) = (calls.clone(), reading.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                // The body's first bytes, then nothing more until the client is gone.
+                let first = std::iter::once(Ok::<_, std::convert::Infallible>(Bytes::from("{")));
+                let stuck = futures_util::stream::once(async move {
+                    reading.notify_one();
+                    std::future::pending::<Result<Bytes, std::convert::Infallible>>().await
+                });
+                let body = futures_util::StreamExt::chain(futures_util::stream::iter(first), stuck);
+                (StatusCode::CREATED, Body::from_stream(body))
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/orders", post(handler).layer(orders(gate.clone())))
+        .layer(ContextLayer::new(gate, users()));
+    let server = Server::start(app).await;
+    let gone = tokio::spawn(keyed(&server, "k", "{}").send());
+    reading.notified().await;
+    gone.abort();
+    // The completion runs on a task of its own once the request's future is dropped: wait for
+    // it (bounded), not for the TTL.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let repeat = keyed(&server, "k", "{}").send().await.unwrap();
+        if repeat.status() != 409 {
+            assert_eq!(repeat.status(), 429, "completed, not replayable");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lock was never completed"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn args_mode_refuses_the_same_request_until_the_ttl_ends() {
     let (server, handler, clock) = serve(|gate| {
