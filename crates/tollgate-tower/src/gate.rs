@@ -19,6 +19,21 @@ pub(crate) fn erase<S: FullStore>(gate: Arc<Tollgate<S>>) -> SharedGate {
 /// Runs `work` on the current runtime without waiting for it: what a guard dropped before its
 /// outcome was known (a panic, a cancelled future) still owes the store. Without a runtime
 /// (dropped during shutdown) it does not run, and what it would have undone expires by itself.
+/// `work` on a task of its own, so that it finishes even if the future awaiting it is dropped
+/// meanwhile (the client went away while a refund or a settlement was on its way to the
+/// store); the future returned waits for it. Without a runtime, `work` itself.
+pub(crate) fn detached(work: impl Future<Output = ()> + Send + 'static) -> BoxFuture<'static, ()> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let task = runtime.spawn(work);
+            Box::pin(async move {
+                let _ = task.await;
+            })
+        }
+        Err(_) => Box::pin(work),
+    }
+}
+
 pub(crate) fn in_background(work: impl Future<Output = ()> + Send + 'static) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(work);

@@ -225,8 +225,9 @@ impl Charged {
     /// at `cost` (what the result says the call cost; `None`: what was charged), and frees the
     /// call's concurrency slots.
     pub async fn finish(mut self, succeeded: bool, cost: Option<u64>) {
+        // On a task of its own: a caller that stops awaiting does not cancel it.
         if let Some(work) = self.settle(succeeded, cost) {
-            work.await;
+            crate::gate::detached(work).await;
         }
     }
 

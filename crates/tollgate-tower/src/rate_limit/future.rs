@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     body::LayerBody,
-    gate::BoxFuture,
+    gate::{BoxFuture, detached},
     headers::HeaderStyle,
     rejection::{Rejection, is_grpc},
 };
@@ -313,16 +313,17 @@ where
                     };
                     let status = output.as_ref().ok().map(Response::status);
                     // Refunded or settled before the response goes out: the client's next
-                    // request sees it.
+                    // request sees it. On a task of its own: a client that goes away meanwhile
+                    // does not cancel it.
                     let charge = *charge;
                     let work: BoxFuture<'static, ()> = if !charge.keeps(status) {
-                        Box::pin(charge.refund())
+                        detached(charge.refund())
                     } else if let Some(cost) = output
                         .as_ref()
                         .ok()
                         .and_then(|r| charge.settled_cost(r.status(), r.headers()))
                     {
-                        Box::pin(charge.settle_at(cost))
+                        detached(charge.settle_at(cost))
                     } else {
                         charge.keep();
                         return Poll::Ready(hold(output, slot));

@@ -1127,3 +1127,161 @@ async fn an_identitys_override_counts_and_shows_in_the_fields() {
     );
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
+
+/// A memory store whose refunds wait until the test lets them go: a refund on its way to a
+/// networked store, in flight when the client goes away.
+struct HeldRefunds {
+    inner: tollgate::MemoryStore,
+    entered: Arc<tokio::sync::Notify>,
+    proceed: Arc<tokio::sync::Semaphore>,
+}
+
+impl Store for HeldRefunds {
+    async fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
+        self.inner.check(request).await
+    }
+
+    async fn reset(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {
+        self.inner.reset(request).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+impl RefundStore for HeldRefunds {
+    async fn refund(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        self.entered.notify_one();
+        self.proceed.acquire().await.unwrap().forget();
+        self.inner.refund(request, receipt).await
+    }
+
+    async fn extend(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: &Receipt,
+    ) -> Result<Option<Receipt>, StoreError> {
+        self.inner.extend(request, receipt).await
+    }
+
+    async fn charge(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {
+        self.inner.charge(request).await
+    }
+}
+
+impl LockStore for HeldRefunds {
+    async fn lock_acquire(
+        &self,
+        key: &str,
+        token: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> Result<tollgate::LockReply, StoreError> {
+        self.inner.lock_acquire(key, token, fingerprint, ttl).await
+    }
+
+    async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
+        self.inner.lock_release(key, token).await
+    }
+
+    async fn lock_complete(
+        &self,
+        key: &str,
+        token: &str,
+        response: &[u8],
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .lock_complete(key, token, response, keep_for)
+            .await
+    }
+}
+
+impl BanStore for HeldRefunds {
+    async fn bans(&self, prefix: &str) -> Result<Vec<tollgate::BanEntry>, StoreError> {
+        self.inner.bans(prefix).await
+    }
+
+    async fn ban(
+        &self,
+        prefix: &str,
+        target: &tollgate::BanTarget,
+        duration: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.ban(prefix, target, duration).await
+    }
+
+    async fn unban(&self, prefix: &str, target: &tollgate::BanTarget) -> Result<bool, StoreError> {
+        self.inner.unban(prefix, target).await
+    }
+}
+
+impl tollgate::OverrideStore for HeldRefunds {
+    async fn set_override(
+        &self,
+        limiter: &tollgate::LimiterRequest<'_>,
+        index: &str,
+        entry: &tollgate::Override,
+        ttl: Option<Duration>,
+    ) -> Result<tollgate::Override, StoreError> {
+        self.inner.set_override(limiter, index, entry, ttl).await
+    }
+
+    async fn remove_override(
+        &self,
+        limiter: &tollgate::LimiterRequest<'_>,
+        index: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.remove_override(limiter, index).await
+    }
+
+    async fn overrides(&self, index: &str) -> Result<Vec<tollgate::Override>, StoreError> {
+        self.inner.overrides(index).await
+    }
+}
+
+/// A success under `Count::failures()` is refunded before its response goes out; a client
+/// that goes away while the refund is on its way to the store does not cancel it.
+#[tokio::test]
+async fn a_refund_in_flight_when_the_client_goes_away_still_lands() {
+    let (entered, proceed) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let store = HeldRefunds {
+        inner: tollgate::MemoryStore::new(),
+        entered: entered.clone(),
+        proceed: proceed.clone(),
+    };
+    let gate = Arc::new(Tollgate::new(store));
+    let policy = Policy::builder("login")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m"])))
+        .build()
+        .unwrap();
+    let app = login(RateLimitLayer::new(gate.clone(), policy.clone()).count(Count::failures()));
+    let server = Server::start(app).await;
+    let gone = tokio::spawn(client().get(server.at("/login?pw=right")).send());
+    entered.notified().await;
+    gone.abort();
+    let _ = gone.await;
+    proceed.add_permits(1);
+    // The refund lands on its own task: wait for it (bounded).
+    let who = tollgate::Identity::new().with_ip("127.0.0.1".parse().unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = gate.peek(&policy, &who, 0).await.unwrap().remaining();
+        if left == Some(2) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refund never landed: {left:?} left"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
