@@ -602,7 +602,8 @@ async fn a_calendar_window_through_the_macro() {
 
 #[rate_limit(by = "user_id", concurrent = 1, lease_ttl = "1m")]
 #[rate_limit(by = "user_id", name = "hourly", rules = ["10/1h"])]
-async fn export_job(done: Arc<Notify>) -> Result<(), Rejection> {
+async fn export_job(entered: Arc<Notify>, done: Arc<Notify>) -> Result<(), Rejection> {
+    entered.notify_one();
     done.notified().await;
     Ok(())
 }
@@ -611,24 +612,24 @@ async fn export_job(done: Arc<Notify>) -> Result<(), Rejection> {
 async fn a_concurrency_limit_through_the_macro() {
     let (gate, _) = gate();
     let context = Context::new(gate, Identity::new().with_user_id("u1"));
-    let done = Arc::new(Notify::new());
-    let running = tokio::spawn(context.clone().scope(export_job(done.clone())));
+    let (entered, done) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let running = tokio::spawn(
+        context
+            .clone()
+            .scope(export_job(entered.clone(), done.clone())),
+    );
+    // The first job holds its slot once it is inside: then a second is refused.
+    entered.notified().await;
+    let at_once = || {
+        let done = Arc::new(Notify::new());
+        done.notify_one();
+        export_job(Arc::new(Notify::new()), done)
+    };
     context
         .clone()
         .scope(async {
-            // Wait (bounded) until the first job holds its slot: then a second is refused.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            let refusal = loop {
-                let other = Arc::new(Notify::new());
-                other.notify_one();
-                match export_job(other).await {
-                    Err(Rejection::RateLimited(decision)) => break decision,
-                    Ok(()) => {
-                        assert!(tokio::time::Instant::now() < deadline, "never running");
-                        tokio::task::yield_now().await;
-                    }
-                    Err(other) => panic!("{other:?}"),
-                }
+            let Err(Rejection::RateLimited(refusal)) = at_once().await else {
+                panic!("a second job while the first runs is refused");
             };
             assert_eq!(refusal.reason(), Reason::ConcurrencyLimited);
             assert!(refusal.retry_after() <= Some(Duration::from_secs(60)));
@@ -639,9 +640,7 @@ async fn a_concurrency_limit_through_the_macro() {
     running.await.unwrap().unwrap();
     context
         .scope(async {
-            let free = Arc::new(Notify::new());
-            free.notify_one();
-            export_job(free).await.expect("the slot is free");
+            at_once().await.expect("the slot is free");
         })
         .await;
 }
