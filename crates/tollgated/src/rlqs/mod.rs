@@ -70,6 +70,11 @@ const FIRST_COVERAGE: Duration = Duration::from_millis(100);
 const FILLS_PER_INTERVAL: u32 = 10;
 /// An Envoy whose last report is older than this many of its intervals asks for nothing.
 const QUIET_AFTER_INTERVALS: u32 = 3;
+/// The longest bucket id a report may name, its keys' and values' bytes together.
+const MAX_BUCKET_ID_BYTES: usize = 4096;
+/// The most buckets one stream keeps: a new one past them is abandoned (the Envoy applies its
+/// own `no_assignment_behavior` to it), so that a stream of endless ids holds bounded memory.
+const MAX_SUBSCRIPTIONS: usize = 10_000;
 
 /// The gRPC service over the running server's configuration.
 pub(crate) fn service(app: Arc<App>) -> RateLimitQuotaServiceServer<Quotas> {
@@ -205,6 +210,12 @@ impl Stream_ {
                     "a bucket usage report names its bucket_id",
                 ));
             };
+            let bytes: usize = id.bucket.iter().map(|(k, v)| k.len() + v.len()).sum();
+            if bytes > MAX_BUCKET_ID_BYTES {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "a bucket_id holds at most {MAX_BUCKET_ID_BYTES} bytes of keys and values; this one {bytes}"
+                )));
+            }
             let action = self.assign(&usage).await;
             self.app.metrics.rlqs_action(action_name(&action));
             actions.push(BucketAction {
@@ -234,6 +245,9 @@ impl Stream_ {
             return Action::AbandonAction(AbandonAction {});
         };
         let key = (bucket.name.clone(), who);
+        if self.subscriptions.len() >= MAX_SUBSCRIPTIONS && !self.subscriptions.contains_key(&id) {
+            return Action::AbandonAction(AbandonAction {});
+        }
         let sub = self
             .subscriptions
             .entry(id)

@@ -398,3 +398,59 @@ async fn the_envoy_drop_in_serves_buckets_from_its_yaml_descriptors() {
     assert!(health.by_window.values().sum::<u64>() > 0);
     assert!(closed.by_window.is_empty() && unknown.by_window.is_empty());
 }
+
+/// One stream's buckets are bounded: past 10,000 ids a new one is abandoned (its Envoy applies
+/// its own no-assignment behaviour), and an id of more than 4 KiB is refused, so that a stream
+/// of endless or huge ids holds bounded memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_buckets_are_bounded() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
+        rate_limit_quota_service_client::RateLimitQuotaServiceClient,
+        rate_limit_quota_usage_reports::BucketQuotaUsage,
+    };
+
+    let server = Server::start(&config("memory://", "30/1h"));
+    let usage = |tenant: &str| BucketQuotaUsage {
+        bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
+        time_elapsed: None,
+        num_requests_allowed: 0,
+        num_requests_denied: 1,
+    };
+    let report = |usages: Vec<BucketQuotaUsage>| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: usages,
+    };
+    let mut client = RateLimitQuotaServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    tx.send(report(
+        (0..10_001).map(|i| usage(&format!("t{i}"))).collect(),
+    ))
+    .await
+    .unwrap();
+    let mut responses = client
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    let first = responses.message().await.unwrap().unwrap();
+    let abandoned = |a: &&envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction| {
+        matches!(a.bucket_action, Some(BucketAction::AbandonAction(_)))
+    };
+    assert_eq!(first.bucket_action.len(), 10_001);
+    assert_eq!(first.bucket_action.iter().filter(abandoned).count(), 1);
+    assert!(abandoned(&first.bucket_action.last().unwrap()));
+    // An id the stream holds is still served; a huge one ends the stream, refused.
+    tx.send(report(vec![usage("t0")])).await.unwrap();
+    let again = responses.message().await.unwrap().unwrap();
+    assert!(!abandoned(&&again.bucket_action[0]), "{again:?}");
+    tx.send(report(vec![usage(&"x".repeat(5000))]))
+        .await
+        .unwrap();
+    let refused = responses.message().await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
