@@ -925,9 +925,24 @@ impl<S: LockStore> Tollgate<S> {
     }
 
     /// Frees the lock early so the client can retry at once (e.g. the submission failed).
-    /// Only the holder's lease frees it: false if it expired or was taken by someone else.
+    /// Only the holder's lease frees it: false if it expired or was taken by someone else, or
+    /// if it names no lock of this engine's.
     pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
+        if !self.guards(lease) {
+            return Ok(false);
+        }
         self.store.lock_release(&lease.key, &lease.token).await
+    }
+
+    /// Whether `lease` names a lock of this engine's guards (see `key::guard_key`). A lease
+    /// is text a client hands back: one naming any other key of the store (a counter, a ban,
+    /// another prefix's lock) holds nothing here, and is not sent to the store.
+    fn guards(&self, lease: &Lease) -> bool {
+        lease
+            .key
+            .strip_prefix(&*self.prefix)
+            .and_then(|rest| rest.strip_prefix(":{d:"))
+            .is_some_and(|rest| rest.ends_with('}'))
     }
 
     /// Records the submission's outcome: for `keep_for` (at most the engine's
@@ -944,6 +959,9 @@ impl<S: LockStore> Tollgate<S> {
                 size: response.len(),
                 cap: self.max_stored_response,
             });
+        }
+        if !self.guards(lease) {
+            return Ok(false);
         }
         Ok(self
             .store

@@ -501,3 +501,32 @@ lease = {{ ttl = "10s", share = 0.25 }}
         "{local} of {LIMIT} admitted from leases"
     );
 }
+
+/// A lease is text a client hands back: one naming a key that is no lock of this server's
+/// guards (a counter, another prefix's key) holds nothing, and is not sent to the store (where
+/// a key of another type failed the call as the store's fault).
+#[tokio::test]
+async fn a_lease_naming_another_key_holds_nothing() {
+    let redis = RedisServer::start();
+    let config = format!(
+        "[store]\nurl = \"{}\"\n\n[policies.a]\nlimiters = [{{ by = \"ip\", rules = [\"2/1h\"] }}]\n",
+        redis.url()
+    );
+    let server = Server::start(&config);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .arg("-p")
+            .arg(redis.port().to_string())
+            .args(args)
+            .output()
+            .expect("redis-cli runs (Debian's redis-tools, beside redis-server)");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    assert_eq!(cli(&["SET", "elsewhere", "a string"]), "OK");
+    let lease = format!("{}.elsewhere", "0".repeat(32));
+    let (status, body) = server
+        .post("/v1/duplicate/release", json!({ "lease": lease }))
+        .await;
+    assert_eq!((status, &body["released"]), (200, &json!(false)), "{body}");
+    assert_eq!(cli(&["GET", "elsewhere"]), "a string");
+}
