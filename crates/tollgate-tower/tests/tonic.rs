@@ -81,3 +81,41 @@ async fn a_rejection_converts_into_a_status_with_its_metadata() {
     let blocked = tonic::Status::from(Rejection::KeyReused);
     assert_eq!(blocked.code(), Code::InvalidArgument);
 }
+
+/// `Count::failures()` on a gRPC method: a call that fails (its status in the answer's
+/// headers, as tonic answers an error) counts, one that succeeds is given back; every answer
+/// is HTTP 200, and failed calls were given back too.
+#[tokio::test]
+async fn count_failures_counts_failed_grpc_calls() {
+    let gate = Arc::new(Tollgate::new(MemoryStore::new()));
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        Server::builder()
+            .layer(RateLimitLayer::new(gate, policy()).count(tollgate_tower::Count::failures()))
+            .add_service(health)
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let check = |service: &str| HealthCheckRequest {
+        service: service.to_owned(),
+    };
+    // Successes (the server's own health) are given back: any number of them.
+    for _ in 0..5 {
+        client.check(check("")).await.unwrap();
+    }
+    // Failures (a service it does not know: NOT_FOUND) count: two fit, then refused.
+    for _ in 0..2 {
+        let status = client.check(check("unknown")).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    }
+    let status = client.check(check("")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}

@@ -124,7 +124,8 @@ where
             return Err(error);
         }
     };
-    if response.status().is_server_error() {
+    // A failed gRPC call (its status in the headers) as its HTTP status would be.
+    if crate::rate_limit::counted_status(response.status(), response.headers()).is_server_error() {
         lease.release().await;
         return Ok(response);
     }

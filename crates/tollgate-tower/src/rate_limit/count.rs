@@ -49,7 +49,9 @@ impl fmt::Debug for Count {
     }
 }
 
-/// Which response statuses are failures (default: 4xx and 5xx).
+/// Which response statuses are failures (default: 4xx and 5xx). A gRPC call that fails at once
+/// (its `grpc-status` in the answer's headers) is judged by the HTTP status that status maps
+/// to: `NOT_FOUND` as 404, `UNAUTHENTICATED` as 401, `UNAVAILABLE` as 503, and so on.
 ///
 /// ```
 /// use http::{HeaderMap, HeaderName, StatusCode, Uri};
@@ -166,6 +168,38 @@ impl fmt::Debug for Settle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Settle(..)")
     }
+}
+
+/// The status a response is counted by ([`FailureWhen`]): its HTTP status; for a gRPC call
+/// answered with its `grpc-status` in the headers (a trailers-only answer, which is how a call
+/// fails at once), that status read as the HTTP status it maps to (as Google's API design
+/// guide maps them: `UNAUTHENTICATED` 401, `NOT_FOUND` 404, `UNAVAILABLE` 503, ...). Every gRPC
+/// answer is HTTP 200 otherwise, so failed calls were counted as successes. A status sent in
+/// trailers after a body comes after the count is settled, and reads as the HTTP status.
+pub(crate) fn counted_status(status: StatusCode, headers: &HeaderMap) -> StatusCode {
+    let Some(code) = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u16>().ok())
+    else {
+        return status;
+    };
+    let http = match code {
+        0 => 200,
+        1 => 499,
+        3 | 9 | 11 => 400,
+        4 => 504,
+        5 => 404,
+        6 | 10 => 409,
+        7 => 403,
+        8 => 429,
+        12 => 501,
+        14 => 503,
+        16 => 401,
+        // UNKNOWN, INTERNAL, DATA_LOSS and codes past the known ones.
+        _ => 500,
+    };
+    StatusCode::from_u16(http).unwrap_or(status)
 }
 
 /// The receipt a request's refund or settlement goes by: its check's, or, for an admission of

@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::{
     Count, FailedOpen,
-    count::{Charge, Held, Slot, receipt_of},
+    count::{Charge, Held, Slot, counted_status, receipt_of},
     layer::Config,
 };
 use crate::{
@@ -311,7 +311,8 @@ where
                     let Some(charge) = charge.take() else {
                         return Poll::Ready(hold(output, slot));
                     };
-                    let status = output.as_ref().ok().map(Response::status);
+                    let status =
+                        (output.as_ref().ok()).map(|r| counted_status(r.status(), r.headers()));
                     // Refunded or settled before the response goes out: the client's next
                     // request sees it. On a task of its own: a client that goes away meanwhile
                     // does not cancel it.

@@ -60,8 +60,8 @@ mod service;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailedOpen;
 
-pub(crate) use count::receipt_of;
 pub use count::{Cost, Count, FailureWhen, Settle};
+pub(crate) use count::{counted_status, receipt_of};
 pub use future::RateLimitFuture;
 pub use layer::RateLimitLayer;
 pub use service::RateLimitService;
