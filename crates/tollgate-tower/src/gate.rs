@@ -82,7 +82,7 @@ impl LeaseGuard {
         };
         let gate = self.gate.clone();
         // A failed release leaves the lock to expire with its TTL: nothing else to do.
-        let _ = tokio::spawn(async move { gate.release(&lease).await }).await;
+        detached(async move { drop(gate.release(&lease).await) }).await;
     }
 
     /// Marks the submission done, keeping `response` for `keep_for`.
@@ -91,14 +91,13 @@ impl LeaseGuard {
             return;
         };
         let gate = self.gate.clone();
-        let _ = tokio::spawn(async move {
-            match gate.complete(&lease, &response, keep_for).await {
-                // The response could not be kept (larger than the engine keeps, a store's
-                // response budget full, ...): record the completion without a replay rather
-                // than leave the lock to expire, which would let a repeat run the operation
-                // again. A failure of that too leaves the lock held until its TTL.
-                Err(_) if !response.is_empty() => gate.complete(&lease, &[], keep_for).await,
-                other => other,
+        detached(async move {
+            // The response could not be kept (larger than the engine keeps, a store's
+            // response budget full, ...): the completion is recorded without a replay rather
+            // than the lock left to expire, which would let a repeat run the operation again.
+            // A failure of that too leaves the lock held until its TTL.
+            if gate.complete(&lease, &response, keep_for).await.is_err() && !response.is_empty() {
+                let _ = gate.complete(&lease, &[], keep_for).await;
             }
         })
         .await;

@@ -20,29 +20,33 @@ fn policy() -> Policy {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_grpc_method_over_its_limit_answers_resource_exhausted_with_the_delay() {
-    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
-    let gate = Arc::new(Tollgate::new(
-        MemoryStore::builder().clock(clock.clone()).build(),
-    ));
+/// A client of tonic's health service served behind `layer` over loopback.
+async fn health_behind(layer: RateLimitLayer) -> HealthClient<tonic::transport::Channel> {
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(
         Server::builder()
-            .layer(RateLimitLayer::new(gate, policy()))
+            .layer(layer)
             .add_service(health)
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
-
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(Duration::from_secs(20))
         .connect()
         .await
         .unwrap();
-    let mut client = HealthClient::new(channel);
+    HealthClient::new(channel)
+}
+
+#[tokio::test]
+async fn a_grpc_method_over_its_limit_answers_resource_exhausted_with_the_delay() {
+    let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
+    let gate = Arc::new(Tollgate::new(
+        MemoryStore::builder().clock(clock.clone()).build(),
+    ));
+    let mut client = health_behind(RateLimitLayer::new(gate, policy())).await;
     let check = || HealthCheckRequest {
         service: String::new(),
     };
@@ -88,22 +92,8 @@ async fn a_rejection_converts_into_a_status_with_its_metadata() {
 #[tokio::test]
 async fn count_failures_counts_failed_grpc_calls() {
     let gate = Arc::new(Tollgate::new(MemoryStore::new()));
-    let (_reporter, health) = tonic_health::server::health_reporter();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        Server::builder()
-            .layer(RateLimitLayer::new(gate, policy()).count(tollgate_tower::Count::failures()))
-            .add_service(health)
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(20))
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
+    let layer = RateLimitLayer::new(gate, policy()).count(tollgate_tower::Count::failures());
+    let mut client = health_behind(layer).await;
     let check = |service: &str| HealthCheckRequest {
         service: service.to_owned(),
     };

@@ -145,32 +145,24 @@ async fn bad_items_fail_alone_and_oversized_batches_are_refused() {
         "a batch holds at most 8 checks (server.max_batch); this one has more"
     );
     // Parsing stops at the first check past the cap, unread: what follows it (here not even
-    // JSON) costs nothing, as a million tiny items would not.
-    let eight = vec![item("login", "192.0.2.8"); 8];
-    let text = serde_json::to_string(&json!({ "checks": eight })).unwrap();
-    let over = format!("{}, 1, {{\"x\": ]}}", text.trim_end_matches("]}"));
-    let (status, body) = server
-        .send(
+    // JSON) costs nothing, as a million tiny items would not. `n` good checks, a `1`, then
+    // text that is not JSON.
+    let spoiled = |n: usize| {
+        let checks = vec![item("login", "192.0.2.8"); n];
+        let text = serde_json::to_string(&json!({ "checks": checks })).unwrap();
+        let body = format!("{}, 1, {{\"x\": ]}}", text.trim_end_matches("]}"));
+        server.send(
             server
                 .request(reqwest::Method::POST, "/v1/checks")
                 .header("content-type", "application/json")
-                .body(over),
+                .body(body),
         )
-        .await;
+    };
+    let (status, body) = spoiled(8).await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["code"], "batch_too_large", "{body}");
     // The same body within the cap is malformed JSON, named as such.
-    let six = vec![item("login", "192.0.2.8"); 6];
-    let text = serde_json::to_string(&json!({ "checks": six })).unwrap();
-    let bad = format!("{}, 1, {{\"x\": ]}}", text.trim_end_matches("]}"));
-    let (status, body) = server
-        .send(
-            server
-                .request(reqwest::Method::POST, "/v1/checks")
-                .header("content-type", "application/json")
-                .body(bad),
-        )
-        .await;
+    let (status, body) = spoiled(6).await;
     assert_eq!(
         (status, &body["code"]),
         (400, &json!("malformed_json")),
