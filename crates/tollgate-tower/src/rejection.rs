@@ -358,7 +358,7 @@ impl Rejection {
     /// the `axum` feature, `IntoResponse` answers the same.)
     pub fn into_http_response(self) -> Response<Full<Bytes>> {
         let style = crate::Context::try_with(|c| c.style).unwrap_or_default();
-        self.respond(style, false).map(Full::new)
+        self.respond(style, None).map(Full::new)
     }
 
     /// The answer to a gRPC request, trailers-only: HTTP 200 with `grpc-status` (the
@@ -374,16 +374,17 @@ impl Rejection {
     /// assert_eq!(response.headers()["grpc-status"], "3");
     /// ```
     pub fn into_grpc_response(self) -> Response<Full<Bytes>> {
-        self.respond(HeaderStyle::Draft, true).map(Full::new)
+        self.respond(HeaderStyle::Draft, Some(&GRPC)).map(Full::new)
     }
 
-    /// The response in `style`, for a gRPC request when `grpc`.
-    pub(crate) fn respond(self, style: HeaderStyle, grpc: bool) -> Response<Bytes> {
+    /// The response in `style`; for a gRPC request when `grpc`, its content type (the request's
+    /// own: `application/grpc`, or gRPC-Web's, whose clients refuse an answer of another type).
+    pub(crate) fn respond(self, style: HeaderStyle, grpc: Option<&HeaderValue>) -> Response<Bytes> {
         let mut response = Response::new(Bytes::new());
         let headers = response.headers_mut();
         if let Some(retry_after) = self.retry_after() {
             insert_retry_after(retry_after, headers);
-            if grpc {
+            if grpc.is_some() {
                 let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
                 headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
             }
@@ -396,11 +397,8 @@ impl Rejection {
                 headers,
             );
         }
-        if grpc {
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/grpc"),
-            );
+        if let Some(content_type) = grpc {
+            headers.insert(header::CONTENT_TYPE, content_type.clone());
             headers.insert("grpc-status", HeaderValue::from(self.grpc_code()));
             let message = grpc_message(&self.client_detail());
             if let Ok(value) = HeaderValue::from_str(&message) {
@@ -422,7 +420,7 @@ impl Rejection {
         self,
         custom: Option<&OnRejection>,
         style: HeaderStyle,
-        grpc: bool,
+        grpc: Option<&HeaderValue>,
     ) -> Response<B> {
         match custom {
             Some(f) => f(self).map(B::boxed),
@@ -431,11 +429,14 @@ impl Rejection {
     }
 }
 
-/// Whether `headers` are a gRPC request's.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+/// gRPC's own content type.
+const GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+
+/// The content type of `headers` when they are a gRPC (or gRPC-Web) request's.
+pub(crate) fn grpc_type(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .filter(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// A `grpc-message` value: UTF-8, percent-encoded outside printable ASCII and for `%`.
@@ -536,7 +537,7 @@ impl From<Rejection> for tonic::Status {
         let code = tonic::Code::from(rejection.grpc_code());
         let message = rejection.to_string();
         let mut headers = rejection
-            .respond(HeaderStyle::Draft, true)
+            .respond(HeaderStyle::Draft, Some(&GRPC))
             .into_parts()
             .0
             .headers;
@@ -564,7 +565,7 @@ mod tests {
             retry_after: std::time::Duration::from_millis(1500),
             message: "operation in progress",
         }
-        .respond(HeaderStyle::Draft, true);
+        .respond(HeaderStyle::Draft, Some(&GRPC));
         assert_eq!(response.status(), 200);
         assert!(response.body().is_empty());
         let headers = response.headers();

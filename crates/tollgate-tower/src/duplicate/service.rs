@@ -22,7 +22,7 @@ use crate::{
     gate::LeaseGuard,
     headers::HeaderStyle,
     identity::identity_of,
-    rejection::{Rejection, is_grpc},
+    rejection::{Rejection, grpc_type},
 };
 
 /// The service of a [`DuplicateLayer`](crate::DuplicateLayer).
@@ -75,9 +75,13 @@ where
     ResBody: http_body::Body<Data = Bytes> + LayerBody + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let grpc = is_grpc(request.headers());
+    let grpc = grpc_type(request.headers()).cloned();
     let reject = |rejection: Rejection| {
-        rejection.answer(config.on_rejection.as_ref(), HeaderStyle::Draft, grpc)
+        rejection.answer(
+            config.on_rejection.as_ref(),
+            HeaderStyle::Draft,
+            grpc.as_ref(),
+        )
     };
     let mut identity = identity_of(&request, &config.resolver, config.wanted.as_slice());
     if config.mode == Mode::Key {

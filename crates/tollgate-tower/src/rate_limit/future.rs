@@ -5,7 +5,7 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tollgate::{CheckError, Decision, Identity, Reason};
 use tower_service::Service;
@@ -19,7 +19,7 @@ use crate::{
     body::LayerBody,
     gate::{BoxFuture, detached},
     headers::HeaderStyle,
-    rejection::{Rejection, is_grpc},
+    rejection::{Rejection, grpc_type},
 };
 
 pin_project! {
@@ -148,12 +148,11 @@ fn refuse<R: LayerBody>(
     config: &Config,
     headers: &HeaderMap,
 ) -> Response<R> {
-    let grpc = is_grpc(headers);
     let rejection = match refused {
         Ok(decision) => Rejection::denied(decision, &config.policy),
         Err(error) => Rejection::from_check_error(error),
     };
-    reject(config, rejection, grpc)
+    reject(config, rejection, grpc_type(headers))
 }
 
 /// Calls the inner service for an admitted request: what the response then needs (its
@@ -363,6 +362,10 @@ fn hold<B: LayerBody, E>(
     }
 }
 
-fn reject<B: LayerBody>(config: &Config, rejection: Rejection, grpc: bool) -> Response<B> {
+fn reject<B: LayerBody>(
+    config: &Config,
+    rejection: Rejection,
+    grpc: Option<&HeaderValue>,
+) -> Response<B> {
     rejection.answer(config.on_rejection.as_ref(), config.style, grpc)
 }

@@ -483,3 +483,33 @@ async fn responses_too_large_to_keep_are_delivered_and_repeats_refused_not_rerun
     );
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_grpc_web_repeat_is_refused_in_grpc_web_terms() {
+    let (server, handler, _clock) = serve(|gate| {
+        DuplicateLayer::new(gate, "comments", DuplicateBy::Args).ttl(Duration::from_secs(5))
+    })
+    .await;
+    let post = |content_type: &'static str| {
+        client()
+            .post(server.at("/orders"))
+            .header("content-type", content_type)
+            .body("hello")
+            .send()
+    };
+    assert_eq!(
+        post("application/grpc-web+proto").await.unwrap().status(),
+        201
+    );
+    // A browser's gRPC-Web client reads only answers of its own content type.
+    for content_type in ["application/grpc-web+proto", "application/grpc-web-text"] {
+        let repeat = post(content_type).await.unwrap();
+        assert_eq!(repeat.status(), 200);
+        assert_eq!(
+            header(&repeat, "content-type").as_deref(),
+            Some(content_type)
+        );
+        assert_eq!(header(&repeat, "grpc-status").as_deref(), Some("8"));
+    }
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}

@@ -1285,3 +1285,40 @@ async fn a_refund_in_flight_when_the_client_goes_away_still_lands() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn grpc_and_grpc_web_calls_over_the_limit_are_refused_in_their_own_content_type() {
+    let (gate, _clock) = gate();
+    let policy = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])))
+        .build()
+        .unwrap();
+    let (app, calls) = counted(RateLimitLayer::new(gate, policy));
+    let server = Server::start(app).await;
+    let call = |content_type: &'static str| {
+        client()
+            .get(server.at("/"))
+            .header("content-type", content_type)
+            .send()
+    };
+    assert_eq!(call("application/grpc").await.unwrap().status(), 200);
+    for content_type in [
+        "application/grpc",
+        "application/grpc+proto",
+        "application/grpc-web",
+        "application/grpc-web-text+proto",
+    ] {
+        let refused = call(content_type).await.unwrap();
+        assert_eq!(refused.status(), 200, "gRPC answers every call with 200");
+        assert_eq!(
+            header(&refused, "content-type").as_deref(),
+            Some(content_type)
+        );
+        assert_eq!(header(&refused, "grpc-status").as_deref(), Some("8"));
+        assert_eq!(
+            header(&refused, "grpc-retry-pushback-ms").as_deref(),
+            Some("60000")
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
