@@ -51,6 +51,8 @@ pub enum OnError {
     /// Fail closed: deny the request.
     Deny,
     /// Decide with an in-process memory store holding the same rules (per-instance limits).
+    /// It knows only what this instance counted while the store was down: the store's bans
+    /// and overrides do not reach it, so each identity gets the configured rules.
     Local,
 }
 
