@@ -76,7 +76,10 @@
 //! | `args` | with `by = "args"`: the parameters to fingerprint, e.g. `["body"]` (default: all) |
 //!
 //! With `by = "args"` every fingerprinted parameter must implement `serde::Serialize`; they
-//! are hashed as JSON (a stable form across processes, unlike `Debug`). Leave out parameters
+//! are hashed as canonical JSON (`tollgate::canonical_json`: a stable form across processes,
+//! unlike `Debug`; map keys sorted, integers exact). A sequence keeps its order, so a set
+//! argument should be a `BTreeSet` (a `HashSet` iterates in another order in each process,
+//! and two equal sets would be two submissions). Leave out parameters
 //! that are not data (an axum `State`) with `args = [...]`. An `Err` result frees the lock
 //! so the caller can retry; so does a cancelled call. A repeat while the first call runs is
 //! refused with `Rejection::InProgress` (409), one after it with `Rejection::Repeated` (429).

@@ -289,11 +289,17 @@ impl Args {
         Args::default()
     }
 
-    /// Adds an argument, serialized as canonical JSON (RFC 8785: an object's members sorted),
-    /// so that one value has one fingerprint: a `HashMap`'s own order differs map to map.
+    /// Adds an argument, serialized as canonical JSON ([`tollgate::canonical_json`]: an
+    /// object's members sorted, numbers exact), so that one value has one fingerprint: a
+    /// `HashMap`'s own order differs map to map. Non-finite floats read as `null`, as
+    /// serde_json writes them.
     pub fn push<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
-        match serde_jcs::to_vec(value) {
-            Ok(json) => self.args.push((name, json)),
+        match serde_json::to_value(value) {
+            Ok(json) => {
+                let mut text = String::new();
+                tollgate::canonical_json(&json, &mut text);
+                self.args.push((name, text.into_bytes()));
+            }
             Err(e) => {
                 self.failed.get_or_insert(Rejection::Fingerprint {
                     argument: name.to_owned(),
@@ -401,5 +407,31 @@ mod tests {
         let mut other = forward.clone();
         other.insert("k0".into(), 99);
         assert!(fingerprint(&forward) != fingerprint(&other));
+    }
+
+    fn fingerprint_of<T: serde::Serialize>(value: &T) -> tollgate::Fingerprint {
+        let mut args = Args::new();
+        args.push("id", value);
+        args.fingerprint().expect("the value serializes")
+    }
+
+    /// Integers a double cannot hold (snowflake ids, say) stay apart, and a float that is an
+    /// integer is that integer.
+    #[test]
+    fn large_integers_have_fingerprints_of_their_own() {
+        let big: u64 = (1 << 53) + 1;
+        assert!(fingerprint_of(&big) != fingerprint_of(&(big - 1)));
+        let snowflake: i64 = 1_800_000_000_000_000_123;
+        assert!(fingerprint_of(&snowflake) != fingerprint_of(&(snowflake + 1)));
+        assert!(fingerprint_of(&vec![u64::MAX]) != fingerprint_of(&vec![u64::MAX - 1]));
+        assert!(fingerprint_of(&3u8) == fingerprint_of(&3.0f64));
+    }
+
+    /// A float serde_json cannot write (NaN, infinite) is `null`, as serde_json writes it: a
+    /// fingerprint, not a refused call.
+    #[test]
+    fn non_finite_floats_fingerprint_as_null() {
+        assert!(fingerprint_of(&f64::NAN) == fingerprint_of(&Option::<u8>::None));
+        assert!(fingerprint_of(&f64::INFINITY) == fingerprint_of(&()));
     }
 }

@@ -52,6 +52,80 @@ impl Fingerprint {
     }
 }
 
+/// Writes `value` in one canonical text, so that equal values fingerprint alike: an object's
+/// members sorted by key at every depth, and each number one way, exactly (an integer as its
+/// digits, also when written `1.0` or `1e2`; any other number in its shortest exact form).
+/// Arrays keep their order: a set whose order varies (a `HashSet`) has many texts.
+///
+/// ```
+/// let text = |json: &str| {
+///     let mut out = String::new();
+///     tollgate::canonical_json(&serde_json::from_str(json).unwrap(), &mut out);
+///     out
+/// };
+/// assert_eq!(text(r#"{"b":1.0,"a":[2.50,1e2]}"#), r#"{"a":[2.5,100],"b":1}"#);
+/// // Integers past 2^53 stay exact.
+/// assert_ne!(text("9007199254740993"), text("9007199254740992"));
+/// ```
+#[cfg(feature = "serde")]
+pub fn canonical_json(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => canonical_number(n, out),
+        // A string's JSON form is written one way (serde_json's escapes) and never fails.
+        Value::String(text) => out.push_str(&Value::String(text.clone()).to_string()),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(members) => {
+            let mut sorted: Vec<_> = members.iter().collect();
+            sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (key, item)) in sorted.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                canonical_json(item, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// A number as its digits when it is an integer (however written), else its shortest form.
+#[cfg(feature = "serde")]
+fn canonical_number(n: &serde_json::Number, out: &mut String) {
+    let mut digits = itoa::Buffer::new();
+    if let Some(u) = n.as_u64() {
+        return out.push_str(digits.format(u));
+    }
+    if let Some(i) = n.as_i64() {
+        return out.push_str(digits.format(i));
+    }
+    let Some(f) = n.as_f64() else {
+        return out.push_str(&n.to_string());
+    };
+    // Integral floats within the integers' range convert exactly (-0.0 is 0).
+    if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+        return out.push_str(digits.format(f as u64));
+    }
+    if f.fract() == 0.0 && (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+        return out.push_str(digits.format(f as i64));
+    }
+    out.push_str(&n.to_string());
+}
+
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for b in self.0 {

@@ -90,6 +90,8 @@ pub use bypass::{Bypass, IpNet, IpNetError};
 pub use calendar::{Calendar, CalendarUnit};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, LimiterName, NamedDecision, Reason, RuleDecision, RuleDecisions};
+#[cfg(feature = "serde")]
+pub use duplicate::canonical_json;
 pub use duplicate::{
     Acquire, Duplicate, DuplicateBy, DuplicateGuard, DuplicateState, Fingerprint, Lease,
     MAX_IDEMPOTENCY_KEY_LEN, idempotency_key,

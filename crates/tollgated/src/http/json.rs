@@ -440,11 +440,11 @@ pub(crate) struct BanRequest {
     pub(crate) duration: String,
 }
 
-/// The canonical form of a JSON value (RFC 8785, JCS): object keys sorted at every depth and
-/// numbers written one way, so `{"a":1,"b":2}` and `{"b":2,"a":1.0}` are one submission.
+/// The canonical form of a JSON value ([`tollgate::canonical_json`]): object keys sorted at
+/// every depth and numbers written one way, exactly, so `{"a":1,"b":2}` and `{"b":2,"a":1.0}`
+/// are one submission and `{"id":9007199254740993}` is not `{"id":9007199254740992}`.
 pub(crate) fn canonical_json(value: &Value, out: &mut String) {
-    // A `Value` always serializes: its keys are strings and its numbers finite.
-    out.push_str(&serde_jcs::to_string(value).unwrap_or_default());
+    tollgate::canonical_json(value, out);
 }
 
 #[cfg(test)]
@@ -549,6 +549,16 @@ limiters = [
         );
         assert_eq!(canonical(r#"{"n":1}"#), canonical(r#"{"n":1.0}"#));
         assert_ne!(canonical(r#"{"n":1}"#), canonical(r#"{"n":"1"}"#));
+        // Integers stay exact past 2^53, where a double has no room for them.
+        assert_eq!(canonical("9007199254740993"), "9007199254740993");
+        assert_ne!(
+            canonical(r#"{"id":9007199254740993}"#),
+            canonical(r#"{"id":9007199254740992}"#)
+        );
+        assert_eq!(canonical("-9223372036854775808"), "-9223372036854775808");
+        assert_eq!(canonical("18446744073709551615"), "18446744073709551615");
+        assert_eq!(canonical("-0.0"), "0");
+        assert_eq!(canonical("1e300"), canonical("1.0e300"));
     }
 
     #[test]
