@@ -34,12 +34,18 @@ pub(crate) async fn acquire(
         .with_code("no_duplicate_guard")
     })?;
     let mut identity = req.identity;
-    // One reading of an idempotency key everywhere: `"abc"` and `abc` are one key.
+    // One reading of an idempotency key everywhere: `"abc"` and `abc` are one key. A key is
+    // the user's own, as the tower layer's are: another user's `abc` is another submission
+    // (and never gets this one's response).
+    let user = identity.user_id.clone();
     for (name, value) in &mut identity.headers {
         if name.eq_ignore_ascii_case("idempotency-key") {
             let key = tollgate::idempotency_key(value)
                 .map_err(|why| ApiError::new(StatusCode::BAD_REQUEST, why))?;
-            *value = key.to_owned();
+            *value = match &user {
+                Some(user) => format!("u{}:{user}:{key}", user.len()),
+                None => format!("-:{key}"),
+            };
         }
     }
     let identity = identity.into_identity();
@@ -70,7 +76,9 @@ pub(crate) async fn acquire(
             retry_after_ms: ceil_ms(dup.retry_after),
             message: Some(dup.message(guard.by())),
             same_args: Some(dup.fingerprint_matches),
-            response: dup.response.as_deref().map(|bytes| {
+            // Only the same submission gets the first one's response: a key reused with other
+            // `args` is told so, not handed what another payload produced.
+            response: dup.response.as_deref().filter(|_| dup.fingerprint_matches).map(|bytes| {
                 serde_json::from_slice(bytes)
                     .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
             }),

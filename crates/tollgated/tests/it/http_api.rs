@@ -496,12 +496,26 @@ async fn completed_submissions_replay_their_response() {
     let retry = replay["retry_after_ms"].as_u64().unwrap();
     assert!(retry > 30_000 && retry <= 60_000, "{replay}");
 
-    // The same key with other arguments is reported as such.
+    // The same key with other arguments is reported as such, without what the first
+    // submission's payload produced.
     let (_, reused) = server
         .post("/v1/duplicate/acquire", acquire("k1", json!({ "item": 2 })))
         .await;
     assert_eq!(reused["acquired"], false);
     assert_eq!(reused["same_args"], false, "{reused}");
+    assert_eq!(reused["response"], Value::Null, "{reused}");
+
+    // A key is its user's: another user's (or an anonymous caller's) `k1` is a submission of
+    // its own, and never replays user 7's response.
+    for identity in [
+        json!({ "user_id": "8", "headers": { "Idempotency-Key": "k1" } }),
+        json!({ "headers": { "Idempotency-Key": "k1" } }),
+    ] {
+        let request = json!({ "policy": "order", "identity": identity, "args": { "item": 1 } });
+        let (_, other) = server.post("/v1/duplicate/acquire", request).await;
+        assert_eq!(other["acquired"], true, "{other}");
+        assert_eq!(other["response"], Value::Null, "{other}");
+    }
 
     // A request without the key lacks the guard's dimension.
     let (s, b) = server
