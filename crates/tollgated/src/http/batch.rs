@@ -153,7 +153,7 @@ fn write_answer(
                 &item.entry.policy,
                 &item.identity,
                 decision,
-                item.receipt,
+                (item.receipt, item.cost == 0),
             );
             write_decision(
                 body,

@@ -140,7 +140,7 @@ pub(super) async fn decide(
         &entry.policy,
         &identity,
         &decision,
-        req.receipt || due.is_some(),
+        (req.receipt || due.is_some(), cost == 0 && consume),
     );
     // Named once, for the body and the fields.
     let rules = decision.rules(&entry.policy);

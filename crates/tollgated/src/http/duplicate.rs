@@ -78,10 +78,15 @@ pub(crate) async fn acquire(
             same_args: Some(dup.fingerprint_matches),
             // Only the same submission gets the first one's response: a key reused with other
             // `args` is told so, not handed what another payload produced.
-            response: dup.response.as_deref().filter(|_| dup.fingerprint_matches).map(|bytes| {
-                serde_json::from_slice(bytes)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
-            }),
+            response: dup
+                .response
+                .as_deref()
+                .filter(|_| dup.fingerprint_matches)
+                .map(|bytes| {
+                    serde_json::from_slice(bytes).unwrap_or_else(|_| {
+                        Value::String(String::from_utf8_lossy(bytes).into_owned())
+                    })
+                }),
         },
     };
     Ok(Json(body))

@@ -4,7 +4,7 @@ use std::{borrow::Cow, collections::BTreeMap, net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Value, value::RawValue};
-use tollgate::{Decision, DuplicateState, Identity, Policy, RuleDecision};
+use tollgate::{Decision, DuplicateState, Identity, Policy, Reason, Receipt, RuleDecision};
 
 use crate::{app::App, config::RuleText};
 
@@ -249,18 +249,30 @@ fn is_lease(d: &Decision, policy: &Policy) -> bool {
 
 /// The receipt an answer carries, sealed for its policy and identity: when the caller asked
 /// (`asked`) or when it names a lease (always answered); none for an admission that recorded
-/// nothing.
+/// nothing, unless it was a counted check of cost 0 (`free`): that one gets a receipt of no
+/// units, stamped now, so that settling it charges the real cost (without one, an estimate
+/// of 0 would make the work free).
 pub(crate) fn sealed_receipt(
     app: &App,
     policy: &Policy,
     identity: &Identity,
     d: &Decision,
-    asked: bool,
+    (asked, free): (bool, bool),
 ) -> Option<String> {
     if !asked && !is_lease(d, policy) {
         return None;
     }
-    Some(app.receipts.seal(policy, identity, &d.receipt()?))
+    let receipt = match d.receipt() {
+        Some(receipt) => receipt,
+        None if free && d.reason() == Reason::Ok => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            Receipt::per_limiter([now], 0, 0)
+        }
+        None => return None,
+    };
+    Some(app.receipts.seal(policy, identity, &receipt))
 }
 
 /// Room for a decision's JSON, so that writing it takes one allocation.

@@ -164,3 +164,40 @@ async fn a_check_that_may_wait_is_told_how_long_with_the_receipt_to_give_up() {
         "{body}"
     );
 }
+
+/// An estimate of 0 (a client that names no cost up front) still gets a receipt, and settling
+/// it charges the real cost: 0 is not free use. Two such receipts are two, each spent once.
+#[tokio::test]
+async fn an_estimate_of_zero_is_settled_at_the_real_cost() {
+    let server = Server::start(CONFIG);
+    let first = estimate(&server, "u1", 0).await;
+    let second = estimate(&server, "u1", 0).await;
+    assert_ne!(first, second);
+    for (receipt, cost) in [(&first, 300), (&second, 200)] {
+        let settle = json!({ "policy": "llm", "identity": { "user_id": "u1" }, "receipt": receipt, "cost": cost });
+        let (status, body) = server.post("/v1/settle", settle.clone()).await;
+        assert_eq!(
+            (status, body),
+            (200, json!({ "settled": "charged", "units": cost }))
+        );
+        let (status, body) = server.post("/v1/settle", settle).await;
+        assert_eq!(status, 409, "{body}");
+    }
+    let (_, peek) = server
+        .post(
+            "/v1/peek",
+            json!({ "policy": "llm", "identity": { "user_id": "u1" } }),
+        )
+        .await;
+    // 500 charged, and the peek's own unit.
+    assert_eq!(peek["rules"][0]["remaining"], 499, "{peek}");
+    // The same through a batch.
+    let (status, batch) = server
+        .post(
+            "/v1/checks",
+            json!({ "checks": [{ "policy": "llm", "identity": { "user_id": "u2" }, "cost": 0, "receipt": true }] }),
+        )
+        .await;
+    assert_eq!(status, 200, "{batch}");
+    assert!(batch["results"][0]["receipt"].is_string(), "{batch}");
+}
