@@ -22,6 +22,13 @@ pub(super) struct BanState {
     strikes: u32,
 }
 
+impl BanState {
+    /// When the ban ends (µs); its entry lives on after, to remember its strikes.
+    pub(super) fn until(&self) -> u64 {
+        self.until
+    }
+}
+
 impl Inner {
     /// How long the longest live ban among the request's ban keys has left.
     pub(super) fn blocked_for(

@@ -105,14 +105,16 @@ impl Entry {
 
     /// How much eviction spares this entry, lowest first, and among equals which goes first
     /// (lowest first): expired entries; then counters within their limits, least recently used
-    /// first, then counters over their limits; live bans and locks never (a flood of new bans
-    /// must not lift the ones in force).
+    /// first, then counters over their limits; a ban that has ended (kept only to remember its
+    /// strikes), the longest ended first; live bans and locks never (a flood of new bans must
+    /// not lift the ones in force, nor may remembered strikes keep new bans out).
     fn keep_rank(&self, now: u64, age: u32) -> Option<(u8, u64)> {
         if self.expires_at <= now {
             return Some((0, 0));
         }
         match self.state {
             State::Rules(_) => Some((1 + u8::from(self.limited), u64::from(u32::MAX - age))),
+            State::Ban(ref ban) if ban.until() <= now => Some((1, ban.until())),
             State::Ban(_) | State::Lock(_) => None,
         }
     }
@@ -236,14 +238,13 @@ impl Shard {
 
     /// Remembers that the limiter key of `hash` was evicted at its limit and must stay denied
     /// until `until`, holding at most `cap` such records: past it, the record nearest its end
-    /// among a few sampled goes first.
-    pub(super) fn owe(&mut self, hash: u64, until: u64, now: u64, cap: usize) {
+    /// among a few sampled goes first (one that has ended, if sampled: ended records are
+    /// otherwise left to the sweeper, so that a full table costs each new record a few looks,
+    /// not a pass over all of them).
+    pub(super) fn owe(&mut self, hash: u64, until: u64, cap: usize) {
         if let Some((_, at)) = self.owed.find_mut(hash, |&(h, _)| h == hash) {
             *at = (*at).max(until);
             return;
-        }
-        if self.owed.len() >= cap {
-            self.owed.retain(|&mut (_, at)| at > now);
         }
         if self.owed.len() >= cap {
             let nearest = self

@@ -800,7 +800,7 @@ impl Inner {
             if kind == Kind::Counter {
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 if entry.limited && entry.expires_at > now {
-                    shard.owe(evicted.hash, entry.expires_at, now, self.budget.counters);
+                    shard.owe(evicted.hash, entry.expires_at, self.budget.counters);
                 }
             }
         }
@@ -894,10 +894,13 @@ impl Inner {
 
     /// A charge (see `RefundStore::charge`), one limiter at a time.
     fn charge(&self, request: &CheckRequest<'_>) {
-        let now = self.clock.now_us();
         for limiter in request.limiters.iter().filter(|l| !l.is_concurrent()) {
             let hash = self.shards.hash(limiter.key_bytes());
             let mut shard = self.shards.lock_one(hash);
+            // Read under the lock, as a check's is: a charge that read the time before a
+            // check of the next window took the lock would move the window back, its count
+            // lost.
+            let now = self.clock.now_us();
             match shard.live(hash, limiter.key_bytes(), now) {
                 Some(Entry {
                     state: State::Rules(states),
@@ -910,9 +913,16 @@ impl Inner {
                     *limited = true;
                 }
                 _ => {
-                    self.make_room(&mut shard, Kind::Counter, 1, now, &[]);
                     let mut states = RuleStates::default();
                     let until = states.charge(limiter.rules, now, request.cost);
+                    if let Some(owed) = shard.owed(hash, now) {
+                        // Evicted at its limit: it stays denied, now for the debt's time too.
+                        // An entry of the debt alone would hide the record and admit again.
+                        let until = owed.saturating_add(until.saturating_sub(now));
+                        shard.owe(hash, until, self.budget.counters);
+                        continue;
+                    }
+                    self.make_room(&mut shard, Kind::Counter, 1, now, &[]);
                     let mut entry = Entry::new(State::Rules(states), until);
                     entry.limited = true;
                     shard.insert(hash, limiter.key_bytes(), entry);

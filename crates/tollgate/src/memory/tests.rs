@@ -99,6 +99,42 @@ fn eviction_spares_keys_at_their_limits_and_never_gives_their_quota_back() {
     assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
 }
 
+/// A charge (a settlement past the estimate) of a key evicted at its limit keeps it denied,
+/// for longer: it never makes an entry of the debt alone, which would hide what the key owes
+/// and hand it a fresh quota.
+#[test]
+fn a_charge_of_an_evicted_key_keeps_it_denied_for_the_debt_too() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(1)
+        .purge_interval(None)
+        .build();
+    assert!(check(&store, "hot", &["2/1h"], 2).unwrap().allowed);
+    clock.advance(Duration::from_millis(1));
+    assert!(check(&store, "other", &["1/1h"], 1).unwrap().allowed);
+    assert_eq!(store.evictions(), 1);
+    let rules: Vec<Rule> = vec!["2/1h".parse().unwrap()];
+    let limiters = [LimiterRequest {
+        key: "hot",
+        compact: &[],
+        rules: &rules,
+        ban: None,
+        shadow: false,
+        overrides: None,
+    }];
+    store.inner.charge(&CheckRequest::new(1, true, &limiters));
+    for _ in 0..3 {
+        assert!(!check(&store, "hot", &["2/1h"], 1).unwrap().allowed);
+    }
+    // Past the hour its evicted state would have lasted, the debt's hour still holds it.
+    clock.advance(Duration::from_secs(3601));
+    assert!(!check(&store, "hot", &["2/1h"], 1).unwrap().allowed);
+    clock.advance(Duration::from_secs(3600));
+    assert!(check(&store, "hot", &["2/1h"], 1).unwrap().allowed);
+}
+
 /// A reset forgives what an evicted key owed: it starts afresh at once.
 #[test]
 fn a_reset_forgives_an_evicted_key() {
@@ -130,6 +166,41 @@ fn a_reset_forgives_an_evicted_key() {
         check(&store, "hot", &["1/1h"], 0).unwrap().rules[0].remaining,
         1
     );
+}
+
+/// A ban that has ended is kept a while to remember its strikes, but that memory never keeps
+/// a new ban out: a full ban budget makes room by forgetting an ended ban.
+#[test]
+fn remembered_strikes_make_room_for_a_new_ban() {
+    let clock = ManualClock::new(Duration::from_secs(1_000));
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_bans(2)
+        .purge_interval(None)
+        .build();
+    let day = Duration::from_secs(86_400);
+    for user in ["a", "b"] {
+        let target = BanTarget::UserId(user.into());
+        // Banned for a day, then for ten minutes: the entry remembers it for the day.
+        store.inner.ban("tg", &target, day);
+        store.inner.ban("tg", &target, Duration::from_secs(600));
+    }
+    clock.advance(Duration::from_secs(660));
+    assert!(store.inner.bans("tg").is_empty(), "both bans have ended");
+    store.inner.ban(
+        "tg",
+        &BanTarget::UserId("c".into()),
+        Duration::from_secs(3600),
+    );
+    let banned: Vec<_> = store
+        .inner
+        .bans("tg")
+        .into_iter()
+        .map(|b| b.target)
+        .collect();
+    assert_eq!(banned, [BanTarget::UserId("c".into())]);
+    assert_eq!(store.usage().dropped_bans, 0);
 }
 
 /// Locks and bans have budgets of their own: a flood of either, kept for years, never makes a
