@@ -96,8 +96,12 @@ fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<Tok
 
     check_signature(&item, kind)?;
     let bound = bound_arguments(&item);
-    let name = item.sig.ident.to_string();
-    let default_scope = quote!(::core::concat!(::core::module_path!(), "::", #name));
+    // The function's own path, read at run time from an item declared in its body: a method's
+    // names its type (`app::Sms::send`, `<app::Sms as app::Notify>::send`), where the module
+    // path and the name alone would give two types' `send` one scope, one counter.
+    let default_scope = quote!(::tollgate_tower::__private::scope_of(
+        ::std::any::type_name_of_val(&__tollgate_scope)
+    ));
 
     let (limit_check, counted) = if limits.is_empty() {
         (TokenStream::new(), false)
@@ -147,6 +151,8 @@ fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<Tok
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
+            #[allow(dead_code)]
+            fn __tollgate_scope() {}
             #body
         }
     })

@@ -49,7 +49,7 @@
 //! | `name` | the limiter's name (default: the dimension); names appear in keys and headers |
 //! | `algorithm` | `sliding_log` (default), `sliding_window`, `fixed_window`, `gcra` |
 //! | `blocklist` | ban the offender's IP and user for this long after a violation, e.g. `"10m"` |
-//! | `scope` | the action name in keys (default: module path and function name) |
+//! | `scope` | the action name in keys (default: the function's path, with its type for a method; below) |
 //! | `message` | the text of the refusal (the problem body's `detail`) |
 //! | `ipv6_prefix` | with `by = "ip"`: count IPv6 clients by this network, e.g. `48` (default 64: one subscriber's /64, so rotating addresses within it buys nothing) |
 //! | `ipv4_prefix` | with `by = "ip"`: count IPv4 clients by this network, e.g. `24` (default 32: each address; a shorter prefix also counts neighbours behind one NAT together) |
@@ -72,8 +72,15 @@
 //! | `by` | `args` (the function's arguments), `ip`, `user_id`, `user_name` |
 //! | `ttl` | how long repeats are refused, counted from the first call (default `"1s"`) |
 //! | `global` | share the lock across every function (the seed's `global = true`) |
-//! | `scope` | the action name in keys (default: module path and function name) |
+//! | `scope` | the action name in keys (default: the function's path, with its type for a method; below) |
 //! | `args` | with `by = "args"`: the parameters to fingerprint, e.g. `["body"]` (default: all) |
+//!
+//! The default `scope` is the function's path as `std::any::type_name` writes it: the module
+//! path and name (`app::orders::submit`), and for a method its type (`app::Sms::send`,
+//! `<app::Sms as app::Notify>::send`), so that two types' `send` never share a counter or a
+//! lock. A trait's provided method has one scope for every implementor. Rust does not promise
+//! that text across compiler versions; give `scope` where keys must outlive a compiler upgrade
+//! (a new text starts the counters afresh).
 //!
 //! With `by = "args"` every fingerprinted parameter must implement `serde::Serialize`; they
 //! are hashed as canonical JSON (`tollgate::canonical_json`: a stable form across processes,

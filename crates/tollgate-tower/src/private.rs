@@ -60,6 +60,13 @@ pub fn limiter(
     limiter
 }
 
+/// A function's default scope: its path, from the path of the item the macros declare in its
+/// body (`app::Sms::send::{{closure}}::__tollgate_scope`, an async body being a closure).
+pub fn scope_of(item: &'static str) -> &'static str {
+    let path = item.strip_suffix("::__tollgate_scope").unwrap_or(item);
+    path.strip_suffix("::{{closure}}").unwrap_or(path)
+}
+
 /// Builds a policy from limiters the macro already validated.
 pub fn policy(scope: &str, limiters: Vec<Limiter>) -> Policy {
     let mut builder = Policy::builder(scope);

@@ -344,6 +344,93 @@ async fn code_for(phone: String) -> Result<String, Rejection> {
     Ok(format!("code for {phone}"))
 }
 
+struct Sms;
+struct Email;
+
+/// Two types' methods of one name in one module: by default, each has a scope of its own.
+trait Notifier {
+    async fn notify(&self, to: String) -> Result<(), Rejection>;
+}
+
+impl Sms {
+    #[rate_limit(by = "arg:to", rules = ["1/1m"])]
+    #[prevent_duplicate(by = "args", ttl = "1m")]
+    async fn send(&self, to: String) -> Result<(), Rejection> {
+        let _ = to;
+        Ok(())
+    }
+}
+
+impl Email {
+    #[rate_limit(by = "arg:to", rules = ["1/1m"])]
+    #[prevent_duplicate(by = "args", ttl = "1m")]
+    async fn send(&self, to: String) -> Result<(), Rejection> {
+        let _ = to;
+        Ok(())
+    }
+}
+
+impl Notifier for Sms {
+    #[rate_limit(by = "arg:to", rules = ["1/1m"])]
+    async fn notify(&self, to: String) -> Result<(), Rejection> {
+        let _ = to;
+        Ok(())
+    }
+}
+
+impl Notifier for Email {
+    #[rate_limit(by = "arg:to", rules = ["1/1m"])]
+    async fn notify(&self, to: String) -> Result<(), Rejection> {
+        let _ = to;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn methods_of_one_name_on_two_types_count_apart() {
+    let (gate, _) = gate();
+    Context::new(gate, Identity::new())
+        .scope(async {
+            let to = || "+1555".to_owned();
+            assert!(Sms.send(to()).await.is_ok());
+            assert!(
+                Email.send(to()).await.is_ok(),
+                "Sms::send spent Email::send's quota"
+            );
+            assert!(matches!(
+                Sms.send(to()).await,
+                Err(Rejection::RateLimited(_))
+            ));
+            assert!(Sms.notify(to()).await.is_ok());
+            assert!(
+                Email.notify(to()).await.is_ok(),
+                "one impl spent the other's quota"
+            );
+            assert!(matches!(
+                Email.notify(to()).await,
+                Err(Rejection::RateLimited(_))
+            ));
+        })
+        .await;
+}
+
+#[test]
+fn a_default_scope_is_the_functions_path() {
+    use tollgate_tower::__private::scope_of;
+    assert_eq!(
+        scope_of("app::orders::send::{{closure}}::__tollgate_scope"),
+        "app::orders::send"
+    );
+    assert_eq!(
+        scope_of("app::Sms::send::{{closure}}::__tollgate_scope"),
+        "app::Sms::send"
+    );
+    assert_eq!(
+        scope_of("<app::Sms as app::Notify>::send::{{closure}}::__tollgate_scope"),
+        "<app::Sms as app::Notify>::send"
+    );
+}
+
 #[tokio::test]
 async fn outside_http_a_scope_supplies_the_context_and_args_are_dimensions() {
     let (gate, _) = gate();
