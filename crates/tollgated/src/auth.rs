@@ -19,7 +19,9 @@ use std::{
 
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
-use tollgate::{Dimension, Identity, Limiter, MemoryStore, OnError, Policy, Rule, Tollgate};
+use tollgate::{
+    Algorithm, Dimension, Identity, Limiter, MemoryStore, OnError, Policy, Rule, Tollgate,
+};
 
 /// Client addresses whose failures are remembered at once; a bound on what a flood of
 /// addresses can make the server hold.
@@ -78,6 +80,9 @@ impl Auth {
     /// Admin endpoints guarded by `token` (none: disabled), allowing `failure_limit` failed
     /// attempts per client address.
     pub(crate) fn new(tokens: &Tokens, failure_limit: Rule) -> Auth {
+        // Counted by GCRA, two integers a key at any limit: a sliding log's entries are
+        // capped, and a large `admin_failure_limit` (times GLOBAL_FACTOR) would pass past it.
+        let failure_limit = failure_limit.with_algorithm(Algorithm::Gcra);
         let store = MemoryStore::builder()
             .max_keys(MAX_TRACKED_ADDRESSES)
             .build();
@@ -92,7 +97,7 @@ impl Auth {
             failure_limit.limit().saturating_mul(GLOBAL_FACTOR),
             failure_limit.window(),
         )
-        .unwrap_or(failure_limit);
+        .map_or(failure_limit, |all| all.with_algorithm(Algorithm::Gcra));
         let per_address = Limiter::new(Dimension::Ip, [failure_limit]).with_name("failures");
         let policy = Policy::builder("tollgate_admin_auth")
             .limiter(per_address.clone())
@@ -399,6 +404,19 @@ mod tests {
             auth.authorize(Scope::Admin, Some("guess"), b, "/").await,
             Err(Refusal::TooManyFailures(_))
         ));
+    }
+
+    /// Any limit the configuration accepts makes an `Auth`: a sliding log's cap on entries
+    /// (a million) made a large one, times the shared budget's factor, panic at start.
+    #[tokio::test]
+    async fn a_large_failure_limit_starts() {
+        let auth = Auth::new(&admin("t0ken"), "60000/1m".parse().unwrap());
+        let a = Some(IpAddr::from([192, 0, 2, 1]));
+        assert_eq!(
+            auth.authorize(Scope::Admin, Some("t0ken"), a, "/v1/reset")
+                .await,
+            Ok(())
+        );
     }
 
     #[tokio::test]

@@ -1895,7 +1895,16 @@ mod tests {
                 "webhook.url",
                 "the port is a number",
             ),
-            ("url = \"https://u:p@x/\"", "webhook.url", "credentials"),
+            (
+                "url = \"https://u:s3cret@x/\"",
+                "webhook.url",
+                "credentials",
+            ),
+            (
+                "url = \"ftp://x/hook/s3cret\"",
+                "webhook.url",
+                "http or https",
+            ),
             (
                 "url = \"http://x/\"\nca = \"ca.pem\"",
                 "webhook.ca",
@@ -1913,6 +1922,8 @@ mod tests {
                 e.contains("t.toml:") && e.contains(field) && e.contains(says),
                 "{text}: {e}"
             );
+            // A failed reload's error is shown on the stats page: never the URL's secret.
+            assert!(!e.contains("s3cret"), "{text}: {e}");
         }
     }
 

@@ -102,7 +102,7 @@ impl History {
             return (Vec::new(), Vec::new());
         };
         let first = last + 1 - (SECONDS as u64).min(last + 1);
-        let from = since.map_or(first, |s| (s + 1).max(first));
+        let from = since.map_or(first, |s| s.saturating_add(1).max(first));
         let times: Vec<u64> = (from..=last).collect();
         let mut by_id: HashMap<usize, Series<'_>> = HashMap::new();
         for second in &self.seconds {

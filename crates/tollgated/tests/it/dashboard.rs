@@ -73,6 +73,9 @@ async fn stats_are_open_and_identities_need_the_admin_token() {
     let now = stats["decisions"]["now"].as_u64().unwrap();
     let (_, later) = server.get(&format!("/v1/stats?since={}", now + 3600)).await;
     assert_eq!(later["decisions"]["seconds"], json!([]));
+    let (status, last) = server.get(&format!("/v1/stats?since={}", u64::MAX)).await;
+    assert_eq!(status, 200, "{last}");
+    assert_eq!(last["decisions"]["seconds"], json!([]));
 }
 
 #[tokio::test]
