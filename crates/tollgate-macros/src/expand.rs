@@ -360,6 +360,7 @@ fn rate_limit_check(
         }
         limiters.push(limiter_tokens(limit));
     }
+    build_now(limits)?;
     let scope = match scope {
         Some(s) => s.to_token_stream(),
         None => default_scope.clone(),
@@ -501,29 +502,71 @@ fn limiter_tokens(limit: &RateLimit) -> TokenStream {
     let name = opt(limit.name.as_ref());
     let blocklist = opt(limit.blocklist.as_ref());
     let message = opt(limit.message.as_ref());
-    let prefix = match (limit.ipv4_prefix, limit.ipv6_prefix) {
-        (None, None) => quote!(::core::option::Option::None),
-        (v4, v6) => {
-            let default = tollgate::IpPrefix::DEFAULT;
-            let v4 = v4.unwrap_or(default.v4());
-            let v6 = v6.unwrap_or(default.v6());
-            quote!(::core::option::Option::Some((#v4, #v6)))
-        }
+    let prefix = match tollgate::macro_support::prefix(limit.ipv4_prefix, limit.ipv6_prefix) {
+        None => quote!(::core::option::Option::None),
+        Some((v4, v6)) => quote!(::core::option::Option::Some((#v4, #v6))),
     };
     let shadow = limit.shadow;
     let overrides = limit.overrides;
-    let warn = limit.warn_at.map(|f| quote!(.with_warning(#f)));
-    let soft = (!limit.soft.is_empty()).then(|| {
-        let texts = &limit.soft;
-        quote!(.with_soft_rules(::tollgate_tower::__private::rules(&[#(#texts),*], #algorithm)))
-    });
+    let warn_at = match limit.warn_at {
+        Some(f) => quote!(::core::option::Option::Some(#f)),
+        None => quote!(::core::option::Option::None),
+    };
+    let soft = &limit.soft;
     quote! {
-        ::tollgate_tower::__private::limiter(#by, &[#(#rules),*], #algorithm, #name, #blocklist, #message, #prefix)
-            .with_shadow(#shadow)
-            .with_overrides(#overrides)
-            #warn
-            #soft
+        ::tollgate_tower::__private::limiter(&::tollgate_tower::__private::LimiterSpec {
+            by: #by,
+            rules: &[#(#rules),*],
+            algorithm: #algorithm,
+            name: #name,
+            blocklist: #blocklist,
+            message: #message,
+            prefix: #prefix,
+            shadow: #shadow,
+            overrides: #overrides,
+            warn_at: #warn_at,
+            soft: &[#(#soft),*],
+        })
     }
+}
+
+/// Builds the function's policy now, as it will be built at run time, so that what only the
+/// whole policy can tell (a log too long, a calendar rule with another algorithm, two limiters
+/// of one name) is an error at the attribute, not a panic at every call.
+fn build_now(limits: &[RateLimit]) -> syn::Result<()> {
+    let mut limiters = Vec::new();
+    for limit in limits {
+        let text = |lit: Option<&syn::LitStr>| lit.map(syn::LitStr::value);
+        let (rules, soft): (Vec<String>, Vec<String>) = (
+            limit.rules.iter().map(syn::LitStr::value).collect(),
+            limit.soft.iter().map(syn::LitStr::value).collect(),
+        );
+        let (algorithm, name, blocklist, message) = (
+            text(limit.algorithm.as_ref()),
+            text(limit.name.as_ref()),
+            text(limit.blocklist.as_ref()),
+            text(limit.message.as_ref()),
+        );
+        let spec = tollgate::macro_support::LimiterSpec {
+            by: &limit.by.value(),
+            rules: &rules.iter().map(String::as_str).collect::<Vec<_>>(),
+            algorithm: algorithm.as_deref(),
+            name: name.as_deref(),
+            blocklist: blocklist.as_deref(),
+            message: message.as_deref(),
+            prefix: tollgate::macro_support::prefix(limit.ipv4_prefix, limit.ipv6_prefix),
+            shadow: limit.shadow,
+            overrides: limit.overrides,
+            warn_at: limit.warn_at,
+            soft: &soft.iter().map(String::as_str).collect::<Vec<_>>(),
+        };
+        let limiter = tollgate::macro_support::limiter(&spec)
+            .map_err(|e| syn::Error::new(limit.by.span(), e))?;
+        limiters.push(limiter);
+    }
+    let span = limits.first().map_or_else(Span::call_site, |l| l.by.span());
+    tollgate::macro_support::policy("scope", limiters).map_err(|e| syn::Error::new(span, e))?;
+    Ok(())
 }
 
 fn duplicate_guard(

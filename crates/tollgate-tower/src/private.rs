@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tollgate::{Acquire, BanRule, Dimension, DuplicateState, Fingerprint, Rule, parse_duration};
-pub use tollgate::{DuplicateGuard, Limiter, Policy};
+use tollgate::{Acquire, DuplicateState, Fingerprint, macro_support, parse_duration};
+pub use tollgate::{DuplicateGuard, Limiter, Policy, macro_support::LimiterSpec};
 
 use crate::{
     context::Context,
@@ -13,51 +13,9 @@ use crate::{
     rejection::Rejection,
 };
 
-/// Builds a limiter from strings the macro already validated; `prefix` is the (IPv4, IPv6)
-/// prefix lengths of a `by = "ip"` limiter that sets them.
-/// The rules `texts`, with `algorithm` (both checked when the attribute expanded).
-pub fn rules(texts: &[&str], algorithm: Option<&str>) -> Vec<Rule> {
-    let algorithm = algorithm.map(|a| a.parse().unwrap_or_else(|e| panic!("#[rate_limit]: {e}")));
-    texts
-        .iter()
-        .map(|text| {
-            let rule: Rule = text
-                .parse()
-                .unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
-            match algorithm {
-                Some(a) => rule.with_algorithm(a),
-                None => rule,
-            }
-        })
-        .collect()
-}
-
-pub fn limiter(
-    by: &str,
-    rules: &[&str],
-    algorithm: Option<&str>,
-    name: Option<&str>,
-    blocklist: Option<&str>,
-    message: Option<&str>,
-    prefix: Option<(u8, u8)>,
-) -> Limiter {
-    let dimension: Dimension = match prefix {
-        Some((v4, v6)) => Dimension::ip_prefix(v4, v6),
-        None => by.parse(),
-    }
-    .unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
-    let mut limiter = Limiter::new(dimension, self::rules(rules, algorithm));
-    if let Some(name) = name {
-        limiter = limiter.with_name(name);
-    }
-    if let Some(ban) = blocklist {
-        let duration = parse_duration(ban).unwrap_or_else(|e| panic!("#[rate_limit]: {e}"));
-        limiter = limiter.with_blocklist(BanRule::new(duration));
-    }
-    if let Some(message) = message {
-        limiter = limiter.with_message(message);
-    }
-    limiter
+/// The limiter of one `#[rate_limit]`, which the macro already built once while expanding.
+pub fn limiter(spec: &LimiterSpec<'_>) -> Limiter {
+    macro_support::limiter(spec).unwrap_or_else(|e| panic!("#[rate_limit]: {e}"))
 }
 
 /// A function's default scope: its path, from the path of the item the macros declare in its
@@ -67,14 +25,9 @@ pub fn scope_of(item: &'static str) -> &'static str {
     path.strip_suffix("::{{closure}}").unwrap_or(path)
 }
 
-/// Builds a policy from limiters the macro already validated.
+/// Builds a policy from limiters the macro already built once, as a policy, while expanding.
 pub fn policy(scope: &str, limiters: Vec<Limiter>) -> Policy {
-    let mut builder = Policy::builder(scope);
-    for limiter in limiters {
-        builder = builder.limiter(limiter);
-    }
-    builder
-        .build()
+    macro_support::policy(scope, limiters)
         .unwrap_or_else(|e| panic!("#[rate_limit] on {scope}: {e}"))
 }
 

@@ -67,6 +67,8 @@ mod error;
 pub mod fields;
 mod identity;
 pub mod key;
+#[doc(hidden)]
+pub mod macro_support;
 mod memory;
 mod overrides;
 mod page;
