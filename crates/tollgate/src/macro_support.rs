@@ -26,7 +26,7 @@ pub fn rules(texts: &[&str], algorithm: Option<&str>) -> Result<Vec<Rule>, Strin
     let algorithm: Option<Algorithm> = algorithm
         .map(str::parse)
         .transpose()
-        .map_err(|e| format!("{e}"))?;
+        .map_err(|e| e.to_string())?;
     texts
         .iter()
         .map(|text| {
@@ -43,7 +43,7 @@ pub fn rules(texts: &[&str], algorithm: Option<&str>) -> Result<Vec<Rule>, Strin
 pub fn limiter(spec: &LimiterSpec<'_>) -> Result<Limiter, String> {
     let dimension: Dimension = match spec.prefix {
         Some((v4, v6)) => Dimension::ip_prefix(v4, v6)?,
-        None => spec.by.parse().map_err(|e| format!("{e}"))?,
+        None => spec.by.parse().map_err(|e| e.to_string())?,
     };
     let mut limiter = Limiter::new(dimension, rules(spec.rules, spec.algorithm)?)
         .with_shadow(spec.shadow)
@@ -52,7 +52,7 @@ pub fn limiter(spec: &LimiterSpec<'_>) -> Result<Limiter, String> {
         limiter = limiter.with_name(name);
     }
     if let Some(ban) = spec.blocklist {
-        let duration = parse_duration(ban).map_err(|e| format!("{e}"))?;
+        let duration = parse_duration(ban).map_err(|e| e.to_string())?;
         limiter = limiter.with_blocklist(BanRule::new(duration));
     }
     if let Some(message) = spec.message {
