@@ -23,8 +23,8 @@ pub struct LimiterSpec<'a> {
 
 /// The rules `texts`, with `algorithm`.
 pub fn rules(texts: &[&str], algorithm: Option<&str>) -> Result<Vec<Rule>, String> {
-    let algorithm: Option<Algorithm> = algorithm
-        .map(str::parse)
+    let algorithm = algorithm
+        .map(str::parse::<Algorithm>)
         .transpose()
         .map_err(|e| e.to_string())?;
     texts
