@@ -43,7 +43,7 @@ pub fn rules(texts: &[&str], algorithm: Option<&str>) -> Result<Vec<Rule>, Strin
 pub fn limiter(spec: &LimiterSpec<'_>) -> Result<Limiter, String> {
     let dimension: Dimension = match spec.prefix {
         Some((v4, v6)) => Dimension::ip_prefix(v4, v6)?,
-        None => spec.by.parse().map_err(|e| e.to_string())?,
+        None => spec.by.parse::<Dimension>().map_err(|e| e.to_string())?,
     };
     let mut limiter = Limiter::new(dimension, rules(spec.rules, spec.algorithm)?)
         .with_shadow(spec.shadow)
