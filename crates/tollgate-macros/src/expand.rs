@@ -117,26 +117,33 @@ fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<Tok
     let rest = match &duplicate {
         None => quote!(#block),
         Some(guard) => {
-            let guarded = duplicate_guard(guard, &bound, &default_scope, &output, block)?;
+            let guarded = duplicate_guard(guard, &bound, &default_scope, &output, block, counted)?;
             quote!({ #guarded })
         }
     };
     let body = if counted {
-        // The outcome decides whether the charge stays (see `count`).
+        // The outcome decides whether the charge stays (see `count`); a call the duplicate
+        // guard refused never ran, so it is no outcome: its charge is given back.
         let fake_return = pin_return(&output);
         quote! {
             #limit_check
+            let __tollgate_refused = ::core::sync::atomic::AtomicBool::new(false);
+            let __tollgate_refused_ref = &__tollgate_refused;
             let __tollgate_counted = async move {
                 #fake_return
                 #rest
             }
             .await;
-            __tollgate_charge
-                .finish(
-                    ::tollgate_tower::__private::Outcome::succeeded(&__tollgate_counted),
-                    __tollgate_settle.and_then(|settle| settle(&__tollgate_counted)),
-                )
-                .await;
+            if __tollgate_refused.load(::core::sync::atomic::Ordering::Relaxed) {
+                __tollgate_charge.refused().await;
+            } else {
+                __tollgate_charge
+                    .finish(
+                        ::tollgate_tower::__private::Outcome::succeeded(&__tollgate_counted),
+                        __tollgate_settle.and_then(|settle| settle(&__tollgate_counted)),
+                    )
+                    .await;
+            }
             __tollgate_counted
         }
     } else {
@@ -575,7 +582,12 @@ fn duplicate_guard(
     default_scope: &TokenStream,
     output: &Type,
     block: &syn::Block,
+    counted: bool,
 ) -> syn::Result<TokenStream> {
+    // Inside a counted call, a refusal tells the charge that the call never ran.
+    let refused = counted.then(
+        || quote!(__tollgate_refused_ref.store(true, ::core::sync::atomic::Ordering::Relaxed);),
+    );
     let scope = match &guard.scope {
         Some(s) => s.to_token_stream(),
         None => default_scope.clone(),
@@ -622,6 +634,7 @@ fn duplicate_guard(
             match ::tollgate_tower::__private::acquire(&__TOLLGATE_GUARD, __tollgate_fingerprint).await {
                 ::core::result::Result::Ok(held) => held,
                 ::core::result::Result::Err(__tollgate_rejection) => {
+                    #refused
                     return ::core::result::Result::Err(::core::convert::From::from(__tollgate_rejection));
                 }
             };

@@ -185,8 +185,17 @@ impl Charged {
     /// at `cost` (what the result says the call cost; `None`: what was charged), and frees the
     /// call's concurrency slots.
     pub async fn finish(mut self, succeeded: bool, cost: Option<u64>) {
+        let end = self.end(succeeded, cost);
         // On a task of its own: a caller that stops awaiting does not cancel it.
-        if let Some(work) = self.settle(succeeded, cost) {
+        if let Some(work) = self.settle(end) {
+            crate::gate::detached(work).await;
+        }
+    }
+
+    /// Gives the charge back (and frees the call's slots): the call never ran (its duplicate
+    /// guard refused it), so it is neither a success nor a failure.
+    pub async fn refused(mut self) {
+        if let Some(work) = self.settle(End::Refund) {
             crate::gate::detached(work).await;
         }
     }
@@ -194,13 +203,8 @@ impl Charged {
     /// What the outcome owes the store, disarmed (so that dropping it owes nothing more); `None`
     /// if nothing. A failed refund or release keeps the charge, or the slot until its lease runs
     /// out: the safe side; a failed settlement keeps what the check charged.
-    fn settle(
-        &mut self,
-        succeeded: bool,
-        cost: Option<u64>,
-    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+    fn settle(&mut self, end: End) -> Option<impl Future<Output = ()> + Send + 'static> {
         self.armed = false;
-        let end = self.end(succeeded, cost);
         let receipt = self.receipt.take().filter(|_| !matches!(end, End::Keep))?;
         let (gate, policy, charged) = (self.gate.clone(), self.policy, self.cost);
         let concurrent = self.concurrent;
@@ -229,7 +233,7 @@ impl Charged {
 impl Drop for Charged {
     fn drop(&mut self) {
         if self.armed {
-            if let Some(work) = self.settle(false, None) {
+            if let Some(work) = self.settle(self.end(false, None)) {
                 in_background(work);
             }
         }

@@ -431,6 +431,34 @@ fn a_default_scope_is_the_functions_path() {
     );
 }
 
+/// Failures are limited; a double submission is refused by the guard before it runs.
+#[rate_limit(by = "arg:user", rules = ["2/15m"], count = "failures")]
+#[prevent_duplicate(by = "args", ttl = "1m")]
+async fn log_in(user: String) -> Result<&'static str, Rejection> {
+    let _ = user;
+    Ok("welcome")
+}
+
+/// A call the duplicate guard refused never ran: it is not a failure, and its charge comes
+/// back. Counted as one, double submissions locked the user out of logging in.
+#[tokio::test]
+async fn a_duplicate_refusal_is_not_a_counted_failure() {
+    let (gate, clock) = gate();
+    Context::new(gate, Identity::new())
+        .scope(async {
+            assert_eq!(log_in("ann".into()).await.unwrap(), "welcome");
+            for _ in 0..3 {
+                assert!(matches!(
+                    log_in("ann".into()).await,
+                    Err(Rejection::Repeated { .. })
+                ));
+            }
+            clock.advance(Duration::from_secs(60));
+            assert_eq!(log_in("ann".into()).await.unwrap(), "welcome");
+        })
+        .await;
+}
+
 #[tokio::test]
 async fn outside_http_a_scope_supplies_the_context_and_args_are_dimensions() {
     let (gate, _) = gate();
