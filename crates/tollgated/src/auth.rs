@@ -4,7 +4,8 @@
 //! Three scopes, each optionally behind its own token: `check` (check, peek, batches,
 //! acquire), `refund` (refund, release, extend, the duplicate guard) and `admin` (reset, the
 //! blocklist, who is limited). A scope's token is also accepted by the scopes below it: the
-//! admin token opens everything. A scope without a token is open, but for admin, which is then
+//! admin token opens everything. A refund scope without a token of its own takes the check
+//! scope's; a scope without a token, and none below it, is open, but for admin, which is then
 //! off.
 //!
 //! A client address gets `server.admin_failure_limit` failed attempts (missing or wrong
@@ -130,11 +131,32 @@ impl Auth {
 
     /// Whether `scope` asks for a token.
     pub(crate) fn guarded(&self, scope: Scope) -> bool {
+        self.first_accepted(scope).is_some()
+    }
+
+    /// Whether `scope` has a token of its own (not one it takes from the scope below).
+    pub(crate) fn has_own_token(&self, scope: Scope) -> bool {
         self.digests[scope as usize].is_some()
     }
 
+    /// Where the tokens `scope` accepts start among the digests: its own, or where it has
+    /// none, the nearest scope's below that has one (a refund scope left open beside a guarded
+    /// check scope would open more than it guards); every higher scope's too. `None`: open
+    /// (admin: disabled). Admin never takes a lower scope's token.
+    fn first_accepted(&self, scope: Scope) -> Option<usize> {
+        let own = scope as usize;
+        if self.digests[own].is_some() {
+            return Some(own);
+        }
+        if scope == Scope::Admin {
+            return None;
+        }
+        (0..own).rev().find(|&i| self.digests[i].is_some())
+    }
+
     /// Admits `offered` from `client` for `path` in `scope`: at once where the scope has no
-    /// token (admin: refused, it is off), else when it is the scope's token or a higher one's.
+    /// token and none below it has (admin: refused, it is off), else when it is the scope's
+    /// token (or, without one, the nearest lower scope's) or a higher one's.
     /// Failures are logged (the address and path, never the offered token) and counted
     /// against the address and against all addresses.
     pub(crate) async fn authorize(
@@ -144,13 +166,13 @@ impl Auth {
         client: Option<IpAddr>,
         path: &str,
     ) -> Result<(), Refusal> {
-        if self.digests[scope as usize].is_none() {
+        let Some(first) = self.first_accepted(scope) else {
             return match scope {
                 Scope::Admin => Err(Refusal::Disabled),
                 _ => Ok(()),
             };
-        }
-        let accepted = &self.digests[scope as usize..];
+        };
+        let accepted = &self.digests[first..];
         // Requests that did not come through the listener (none in production) share one
         // budget rather than escaping it.
         let ip = client.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ip| ip.to_canonical());
@@ -301,6 +323,30 @@ mod tests {
             Err(Refusal::Wrong)
         );
         assert_eq!(ask(Scope::Admin, Some("admin-token")).await, Ok(()));
+    }
+
+    /// A scope without a token of its own takes the nearest lower scope's: with only the
+    /// check scope's set, the refund scope (release, extend, the duplicate guard) is not open.
+    #[tokio::test]
+    async fn a_scope_without_a_token_takes_the_one_below() {
+        let tokens = Tokens {
+            check: Some("check-token".into()),
+            refund: None,
+            admin: Some("admin-token".into()),
+        };
+        let auth = Auth::new(&tokens, "100/1m".parse().unwrap());
+        let at = Some(IpAddr::from([192, 0, 2, 1]));
+        let ask = |scope, token| auth.authorize(scope, token, at, "/");
+        assert_eq!(ask(Scope::Refund, None).await, Err(Refusal::Missing));
+        assert_eq!(ask(Scope::Refund, Some("check-token")).await, Ok(()));
+        assert_eq!(ask(Scope::Refund, Some("admin-token")).await, Ok(()));
+        assert!(auth.guarded(Scope::Refund) && !auth.has_own_token(Scope::Refund));
+        assert_eq!(
+            ask(Scope::Admin, Some("check-token")).await,
+            Err(Refusal::Wrong)
+        );
+        let open = Auth::new(&admin("admin-token"), "100/1m".parse().unwrap());
+        assert!(!open.guarded(Scope::Check) && !open.guarded(Scope::Refund));
     }
 
     #[test]

@@ -122,8 +122,10 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
             "the gRPC port is not on loopback and verifies no client certificate (server.grpc_tls.client_ca_file): any client that reaches it may spend counters and, in a domain with `identity` and a blocklist, have the addresses and users it names banned; keep it on a private network"
         );
     }
-    for (scope, set) in [("check", &tokens.check), ("refund", &tokens.refund)] {
-        if set.is_none() && !config.server.http.ip().is_loopback() {
+    // The refund scope takes the check scope's token when it has none of its own.
+    let refund_set = tokens.refund.is_some() || tokens.check.is_some();
+    for (scope, set) in [("check", tokens.check.is_some()), ("refund", refund_set)] {
+        if !set && !config.server.http.ip().is_loopback() {
             tracing::warn!(
                 "the {scope} scope has no token (server.{scope}_token_env) and the HTTP port is not on loopback: any client that reaches it may use it"
             );
