@@ -265,6 +265,12 @@ impl RateLimitOptions {
                 rules.clone()
             }
             (None, Some(n)) => {
+                if n.base10_parse::<u64>().ok() == Some(0) {
+                    return Err(syn::Error::new(
+                        n.span(),
+                        "`concurrent` must be at least 1: a limit of 0 admits nothing",
+                    ));
+                }
                 if let Some(a) = &self.algorithm {
                     return Err(syn::Error::new(
                         a.span(),

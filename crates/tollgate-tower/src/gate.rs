@@ -2,10 +2,16 @@
 //! layers and the task-local context need not be generic over the store), its guards, and
 //! work a dropped guard still owes.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use tollgate::FullStore;
-use tollgate::{AnyStore, Lease, Tollgate};
+use tollgate::{AnyStore, CheckError, Decision, Lease, StoreError, StoreErrorKind, Tollgate};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -16,9 +22,6 @@ pub(crate) fn erase<S: FullStore>(gate: Arc<Tollgate<S>>) -> SharedGate {
     Arc::new(gate.erase())
 }
 
-/// Runs `work` on the current runtime without waiting for it: what a guard dropped before its
-/// outcome was known (a panic, a cancelled future) still owes the store. Without a runtime
-/// (dropped during shutdown) it does not run, and what it would have undone expires by itself.
 /// `work` on a task of its own, so that it finishes even if the future awaiting it is dropped
 /// meanwhile (the client went away while a refund or a settlement was on its way to the
 /// store); the future returned waits for it. Without a runtime, `work` itself.
@@ -34,9 +37,82 @@ pub(crate) fn detached(work: impl Future<Output = ()> + Send + 'static) -> BoxFu
     }
 }
 
+/// Runs `work` on the current runtime without waiting for it: what a guard dropped before its
+/// outcome was known (a panic, a cancelled future) still owes the store. Without a runtime
+/// (dropped during shutdown) it does not run, and what it would have undone expires by itself.
 pub(crate) fn in_background(work: impl Future<Output = ()> + Send + 'static) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(work);
+    }
+}
+
+/// What gives back an admission whose request went away before it heard of it.
+pub(crate) type Undo = Box<dyn FnOnce(Decision) -> BoxFuture<'static, ()> + Send>;
+
+/// `check` on a task of its own. A request dropped while its check is at the store (the
+/// client went away) never hears the answer, so an admission would keep what it took (a
+/// concurrency slot until its lease runs out, a charge the request's outcome was to decide):
+/// then `undo` gives it back. Without a runtime, `check` itself.
+pub(crate) fn owned_check(
+    check: impl Future<Output = Result<Decision, CheckError>> + Send + 'static,
+    undo: Undo,
+) -> BoxFuture<'static, Result<Decision, CheckError>> {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Box::pin(check);
+    };
+    let undo = Arc::new(std::sync::Mutex::new(Some(undo)));
+    let (answer, heard) = tokio::sync::oneshot::channel();
+    let unheard = undo.clone();
+    runtime.spawn(async move {
+        if let Err(Ok(decision)) = answer.send(check.await) {
+            give_back(&unheard, decision).await;
+        }
+    });
+    Box::pin(Heard {
+        heard,
+        undo: Some(undo),
+    })
+}
+
+type SharedUndo = Arc<std::sync::Mutex<Option<Undo>>>;
+
+async fn give_back(undo: &SharedUndo, decision: Decision) {
+    let undo = undo.lock().ok().and_then(|mut undo| undo.take());
+    if let (Some(undo), true) = (undo, decision.allowed()) {
+        undo(decision).await;
+    }
+}
+
+/// The answer of an [`owned_check`]; dropped with an answer sent but not read, it gives the
+/// admission back.
+struct Heard {
+    heard: tokio::sync::oneshot::Receiver<Result<Decision, CheckError>>,
+    undo: Option<SharedUndo>,
+}
+
+impl Future for Heard {
+    type Output = Result<Decision, CheckError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let answer = std::task::ready!(Pin::new(&mut self.heard).poll(cx));
+        self.undo = None;
+        Poll::Ready(answer.unwrap_or_else(|_| {
+            Err(CheckError::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the check's task ended without an answer",
+            )))
+        }))
+    }
+}
+
+impl Drop for Heard {
+    fn drop(&mut self) {
+        let Some(undo) = self.undo.take() else {
+            return;
+        };
+        if let Ok(Ok(decision)) = self.heard.try_recv() {
+            in_background(async move { give_back(&undo, decision).await });
+        }
     }
 }
 

@@ -9,7 +9,7 @@ pub use tollgate::{DuplicateGuard, Limiter, Policy, macro_support::LimiterSpec};
 
 use crate::{
     context::Context,
-    gate::{LeaseGuard, SharedGate, in_background},
+    gate::{LeaseGuard, SharedGate, Undo, in_background, owned_check},
     rejection::Rejection,
 };
 
@@ -47,7 +47,7 @@ pub async fn check(
     args: Vec<(&'static str, String)>,
     how: (u64, Option<Duration>),
 ) -> Result<(), Rejection> {
-    admit(policy, args, how).await.map(drop)
+    admit(policy, args, how, false).await.map(drop)
 }
 
 /// The admission of `policy` for the current context's identity and `args`: the context, the
@@ -56,20 +56,41 @@ async fn admit(
     policy: &'static Policy,
     args: Vec<(&'static str, String)>,
     (cost, max_delay): (u64, Option<Duration>),
+    owned: bool,
 ) -> Result<(Context, tollgate::Identity, tollgate::Decision), Rejection> {
     let context = Context::current().ok_or(Rejection::NoContext)?;
     let mut identity = context.identity.clone();
     for (name, value) in args {
         identity = identity.with_arg(name, value);
     }
-    let decision = match max_delay {
-        Some(delay) => {
-            context
-                .gate
-                .check_within(policy, &identity, cost, delay)
-                .await
+    let decision = if owned {
+        // What the call's end was to give back (see `check_charged`) is given back if the
+        // call is dropped while its check is at the store.
+        let (gate, who) = (context.gate.clone(), identity.clone());
+        let check = async move {
+            match max_delay {
+                Some(delay) => gate.check_within(policy, &who, cost, delay).await,
+                None => gate.check(policy, &who, cost).await,
+            }
+        };
+        let (gate, who) = (context.gate.clone(), identity.clone());
+        let undo: Undo = Box::new(move |decision| {
+            Box::pin(async move {
+                let receipt = crate::rate_limit::receipt_of(&decision, cost);
+                let _ = gate.refund(policy, &who, cost, receipt.as_ref()).await;
+            })
+        });
+        owned_check(check, undo).await
+    } else {
+        match max_delay {
+            Some(delay) => {
+                context
+                    .gate
+                    .check_within(policy, &identity, cost, delay)
+                    .await
+            }
+            None => context.gate.check(policy, &identity, cost).await,
         }
-        None => context.gate.check(policy, &identity, cost).await,
     }
     .map_err(Rejection::from_check_error)?;
     if !decision.allowed() {
@@ -101,7 +122,7 @@ pub async fn check_charged(
     mode: u8,
     (cost, max_delay): (u64, Option<Duration>),
 ) -> Result<Charged, Rejection> {
-    let (context, identity, decision) = admit(policy, args, (cost, max_delay)).await?;
+    let (context, identity, decision) = admit(policy, args, (cost, max_delay), true).await?;
     Ok(Charged {
         gate: context.gate.clone(),
         policy,

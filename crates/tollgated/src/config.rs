@@ -146,6 +146,39 @@ pub(crate) struct ServerSettings {
     pub(crate) headers: HeaderStyle,
 }
 
+/// `server.allowed_hosts`, each a name as a request's `Host` gives it without its port (an
+/// IPv6 address without brackets), or `"*"`: an entry that could never match would refuse
+/// every request with 421.
+fn checked_allowed_hosts(
+    hosts: Spanned<Vec<String>>,
+    errors: &Errors<'_>,
+) -> Result<Vec<String>, ConfigError> {
+    let span = hosts.span();
+    let bad = |why: String| errors.at(Some(span.clone()), "server.allowed_hosts", why);
+    let hosts = hosts.into_inner();
+    if hosts.is_empty() {
+        return Err(bad(
+            "expected at least one host name (e.g. [\"api.example.com\"]), or [\"*\"] for any"
+                .into(),
+        ));
+    }
+    for host in &hosts {
+        let why = if host.is_empty() {
+            "an empty name matches no request"
+        } else if host.starts_with('[') {
+            "an IPv6 address goes without brackets (\"::1\")"
+        } else if host.contains(['/', ' ', '@']) {
+            "expected a host name, not a URL"
+        } else if host.contains(':') && host.parse::<std::net::Ipv6Addr>().is_err() {
+            "a name goes without its port (requests on any port of it are allowed)"
+        } else {
+            continue;
+        };
+        return Err(bad(format!("{host:?}: {why}")));
+    }
+    Ok(hosts)
+}
+
 impl ServerSettings {
     /// The `Host` names the HTTP port answers: `server.allowed_hosts` (`["*"]`: any); unset,
     /// the loopback names when the port is on a loopback address (a page elsewhere that
@@ -695,7 +728,7 @@ pub(super) struct RawServer {
     idle_timeout: Option<Spanned<DurationText>>,
     write_timeout: Option<Spanned<DurationText>>,
     max_health_watches: Option<Spanned<u32>>,
-    allowed_hosts: Option<Vec<String>>,
+    allowed_hosts: Option<Spanned<Vec<String>>>,
     pub(super) grpc_tls: Option<Spanned<RawTls>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
     grpc_max_concurrent_streams: Option<Spanned<u32>>,
@@ -1534,6 +1567,10 @@ impl RawServer {
         let max_stored_response = self
             .max_stored_response
             .map_or(DEFAULT_MAX_STORED_RESPONSE, |n| n.into_inner() as usize);
+        let allowed_hosts = match self.allowed_hosts {
+            Some(hosts) => Some(checked_allowed_hosts(hosts, errors)?),
+            None => None,
+        };
         let admin_failure_limit = match self.admin_failure_limit {
             Some(rule) => rule,
             None => DEFAULT_ADMIN_FAILURE_LIMIT
@@ -1554,7 +1591,7 @@ impl RawServer {
             idle_timeout,
             write_timeout,
             max_health_watches,
-            allowed_hosts: self.allowed_hosts,
+            allowed_hosts,
             grpc_max_message_bytes,
             grpc_max_concurrent_streams,
             admin_failure_limit,
@@ -1853,6 +1890,31 @@ mod tests {
             assert!(
                 e.contains("t.toml:3") && e.contains(field) && e.contains(says),
                 "{fields}: {e}"
+            );
+        }
+    }
+
+    /// An allowed host that no request could name would refuse every request with 421.
+    #[test]
+    fn allowed_hosts_are_names_a_request_can_give() {
+        let hosts = |list: &str| format!("[server]\nallowed_hosts = {list}\n");
+        let config = Config::parse(
+            "t.toml",
+            &hosts(r#"["api.example.com", "::1", "127.0.0.1"]"#),
+        );
+        assert!(config.is_ok(), "{:?}", config.err());
+        assert!(Config::parse("t.toml", &hosts(r#"["*"]"#)).is_ok());
+        for (list, says) in [
+            ("[]", "at least one"),
+            (r#"["api.example.com:8080"]"#, "without its port"),
+            (r#"["[::1]"]"#, "without brackets"),
+            (r#"[""]"#, "empty name"),
+            (r#"["https://api.example.com/"]"#, "not a URL"),
+        ] {
+            let e = err(&hosts(list));
+            assert!(
+                e.contains("t.toml:2") && e.contains("server.allowed_hosts") && e.contains(says),
+                "{list}: {e}"
             );
         }
     }

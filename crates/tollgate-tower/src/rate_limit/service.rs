@@ -7,8 +7,13 @@ use std::{
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{Count, RateLimitFuture, future::Checking, layer::Config};
-use crate::{body::LayerBody, identity::identity_of};
+use super::{
+    Count, RateLimitFuture,
+    count::{Charge, receipt_of},
+    future::Checking,
+    layer::Config,
+};
+use crate::{body::LayerBody, gate::owned_check, identity::identity_of};
 
 /// The service of a [`RateLimitLayer`](crate::RateLimitLayer): checks the policy, then calls
 /// the inner service or answers with the rejection.
@@ -61,13 +66,29 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = config.clone();
         let checking = config.clone();
-        let check: Checking = Box::pin(async move {
+        let check = async move {
             let (gate, policy) = (&checking.gate, &checking.policy);
             match checking.max_delay {
                 Some(delay) => gate.check_within(policy, &identity, cost, delay).await,
                 None => gate.check(policy, &identity, cost).await,
             }
-        });
+        };
+        let check: Checking = match &kept {
+            // What an admission takes that its request was to give back or settle (a
+            // concurrency slot, a charge the outcome decides): given back if the request goes
+            // away while its check is at the store. Else a lost answer costs only the units.
+            Some(identity) if config.concurrent || !matches!(config.count, Count::All) => {
+                let (config, identity) = (config.clone(), identity.clone());
+                owned_check(
+                    check,
+                    Box::new(move |decision| {
+                        let receipt = receipt_of(&decision, cost);
+                        Box::pin(Charge::new(config, identity, receipt, cost).refund())
+                    }),
+                )
+            }
+            _ => Box::pin(check),
+        };
         RateLimitFuture::waiting(check, inner, request, config, kept, cost)
     }
 }

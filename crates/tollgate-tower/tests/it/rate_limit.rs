@@ -1128,17 +1128,32 @@ async fn an_identitys_override_counts_and_shows_in_the_fields() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
 
-/// A memory store whose refunds wait until the test lets them go: a refund on its way to a
-/// networked store, in flight when the client goes away.
+/// A memory store whose refunds (or, with `hold_checks`, checks' answers) wait until the test
+/// lets them go: a call on its way to a networked store, in flight when the client goes away.
 struct HeldRefunds {
     inner: tollgate::MemoryStore,
     entered: Arc<tokio::sync::Notify>,
     proceed: Arc<tokio::sync::Semaphore>,
+    hold_checks: bool,
+}
+
+impl HeldRefunds {
+    /// Waits for the test's permit, telling it that a call arrived.
+    async fn hold(&self) {
+        self.entered.notify_one();
+        self.proceed.acquire().await.unwrap().forget();
+    }
 }
 
 impl Store for HeldRefunds {
     async fn check(&self, request: &CheckRequest<'_>) -> Result<Verdict, StoreError> {
-        self.inner.check(request).await
+        // Applied at once, answered later: a networked store runs the check whether or not
+        // its caller is still there to hear the answer.
+        let verdict = self.inner.check(request).await;
+        if self.hold_checks {
+            self.hold().await;
+        }
+        verdict
     }
 
     async fn reset(&self, request: &CheckRequest<'_>) -> Result<(), StoreError> {
@@ -1156,8 +1171,9 @@ impl RefundStore for HeldRefunds {
         request: &CheckRequest<'_>,
         receipt: Option<&Receipt>,
     ) -> Result<(), StoreError> {
-        self.entered.notify_one();
-        self.proceed.acquire().await.unwrap().forget();
+        if !self.hold_checks {
+            self.hold().await;
+        }
         self.inner.refund(request, receipt).await
     }
 
@@ -1257,6 +1273,7 @@ async fn a_refund_in_flight_when_the_client_goes_away_still_lands() {
         inner: tollgate::MemoryStore::new(),
         entered: entered.clone(),
         proceed: proceed.clone(),
+        hold_checks: false,
     };
     let gate = Arc::new(Tollgate::new(store));
     let policy = Policy::builder("login")
@@ -1284,6 +1301,56 @@ async fn a_refund_in_flight_when_the_client_goes_away_still_lands() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A request that goes away while its check is at the store never hears the answer: what an
+/// admission took is given back, not held until the lease runs out. Else a client that drops
+/// its connections at the right moment could take every slot of a global concurrency limit.
+#[tokio::test]
+async fn a_request_gone_while_its_check_is_at_the_store_gives_its_slot_back() {
+    let (entered, proceed) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Semaphore::new(0)),
+    );
+    let store = HeldRefunds {
+        inner: tollgate::MemoryStore::new(),
+        entered: entered.clone(),
+        proceed: proceed.clone(),
+        hold_checks: true,
+    };
+    let gate = Arc::new(Tollgate::new(store));
+    let policy = Policy::builder("export")
+        .limiter(Limiter::concurrent(Dimension::Global, 1, Duration::from_secs(300)).unwrap())
+        .build()
+        .unwrap();
+    let (app, calls) = counted(RateLimitLayer::new(gate.clone(), policy.clone()));
+    let server = Server::start(app).await;
+    let gone = tokio::spawn(client().get(server.at("/")).send());
+    entered.notified().await;
+    gone.abort();
+    let _ = gone.await;
+    // The server sees the connection close, then the check is answered: admitted.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proceed.add_permits(1);
+    // The slot comes back on its own task: later requests get it (bounded wait).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        proceed.add_permits(1);
+        let status = client().get(server.at("/")).send().await.unwrap().status();
+        if status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot of a request that went away is still taken: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the request that went away never ran"
+    );
 }
 
 #[tokio::test]

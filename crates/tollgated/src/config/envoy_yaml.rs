@@ -397,7 +397,13 @@ pub(crate) fn files(path: &Path, ignore_dotfiles: bool) -> Result<Vec<PathBuf>, 
     }
     let mut out = Vec::new();
     let mut dirs = vec![path.to_owned()];
+    // Each directory is read once, by its real path: a link back up the tree (`a -> .`)
+    // would otherwise be walked again and again, each time deeper.
+    let mut seen = std::collections::HashSet::new();
     while let Some(dir) = dirs.pop() {
+        if !seen.insert(fs::canonicalize(&dir).map_err(error)?) {
+            continue;
+        }
         for entry in fs::read_dir(&dir).map_err(error)? {
             let entry = entry.map_err(error)?;
             let name = entry.file_name();
@@ -642,6 +648,32 @@ descriptors:
         assert_eq!(first.node.name.as_deref(), Some("specific_limit"));
         let second = find(&d, "d", &[("key_2", "x")]).unwrap();
         assert_eq!(&*second.node.replaces[0], "specific_limit");
+    }
+
+    /// Links back up the tree are followed once: two of them made the walk grow with each
+    /// level until the path was too long (a hang at start or reload).
+    #[test]
+    fn a_directory_linked_into_itself_is_read_once() {
+        let root = std::env::temp_dir().join(format!("tollgate-yaml-loop-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("sub")).unwrap();
+        fs::write(root.join("a.yaml"), "domain: a\n").unwrap();
+        fs::write(root.join("sub/b.yml"), "domain: b\n").unwrap();
+        for link in ["loop1", "loop2", "sub/up"] {
+            let target = if link == "sub/up" { ".." } else { "." };
+            std::os::unix::fs::symlink(target, root.join(link)).unwrap();
+        }
+        let found = files(&root, true).unwrap();
+        let _ = fs::remove_dir_all(&root);
+        let names: Vec<_> = found
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{found:?}");
+        assert!(
+            names.contains(&"a.yaml".into()) && names.contains(&"b.yml".into()),
+            "{found:?}"
+        );
     }
 
     #[test]
