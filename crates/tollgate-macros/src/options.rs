@@ -92,9 +92,34 @@ fn non_empty(lit: LitStr, what: &str) -> syn::Result<LitStr> {
 fn string_list(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<LitStr>> {
     let value = meta.value()?;
     let content;
-    bracketed!(content in value);
+    let brackets = bracketed!(content in value);
     let list = Punctuated::<LitStr, syn::Token![,]>::parse_terminated(&content)?;
-    Ok(list.into_iter().collect())
+    not_empty(list.into_iter().collect(), brackets, meta)
+}
+
+/// `list`, or an error at its brackets when it is empty (one that names the option).
+fn not_empty(
+    list: Vec<LitStr>,
+    brackets: syn::token::Bracket,
+    meta: &ParseNestedMeta<'_>,
+) -> syn::Result<Vec<LitStr>> {
+    if !list.is_empty() {
+        return Ok(list);
+    }
+    let name = meta
+        .path
+        .get_ident()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let hint = match name.as_str() {
+        "rules" => "give at least one, e.g. \"10/1m\"",
+        "args" => "omit it to fingerprint every argument",
+        _ => "give at least one",
+    };
+    Err(syn::Error::new(
+        brackets.span.join(),
+        format!("`{name}` is empty; {hint}"),
+    ))
 }
 
 /// `rules`: a list (`["1/1m", "10 per hour"]`) or one string of rules separated by `;`
@@ -103,9 +128,9 @@ fn rule_list(meta: &ParseNestedMeta<'_>) -> syn::Result<Vec<LitStr>> {
     let value = meta.value()?;
     if !value.peek(LitStr) {
         let content;
-        bracketed!(content in value);
+        let brackets = bracketed!(content in value);
         let list = Punctuated::<LitStr, syn::Token![,]>::parse_terminated(&content)?;
-        return Ok(list.into_iter().collect());
+        return not_empty(list.into_iter().collect(), brackets, meta);
     }
     let lit: LitStr = value.parse()?;
     Ok(lit
