@@ -99,7 +99,7 @@ fn generate(kind: Kind, args: TokenStream, item: TokenStream) -> syn::Result<Tok
     // The function's own path, read at run time from an item declared in its body: a method's
     // names its type (`app::Sms::send`, `<app::Sms as app::Notify>::send`), where the module
     // path and the name alone would give two types' `send` one scope, one counter.
-    let default_scope = quote!(::tollgate_tower::__private::scope_of(
+    let default_scope = quote!(&::tollgate_tower::__private::scope_of(
         ::std::any::type_name_of_val(&__tollgate_scope)
     ));
 

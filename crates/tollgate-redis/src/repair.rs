@@ -359,7 +359,15 @@ impl Journal {
                     continue;
                 }
                 let (op, deadline_us) = match rule.algorithm() {
-                    Algorithm::FixedWindow => (2, a.saturating_add(window_us)),
+                    // The window's real end: a calendar month or a day of a DST change is not
+                    // its nominal length, and a shorter deadline forgets the count early.
+                    Algorithm::FixedWindow => match u64::try_from(a) {
+                        Ok(start) => {
+                            let end = rule.fixed_window_at(start).1;
+                            (2, i64::try_from(end).unwrap_or(i64::MAX))
+                        }
+                        Err(_) => (2, a.saturating_add(window_us)),
+                    },
                     Algorithm::SlidingWindow => {
                         (4, (a - a.rem_euclid(1000)).saturating_add(2 * window_us))
                     }
@@ -685,6 +693,24 @@ mod tests {
             &record,
             rand::random(),
         )
+    }
+
+    /// A calendar month's counter is remembered, and rewritten, until the month ends: its
+    /// nominal 30 days would forget it a day early in January.
+    #[test]
+    fn a_calendar_windows_counter_lasts_to_the_windows_real_end() {
+        let journal = Journal::new(Duration::from_secs(60), Duration::ZERO);
+        let month: Rule = "1000/1mo@UTC".parse().unwrap();
+        // 2027-01-01T00:00Z; NOW is in the middle of January.
+        let start = 1_798_761_600_000_000;
+        assert!(!learn(&journal, month, NOW, (start, 1), 999));
+        let key = tollgate::key::rule_key("tg:{k}", &month);
+        let keys = journal.keys();
+        let Some(Remembered::Counter { deadline_us, .. }) = keys.get(&key) else {
+            panic!("the counter is remembered under {key}");
+        };
+        // 2027-02-01T00:00Z.
+        assert_eq!(*deadline_us, 1_801_440_000_000_000);
     }
 
     #[test]

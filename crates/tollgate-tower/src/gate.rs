@@ -110,6 +110,9 @@ impl Drop for Heard {
         let Some(undo) = self.undo.take() else {
             return;
         };
+        // Closed first: an answer sent after this look would otherwise be dropped with the
+        // receiver, unheard and not given back.
+        self.heard.close();
         if let Ok(Ok(decision)) = self.heard.try_recv() {
             in_background(async move { give_back(&undo, decision).await });
         }

@@ -20,9 +20,10 @@ pub fn limiter(spec: &LimiterSpec<'_>) -> Limiter {
 
 /// A function's default scope: its path, from the path of the item the macros declare in its
 /// body (`app::Sms::send::{{closure}}::__tollgate_scope`, an async body being a closure).
-pub fn scope_of(item: &'static str) -> &'static str {
+pub fn scope_of(item: &'static str) -> String {
     let path = item.strip_suffix("::__tollgate_scope").unwrap_or(item);
-    path.strip_suffix("::{{closure}}").unwrap_or(path)
+    // A function declared inside an async block (in `async fn main`, say) sits in closures.
+    path.replace("::{{closure}}", "")
 }
 
 /// Builds a policy from limiters the macro already built once, as a policy, while expanding.
@@ -76,8 +77,10 @@ async fn admit(
         let (gate, who) = (context.gate.clone(), identity.clone());
         let undo: Undo = Box::new(move |decision| {
             Box::pin(async move {
-                let receipt = crate::rate_limit::receipt_of(&decision, cost);
-                let _ = gate.refund(policy, &who, cost, receipt.as_ref()).await;
+                // Without a receipt the admission recorded nothing (failed open, say).
+                if let Some(receipt) = crate::rate_limit::receipt_of(&decision, cost) {
+                    let _ = gate.refund(policy, &who, cost, Some(&receipt)).await;
+                }
             })
         });
         owned_check(check, undo).await
@@ -159,9 +162,12 @@ impl Drop for Waiting {
             return;
         };
         let (gate, policy, cost) = (self.gate.clone(), self.policy, self.cost);
-        let receipt = self.receipt.take();
+        // Without a receipt nothing was recorded: nothing to give back.
+        let Some(receipt) = self.receipt.take() else {
+            return;
+        };
         in_background(async move {
-            let _ = gate.refund(policy, &identity, cost, receipt.as_ref()).await;
+            let _ = gate.refund(policy, &identity, cost, Some(&receipt)).await;
         });
     }
 }
@@ -279,12 +285,15 @@ impl Args {
     /// `HashMap`'s own order differs map to map. Non-finite floats read as `null`, as
     /// serde_json writes them.
     pub fn push<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) {
-        match serde_json::to_value(value) {
-            Ok(json) => {
-                let mut text = String::new();
-                tollgate::canonical_json(&json, &mut text);
-                self.args.push((name, text.into_bytes()));
-            }
+        let json = serde_json::to_value(value).map(|json| {
+            let mut text = String::new();
+            tollgate::canonical_json(&json, &mut text);
+            text.into_bytes()
+        });
+        // A value a JSON `Value` cannot hold (an integer past 64 bits) is written as it is:
+        // such a value is no map, so it has one text.
+        match json.or_else(|_| serde_json::to_vec(value)) {
+            Ok(json) => self.args.push((name, json)),
             Err(e) => {
                 self.failed.get_or_insert(Rejection::Fingerprint {
                     argument: name.to_owned(),

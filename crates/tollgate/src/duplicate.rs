@@ -55,7 +55,8 @@ impl Fingerprint {
 /// Writes `value` in one canonical text, so that equal values fingerprint alike: an object's
 /// members sorted by key at every depth, and each number one way, exactly (an integer as its
 /// digits, also when written `1.0` or `1e2`; any other number in its shortest exact form).
-/// Arrays keep their order: a set whose order varies (a `HashSet`) has many texts.
+/// Integers are exact within 64 bits (`i64` and `u64`); serde_json reads a larger one as a
+/// double. Arrays keep their order: a set whose order varies (a `HashSet`) has many texts.
 ///
 /// ```
 /// let text = |json: &str| {

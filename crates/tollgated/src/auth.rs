@@ -83,7 +83,12 @@ impl Auth {
     pub(crate) fn new(tokens: &Tokens, failure_limit: Rule) -> Auth {
         // Counted by GCRA, two integers a key at any limit: a sliding log's entries are
         // capped, and a large `admin_failure_limit` (times GLOBAL_FACTOR) would pass past it.
-        let failure_limit = failure_limit.with_algorithm(Algorithm::Gcra);
+        // A calendar window keeps its fixed window (GCRA cannot count one, and it has no cap).
+        let failure_limit = if failure_limit.calendar_window().is_none() {
+            failure_limit.with_algorithm(Algorithm::Gcra)
+        } else {
+            failure_limit
+        };
         let store = MemoryStore::builder()
             .max_keys(MAX_TRACKED_ADDRESSES)
             .build();
@@ -453,16 +458,20 @@ mod tests {
     }
 
     /// Any limit the configuration accepts makes an `Auth`: a sliding log's cap on entries
-    /// (a million) made a large one, times the shared budget's factor, panic at start.
+    /// (a million) made a large one, times the shared budget's factor, panic at start; GCRA
+    /// must not be forced on a calendar window, which it cannot count.
     #[tokio::test]
     async fn a_large_failure_limit_starts() {
-        let auth = Auth::new(&admin("t0ken"), "60000/1m".parse().unwrap());
-        let a = Some(IpAddr::from([192, 0, 2, 1]));
-        assert_eq!(
-            auth.authorize(Scope::Admin, Some("t0ken"), a, "/v1/reset")
-                .await,
-            Ok(())
-        );
+        for limit in ["60000/1m", "5/1d@UTC", "2000000/1d@Europe/Berlin"] {
+            let auth = Auth::new(&admin("t0ken"), limit.parse().unwrap());
+            let a = Some(IpAddr::from([192, 0, 2, 1]));
+            assert_eq!(
+                auth.authorize(Scope::Admin, Some("t0ken"), a, "/v1/reset")
+                    .await,
+                Ok(()),
+                "{limit}"
+            );
+        }
     }
 
     #[tokio::test]

@@ -288,7 +288,9 @@ impl Charge {
     }
 
     /// The refund of this charge, disarmed (so that dropping it owes nothing more). A failed
-    /// refund keeps the charge: the safe side.
+    /// refund keeps the charge: the safe side. An admission without a receipt recorded
+    /// nothing (the store failed open, the local fallback or a bypass admitted it): there is
+    /// nothing to give back, and a refund without one would take other requests' units.
     fn refund_work(&mut self) -> impl Future<Output = ()> + Send + 'static {
         self.armed = false;
         let config = self.config.clone();
@@ -296,10 +298,12 @@ impl Charge {
         let receipt = self.receipt.take();
         let cost = self.cost;
         async move {
-            let _ = config
-                .gate
-                .refund(&config.policy, &identity, cost, receipt.as_ref())
-                .await;
+            if let Some(receipt) = receipt {
+                let _ = config
+                    .gate
+                    .refund(&config.policy, &identity, cost, Some(&receipt))
+                    .await;
+            }
         }
     }
 }
@@ -352,11 +356,14 @@ impl Drop for Held {
         }
         let config = self.config.clone();
         let identity = std::mem::take(&mut self.identity);
-        let (cost, receipt) = (self.cost, self.receipt.take());
+        // Without a receipt nothing was recorded (see `Charge::refund_work`).
+        let (cost, Some(receipt)) = (self.cost, self.receipt.take()) else {
+            return;
+        };
         in_background(async move {
             let _ = config
                 .gate
-                .refund(&config.policy, &identity, cost, receipt.as_ref())
+                .refund(&config.policy, &identity, cost, Some(&receipt))
                 .await;
         });
     }

@@ -414,9 +414,38 @@ async fn methods_of_one_name_on_two_types_count_apart() {
         .await;
 }
 
+impl Sms {
+    /// The scope the macros would give this method.
+    async fn scope() -> String {
+        fn __tollgate_scope() {}
+        tollgate_tower::__private::scope_of(std::any::type_name_of_val(&__tollgate_scope))
+    }
+}
+
+/// What the compiler writes for a function's item, read as the macros read it: a free async
+/// function's scope is its module path and name, as before; a method's names its type.
 #[test]
 fn a_default_scope_is_the_functions_path() {
     use tollgate_tower::__private::scope_of;
+    async fn free() -> String {
+        fn __tollgate_scope() {}
+        scope_of(std::any::type_name_of_val(&__tollgate_scope))
+    }
+    let ready = |f: std::pin::Pin<&mut dyn std::future::Future<Output = String>>| match f
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(scope) => scope,
+        std::task::Poll::Pending => unreachable!("nothing to wait for"),
+    };
+    let module = module_path!();
+    assert_eq!(
+        ready(std::pin::pin!(free())),
+        format!("{module}::a_default_scope_is_the_functions_path::free")
+    );
+    assert_eq!(
+        ready(std::pin::pin!(Sms::scope())),
+        format!("{module}::Sms::scope")
+    );
     assert_eq!(
         scope_of("app::orders::send::{{closure}}::__tollgate_scope"),
         "app::orders::send"

@@ -591,8 +591,11 @@ async fn bypassed_identities_are_neither_counted_nor_labelled() {
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
-/// A store that is always down.
-struct DownStore;
+/// A store that is always down; it counts the refunds it is asked for.
+#[derive(Default)]
+struct DownStore {
+    refunds: Arc<AtomicUsize>,
+}
 
 fn refused<T>() -> Result<T, StoreError> {
     Err(StoreError::new(
@@ -617,6 +620,7 @@ impl Store for DownStore {
 
 impl RefundStore for DownStore {
     async fn refund(&self, _: &CheckRequest<'_>, _: Option<&Receipt>) -> Result<(), StoreError> {
+        self.refunds.fetch_add(1, Ordering::SeqCst);
         refused()
     }
 
@@ -699,7 +703,7 @@ impl tollgate::OverrideStore for DownStore {
 
 #[tokio::test]
 async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
-    let gate = Arc::new(Tollgate::new(DownStore));
+    let gate = Arc::new(Tollgate::new(DownStore::default()));
     let policy = |on_error| {
         Policy::builder("api")
             .limiter(Limiter::new(Dimension::Ip, rules(&["1/1m"])))
@@ -749,6 +753,38 @@ async fn a_down_store_fails_closed_with_503_or_open_as_configured() {
         assert_eq!(header(&admitted, "x-failed-open"), Some("1".to_owned()));
         assert_eq!(admitted.text().await.unwrap(), "failed open");
     }
+}
+
+/// An admission the store never recorded (it failed open) has nothing to give back: a refund
+/// without a receipt would take units other requests recorded, once the store answers again.
+#[tokio::test]
+async fn a_request_admitted_open_is_never_refunded() {
+    let store = DownStore::default();
+    let refunds = store.refunds.clone();
+    let gate = Arc::new(Tollgate::new(store));
+    let policy = Policy::builder("login")
+        .limiter(
+            Limiter::concurrent(Dimension::Ip, 5, Duration::from_secs(60))
+                .unwrap()
+                .with_name("in_flight"),
+        )
+        .limiter(Limiter::new(Dimension::Ip, rules(&["5/1m"])))
+        .on_error(OnError::Allow)
+        .build()
+        .unwrap();
+    let server = Server::start(login(
+        RateLimitLayer::new(gate, policy).count(Count::failures()),
+    ))
+    .await;
+    for _ in 0..3 {
+        let response = client()
+            .get(server.at("/login?pw=right"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(refunds.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
