@@ -1174,6 +1174,28 @@ struct HeldRefunds {
 }
 
 impl HeldRefunds {
+    /// A store over a new memory store, with what tells the test a call arrived and what lets
+    /// it go on.
+    fn new(
+        hold_checks: bool,
+    ) -> (
+        HeldRefunds,
+        Arc<tokio::sync::Notify>,
+        Arc<tokio::sync::Semaphore>,
+    ) {
+        let (entered, proceed) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Semaphore::new(0)),
+        );
+        let store = HeldRefunds {
+            inner: tollgate::MemoryStore::new(),
+            entered: entered.clone(),
+            proceed: proceed.clone(),
+            hold_checks,
+        };
+        (store, entered, proceed)
+    }
+
     /// Waits for the test's permit, telling it that a call arrived.
     async fn hold(&self) {
         self.entered.notify_one();
@@ -1301,16 +1323,7 @@ impl tollgate::OverrideStore for HeldRefunds {
 /// that goes away while the refund is on its way to the store does not cancel it.
 #[tokio::test]
 async fn a_refund_in_flight_when_the_client_goes_away_still_lands() {
-    let (entered, proceed) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Semaphore::new(0)),
-    );
-    let store = HeldRefunds {
-        inner: tollgate::MemoryStore::new(),
-        entered: entered.clone(),
-        proceed: proceed.clone(),
-        hold_checks: false,
-    };
+    let (store, entered, proceed) = HeldRefunds::new(false);
     let gate = Arc::new(Tollgate::new(store));
     let policy = Policy::builder("login")
         .limiter(Limiter::new(Dimension::Ip, rules(&["2/1m"])))
@@ -1344,16 +1357,7 @@ async fn a_refund_in_flight_when_the_client_goes_away_still_lands() {
 /// its connections at the right moment could take every slot of a global concurrency limit.
 #[tokio::test]
 async fn a_request_gone_while_its_check_is_at_the_store_gives_its_slot_back() {
-    let (entered, proceed) = (
-        Arc::new(tokio::sync::Notify::new()),
-        Arc::new(tokio::sync::Semaphore::new(0)),
-    );
-    let store = HeldRefunds {
-        inner: tollgate::MemoryStore::new(),
-        entered: entered.clone(),
-        proceed: proceed.clone(),
-        hold_checks: true,
-    };
+    let (store, entered, proceed) = HeldRefunds::new(true);
     let gate = Arc::new(Tollgate::new(store));
     let policy = Policy::builder("export")
         .limiter(Limiter::concurrent(Dimension::Global, 1, Duration::from_secs(300)).unwrap())
