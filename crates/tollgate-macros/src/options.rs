@@ -540,19 +540,11 @@ pub(crate) fn parse_prevent_duplicate(
     }
     let ttl = ttl.unwrap_or_else(|| LitStr::new("1s", span));
     duration(&ttl, "ttl")?;
-    if let Some(list) = &args {
-        if by.value() != "args" {
-            return Err(syn::Error::new(
-                by.span(),
-                "`args` selects the arguments to fingerprint; it needs by = \"args\"",
-            ));
-        }
-        if list.is_empty() {
-            return Err(syn::Error::new(
-                span,
-                "`args` is empty; omit it to fingerprint every argument",
-            ));
-        }
+    if args.is_some() && by.value() != "args" {
+        return Err(syn::Error::new(
+            by.span(),
+            "`args` selects the arguments to fingerprint; it needs by = \"args\"",
+        ));
     }
     Ok(PreventDuplicate {
         by,

@@ -265,9 +265,7 @@ pub(crate) fn sealed_receipt(
     let receipt = match d.receipt() {
         Some(receipt) => receipt,
         None if free && d.reason() == Reason::Ok => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+            let now = u64::try_from(crate::metrics::epoch().as_micros()).unwrap_or(u64::MAX);
             Receipt::per_limiter([now], 0, 0)
         }
         None => return None,

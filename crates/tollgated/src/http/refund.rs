@@ -92,9 +92,7 @@ async fn spend_receipt(
     let (receipt, _) = open(app, entry, identity, "receipt", sealed)?;
     // Past the policy's longest window a receipt gives nothing back, and its spent mark is
     // gone: refused, not spent twice.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let now = u64::try_from(crate::metrics::epoch().as_micros()).unwrap_or(u64::MAX);
     let newest = (0..entry.policy.limiters().len())
         .filter_map(|i| receipt.at_us(i))
         .max()
