@@ -3,9 +3,14 @@
 -- ARGV     1 now (see prelude.lua), 2 token, 3 fingerprint, 4 ttl µs
 -- Reply    {1} when acquired; {0, completed, ttl_left_us, fingerprint, response or nil} when held
 
-local held = redis.call('HMGET', KEYS[1], 'e', 'c', 'f', 'r')
+local held = redis.call('HMGET', KEYS[1], 'e', 'c', 'f', 'r', 't')
 local deadline = tonumber(held[1] or '')
 if deadline and deadline > now then
+  if held[5] == ARGV[2] and held[2] == '0' then
+    -- This very acquisition, run again (a Cluster client re-sends a call whose reply it
+    -- lost): the caller holds the lock.
+    return { 1 }
+  end
   return { 0, tonumber(held[2] or '') or 0, deadline - now, held[3] or '', held[4] }
 end
 local ttl = tonumber(ARGV[4])

@@ -31,3 +31,38 @@ local function keep_ttl(key, value)
     redis.call('SET', key, value)
   end
 end
+
+-- Runs `apply` once per call, for scripts whose second run would change the state again (a
+-- refund would give back twice). The caller names each call by a fresh id, in the marker key
+-- it passes last (tollgate::applied_key); the reply is kept there for a minute. A call Redis
+-- runs again (a Cluster client re-sends a call whose reply it lost, and both reach the node)
+-- changes nothing and answers what the first run did. `apply` returns an integer or a list
+-- of integers.
+local function once(apply)
+  local marker = table.remove(KEYS)
+  local done = redis.call('GET', marker)
+  if done then
+    if string.sub(done, 1, 1) ~= 'l' then
+      return tonumber(done)
+    end
+    local list = {}
+    for n in string.gmatch(done, '-?%d+') do
+      list[#list + 1] = tonumber(n)
+    end
+    return list
+  end
+  local reply = apply()
+  if type(reply) == 'table' then
+    if reply.err then
+      return reply
+    end
+    local parts = {}
+    for i, n in ipairs(reply) do
+      parts[i] = int(n)
+    end
+    redis.call('SET', marker, 'l' .. table.concat(parts, ','), 'PX', 60000)
+  else
+    redis.call('SET', marker, int(reply), 'PX', 60000)
+  end
+  return reply
+end

@@ -402,6 +402,11 @@ async fn undo(
     for (key, op, a, b) in &ops {
         undo.key(key).arg(op).arg(a).arg(b);
     }
+    // The call's marker (a re-sent undo gives back nothing more), beside the slot's keys.
+    let Some(limiter) = call.requests.first() else {
+        return Ok(0);
+    };
+    undo.key(key::applied_key(limiter.key, rand::random()));
     let mut conn = store.conn();
     undo.invoke(&mut conn)
         .await

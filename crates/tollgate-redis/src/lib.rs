@@ -121,6 +121,13 @@
 //! `PEXPIRE` for as long as its state can count, and a hash tag, but a ban
 //! (`prefix:ban:kind:value`), which is one key alone. No script touches a key it is not given
 //! (a Cluster and Dragonfly require that).
+//!
+//! A Cluster client re-sends a call whose reply it lost (a dropped connection, a response
+//! timeout), and Redis may run both copies. A check run twice counts twice (never one more
+//! admission); a refund, a charge, a lease renewal or an undo, which would give back or charge
+//! twice, names each call by a fresh id in a marker key beside the limiter's state
+//! ([`tollgate::key::applied_key`]), which keeps the first run's reply for a minute: a second
+//! run changes nothing and answers the same.
 
 mod backend;
 mod batch;

@@ -326,11 +326,12 @@ pub(crate) enum Adjust {
 }
 
 /// Prepares refund.lua for the limiters `members` of `plan` (all in one slot), as the receipt
-/// says and `mode` asks; false if none of them is concerned.
+/// says and `mode` asks, the call named `id` (fresh per call: Redis runs a call of one id
+/// once); false if none of them is concerned.
 pub(crate) fn prepare_refund(
     call: &mut Call<'_>,
     plan: &CheckRequest<'_>,
-    members: impl IntoIterator<Item = usize>,
+    (members, id): (impl IntoIterator<Item = usize>, u64),
     receipt: Option<&Receipt>,
     now_us: Option<u64>,
     mode: Adjust,
@@ -347,7 +348,7 @@ pub(crate) fn prepare_refund(
         Adjust::Extend => "1",
         Adjust::Charge => "2",
     });
-    let mut any = false;
+    let mut base = None;
     for i in members {
         let limiter = &plan.limiters[i];
         let at = match receipt.map(|r| r.at_us(i)) {
@@ -366,7 +367,7 @@ pub(crate) fn prepare_refund(
                 .filter(|&at| at.unsigned_abs() < MAX_EXACT)
                 .ok_or_else(|| protocol("refund", "a receipt time out of range"))?,
         };
-        any = true;
+        base.get_or_insert(limiter.key);
         if limiter.overrides.is_some() {
             call.key(key::override_key(limiter.key));
         }
@@ -403,7 +404,10 @@ pub(crate) fn prepare_refund(
             }
         }
     }
-    Ok(any)
+    if let Some(base) = base {
+        call.key(key::applied_key(base, id));
+    }
+    Ok(base.is_some())
 }
 
 /// check.lua's code of a rule: its algorithm's, or 5 for a calendar window.

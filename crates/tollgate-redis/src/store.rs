@@ -323,21 +323,38 @@ impl RedisStore {
         receipt: Option<&Receipt>,
         mode: script::Adjust,
     ) -> Result<(), StoreError> {
-        let backend = self.backend();
-        let op = match mode {
-            script::Adjust::Charge => "charge",
-            _ => "refund",
-        };
         for members in self.slot_groups(plan)? {
-            let mut call = backend.scripts.refund.call();
-            if !script::prepare_refund(&mut call, plan, members, receipt, backend.test_now(), mode)?
-            {
-                continue;
-            }
-            let mut conn = backend.conn();
-            let _changed: i64 = backend.bounded(op, call.invoke(&mut conn)).await?;
+            let _changed: Option<i64> = self
+                .adjust_slot(plan, &members, receipt, mode, rand::random())
+                .await?;
         }
         Ok(())
+    }
+
+    /// One call of refund.lua, for the limiters `members` of `plan` (all in one hash slot), named
+    /// `id`: a call Redis runs twice (a Cluster client re-sends one whose reply it lost) gives
+    /// back, charges or renews once. Its reply; `None` if none of them is concerned.
+    async fn adjust_slot<T: redis::FromRedisValue>(
+        &self,
+        plan: &CheckRequest<'_>,
+        members: &[usize],
+        receipt: Option<&Receipt>,
+        mode: script::Adjust,
+        id: u64,
+    ) -> Result<Option<T>, StoreError> {
+        let backend = self.backend();
+        let mut call = backend.scripts.refund.call();
+        let members = (members.iter().copied(), id);
+        if !script::prepare_refund(&mut call, plan, members, receipt, backend.test_now(), mode)? {
+            return Ok(None);
+        }
+        let op = match mode {
+            script::Adjust::Refund => "refund",
+            script::Adjust::Extend => "extend",
+            script::Adjust::Charge => "charge",
+        };
+        let mut conn = backend.conn();
+        backend.bounded(op, call.invoke(&mut conn)).await.map(Some)
     }
 }
 
@@ -367,25 +384,19 @@ impl RefundStore for RedisStore {
         plan: &CheckRequest<'_>,
         receipt: &Receipt,
     ) -> Result<Option<Receipt>, StoreError> {
-        let backend = self.backend();
         // The receipt's units, in each of the request's limiters.
         let leases = CheckRequest::new(receipt.units(), true, plan.limiters);
         let mut at_us = vec![Receipt::NOT_RECORDED; plan.limiters.len()];
         let mut lost = false;
         for members in self.slot_groups(plan)? {
-            let mut call = backend.scripts.refund.call();
-            if !script::prepare_refund(
-                &mut call,
-                &leases,
-                members.iter().copied(),
-                Some(receipt),
-                backend.test_now(),
-                script::Adjust::Extend,
-            )? {
+            let extend = script::Adjust::Extend;
+            let id = rand::random();
+            let Some(reply) = self
+                .adjust_slot::<Vec<i64>>(&leases, &members, Some(receipt), extend, id)
+                .await?
+            else {
                 continue;
-            }
-            let mut conn = backend.conn();
-            let reply: Vec<i64> = backend.bounded("extend", call.invoke(&mut conn)).await?;
+            };
             let &[renewed, now] = reply.as_slice() else {
                 return Err(script::protocol("extend", "expected {renewed, now}"));
             };
@@ -545,5 +556,120 @@ impl BanStore for RedisStore {
         limit: usize,
     ) -> Result<BanPage, StoreError> {
         blocklist::page(self.backend(), prefix, after, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate::{Algorithm, LimiterRequest, ManualClock, Rule};
+    use tollgate_testkit::RedisServer;
+
+    use super::*;
+
+    /// Units left in each rule of `limiters`, read without recording.
+    async fn left(store: &RedisStore, limiters: &[LimiterRequest<'_>]) -> Vec<u64> {
+        let peek = store.check(&CheckRequest::new(0, false, limiters)).await;
+        peek.unwrap().rules.iter().map(|r| r.remaining).collect()
+    }
+
+    /// refund.lua run twice under one call id, as Redis runs a call that a Cluster client
+    /// re-sent after losing its reply (both copies reach the node): the second run changes
+    /// nothing and answers what the first did.
+    #[tokio::test]
+    async fn an_adjustment_run_twice_changes_the_state_once() {
+        let server = RedisServer::start();
+        let clock = ManualClock::new(Duration::from_secs(1_800_000_000));
+        let store = RedisStore::builder(&server.url())
+            .local_cache(false)
+            .clock(clock.clone())
+            .build()
+            .await
+            .unwrap();
+        let rules: Vec<Rule> = [
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+        ]
+        .into_iter()
+        .map(|a| "10/1h".parse::<Rule>().unwrap().with_algorithm(a))
+        .collect();
+        let limiters = [LimiterRequest {
+            key: "t:{twice}",
+            compact: &[],
+            rules: &rules,
+            ban: None,
+            shadow: false,
+            overrides: None,
+        }];
+        let checked = store.check(&CheckRequest::new(3, true, &limiters)).await;
+        let receipt = checked.unwrap().receipt.expect("an admission's receipt");
+        assert_eq!(left(&store, &limiters).await, [7; 4]);
+
+        let two = CheckRequest::new(2, true, &limiters);
+        for _ in 0..2 {
+            let changed: Option<i64> = store
+                .adjust_slot(&two, &[0], Some(&receipt), script::Adjust::Refund, 1)
+                .await
+                .unwrap();
+            assert_eq!(changed, Some(4), "the first run's answer, both times");
+        }
+        assert_eq!(left(&store, &limiters).await, [9; 4], "given back once");
+
+        for _ in 0..2 {
+            let _: Option<i64> = store
+                .adjust_slot(&two, &[0], None, script::Adjust::Charge, 2)
+                .await
+                .unwrap();
+        }
+        assert_eq!(left(&store, &limiters).await, [7; 4], "charged once");
+
+        // Renewing leases moves the check's log entries to now: run again, it must still say
+        // renewed (a lease said lost is given back).
+        let one = CheckRequest::new(1, true, &limiters);
+        let leased = store.check(&one).await.unwrap().receipt.unwrap();
+        clock.advance(Duration::from_secs(1));
+        let lease = CheckRequest::new(leased.units(), true, &limiters);
+        for _ in 0..2 {
+            let renewed: Option<Vec<i64>> = store
+                .adjust_slot(&lease, &[0], Some(&leased), script::Adjust::Extend, 3)
+                .await
+                .unwrap();
+            assert_eq!(renewed.unwrap()[0], 1, "renewed, both times");
+        }
+        // A new call id is a new call.
+        let _: Option<i64> = store
+            .adjust_slot(&two, &[0], None, script::Adjust::Charge, 4)
+            .await
+            .unwrap();
+        assert_eq!(left(&store, &limiters).await, [4; 4]);
+    }
+
+    /// A lock acquisition run twice (a re-sent call): its caller holds the lock both times,
+    /// and anyone else is told it is held.
+    #[tokio::test]
+    async fn a_lock_acquisition_run_twice_is_still_its_callers() {
+        let server = RedisServer::start();
+        let store = RedisStore::builder(&server.url()).build().await.unwrap();
+        let ttl = Duration::from_secs(60);
+        for _ in 0..2 {
+            let reply = store.lock_acquire("t:{d:x}", "token-a", "f", ttl).await;
+            assert!(matches!(reply.unwrap(), LockReply::Acquired));
+        }
+        let other = store.lock_acquire("t:{d:x}", "token-b", "f", ttl).await;
+        assert!(matches!(other.unwrap(), LockReply::Held(_)));
+        assert!(
+            store
+                .lock_complete("t:{d:x}", "token-a", b"r", ttl)
+                .await
+                .unwrap()
+        );
+        let again = store.lock_acquire("t:{d:x}", "token-a", "f", ttl).await;
+        assert!(
+            matches!(again.unwrap(), LockReply::Held(held) if held.completed),
+            "a completed lock is held, whoever asks"
+        );
     }
 }

@@ -506,6 +506,16 @@ pub fn override_key(base: &str) -> String {
     format!("{base}:o")
 }
 
+/// The key marking one call that changed a limiter key's state as run: `base:a<16 hex digits>`,
+/// in the limiter key's hash slot. A store whose client may send a call twice (a Redis Cluster
+/// client re-sends a call whose reply it lost) names each call by a fresh `call` id, and the
+/// script keeps its reply there for a while: the second run changes nothing and answers the
+/// same. No state key ends so (theirs end in a rule's `:l`, `:f`, `:c`, `:g`, `:w`, `:r` or
+/// `:o` part).
+pub fn applied_key(base: &str, call: u64) -> String {
+    format!("{base}:a{call:016x}")
+}
+
 /// The key of the index listing every override under `prefix`: `prefix:{ovr}:index`, one key
 /// in one slot, which checks never read.
 pub fn override_index_key(prefix: &str) -> String {
@@ -640,5 +650,27 @@ mod tests {
         let g = r("1/1m").with_algorithm(Algorithm::Gcra);
         assert_eq!(rule_key(&base, &f), "tg:{s:ip:1.2.3.4}:f1/60000");
         assert_eq!(rule_key(&base, &g), "tg:{s:ip:1.2.3.4}:g1/60000");
+    }
+
+    #[test]
+    fn a_call_marker_shares_its_limiters_slot_and_names_no_state() {
+        let base = limiter_key("tg", "s", "ip", "1.2.3.4");
+        let marker = applied_key(&base, 0xab);
+        assert_eq!(marker, "tg:{s:ip:1.2.3.4}:a00000000000000ab");
+        let rule = "1/1m".parse::<Rule>().unwrap();
+        let mut state = vec![override_key(&base)];
+        for algorithm in [
+            Algorithm::SlidingLog,
+            Algorithm::FixedWindow,
+            Algorithm::Gcra,
+            Algorithm::SlidingWindow,
+        ] {
+            let rule = rule.with_algorithm(algorithm);
+            state.push(rule_key(&base, &rule));
+            state.push(single_key(&base, &rule));
+        }
+        for key in &state {
+            assert!(!key.starts_with(&format!("{base}:a")), "{key}");
+        }
     }
 }

@@ -129,3 +129,43 @@ async fn a_script_error_is_a_protocol_error() {
     let err = store.check_plan(&p).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err}");
 }
+
+/// A guard script as the store sends it: prelude.lua, with common.lua spliced in, before it.
+fn guard_source(body: &str) -> String {
+    let prelude = include_str!("../../scripts/prelude.lua").replace(
+        "--@include common.lua",
+        include_str!("../../scripts/common.lua"),
+    );
+    format!("{prelude}\n{body}")
+}
+
+/// undo.lua run twice with one marker, as Redis runs a call a Cluster client re-sent after
+/// losing its reply: the reservation is given back once.
+#[tokio::test]
+async fn an_undo_run_twice_gives_back_once() {
+    let server = RedisServer::start();
+    let mut conn = raw(&server).await;
+    let now: u64 = 1_800_000_000_000_000;
+    let start = now - now % 3_600_000_000;
+    let key = "u:{x}:f10/3600000";
+    let _: () = conn.set(key, format!("{start}:5")).await.unwrap();
+    let undo = redis::Script::new(&guard_source(include_str!("../../scripts/undo.lua")));
+    for _ in 0..2 {
+        // now, cost, nonce; then the key's op (2: fixed window), window start, unused.
+        let changed: i64 = undo
+            .key(key)
+            .key("u:{x}:a0000000000000001")
+            .arg(now)
+            .arg(2)
+            .arg("nonce123")
+            .arg(2)
+            .arg(start)
+            .arg(0)
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(changed, 1, "the first run's answer, both times");
+    }
+    let value: String = conn.get(key).await.unwrap();
+    assert_eq!(value, format!("{start}:3"));
+}
