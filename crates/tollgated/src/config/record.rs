@@ -9,6 +9,7 @@
 //! identities = "raw"         # or "hashed": keyed hashes (see hash_key_env)
 //! hash_key_env = "TOLLGATE_RECORD_HASH_KEY"
 //! buffer = 16384             # lines queued for the writer; a full queue drops and counts
+//! buffer_bytes = 16777216    # and what they hold at most (their identities, their requests)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ pub(super) struct RawRecord {
     pub(super) identities: Option<Spanned<String>>,
     pub(super) hash_key_env: Option<Spanned<String>>,
     pub(super) buffer: Option<Spanned<u32>>,
+    pub(super) buffer_bytes: Option<Spanned<u64>>,
 }
 
 /// `[record]`, validated: `None` when no path is set.
@@ -44,6 +46,8 @@ pub(crate) struct RecordSettings {
     pub(crate) hash_key_env: Option<String>,
     /// Lines queued for the writer.
     pub(crate) buffer: usize,
+    /// What the queued lines hold at most, in bytes (their identities, their Envoy requests).
+    pub(crate) buffer_bytes: usize,
 }
 
 /// Default `record.max_file_bytes`: 64 MiB.
@@ -54,6 +58,8 @@ const DEFAULT_KEEP_FILES: u32 = 4;
 pub(crate) const DEFAULT_HASH_KEY_ENV: &str = "TOLLGATE_RECORD_HASH_KEY";
 /// Default `record.buffer`.
 const DEFAULT_BUFFER: u32 = 16_384;
+/// Default `record.buffer_bytes`: 16 MiB.
+const DEFAULT_BUFFER_BYTES: u64 = 16 << 20;
 
 impl RawRecord {
     pub(super) fn validate(
@@ -146,6 +152,17 @@ impl RawRecord {
             Some(n) => n.into_inner(),
             None => DEFAULT_BUFFER,
         };
+        let buffer_bytes = match self.buffer_bytes {
+            Some(n) if *n.get_ref() < 4096 => {
+                return Err(errors.at(
+                    Some(n.span()),
+                    "record.buffer_bytes",
+                    "the writer's queue holds at least 4096 bytes",
+                ));
+            }
+            Some(n) => n.into_inner(),
+            None => DEFAULT_BUFFER_BYTES,
+        };
         Ok(Some(RecordSettings {
             path,
             max_file_bytes,
@@ -153,6 +170,7 @@ impl RawRecord {
             sample,
             hash_key_env,
             buffer: buffer as usize,
+            buffer_bytes: usize::try_from(buffer_bytes).unwrap_or(usize::MAX),
         }))
     }
 }
@@ -174,6 +192,7 @@ mod tests {
         assert_eq!(record.keep_files, 4);
         assert_eq!(record.sample, 1.0);
         assert_eq!(record.hash_key_env, None);
+        assert_eq!((record.buffer, record.buffer_bytes), (16_384, 16 << 20));
         assert!(Config::parse("t.toml", "").unwrap().record.is_none());
         let hashed = Config::parse(
             "t.toml",
@@ -203,6 +222,10 @@ mod tests {
         assert_eq!(
             error("[record]\npath = \"r\"\nmax_file_bytes = 10\n"),
             "t.toml:3: record.max_file_bytes: a record file holds at least 4096 bytes"
+        );
+        assert_eq!(
+            error("[record]\npath = \"r\"\nbuffer_bytes = 100\n"),
+            "t.toml:3: record.buffer_bytes: the writer's queue holds at least 4096 bytes"
         );
         assert_eq!(
             error("[record]\npath = \"r\"\nhash_key_env = \"K\"\n"),

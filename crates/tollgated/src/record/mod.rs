@@ -2,9 +2,11 @@
 //! to replay against another configuration.
 //!
 //! A check hands its event to a bounded queue and goes on; a thread of its own writes the
-//! lines (hashing identities when asked), and rotates the file past its size. A full queue
-//! drops the event and counts it (`tollgate_record_lines_total{result="dropped"}`): a check
-//! never waits for the disk.
+//! lines (hashing identities when asked), and rotates the file past its size. The queue holds
+//! `buffer` lines and `buffer_bytes` bytes (what its events hold: identities, Envoy requests)
+//! at most; a full queue drops the event and counts it
+//! (`tollgate_record_lines_total{result="dropped"}`): a check never waits for the disk, and
+//! large requests never grow the server's memory past the budget.
 //!
 //! Sampling keeps a share of *identities*, each with all of its traffic, so the limits of a
 //! sampled identity replay exactly (a limit shared by many identities, a global one, sees only
@@ -31,7 +33,8 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc,
-        mpsc::{Receiver, SyncSender, TrySendError, sync_channel},
+        atomic::{AtomicUsize, Ordering},
+        mpsc::{Receiver, SyncSender, sync_channel},
     },
 };
 
@@ -47,6 +50,9 @@ pub(crate) use hash::Hasher;
 /// Writes the record: cheap to share, each call a queue push.
 pub(crate) struct Recorder {
     queue: SyncSender<Event>,
+    /// The bytes the queued events hold (see [`Event::bytes`]), and the most they may.
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
     /// An identity is recorded when its hash is below this (`u64::MAX`: all).
     sample_below: u64,
     clock: Arc<dyn Clock>,
@@ -78,6 +84,32 @@ enum Event {
     },
     /// Answers once every event queued before it is written.
     Flush(SyncSender<()>),
+}
+
+impl Event {
+    /// About what the event holds in memory: itself and what its text takes on the heap.
+    fn bytes(&self) -> usize {
+        let own = std::mem::size_of::<Event>();
+        match self {
+            Event::Check {
+                policy, identity, ..
+            } => {
+                let pairs = identity.headers().chain(identity.args());
+                let pairs: usize = pairs.map(|(n, v)| n.len() + v.len() + 48).sum();
+                let users = [identity.user_id(), identity.user_name()];
+                own + policy.len() + pairs + users.iter().flatten().map(|u| u.len()).sum::<usize>()
+            }
+            Event::Envoy {
+                request, statuses, ..
+            } => {
+                let entries = request.descriptors.iter().flat_map(|d| &d.entries);
+                let entries: usize = entries.map(|e| e.key.len() + e.value.len() + 48).sum();
+                let descriptors = request.descriptors.len() * 64;
+                own + request.domain.len() + descriptors + entries + statuses.len() * 4
+            }
+            Event::Flush(_) => own,
+        }
+    }
 }
 
 /// What a check decided, as the record says it.
@@ -154,11 +186,13 @@ impl Recorder {
             settings.keep_files,
         )?;
         let (queue, events) = sync_channel(settings.buffer);
+        let queued = Arc::new(AtomicUsize::new(0));
         let writer = Writer {
             file,
             hasher,
             counts: counts.clone(),
             line: Vec::with_capacity(512),
+            queued: queued.clone(),
         };
         std::thread::Builder::new()
             .name("tollgate-record".into())
@@ -170,6 +204,8 @@ impl Recorder {
         };
         Ok(Recorder {
             queue,
+            queued,
+            max_queued: settings.buffer_bytes,
             sample_below,
             clock,
             counts,
@@ -239,11 +275,12 @@ impl Recorder {
     }
 
     fn push(&self, event: Event) {
-        match self.queue.try_send(event) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.counts.dropped.inc();
-            }
+        let bytes = event.bytes();
+        let before = self.queued.fetch_add(bytes, Ordering::Relaxed);
+        let sent = before + bytes <= self.max_queued && self.queue.try_send(event).is_ok();
+        if !sent {
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+            self.counts.dropped.inc();
         }
     }
 }
@@ -272,6 +309,8 @@ struct Writer {
     hasher: Option<Hasher>,
     counts: Counts,
     line: Vec<u8>,
+    /// The recorder's count of the bytes queued: the writer takes off what it has written.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Writer {
@@ -288,6 +327,7 @@ impl Writer {
                 match event {
                     Event::Flush(done) => flushed.push(done),
                     event => {
+                        self.queued.fetch_sub(event.bytes(), Ordering::Relaxed);
                         self.line.clear();
                         self.write_line(event);
                         match self.file.write(&self.line) {
@@ -571,6 +611,7 @@ mod tests {
             sample: 1.0,
             hash_key_env: None,
             buffer,
+            buffer_bytes: 16 << 20,
         }
     }
 
@@ -752,6 +793,8 @@ mod tests {
         let counts = Counts::default();
         let recorder = Recorder {
             queue,
+            queued: Arc::default(),
+            max_queued: usize::MAX,
             sample_below: u64::MAX,
             clock: Arc::new(ManualClock::new(Duration::from_secs(1))),
             counts: counts.clone(),
@@ -767,6 +810,54 @@ mod tests {
             Ok(Event::Check { cost: 1, .. })
         ));
         assert!(events.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn the_queue_holds_no_more_bytes_than_its_budget() {
+        let dir = temp_dir("bytes");
+        fs::create_dir_all(&dir).unwrap();
+        // Room for lines, not for bytes: three events of large identities fill the budget.
+        let mut s = settings(&dir, 1 << 20, 0, 1024);
+        let who = Identity::new().with_header("x-large", "v".repeat(30_000));
+        s.buffer_bytes = 100_000;
+        let decision = denied_decision().await;
+        let clock = Arc::new(ManualClock::new(Duration::from_secs(1)));
+        let counts = Counts::default();
+        // The writer is not started yet: what is queued stays queued.
+        let (queue, events) = sync_channel(s.buffer);
+        let recorder = Recorder {
+            queue,
+            queued: Arc::default(),
+            max_queued: s.buffer_bytes,
+            sample_below: u64::MAX,
+            clock,
+            counts: counts.clone(),
+        };
+        for _ in 0..5 {
+            recorder.check("sms", &who, 1, &decision);
+        }
+        assert_eq!(counts.dropped.get(), 2, "two events past the budget");
+        let queued = recorder.queued.load(Ordering::Relaxed);
+        assert!(
+            (90_000..=100_000).contains(&queued),
+            "{queued} bytes queued"
+        );
+        // Written, the events give their bytes back: the queue takes large events again.
+        let writer = Writer {
+            file: Rotating::open(s.path.clone(), s.max_file_bytes, 0).unwrap(),
+            hasher: None,
+            counts: counts.clone(),
+            line: Vec::new(),
+            queued: recorder.queued.clone(),
+        };
+        std::thread::spawn(move || writer.run(events));
+        recorder.flush();
+        assert_eq!(recorder.queued.load(Ordering::Relaxed), 0);
+        assert_eq!(counts.written.get(), 3);
+        recorder.check("sms", &who, 1, &decision);
+        recorder.flush();
+        assert_eq!((counts.written.get(), counts.dropped.get()), (4, 2));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]
