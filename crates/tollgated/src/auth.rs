@@ -282,6 +282,16 @@ enum Charged {
 }
 
 /// A duration for people: whole seconds, rounded up (`1m`, `45s`).
+/// The token of an `Authorization` value (an HTTP header, a gRPC metadata entry):
+/// `Bearer <token>`, the scheme in any case.
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
 pub(crate) fn whole_seconds(d: Duration) -> String {
     let secs = d.as_nanos().div_ceil(1_000_000_000);
     tollgate::format_duration(Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX)))

@@ -20,6 +20,51 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{body::Body, server::NamedService};
 use tower::Service;
 
+use crate::{
+    app::App,
+    auth::{Refusal, Scope},
+};
+
+/// Admits a request to a gRPC check service (`ShouldRateLimit`, an RLQS stream) as the HTTP
+/// API's check scope admits its requests: with `server.check_token_env` set, its
+/// `authorization` metadata must carry `Bearer <token>` (Envoy sends it as the rate-limit
+/// service's `initial_metadata`), and failures count against the caller's address.
+pub(crate) async fn authorize_check<T>(
+    app: &App,
+    request: &tonic::Request<T>,
+    method: &str,
+) -> Result<(), tonic::Status> {
+    // An open scope costs one branch.
+    if !app.auth.guarded(Scope::Check) {
+        return Ok(());
+    }
+    let offered = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::auth::bearer);
+    let client = request.remote_addr().map(|addr| addr.ip());
+    match app
+        .auth
+        .authorize(Scope::Check, offered, client, method)
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(Refusal::Missing | Refusal::Disabled) => Err(tonic::Status::unauthenticated(format!(
+            "{method}: send the metadata authorization: Bearer <token> (the check scope's, server.check_token_env)"
+        ))),
+        Err(Refusal::Wrong) => Err(tonic::Status::unauthenticated(format!(
+            "{method}: wrong token"
+        ))),
+        Err(Refusal::TooManyFailures(retry_after)) => {
+            Err(tonic::Status::resource_exhausted(format!(
+                "{method}: too many failed authentications from this address; retry in {}",
+                crate::auth::whole_seconds(retry_after)
+            )))
+        }
+    }
+}
+
 /// The path of the health service's streaming method.
 const WATCH: &str = "/grpc.health.v1.Health/Watch";
 

@@ -346,7 +346,7 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
     stop: impl Future<Output = ()>,
 ) where
     I: Stream<Item = io::Result<T>>,
-    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    T: AsyncRead + AsyncWrite + Send + Unpin + tonic::transport::server::Connected + 'static,
     S: tower::Service<Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
@@ -354,6 +354,7 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    use tower::ServiceExt as _;
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -374,7 +375,16 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
             () = &mut stop => break,
         };
         let watcher = graceful.watcher();
-        let (builder, service, tls) = (builder.clone(), service.clone(), tls.clone());
+        // Each request carries its connection's peer, as tonic's own server gives it
+        // (`tonic::Request::remote_addr`): the check scope counts failures by address.
+        let connected = io.connect_info();
+        let service = service
+            .clone()
+            .map_request(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(connected.clone());
+                request
+            });
+        let (builder, tls) = (builder.clone(), tls.clone());
         tokio::spawn(async move {
             let ended = match tls {
                 None => serve_h2(&builder, watcher, io, service).await,

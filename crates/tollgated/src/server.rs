@@ -117,9 +117,9 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         .grpc_tls
         .as_ref()
         .is_some_and(|tls| tls.client_ca.is_some());
-    if !grpc_verified && !config.server.grpc.ip().is_loopback() {
+    if !grpc_verified && tokens.check.is_none() && !config.server.grpc.ip().is_loopback() {
         tracing::warn!(
-            "the gRPC port is not on loopback and verifies no client certificate (server.grpc_tls.client_ca_file): any client that reaches it may spend counters and, in a domain with `identity` and a blocklist, have the addresses and users it names banned; keep it on a private network"
+            "the gRPC port is not on loopback and asks neither a client certificate (server.grpc_tls.client_ca_file) nor the check scope's token (server.check_token_env): any client that reaches it may spend counters and, in a domain with `identity` and a blocklist, have the addresses and users it names banned; keep it on a private network"
         );
     }
     // The refund scope takes the check scope's token when it has none of its own.

@@ -66,6 +66,7 @@ impl RateLimitService for RateLimiter {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        crate::grpc::authorize_check(&self.app, &request, "ShouldRateLimit").await?;
         let request = request.into_inner();
         if request.domain.is_empty() {
             return Err(tonic::Status::invalid_argument(

@@ -98,10 +98,5 @@ async fn authorize(parts: &Parts, app: &App, scope: Scope) -> Result<(), ApiErro
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
+    crate::auth::bearer(headers.get(header::AUTHORIZATION)?.to_str().ok()?)
 }

@@ -142,6 +142,7 @@ impl RateLimitQuotaService for Quotas {
         &self,
         request: tonic::Request<tonic::Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<tonic::Response<Responses>, tonic::Status> {
+        crate::grpc::authorize_check(&self.app, &request, "StreamRateLimitQuotas").await?;
         let mut reports = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let stream = Stream_ {

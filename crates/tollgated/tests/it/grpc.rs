@@ -307,3 +307,63 @@ async fn a_shadow_denial_is_one_admitted_decision() {
         "{metrics}"
     );
 }
+
+/// With the check scope's token set, `ShouldRateLimit` takes it too, as the metadata
+/// `authorization: Bearer <token>` (Envoy's `initial_metadata`): without it, or with a wrong
+/// one, the call is refused and counts nothing; failures count against the caller's address,
+/// which past `admin_failure_limit` is refused whatever it sends.
+#[tokio::test]
+async fn the_check_scopes_token_guards_should_rate_limit() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    let token = "check-token-0123456789";
+    let config = format!(
+        "[server]\ncheck_token_env = \"TG_CHECK\"\nadmin_failure_limit = \"3/1m\"\n{CONFIG}"
+    );
+    let server = Server::start_with_env(&config, &[("TG_CHECK", token)]);
+    let mut rls = server.grpc_client().await;
+    let request = |token: Option<&str>| {
+        let mut request = tonic::Request::new(RateLimitRequest {
+            domain: "other".into(),
+            descriptors: vec![descriptor(&[("remote_address", "192.0.2.9")])],
+            hits_addend: 0,
+        });
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().unwrap();
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    };
+    let missing = rls.should_rate_limit(request(None)).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::Unauthenticated, "{missing:?}");
+    assert!(
+        missing.message().contains("authorization: Bearer"),
+        "{missing:?}"
+    );
+    let wrong = rls.should_rate_limit(request(Some("wrong-token-0123456789")));
+    let wrong = wrong.await.unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::Unauthenticated, "{wrong:?}");
+    // "other" admits 1 an hour: the refused calls counted nothing.
+    let admitted = rls.should_rate_limit(request(Some(token))).await.unwrap();
+    assert_eq!(overall(&admitted.into_inner()), Code::Ok);
+    let denied = rls.should_rate_limit(request(Some(token))).await.unwrap();
+    assert_eq!(overall(&denied.into_inner()), Code::OverLimit);
+    // The third failure is the last this address may make.
+    let _ = rls.should_rate_limit(request(None)).await.unwrap_err();
+    let locked = rls
+        .should_rate_limit(request(Some(token)))
+        .await
+        .unwrap_err();
+    assert_eq!(locked.code(), tonic::Code::ResourceExhausted, "{locked:?}");
+    // The HTTP API counts the same failures for the same address.
+    let check = serde_json::json!({ "policy": "none", "identity": {} });
+    let (status, _) = server
+        .send(
+            server
+                .request(reqwest::Method::POST, "/v1/check")
+                .bearer_auth(token)
+                .json(&check),
+        )
+        .await;
+    assert_eq!(status, 429);
+}

@@ -454,3 +454,39 @@ async fn a_streams_buckets_are_bounded() {
     let refused = responses.message().await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }
+
+/// With the check scope's token set, a quota stream takes it too (the metadata
+/// `authorization: Bearer <token>`): without it the stream is refused before any report.
+#[tokio::test]
+async fn the_check_scopes_token_guards_the_quota_stream() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaUsageReports, rate_limit_quota_service_client::RateLimitQuotaServiceClient,
+    };
+
+    let token = "check-token-0123456789";
+    let config = format!(
+        "[server]\ncheck_token_env = \"TG_CHECK\"\n{}",
+        config("memory://", "30/1h")
+    );
+    let server = Server::start_with_env(&config, &[("TG_CHECK", token)]);
+    let mut client = RateLimitQuotaServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let reports = |token: Option<&str>| {
+        let report = RateLimitQuotaUsageReports {
+            domain: "edge".into(),
+            bucket_quota_usages: Vec::new(),
+        };
+        let mut request = tonic::Request::new(futures_util::stream::iter([report]));
+        if let Some(token) = token {
+            let value = format!("Bearer {token}").parse().unwrap();
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    };
+    let refused = client.stream_rate_limit_quotas(reports(None)).await;
+    let refused = refused.map(|_| ()).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let opened = client.stream_rate_limit_quotas(reports(Some(token))).await;
+    assert!(opened.is_ok(), "{:?}", opened.map(|_| ()));
+}
