@@ -1,6 +1,6 @@
 -- tollgate: the shared head of the guard scripts (lock_*.lua, ban.lua, unban.lua, bans.lua,
--- ban_count.lua, ban_index.lua, and the Cluster's banned.lua, offend.lua, undo.lua); the store
--- prepends it to each of them.
+-- ban_count.lua, ban_index.lua, refund.lua, redo.lua, override.lua, and the Cluster's
+-- banned.lua, offend.lua, undo.lua); the store prepends it to each of them.
 --
 -- ARGV[1] is always the time: "" to read the server's TIME (production: one clock), or a test
 -- clock's µs since the epoch. With a test clock, keys get an hour more TTL (see common.lua).
@@ -33,12 +33,17 @@ local function keep_ttl(key, value)
 end
 
 -- Runs `apply` once per call, for scripts whose second run would change the state again (a
--- refund would give back twice). The caller names each call by a fresh id, in the marker key
--- it passes last (tollgate::applied_key); the reply is kept there for a minute. A call Redis
--- runs again (a Cluster client re-sends a call whose reply it lost, and both reach the node)
--- changes nothing and answers what the first run did. `apply` returns an integer or a list
--- of integers.
-local function once(apply)
+-- refund would give back twice), where the client may send a call twice (a Cluster client
+-- re-sends a call whose reply it lost, and both copies may reach the node). The caller names
+-- each call by a fresh id, in the marker key it passes last (tollgate::applied_key), and says
+-- for how long (`ttl_ms`, an argument: while the client may still send the call again); the
+-- first run's reply is kept there, and a second run changes nothing and answers the same.
+-- `ttl_ms` 0: no marker is given (a client that never sends a call twice). `apply` returns an
+-- integer or a list of integers.
+local function once(ttl_ms, apply)
+  if ttl_ms <= 0 then
+    return apply()
+  end
   local marker = table.remove(KEYS)
   local done = redis.call('GET', marker)
   if done then
@@ -60,9 +65,9 @@ local function once(apply)
     for i, n in ipairs(reply) do
       parts[i] = int(n)
     end
-    redis.call('SET', marker, 'l' .. table.concat(parts, ','), 'PX', 60000)
+    redis.call('SET', marker, 'l' .. table.concat(parts, ','), 'PX', int(ttl_ms))
   else
-    redis.call('SET', marker, int(reply), 'PX', 60000)
+    redis.call('SET', marker, int(reply), 'PX', int(ttl_ms))
   end
   return reply
 end

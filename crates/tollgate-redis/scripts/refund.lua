@@ -5,16 +5,18 @@
 -- (crates/tollgate/src/memory/rules.rs), tollgate::Store::refund and Store::extend.
 -- KEYS     per limiter: its override key if it takes overrides (see check.lua), then exactly
 --          LimiterRequest::state_keys: its sliding log first (if any rule is one), then one
---          key per fixed-window, GCRA or sliding-window rule; last, this call's marker
---          (tollgate::applied_key; see once() in prelude.lua: a second run changes nothing)
+--          key per fixed-window, GCRA or sliding-window rule; last, on a Cluster, this call's
+--          marker (tollgate::applied_key; see once() in prelude.lua: a second run changes
+--          nothing)
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
 --          limiter's log must hold the check's `cost` members at its instant, still live, and
 --          they all move to now; or nothing changes; 2 charge: ARGV[3] is a fresh nonce for
---          the log's members), then per limiter: rule count, its longest sliding-log window µs
---          (0: none), the instant µs the check recorded at (-1: none, refund the newest units
---          of the current window; charge: the most entries its log may hold, twice its largest
---          sliding-log limit), the fingerprint of its rules if it takes overrides (0: it does
+--          the log's members), 5 how long the marker lasts, ms (0: no marker), then per
+--          limiter: rule count, its longest sliding-log window µs (0: none), the instant µs
+--          the check recorded at (-1: none, refund the newest units of the current window;
+--          charge: the most entries its log may hold, twice its largest sliding-log limit),
+--          the fingerprint of its rules if it takes overrides (0: it does
 --          not; a live override made for them sets the limits GCRA's interval follows), then
 --          per rule:
 --          algorithm (1 sliding_log, 2 fixed_window, 3 gcra, 4 sliding_window, 5 calendar
@@ -24,13 +26,13 @@
 -- Reply    refund and charge: how many keys were changed; extend: {1, now} if renewed,
 --          {0, now} if a lease is gone
 
-return once(function()
+return once(tonumber(ARGV[5]), function()
   local cost = tonumber(ARGV[2])
   local id = ARGV[3]
   local extend = ARGV[4] == '1'
   local charge = ARGV[4] == '2'
   local changed = 0
-  local keyi, argi = 0, 4
+  local keyi, argi = 0, 5
 
   -- Sets `key` to `value`, keeping its TTL; one more key changed.
   local function keep(key, value)

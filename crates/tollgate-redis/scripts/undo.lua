@@ -4,14 +4,15 @@
 -- since stays (at worst one more denial, never one more admission).
 -- KEYS     the state keys to undo, all in one slot, each once; last, this call's marker
 --          (tollgate::applied_key; see once() in prelude.lua: a second run changes nothing)
--- ARGV     1 now (see prelude.lua), 2 cost, 3 nonce (the check's), then per key:
+-- ARGV     1 now (see prelude.lua), 2 cost, 3 nonce (the check's), 4 how long the marker
+--          lasts, ms, then per key:
 --          op, a, b, with op = 1 sliding log: a = the check's now (the members' score),
 --          b = retried members; op = 2 fixed window: a = window start; op = 4 sliding
 --          window: a = window start (plus 1 if the previous window counted); op = 3 gcra:
 --          a = tat before, b = tat written
 -- Reply    how many keys were changed
 
-return once(function()
+return once(tonumber(ARGV[4]), function()
   local cost = tonumber(ARGV[2])
   local nonce = ARGV[3]
   local changed = 0
@@ -27,9 +28,9 @@ return once(function()
   end
 
   for i, key in ipairs(KEYS) do
-    local op = tonumber(ARGV[4 + (i - 1) * 3])
-    local a = tonumber(ARGV[5 + (i - 1) * 3])
-    local b = tonumber(ARGV[6 + (i - 1) * 3])
+    local op = tonumber(ARGV[5 + (i - 1) * 3])
+    local a = tonumber(ARGV[6 + (i - 1) * 3])
+    local b = tonumber(ARGV[7 + (i - 1) * 3])
     if op == 1 then
       local removed = 0
       for u = 1, cost do

@@ -30,6 +30,20 @@ pub(crate) struct Backend {
 }
 
 impl Backend {
+    /// How long a call's marker (see `once()` in `scripts/prelude.lua`) must last: while the
+    /// client may still send the call again, every attempt given the whole timeout and the
+    /// longest wait. `None` where the client never sends a call twice (one server, Sentinel):
+    /// no marker is written there.
+    pub(crate) fn marker_ttl_ms(&self) -> Option<u64> {
+        use crate::builder::{CLUSTER_MAX_RETRY_WAIT_MS, CLUSTER_RETRIES};
+        let Conn::Cluster(_) = self.conn else {
+            return None;
+        };
+        let attempt = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX / 8);
+        let attempts = u64::from(CLUSTER_RETRIES) + 1;
+        Some((attempts * (attempt + CLUSTER_MAX_RETRY_WAIT_MS)).max(1000))
+    }
+
     /// A handle on the connection (cheap: the connection is shared).
     pub(crate) fn conn(&self) -> Conn {
         self.conn.clone()

@@ -35,6 +35,11 @@ use crate::{
 
 /// The default bound on every store call.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// How many times a Cluster client sends a call again (a redirection, a lost reply), and the
+/// longest it waits before it does: what [`Backend::marker_ttl_ms`] covers.
+pub(crate) const CLUSTER_RETRIES: u32 = 5;
+pub(crate) const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 200;
+
 /// The shortest time a connection attempt is given, whatever the call timeout: a TLS handshake
 /// to a distant server may need more than a check does.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -277,9 +282,9 @@ impl RedisStoreBuilder {
                     .response_timeout(self.timeout)
                     // Our own timeout bounds every call; within it, follow redirections and
                     // retry promptly rather than back off for seconds.
-                    .retries(5)
+                    .retries(CLUSTER_RETRIES)
                     .min_retry_wait(5)
-                    .max_retry_wait(200)
+                    .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
                     .build()
                     .map_err(invalid)?;
                 let conn = connecting(&target, limit, client.get_async_connection()).await?;

@@ -373,9 +373,11 @@ async fn undo(
 ) -> Result<i64, StoreError> {
     let scripts = &store.scripts;
     let mut undo = scripts.undo.call();
+    let marker_ttl_ms = store.marker_ttl_ms().unwrap_or(0);
     undo.arg(script::now_arg(now))
         .arg(plan.cost)
-        .arg(&nonce[..]);
+        .arg(&nonce[..])
+        .arg(marker_ttl_ms);
     // (key, op, a, b), each key once: a limiter's sliding-log rules share one log.
     let mut ops: Vec<(String, u8, i64, i64)> = Vec::new();
     let mut writes = record.writes.iter();
@@ -402,11 +404,14 @@ async fn undo(
     for (key, op, a, b) in &ops {
         undo.key(key).arg(op).arg(a).arg(b);
     }
-    // The call's marker (a re-sent undo gives back nothing more), beside the slot's keys.
-    let Some(limiter) = call.requests.first() else {
+    // Nothing written (shadow limiters that would deny): nothing to undo.
+    let Some(limiter) = call.requests.first().filter(|_| !ops.is_empty()) else {
         return Ok(0);
     };
-    undo.key(key::applied_key(limiter.key, rand::random()));
+    // The call's marker (a re-sent undo gives back nothing more), beside the slot's keys.
+    if marker_ttl_ms > 0 {
+        undo.key(key::applied_key(limiter.key, rand::random()));
+    }
     let mut conn = store.conn();
     undo.invoke(&mut conn)
         .await

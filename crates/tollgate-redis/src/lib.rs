@@ -126,8 +126,11 @@
 //! timeout), and Redis may run both copies. A check run twice counts twice (never one more
 //! admission); a refund, a charge, a lease renewal or an undo, which would give back or charge
 //! twice, names each call by a fresh id in a marker key beside the limiter's state
-//! ([`tollgate::key::applied_key`]), which keeps the first run's reply for a minute: a second
-//! run changes nothing and answers the same.
+//! ([`tollgate::key::applied_key`]), which keeps the first run's reply while the client may
+//! still send the call again: a second run changes nothing and answers the same. A lock
+//! acquisition run twice is its caller's, a completion run twice stands; a ban written after a
+//! denial (`offend.lua`) run twice counts two strikes (a longer ban, never a shorter one). One
+//! server and Sentinel, whose clients never send a call twice, write no marker.
 
 mod backend;
 mod batch;

@@ -326,12 +326,13 @@ pub(crate) enum Adjust {
 }
 
 /// Prepares refund.lua for the limiters `members` of `plan` (all in one slot), as the receipt
-/// says and `mode` asks, the call named `id` (fresh per call: Redis runs a call of one id
-/// once); false if none of them is concerned.
+/// says and `mode` asks; false if none of them is concerned. With a `marker` (a fresh id for
+/// the call, and how long its marker lasts in ms: see `once()` in `scripts/prelude.lua`),
+/// Redis runs the call once however often it is sent.
 pub(crate) fn prepare_refund(
     call: &mut Call<'_>,
     plan: &CheckRequest<'_>,
-    (members, id): (impl IntoIterator<Item = usize>, u64),
+    (members, marker): (impl IntoIterator<Item = usize>, Option<(u64, u64)>),
     receipt: Option<&Receipt>,
     now_us: Option<u64>,
     mode: Adjust,
@@ -347,7 +348,8 @@ pub(crate) fn prepare_refund(
         Adjust::Refund => "0",
         Adjust::Extend => "1",
         Adjust::Charge => "2",
-    });
+    })
+    .arg(marker.map_or(0, |(_, ttl_ms)| ttl_ms));
     let mut base = None;
     for i in members {
         let limiter = &plan.limiters[i];
@@ -404,7 +406,7 @@ pub(crate) fn prepare_refund(
             }
         }
     }
-    if let Some(base) = base {
+    if let (Some(base), Some((id, _))) = (base, marker) {
         call.key(key::applied_key(base, id));
     }
     Ok(base.is_some())

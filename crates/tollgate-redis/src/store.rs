@@ -324,27 +324,36 @@ impl RedisStore {
         mode: script::Adjust,
     ) -> Result<(), StoreError> {
         for members in self.slot_groups(plan)? {
+            let marker = self.marker();
             let _changed: Option<i64> = self
-                .adjust_slot(plan, &members, receipt, mode, rand::random())
+                .adjust_slot(plan, &members, receipt, mode, marker)
                 .await?;
         }
         Ok(())
     }
 
-    /// One call of refund.lua, for the limiters `members` of `plan` (all in one hash slot), named
-    /// `id`: a call Redis runs twice (a Cluster client re-sends one whose reply it lost) gives
-    /// back, charges or renews once. Its reply; `None` if none of them is concerned.
+    /// A fresh call id and how long its marker lasts, where the client may send a call twice
+    /// (see [`Backend::marker_ttl_ms`]).
+    fn marker(&self) -> Option<(u64, u64)> {
+        let ttl_ms = self.backend().marker_ttl_ms()?;
+        Some((rand::random(), ttl_ms))
+    }
+
+    /// One call of refund.lua, for the limiters `members` of `plan` (all in one hash slot).
+    /// With a `marker` (see [`marker`](Self::marker)), a call Redis runs twice (a Cluster
+    /// client re-sends one whose reply it lost) gives back, charges or renews once. Its reply;
+    /// `None` if none of them is concerned.
     async fn adjust_slot<T: redis::FromRedisValue>(
         &self,
         plan: &CheckRequest<'_>,
         members: &[usize],
         receipt: Option<&Receipt>,
         mode: script::Adjust,
-        id: u64,
+        marker: Option<(u64, u64)>,
     ) -> Result<Option<T>, StoreError> {
         let backend = self.backend();
         let mut call = backend.scripts.refund.call();
-        let members = (members.iter().copied(), id);
+        let members = (members.iter().copied(), marker);
         if !script::prepare_refund(&mut call, plan, members, receipt, backend.test_now(), mode)? {
             return Ok(None);
         }
@@ -390,9 +399,9 @@ impl RefundStore for RedisStore {
         let mut lost = false;
         for members in self.slot_groups(plan)? {
             let extend = script::Adjust::Extend;
-            let id = rand::random();
+            let marker = self.marker();
             let Some(reply) = self
-                .adjust_slot::<Vec<i64>>(&leases, &members, Some(receipt), extend, id)
+                .adjust_slot::<Vec<i64>>(&leases, &members, Some(receipt), extend, marker)
                 .await?
             else {
                 continue;
@@ -611,7 +620,13 @@ mod tests {
         let two = CheckRequest::new(2, true, &limiters);
         for _ in 0..2 {
             let changed: Option<i64> = store
-                .adjust_slot(&two, &[0], Some(&receipt), script::Adjust::Refund, 1)
+                .adjust_slot(
+                    &two,
+                    &[0],
+                    Some(&receipt),
+                    script::Adjust::Refund,
+                    Some((1, 60_000)),
+                )
                 .await
                 .unwrap();
             assert_eq!(changed, Some(4), "the first run's answer, both times");
@@ -620,7 +635,7 @@ mod tests {
 
         for _ in 0..2 {
             let _: Option<i64> = store
-                .adjust_slot(&two, &[0], None, script::Adjust::Charge, 2)
+                .adjust_slot(&two, &[0], None, script::Adjust::Charge, Some((2, 60_000)))
                 .await
                 .unwrap();
         }
@@ -634,17 +649,37 @@ mod tests {
         let lease = CheckRequest::new(leased.units(), true, &limiters);
         for _ in 0..2 {
             let renewed: Option<Vec<i64>> = store
-                .adjust_slot(&lease, &[0], Some(&leased), script::Adjust::Extend, 3)
+                .adjust_slot(
+                    &lease,
+                    &[0],
+                    Some(&leased),
+                    script::Adjust::Extend,
+                    Some((3, 60_000)),
+                )
                 .await
                 .unwrap();
             assert_eq!(renewed.unwrap()[0], 1, "renewed, both times");
         }
         // A new call id is a new call.
         let _: Option<i64> = store
-            .adjust_slot(&two, &[0], None, script::Adjust::Charge, 4)
+            .adjust_slot(&two, &[0], None, script::Adjust::Charge, Some((4, 60_000)))
             .await
             .unwrap();
         assert_eq!(left(&store, &limiters).await, [4; 4]);
+
+        // A client that never sends a call twice (one server, Sentinel) writes no marker.
+        assert_eq!(store.marker(), None);
+        let mut conn = redis::Client::open(server.url()).unwrap();
+        let markers = |conn: &mut redis::Client| -> usize {
+            let keys: Vec<String> = redis::cmd("KEYS").arg("t:{twice}:a*").query(conn).unwrap();
+            keys.len()
+        };
+        assert_eq!(markers(&mut conn), 4, "the four calls above");
+        RefundStore::refund(&store, &two, Some(&receipt))
+            .await
+            .unwrap();
+        RefundStore::charge(&store, &two).await.unwrap();
+        assert_eq!(markers(&mut conn), 4);
     }
 
     /// A lock acquisition run twice (a re-sent call): its caller holds the lock both times,

@@ -207,10 +207,17 @@ pub async fn duplicate_completed_is_replayed<S: FullStore>(s: Subject<S>) {
             .await
             .expect("store answers")
     );
-    // Completing twice is refused: the first outcome stands.
+    // Completing twice is refused: the first outcome stands. Told the same outcome again (a
+    // call sent twice), the store says it stands.
     assert!(
         !s.gate()
             .complete(&lease, b"other", secs(60))
+            .await
+            .expect("store answers")
+    );
+    assert!(
+        s.gate()
+            .complete(&lease, &response, secs(60))
             .await
             .expect("store answers")
     );

@@ -753,7 +753,8 @@ pub trait OverrideStore: Store {
 /// Duplicate-guard locks (see [`Tollgate::acquire`](crate::Tollgate::acquire)).
 pub trait LockStore: Store {
     /// Takes the lock `key` with `token` for `ttl` if it is free (set-if-absent), remembering
-    /// the fingerprint; otherwise describes who holds it.
+    /// the fingerprint; otherwise describes who holds it. Asked again with the token that holds
+    /// it while in progress (a call sent twice), answers `Acquired`.
     fn lock_acquire(
         &self,
         key: &str,
@@ -770,7 +771,8 @@ pub trait LockStore: Store {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Marks the lock completed with `response`, kept for `keep_for`, if `token` holds it and
-    /// it is still in progress; true if done.
+    /// it is still in progress; true if done, or if `token` completed it with this very
+    /// response already (a call sent twice: the outcome stands, its time unchanged).
     fn lock_complete(
         &self,
         key: &str,

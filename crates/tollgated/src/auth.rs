@@ -11,7 +11,9 @@
 //! A client address gets `server.admin_failure_limit` failed attempts (missing or wrong
 //! token); after that every admin request from it is refused with 429 until the window
 //! lets a failure go, whatever token it carries, so guessing cannot go on at full speed and
-//! a refused guess says nothing about the token. A correct token costs nothing.
+//! a refused guess says nothing about the token. A correct token costs nothing; on the check
+//! and refund scopes it is let in even from an address over its budget (their callers share
+//! addresses: one of them without its token must not lock the others out).
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -187,17 +189,22 @@ impl Auth {
         } else {
             (&self.scoped, &self.scoped)
         };
-        // An address over its own budget is refused whatever it offers. The budget of all
-        // addresses together refuses only failures: a few addresses' wrong guesses must not
-        // lock the holder of the token out (a token of 16 bytes or more is not guessed).
+        let valid = offered.is_some_and(|t| accepted.iter().flatten().any(|d| token_matches(d, t)));
+        // An admin address over its own budget is refused whatever it offers, so that a
+        // refused guess says nothing. On the check and refund scopes a valid token is let in
+        // all the same: their callers share addresses (an Envoy sidecar beside its
+        // application, a NAT, a /64), and one of them sending no token must not lock the
+        // others out (a token of 16 bytes or more is not guessed). The budget of all addresses
+        // together refuses only failures, for the same reason.
+        if valid && scope != Scope::Admin {
+            return Ok(());
+        }
         if let Some(retry_after) = self.refused(own, &identity).await {
-            tracing::debug!(client_ip = %ip, path = %path, "admin request refused: too many failed authentications");
+            tracing::debug!(client_ip = %ip, path = %path, "request refused: too many failed authentications");
             return Err(Refusal::TooManyFailures(retry_after));
         }
         let refusal = match offered {
-            Some(token) if accepted.iter().flatten().any(|d| token_matches(d, token)) => {
-                return Ok(());
-            }
+            _ if valid => return Ok(()),
             Some(_) => Refusal::Wrong,
             None => Refusal::Missing,
         };
@@ -281,7 +288,6 @@ enum Charged {
     Refused(Duration),
 }
 
-/// A duration for people: whole seconds, rounded up (`1m`, `45s`).
 /// The token of an `Authorization` value (an HTTP header, a gRPC metadata entry):
 /// `Bearer <token>`, the scheme in any case.
 pub(crate) fn bearer(value: &str) -> Option<&str> {
@@ -292,6 +298,7 @@ pub(crate) fn bearer(value: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// A duration for people: whole seconds, rounded up (`1m`, `45s`).
 pub(crate) fn whole_seconds(d: Duration) -> String {
     let secs = d.as_nanos().div_ceil(1_000_000_000);
     tollgate::format_duration(Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX)))
@@ -435,7 +442,8 @@ mod tests {
         }
         assert_eq!(wrong, 2 * GLOBAL_FACTOR, "guesses allowed in the window");
         // The check and refund scopes have no global budget: guesses from many addresses
-        // lock none of their callers out (a valid token still checks).
+        // lock none of their callers out (a valid token still checks), and a valid token
+        // checks from an address over its own budget too.
         let tokens = Tokens {
             check: Some("check-token".into()),
             ..Tokens::default()
@@ -450,6 +458,16 @@ mod tests {
         let fresh = Some(IpAddr::from([192, 0, 2, 200]));
         assert_eq!(
             auth.authorize(Scope::Check, Some("check-token"), fresh, "/")
+                .await,
+            Ok(())
+        );
+        let spent = Some(IpAddr::from([0x2001, 0xdb8, 7, 0, 0, 0, 0, 1]));
+        assert!(matches!(
+            auth.authorize(Scope::Check, None, spent, "/").await,
+            Err(Refusal::TooManyFailures(_))
+        ));
+        assert_eq!(
+            auth.authorize(Scope::Check, Some("check-token"), spent, "/")
                 .await,
             Ok(())
         );

@@ -338,10 +338,11 @@ where
 /// hyper's HTTP/2 server with its defaults (tonic's transport server uses the same) and at most
 /// `max_concurrent_streams` calls in flight per connection; the service is the generated gRPC
 /// service itself, without a router in front (it answers UNIMPLEMENTED to any other method).
+/// With `peers`, each request carries its connection's peer (for authentication).
 pub(crate) async fn serve_grpc<I, T, S, B>(
     incoming: I,
     service: S,
-    max_concurrent_streams: u32,
+    (max_concurrent_streams, peers): (u32, bool),
     tls: Option<(tokio_rustls::TlsAcceptor, Duration)>,
     stop: impl Future<Output = ()>,
 ) where
@@ -377,11 +378,13 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
         let watcher = graceful.watcher();
         // Each request carries its connection's peer, as tonic's own server gives it
         // (`tonic::Request::remote_addr`): the check scope counts failures by address.
-        let connected = io.connect_info();
+        let connected = peers.then(|| io.connect_info());
         let service = service
             .clone()
             .map_request(move |mut request: Request<Incoming>| {
-                request.extensions_mut().insert(connected.clone());
+                if let Some(connected) = &connected {
+                    request.extensions_mut().insert(connected.clone());
+                }
                 request
             });
         let (builder, tls) = (builder.clone(), tls.clone());

@@ -245,7 +245,10 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         tower::ServiceBuilder::new()
             .layer(trace::grpc())
             .service(services),
-        limits.grpc_max_concurrent_streams,
+        (
+            limits.grpc_max_concurrent_streams,
+            app.auth.guarded(crate::auth::Scope::Check),
+        ),
         grpc_tls.map(|acceptor| (acceptor, limits.header_read_timeout)),
         stopped(stop_rx.clone()),
     );

@@ -151,13 +151,15 @@ async fn an_undo_run_twice_gives_back_once() {
     let _: () = conn.set(key, format!("{start}:5")).await.unwrap();
     let undo = redis::Script::new(&guard_source(include_str!("../../scripts/undo.lua")));
     for _ in 0..2 {
-        // now, cost, nonce; then the key's op (2: fixed window), window start, unused.
+        // now, cost, nonce, the marker's TTL ms; then the key's op (2: fixed window), window
+        // start, unused.
         let changed: i64 = undo
             .key(key)
             .key("u:{x}:a0000000000000001")
             .arg(now)
             .arg(2)
             .arg("nonce123")
+            .arg(60_000)
             .arg(2)
             .arg(start)
             .arg(0)

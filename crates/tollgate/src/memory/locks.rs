@@ -35,6 +35,10 @@ impl Inner {
             ..
         }) = shard.live(hash, key, now)
         {
+            // Its holder, asking again (a call sent twice).
+            if lock.token == token && !lock.completed {
+                return Ok(LockReply::Acquired);
+            }
             return Ok(LockReply::Held(HeldLock {
                 completed: lock.completed,
                 ttl_left_us: *expires_at - now,
@@ -120,6 +124,13 @@ impl Inner {
                 lock.completed = true;
                 lock.response = Some(response.to_vec());
                 *expires_at = now.saturating_add(super::micros(keep_for));
+            }
+            // The same outcome, told again (a call sent twice): it stands.
+            Some(Entry {
+                state: State::Lock(lock),
+                ..
+            }) if lock.token == token && lock.response.as_deref() == Some(response) => {
+                return Ok(true);
             }
             _ => return Ok(false),
         }

@@ -295,6 +295,27 @@ fn stored_responses_have_a_byte_budget() {
     assert_eq!(store.usage().response_bytes, 600);
 }
 
+/// A lock asked for again by its holder (a call sent twice) is still its holder's, and its
+/// completion told again with the same response stands; anyone else finds it held.
+#[test]
+fn a_lock_call_sent_twice_answers_as_the_first() {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_secs(60);
+    for _ in 0..2 {
+        let reply = store.inner.lock_acquire("k", "t", "f", ttl).unwrap();
+        assert!(matches!(reply, crate::LockReply::Acquired));
+    }
+    let other = store.inner.lock_acquire("k", "u", "f", ttl).unwrap();
+    assert!(matches!(other, crate::LockReply::Held(_)));
+    for _ in 0..2 {
+        assert!(store.inner.lock_complete("k", "t", b"r", ttl).unwrap());
+    }
+    assert!(!store.inner.lock_complete("k", "t", b"s", ttl).unwrap());
+    let again = store.inner.lock_acquire("k", "t", "f", ttl).unwrap();
+    assert!(matches!(again, crate::LockReply::Held(held) if held.completed));
+    assert_eq!(store.usage().response_bytes, 1, "the response counted once");
+}
+
 /// A flood of new keys, three times the cap, while one client is over its limit: that
 /// client stays denied, memory stays bounded, and every newcomer is limited.
 #[test]

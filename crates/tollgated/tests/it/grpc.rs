@@ -310,8 +310,8 @@ async fn a_shadow_denial_is_one_admitted_decision() {
 
 /// With the check scope's token set, `ShouldRateLimit` takes it too, as the metadata
 /// `authorization: Bearer <token>` (Envoy's `initial_metadata`): without it, or with a wrong
-/// one, the call is refused and counts nothing; failures count against the caller's address,
-/// which past `admin_failure_limit` is refused whatever it sends.
+/// one, the call is refused and counts nothing; failures count against the caller's address
+/// (the HTTP API's too), which past `admin_failure_limit` is refused unless it sends the token.
 #[tokio::test]
 async fn the_check_scopes_token_guards_should_rate_limit() {
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -348,20 +348,19 @@ async fn the_check_scopes_token_guards_should_rate_limit() {
     assert_eq!(overall(&admitted.into_inner()), Code::Ok);
     let denied = rls.should_rate_limit(request(Some(token))).await.unwrap();
     assert_eq!(overall(&denied.into_inner()), Code::OverLimit);
-    // The third failure is the last this address may make.
+    // The third failure is the last this address may make; the token still passes.
     let _ = rls.should_rate_limit(request(None)).await.unwrap_err();
-    let locked = rls
-        .should_rate_limit(request(Some(token)))
-        .await
-        .unwrap_err();
+    let locked = rls.should_rate_limit(request(None)).await.unwrap_err();
     assert_eq!(locked.code(), tonic::Code::ResourceExhausted, "{locked:?}");
+    let admitted = rls.should_rate_limit(request(Some(token))).await.unwrap();
+    assert_eq!(overall(&admitted.into_inner()), Code::OverLimit);
     // The HTTP API counts the same failures for the same address.
     let check = serde_json::json!({ "policy": "none", "identity": {} });
     let (status, _) = server
         .send(
             server
                 .request(reqwest::Method::POST, "/v1/check")
-                .bearer_auth(token)
+                .bearer_auth("wrong-token-0123456789")
                 .json(&check),
         )
         .await;
