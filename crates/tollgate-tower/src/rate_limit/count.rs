@@ -110,11 +110,12 @@ impl Cost {
         Cost(Arc::new(f))
     }
 
-    /// The cost is the request header `name`'s value, a whole number; 1 when it is missing or
-    /// not a number.
+    /// The cost is the request header `name`'s value, a whole number; 1 when it is missing,
+    /// not a number or 0: a client does not make its own requests free (a check of cost 0
+    /// counts nothing and takes no concurrency slot).
     pub fn header(name: &'static str) -> Cost {
         let name = HeaderName::from_static(name);
-        Cost::new(move |headers, _| number(headers, &name).unwrap_or(1))
+        Cost::new(move |headers, _| number(headers, &name).filter(|&n| n > 0).unwrap_or(1))
     }
 
     pub(crate) fn of(&self, headers: &HeaderMap, uri: &Uri) -> u64 {
@@ -228,6 +229,9 @@ pub(crate) struct Charge {
     /// What the request was charged.
     cost: u64,
     armed: bool,
+    /// A [`Slot`] holds the check's concurrency leases (until the response body ends): a
+    /// refund gives back the rate units only.
+    leases_apart: bool,
 }
 
 impl Charge {
@@ -243,7 +247,14 @@ impl Charge {
             receipt,
             cost,
             armed: true,
+            leases_apart: false,
         }
+    }
+
+    /// The check's concurrency leases are held apart (by a [`Slot`]): a refund leaves them.
+    pub(crate) fn leases_apart(mut self) -> Charge {
+        self.leases_apart = true;
+        self
     }
 
     /// The cost the response says the request had, if it differs from its charge and the
@@ -296,13 +307,15 @@ impl Charge {
         let config = self.config.clone();
         let identity = std::mem::take(&mut self.identity);
         let receipt = self.receipt.take();
-        let cost = self.cost;
+        let (cost, leases_apart) = (self.cost, self.leases_apart);
         async move {
-            if let Some(receipt) = receipt {
-                let _ = config
-                    .gate
-                    .refund(&config.policy, &identity, cost, Some(&receipt))
-                    .await;
+            let Some(receipt) = receipt else { return };
+            let (gate, policy) = (&config.gate, &config.policy);
+            if leases_apart {
+                // Settled at nothing: every rate unit back, the leases left to their slot.
+                let _ = gate.settle(policy, &identity, &receipt, 0).await;
+            } else {
+                let _ = gate.refund(policy, &identity, cost, Some(&receipt)).await;
             }
         }
     }

@@ -183,7 +183,11 @@ fn call<S: Service<Request<B>>, B, R>(
         .map(|identity| {
             let receipt = receipt_of(&decision, cost);
             let charge = Charge::new(config.clone(), identity, receipt, cost);
-            Box::new(charge)
+            Box::new(if slot.is_some() {
+                charge.leases_apart()
+            } else {
+                charge
+            })
         });
     let fields = (config.style != HeaderStyle::None).then(|| (decision, config.clone()));
     State::Calling {

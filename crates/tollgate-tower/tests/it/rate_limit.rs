@@ -411,6 +411,52 @@ async fn a_concurrency_slot_is_held_while_the_response_streams() {
     }
 }
 
+/// Under `Count::failures()` a success gives its rate units back before the response goes
+/// out, but its concurrency slot stays taken while the body streams.
+#[tokio::test]
+async fn a_refunded_success_keeps_its_slot_while_the_response_streams() {
+    let (gate, _) = gate();
+    let policy = Policy::builder("download")
+        .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(300)).unwrap())
+        .limiter(Limiter::new(Dimension::Ip, rules(&["10/1h"])).with_name("hourly"))
+        .build()
+        .unwrap();
+    let (senders, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    let layer = RateLimitLayer::new(gate.clone(), policy.clone()).count(Count::failures());
+    let app = Router::new().route(
+        "/download",
+        get(move || {
+            let senders = senders.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
+                senders.send(tx).unwrap();
+                axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            }
+        })
+        .layer(layer),
+    );
+    let server = Server::start(app).await;
+    let http = client();
+    let streaming = http.get(server.at("/download")).send().await.unwrap();
+    assert_eq!(streaming.status(), 200);
+    let stream = handed.recv().await.unwrap();
+    // The hourly units came back (a success), the slot did not.
+    let who = tollgate::Identity::new().with_ip("127.0.0.1".parse().unwrap());
+    let peek = gate.peek(&policy, &who, 1).await.unwrap();
+    assert_eq!(
+        peek.reason(),
+        tollgate::Reason::ConcurrencyLimited,
+        "{peek:?}"
+    );
+    assert_eq!(peek.rules(&policy)[1].remaining, 10, "{peek:?}");
+    let busy = http.get(server.at("/download")).send().await.unwrap();
+    assert_eq!(busy.status(), 429);
+    let body: serde_json::Value = busy.json().await.unwrap();
+    assert_eq!(body["code"], "concurrency_limited", "{body}");
+    drop(stream);
+    assert_eq!(streaming.text().await.unwrap(), "");
+}
+
 #[tokio::test]
 async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
     use tower::ServiceExt as _;
@@ -1063,7 +1109,7 @@ async fn a_cost_read_from_the_request_is_settled_at_what_the_response_says() {
             .remaining()
             .unwrap()
     };
-    // 0 asked (a client's claim, admitted with nothing recorded), 20 used: 20 charged.
+    // 0 asked (read as 1: a client does not make its request free), 20 used: 20 charged.
     assert_eq!(ask(0, 20).await.unwrap().status(), 200);
     assert_eq!(remaining().await, 80);
     // 10 asked, 30 used: 50 charged in all.
@@ -1078,6 +1124,29 @@ async fn a_cost_read_from_the_request_is_settled_at_what_the_response_says() {
     assert_eq!(ask(40, 90).await.unwrap().status(), 200);
     assert_eq!(remaining().await, 0);
     assert_eq!(ask(1, 1).await.unwrap().status(), 429);
+}
+
+/// A client that says its request costs 0 is counted for 1: a check of cost 0 would record
+/// nothing and take no concurrency slot, so every request would pass.
+#[tokio::test]
+async fn a_cost_of_zero_from_the_request_counts_one() {
+    let (gate, _clock) = gate();
+    let policy = Policy::builder("llm")
+        .limiter(Limiter::new(Dimension::Ip, rules(&["2/1h"])))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate, policy).cost_from(Cost::header("x-max-tokens"));
+    let app = Router::new().route("/complete", get(|| async { "ok" }).layer(layer));
+    let server = Server::start(app).await;
+    let http = client();
+    let ask = |max: &str| {
+        http.get(server.at("/complete"))
+            .header("x-max-tokens", max)
+            .send()
+    };
+    assert_eq!(ask("0").await.unwrap().status(), 200);
+    assert_eq!(ask("0").await.unwrap().status(), 200);
+    assert_eq!(ask("0").await.unwrap().status(), 429, "2 an hour");
 }
 
 #[tokio::test(start_paused = true)]
