@@ -30,8 +30,8 @@ use envoy_types::pb::envoy::{
 };
 use smallvec::SmallVec;
 use tollgate::{
-    Answered, BanKey, BanTarget, CheckRequest, LimiterRequest, Reason, Rule, RuleDecision,
-    Store as _, Verdict,
+    Answered, BanKey, BanTarget, CheckRequest, LimiterRequest, Reason, Receipt, RefundStore as _,
+    Rule, RuleDecision, Store as _, Verdict,
     algorithm::RuleOutcome,
     fields::{self, HeaderStyle},
 };
@@ -563,6 +563,30 @@ fn descriptor_cost(descriptor: &RateLimitDescriptor, request_addend: u64) -> u64
         .map_or(request_addend, |h| h.value)
 }
 
+/// The store's request for `counter`, its key among `keys`: its rules, or with `counting` its
+/// counting rules (see `count_as_reference`); its ban where the request carries ban keys.
+fn limiter_request<'k>(
+    keys: &'k str,
+    counter: &'k Counter,
+    counting: bool,
+    bans: bool,
+) -> LimiterRequest<'k> {
+    let node = &counter.node;
+    LimiterRequest {
+        key: &keys[counter.key.clone()],
+        compact: &[],
+        rules: if counting {
+            &node.counting
+        } else {
+            &node.rules
+        },
+        ban: node.ban.filter(|_| bans),
+        shadow: node.shadow,
+        // Counting as the reference does counts every hit: no limit to override.
+        overrides: node.overrides.filter(|_| !counting),
+    }
+}
+
 /// What one check of some counters answered.
 // One lives on the stack per check; boxing the verdict would cost an allocation instead.
 #[allow(clippy::large_enum_variant)]
@@ -773,12 +797,24 @@ impl RateLimiter {
                 .await;
             plan.groups.clear();
         }
-        for group in &plan.groups {
-            let consume = !plan.blocked || independent;
-            let (mut outcome, failed, befores) = self
+        // Descriptors of different costs are checked a group per cost; all or nothing across
+        // the groups too: a group that denies stops the later ones from counting (they only
+        // look), and gives back what the earlier ones recorded.
+        let mut denied = false;
+        let mut recorded: SmallVec<[(usize, Receipt); 2]> = SmallVec::new();
+        for (g, group) in plan.groups.iter().enumerate() {
+            let consume = (!plan.blocked || independent) && !denied;
+            let (mut outcome, failed, befores, answer) = self
                 .check_group(domain, &plan.keys, group, consume, &bans)
                 .await;
             store_failed |= failed;
+            if consume && !independent {
+                match answer {
+                    Ok(Some(receipt)) => recorded.push((g, receipt)),
+                    Ok(None) => {}
+                    Err(()) => denied = true,
+                }
+            }
             // How many descriptors still take each counter's status: the last one takes it,
             // the others a copy.
             let mut uses: SmallVec<[usize; 4]> = SmallVec::from_elem(0, outcome.len());
@@ -796,6 +832,11 @@ impl RateLimiter {
                 };
                 over |= status.code == Code::OverLimit as i32;
                 statuses[i] = status;
+            }
+        }
+        if denied {
+            for (g, receipt) in &recorded {
+                self.give_back(&plan.keys, &plan.groups[*g], receipt).await;
             }
         }
         if plan.blocked {
@@ -1087,7 +1128,12 @@ impl RateLimiter {
         group: &Group,
         consume: bool,
         bans: &[BanKey<'_>],
-    ) -> (Statuses, bool, SmallVec<[Option<u64>; 2]>) {
+    ) -> (
+        Statuses,
+        bool,
+        SmallVec<[Option<u64>; 2]>,
+        Result<Option<Receipt>, ()>,
+    ) {
         let (counters, cost) = (&group.counters[..], group.cost);
         let checked = self
             .check(domain, keys, counters, (cost, consume, false), bans)
@@ -1125,7 +1171,32 @@ impl RateLimiter {
                     .shadow_denied(&domain.scope, &counter.node.path);
             }
         }
-        (statuses, store_failed, befores)
+        // Denied, or admitted with what the store recorded (none from the local fallback,
+        // whose counters are not the store's, nor where the store failed open).
+        let answer = match &checked.answer {
+            _ if !allowed => Err(()),
+            Answer::Verdict {
+                verdict,
+                unavailable: false,
+            } => Ok(verdict.receipt.clone()),
+            _ => Ok(None),
+        };
+        (statuses, store_failed, befores, answer)
+    }
+
+    /// Gives back what the check of `group` recorded (its `receipt`): another group of the
+    /// same request denied. A failure keeps the units counted (the safe side).
+    async fn give_back(&self, keys: &str, group: &Group, receipt: &Receipt) {
+        let limiters: SmallVec<[LimiterRequest<'_>; 4]> = group
+            .counters
+            .iter()
+            .map(|counter| limiter_request(keys, counter, false, false))
+            .collect();
+        let request = CheckRequest::new(group.cost, true, &limiters);
+        let store = self.app.gate.store();
+        if let Err(e) = store.refund(&request, Some(receipt)).await {
+            tracing::debug!(error = %e, "could not give back the units of a denied request's other descriptors");
+        }
     }
 
     /// Puts the request's descriptors that are over their limit in the dashboard's top list:
@@ -1279,24 +1350,12 @@ impl RateLimiter {
         let mut next = 0;
         for counter in counters {
             starts.push(next);
-            let rules = if counting {
-                &counter.node.counting
-            } else {
-                &counter.node.rules
-            };
-            next += rules.len();
+            let limiter = limiter_request(keys, counter, counting, !bans.is_empty());
+            next += limiter.rules.len();
             if !counter.node.shadow && !counting {
                 max_cost = max_cost.min(counter.node.max_cost);
             }
-            limiters.push(LimiterRequest {
-                key: &keys[counter.key.clone()],
-                compact: &[],
-                rules,
-                ban: counter.node.ban.filter(|_| !bans.is_empty()),
-                shadow: counter.node.shadow,
-                // Counting as the reference does counts every hit: no limit to override.
-                overrides: counter.node.overrides.filter(|_| !counting),
-            });
+            limiters.push(limiter);
         }
         let started = Instant::now();
         let answer = if cost > max_cost {

@@ -366,3 +366,40 @@ async fn the_check_scopes_token_guards_should_rate_limit() {
         .await;
     assert_eq!(status, 429);
 }
+
+/// Descriptors of different costs (a `hits_addend` of their own, which Envoy sets) are all or
+/// nothing too: one over its limit leaves nothing counted for the others.
+#[tokio::test]
+async fn descriptors_of_different_costs_are_all_or_nothing() {
+    let server = Server::start(
+        r#"
+[[envoy.domains]]
+name = "edge"
+descriptors = [
+  { key = "user", rules = ["100/1m"] },
+  { key = "path", value = "/upload", rules = ["1/1m"] },
+]
+"#,
+    );
+    let mut rls = server.grpc_client().await;
+    let upload = descriptor(&[("path", "/upload")]);
+    let mut user = descriptor(&[("user", "alice")]);
+    user.hits_addend = Some(UInt64Value { value: 10 });
+    let r = should_rate_limit(&mut rls, "edge", vec![upload.clone()], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    // Either order: the denying group checked last gives back, checked first stops the rest.
+    for _ in 0..3 {
+        let both = vec![user.clone(), upload.clone()];
+        let r = should_rate_limit(&mut rls, "edge", both, 0).await;
+        assert_eq!(overall(&r), Code::OverLimit);
+        assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+        let both = vec![upload.clone(), user.clone()];
+        let r = should_rate_limit(&mut rls, "edge", both, 0).await;
+        assert_eq!(overall(&r), Code::OverLimit);
+        assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+    }
+    // Nothing was counted for alice: 100 left before this request.
+    let alone = vec![descriptor(&[("user", "alice")])];
+    let r = should_rate_limit(&mut rls, "edge", alone, 0).await;
+    assert_eq!(limit(&r.statuses[0]), (100, Unit::Minute, 99));
+}
