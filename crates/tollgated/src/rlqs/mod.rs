@@ -297,8 +297,9 @@ impl Stream_ {
                 );
             }
         };
-        let asked = usage.num_requests_allowed + usage.num_requests_denied;
-        let demand = elapsed.map(|e| asked as f64 / e.as_secs_f64());
+        let asked = (usage.num_requests_allowed).saturating_add(usage.num_requests_denied);
+        // Over no less than the shortest interval: a report of a nanosecond claims no more.
+        let demand = elapsed.map(|e| asked as f64 / e.max(Duration::from_millis(10)).as_secs_f64());
         let (share, ahead) = self.shared.share(&key, self.id, demand, sub.interval);
         let action = charge(&self.app, policy, &key.1, sub, share, ahead, demand).await;
         let live = match sub.assigned {
@@ -394,7 +395,7 @@ async fn charge(
     let Ok(peek) = app.gate.peek(policy, who, 1).await else {
         return blanket(sub, BlanketRule::DenyAll, sent + interval);
     };
-    if peek.reason() == Reason::StoreUnavailable {
+    if failed_without_counts(&peek) {
         let rule = if peek.allowed() {
             BlanketRule::AllowAll
         } else {
@@ -457,13 +458,13 @@ async fn charge(
         return token_bucket(bucket, end, sent);
     }
     match app.gate.check(policy, who, cost).await {
-        Ok(d) if d.allowed() && d.reason() == Reason::Ok => {
+        Ok(d) if d.allowed() && counted(&d) => {
             // The window that counted it ends no later than the one the peek saw.
             let end = window_end_of(&d, policy, sent).map_or(end, |w| end.min(before(w)));
             sub.assigned = Some((Assigned::Bucket(bucket), end));
             token_bucket(bucket, end, sent)
         }
-        Ok(d) if d.reason() == Reason::StoreUnavailable => {
+        Ok(d) if failed_without_counts(&d) => {
             let rule = if d.allowed() {
                 BlanketRule::AllowAll
             } else {
@@ -485,7 +486,7 @@ async fn charge(
                 && current.is_none()
                 && let Ok(rest) = app.gate.check(policy, who, left).await
                 && rest.allowed()
-                && rest.reason() == Reason::Ok
+                && counted(&rest)
             {
                 // Without refills it cannot admit more than it was charged, however long it
                 // lasts: it lasts to the end of the window that counted it.
@@ -499,6 +500,19 @@ async fn charge(
         }
         Err(_) => blanket(sub, BlanketRule::DenyAll, sent + interval),
     }
+}
+
+/// An admission whose units were counted: by the store, or while it fails by the in-process
+/// fallback (`on_error = "local"`), whose counters then stand for it.
+fn counted(decision: &Decision) -> bool {
+    decision.reason() == Reason::Ok
+        || (decision.reason() == Reason::StoreUnavailable && decision.remaining().is_some())
+}
+
+/// The store failed and `on_error` answered without counting (`allow` or `deny`): a blanket
+/// rule for an interval is all there is to say.
+fn failed_without_counts(decision: &Decision) -> bool {
+    decision.reason() == Reason::StoreUnavailable && decision.remaining().is_none()
 }
 
 /// When the first of the decision's rules' windows ends, on this host's clock (measured from

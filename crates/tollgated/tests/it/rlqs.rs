@@ -490,3 +490,70 @@ async fn the_check_scopes_token_guards_the_quota_stream() {
     let opened = client.stream_rate_limit_quotas(reports(Some(token))).await;
     assert!(opened.is_ok(), "{:?}", opened.map(|_| ()));
 }
+
+/// With `on_error = "local"`, a failed store is answered from the in-process fallback's
+/// counters: a token bucket charged there, within the rule, never `ALLOW_ALL`; and usage
+/// counts at the top of their range, or reported over a nanosecond, change nothing of that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_store_with_a_local_fallback_still_assigns_buckets() {
+    use envoy_types::pb::envoy::{
+        service::rate_limit_quota::v3::{
+            RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
+            rate_limit_quota_service_client::RateLimitQuotaServiceClient,
+            rate_limit_quota_usage_reports::BucketQuotaUsage,
+        },
+        r#type::v3::rate_limit_strategy::Strategy,
+    };
+    use envoy_types::pb::google::protobuf::Duration as PbDuration;
+
+    let redis = RedisServer::start();
+    let config = config(&redis.url(), "30/1h").replace(
+        "timeout = \"5s\"",
+        "timeout = \"200ms\"\non_error = \"local\"",
+    );
+    let server = Server::start(&config);
+    drop(redis);
+    let mut client = RateLimitQuotaServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let report = |allowed: u64, denied: u64, nanos: i32| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", "t1")])),
+            time_elapsed: Some(PbDuration { seconds: 0, nanos }),
+            num_requests_allowed: allowed,
+            num_requests_denied: denied,
+        }],
+    };
+    tx.send(report(u64::MAX, 1, 1)).await.unwrap();
+    let mut responses = client
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    for round in 0..3 {
+        let response = responses.message().await.unwrap().unwrap();
+        let action = &response.bucket_action[0];
+        let Some(BucketAction::QuotaAssignmentAction(assigned)) = &action.bucket_action else {
+            panic!("round {round}: {action:?}");
+        };
+        let strategy = assigned
+            .rate_limit_strategy
+            .as_ref()
+            .unwrap()
+            .strategy
+            .as_ref();
+        match strategy {
+            Some(Strategy::TokenBucket(bucket)) => {
+                assert!(bucket.max_tokens <= 30, "round {round}: {bucket:?}");
+            }
+            // Spent (30 an hour): denied, never allowed.
+            Some(Strategy::BlanketRule(rule)) => assert_eq!(*rule, 1, "round {round}: DENY_ALL"),
+            other => panic!("round {round}: {other:?}"),
+        }
+        tx.send(report(20, 0, 500_000_000)).await.unwrap();
+    }
+}
