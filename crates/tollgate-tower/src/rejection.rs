@@ -385,7 +385,8 @@ impl Rejection {
         if let Some(retry_after) = self.retry_after() {
             insert_retry_after(retry_after, headers);
             if grpc.is_some() {
-                let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+                // Rounded up: never sooner than the wait.
+                let ms = u64::try_from(retry_after.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
                 headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
             }
         }
@@ -574,5 +575,12 @@ mod tests {
         assert_eq!(headers["grpc-message"], "operation in progress");
         assert_eq!(headers["grpc-retry-pushback-ms"], "1500");
         assert_eq!(headers["retry-after"], "2");
+        // Rounded up, never sooner than the wait.
+        let response = Rejection::InProgress {
+            retry_after: std::time::Duration::from_micros(1_500_001),
+            message: "operation in progress",
+        }
+        .respond(HeaderStyle::Draft, Some(&GRPC));
+        assert_eq!(response.headers()["grpc-retry-pushback-ms"], "1501");
     }
 }

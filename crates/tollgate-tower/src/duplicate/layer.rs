@@ -128,7 +128,9 @@ impl DuplicateLayer {
             wanted,
             mode,
             global: false,
-            ttl: Duration::from_secs(1),
+            // An idempotency key's lock holds while its request runs: one that outlives it
+            // lets a repeat run the operation again.
+            ttl: Duration::from_secs(if mode == Mode::Key { 60 } else { 1 }),
             replay_for: Duration::from_secs(24 * 3600),
             max_body: 1 << 20,
             max_response: 64 << 10,
@@ -156,9 +158,10 @@ impl DuplicateLayer {
         self
     }
 
-    /// How long the lock holds: for `key`, while the first request runs (a crashed
-    /// instance's lock frees itself after this); for the other modes, the window in which
-    /// repeats are refused, counted from the first request.
+    /// How long the lock holds: for `key`, while the first request runs (default 1 min: a
+    /// request that runs longer may run twice, and a crashed instance's lock frees itself
+    /// after this); for the other modes, the window in which repeats are refused, counted
+    /// from the first request (default 1 s).
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> DuplicateLayer {
         self.edit(|c| c.ttl = ttl)
@@ -237,5 +240,26 @@ impl fmt::Debug for DuplicateLayer {
             .field("by", &self.config.by)
             .field("ttl", &self.config.ttl)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idempotency key's lock holds while its request runs: a minute unless told, so that
+    /// a request of a few seconds cannot run twice; the other modes refuse repeats for 1 s.
+    #[test]
+    fn an_idempotency_keys_lock_outlives_its_request() {
+        let gate = Arc::new(Tollgate::new(tollgate::MemoryStore::new()));
+        let keyed = DuplicateLayer::idempotency_key(gate.clone(), "orders");
+        assert_eq!(keyed.config.ttl, Duration::from_secs(60));
+        let by_user =
+            DuplicateLayer::new(gate, "profile", DuplicateBy::Dimension(Dimension::UserId));
+        assert_eq!(by_user.config.ttl, Duration::from_secs(1));
+        assert_eq!(
+            keyed.ttl(Duration::from_secs(5)).config.ttl,
+            Duration::from_secs(5)
+        );
     }
 }

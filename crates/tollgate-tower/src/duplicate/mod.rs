@@ -7,10 +7,13 @@
 //! | `args` | same method, path, query and body | 409 | 429 + `Retry-After` until the TTL ends |
 //! | `ip`, `user_id`, `user_name` | same client | 409 | 429 + `Retry-After` until the TTL ends |
 //!
-//! A 5xx response, an error from the inner service, or a dropped (cancelled) handler releases
-//! the lock so the client can retry at once. Bodies that the mode reads (`key`, `args`) are
-//! buffered up to a cap (413 beyond it). A request without the required `Idempotency-Key`
-//! gets 400.
+//! A 5xx response, a 429 (an inner rate limit refused it: nothing ran), an error from the inner
+//! service, or a dropped (cancelled) handler releases the lock so the client can retry at once.
+//! Bodies that the mode reads (`key`, `args`) are buffered up to a cap (413 beyond it). A
+//! request without the required `Idempotency-Key` gets 400. A key's lock holds for a minute
+//! while its request runs, unless [`ttl`](DuplicateLayer::ttl) says otherwise: a request that
+//! runs longer may run twice. A replay carries the first response's `Set-Cookie` only where
+//! the key is a user's own; a key no user owns is anyone's who sends it.
 //!
 //! ```no_run
 //! use std::{net::SocketAddr, sync::Arc, time::Duration};

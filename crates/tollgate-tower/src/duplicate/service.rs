@@ -128,8 +128,10 @@ where
             return Err(error);
         }
     };
-    // A failed gRPC call (its status in the headers) as its HTTP status would be.
-    if crate::rate_limit::counted_status(response.status(), response.headers()).is_server_error() {
+    // A failed gRPC call (its status in the headers) as its HTTP status would be. A server
+    // failure, or a refusal that ran nothing (429: an inner rate limit), may be tried again.
+    let status = crate::rate_limit::counted_status(response.status(), response.headers());
+    if status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS {
         lease.release().await;
         return Ok(response);
     }
@@ -146,7 +148,9 @@ where
     match buffer(Box::pin(body), config.max_response).await {
         Buffered::Whole(bytes) => {
             // An empty record marks "completed, not replayable".
-            let record = stored::encode(&parts, &bytes).unwrap_or_default();
+            // A key no user owns is anyone's: its replay sets no cookie.
+            let cookies = identity.user_id().is_some();
+            let record = stored::encode(&parts, &bytes, cookies).unwrap_or_default();
             lease.complete(record, config.replay_for).await;
             Ok(Response::from_parts(parts, ResBody::full(bytes)))
         }

@@ -5,14 +5,19 @@
 //! ```
 //!
 //! All integers are big-endian. Hop-by-hop fields and `Content-Length` are not stored: the
-//! replay's length comes from its body.
+//! replay's length comes from its body. `Set-Cookie` is stored only for a key a user owns: an
+//! anonymous key is shared by whoever sends it, and a repeat from another client must not get
+//! the first one's session.
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode, header, response::Parts};
 
 const MAGIC: &[u8; 4] = b"TGR1";
 
-fn is_stored(name: &HeaderName) -> bool {
+fn is_stored(name: &HeaderName, cookies: bool) -> bool {
+    if name == header::SET_COOKIE {
+        return cookies;
+    }
     !matches!(
         name.as_str(),
         "connection"
@@ -26,10 +31,14 @@ fn is_stored(name: &HeaderName) -> bool {
     )
 }
 
-/// Encodes a response for replay; `None` if a header is too long for the format (it is then
-/// not replayable).
-pub(crate) fn encode(parts: &Parts, body: &[u8]) -> Option<Vec<u8>> {
-    let headers: Vec<_> = parts.headers.iter().filter(|(n, _)| is_stored(n)).collect();
+/// Encodes a response for replay, with its `Set-Cookie` fields if `cookies` (the key is a
+/// user's own); `None` if a header is too long for the format (it is then not replayable).
+pub(crate) fn encode(parts: &Parts, body: &[u8], cookies: bool) -> Option<Vec<u8>> {
+    let headers: Vec<_> = parts
+        .headers
+        .iter()
+        .filter(|(n, _)| is_stored(n, cookies))
+        .collect();
     let mut out = Vec::with_capacity(8 + body.len() + headers.len() * 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&parts.status.as_u16().to_be_bytes());
@@ -113,7 +122,13 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let stored = encode(&parts, b"{\"id\":7}\xff").unwrap();
+        let anonymous = decode(encode(&parts, b"", false).unwrap()).unwrap();
+        assert!(
+            !anonymous.headers().contains_key("set-cookie"),
+            "no one else's session"
+        );
+        assert_eq!(anonymous.headers()["content-type"], "application/json");
+        let stored = encode(&parts, b"{\"id\":7}\xff", true).unwrap();
         let replay = decode(stored).unwrap();
         assert_eq!(replay.status(), 201);
         assert_eq!(replay.headers()["content-type"], "application/json");

@@ -28,6 +28,7 @@ use crate::support::{Server, client, gate, header, problem};
 struct Handler {
     calls: Arc<AtomicUsize>,
     fail_next: Arc<AtomicBool>,
+    limit_next: Arc<AtomicBool>,
     hold: Arc<AtomicBool>,
     entered: Arc<Notify>,
     proceed: Arc<Notify>,
@@ -55,6 +56,9 @@ async fn order(State(h): State<Handler>, body: Bytes) -> Response {
     signal.0 = None;
     if h.fail_next.swap(false, Ordering::SeqCst) {
         return (StatusCode::INTERNAL_SERVER_ERROR, "database down").into_response();
+    }
+    if h.limit_next.swap(false, Ordering::SeqCst) {
+        return (StatusCode::TOO_MANY_REQUESTS, "slow down").into_response();
     }
     let echo = String::from_utf8_lossy(&body).into_owned();
     (
@@ -247,6 +251,46 @@ async fn a_5xx_releases_the_key_so_the_client_can_retry() {
         Some("true")
     );
     assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
+
+/// A 429 (an inner rate limit refused it: nothing ran) is not the key's outcome: a retry with
+/// the key runs, rather than replaying the refusal for a day.
+#[tokio::test]
+async fn a_429_releases_the_key_so_the_client_can_retry() {
+    let (server, handler, _) = serve(orders).await;
+    handler.limit_next.store(true, Ordering::SeqCst);
+    let limited = keyed(&server, "k", "{}").send().await.unwrap();
+    assert_eq!(limited.status(), 429);
+    let retried = keyed(&server, "k", "{}").send().await.unwrap();
+    assert_eq!(retried.status(), 201);
+    assert_eq!(header(&retried, "idempotency-replayed"), None);
+}
+
+/// A key no user owns is anyone's who sends it: its replay carries the first response but
+/// not its cookies (another client must not get the first one's session).
+#[tokio::test]
+async fn an_anonymous_keys_replay_sets_no_cookie() {
+    let (server, handler, _) = serve(|gate| orders(gate).require_key(true)).await;
+    let anonymous = || {
+        client()
+            .post(server.at("/orders"))
+            .header("idempotency-key", "shared")
+            .body("{}")
+    };
+    let first = anonymous().send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().contains_key("set-cookie"));
+    let replay = anonymous().send().await.unwrap();
+    assert_eq!(
+        header(&replay, "idempotency-replayed").as_deref(),
+        Some("true")
+    );
+    assert!(
+        !replay.headers().contains_key("set-cookie"),
+        "{:?}",
+        replay.headers()
+    );
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
