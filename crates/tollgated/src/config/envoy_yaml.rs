@@ -421,7 +421,9 @@ pub(crate) fn files(path: &Path, ignore_dotfiles: bool) -> Result<Vec<PathBuf>, 
                 if !name.starts_with("..") {
                     dirs.push(entry.path());
                 }
-            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+            } else if meta.is_file() && (name.ends_with(".yaml") || name.ends_with(".yml")) {
+                // Regular files only: a pipe or a device (a link to `/dev/zero`) would hang the
+                // start, or each poll for changes, or fill the memory.
                 out.push(entry.path());
             }
         }
@@ -653,7 +655,7 @@ descriptors:
     /// Links back up the tree are followed once: two of them made the walk grow with each
     /// level until the path was too long (a hang at start or reload).
     #[test]
-    fn a_directory_linked_into_itself_is_read_once() {
+    fn a_directory_linked_into_itself_is_read_once_and_only_files_are_read() {
         let root = std::env::temp_dir().join(format!("tollgate-yaml-loop-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
         fs::create_dir_all(root.join("sub")).unwrap();
@@ -663,6 +665,13 @@ descriptors:
             let target = if link == "sub/up" { ".." } else { "." };
             std::os::unix::fs::symlink(target, root.join(link)).unwrap();
         }
+        // Neither a device nor a pipe is read, whatever its name.
+        std::os::unix::fs::symlink("/dev/zero", root.join("zero.yaml")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(root.join("pipe.yaml"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
         let found = files(&root, true).unwrap();
         let _ = fs::remove_dir_all(&root);
         let names: Vec<_> = found

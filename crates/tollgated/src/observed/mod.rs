@@ -207,9 +207,10 @@ impl Observed {
         if !self.enabled {
             return;
         }
+        // An override's path holds the request's own entries: cut as they are.
         let key = Limited {
             policy: scope.to_owned(),
-            limiter: path.to_owned(),
+            limiter: shown(path),
             value: shown(entries),
         };
         let seen = Seen {
@@ -265,4 +266,26 @@ pub(crate) fn spawn_sampler(app: &Arc<App>) {
             app.observed.sample(&app.metrics);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a request names (an override's path holds its entries) is kept cut short: the
+    /// top list holds its slots' text for minutes.
+    #[test]
+    fn a_denied_descriptor_is_kept_cut_short() {
+        let observed = Observed::new(true);
+        let long = "v".repeat(100_000);
+        observed.envoy_limited("envoy:edge", &format!("key={long}"), &long, "1/1m");
+        let top = lock(&observed.top).sketch.top(1);
+        let key = &top[0].key;
+        assert!(
+            key.limiter.chars().count() <= MAX_VALUE_CHARS + 1,
+            "{}",
+            key.limiter.len()
+        );
+        assert!(key.value.chars().count() <= MAX_VALUE_CHARS + 1);
+    }
 }
