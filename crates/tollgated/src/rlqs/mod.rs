@@ -72,8 +72,10 @@ const FILLS_PER_INTERVAL: u32 = 10;
 const QUIET_AFTER_INTERVALS: u32 = 3;
 /// The longest bucket id a report may name, its keys' and values' bytes together.
 const MAX_BUCKET_ID_BYTES: usize = 4096;
-/// The most buckets one stream keeps: a new one past them is abandoned (the Envoy applies its
-/// own `no_assignment_behavior` to it), so that a stream of endless ids holds bounded memory.
+/// The most buckets one stream keeps: past them, those it has stopped reporting (quiet for
+/// [`QUIET_AFTER_INTERVALS`] of their intervals) make room, and a new one is abandoned while
+/// none has (the Envoy applies its own `no_assignment_behavior` to it), so that a stream of
+/// endless ids holds bounded memory, and ids it once saw do not hold the place of new ones.
 const MAX_SUBSCRIPTIONS: usize = 10_000;
 
 /// The gRPC service over the running server's configuration.
@@ -111,6 +113,8 @@ struct Demand {
 /// One bucket of one stream.
 struct Subscription {
     key: BucketKey,
+    /// When the Envoy last reported it.
+    reported: Instant,
     /// What it was last assigned, until when.
     assigned: Option<(Assigned, Instant)>,
     /// The Envoy's report interval, as its reports show.
@@ -151,6 +155,7 @@ impl RateLimitQuotaService for Quotas {
             id: self.shared.next_stream.fetch_add(1, Ordering::Relaxed),
             domain: None,
             subscriptions: BTreeMap::new(),
+            none_quiet: None,
         };
         tokio::spawn(async move {
             let mut stream = stream;
@@ -188,6 +193,9 @@ struct Stream_ {
     domain: Option<String>,
     /// Its buckets, by id.
     subscriptions: BTreeMap<BTreeMap<String, String>, Subscription>,
+    /// When its buckets were last looked over for quiet ones and none was: not again for a
+    /// while (each look goes over them all).
+    none_quiet: Option<Instant>,
 }
 
 impl Stream_ {
@@ -246,7 +254,10 @@ impl Stream_ {
             return Action::AbandonAction(AbandonAction {});
         };
         let key = (bucket.name.clone(), who);
-        if self.subscriptions.len() >= MAX_SUBSCRIPTIONS && !self.subscriptions.contains_key(&id) {
+        if self.subscriptions.len() >= MAX_SUBSCRIPTIONS
+            && !self.subscriptions.contains_key(&id)
+            && !self.drop_quiet()
+        {
             return Action::AbandonAction(AbandonAction {});
         }
         let sub = self
@@ -254,9 +265,11 @@ impl Stream_ {
             .entry(id)
             .or_insert_with(|| Subscription {
                 key: key.clone(),
+                reported: Instant::now(),
                 assigned: None,
                 interval: DEFAULT_INTERVAL,
             });
+        sub.reported = Instant::now();
         if sub.key != key {
             // A reload gave the id to another bucket: it starts over there.
             let old = std::mem::replace(&mut sub.key, key.clone());
@@ -319,6 +332,34 @@ impl Stream_ {
                 demands.remove(key);
             }
         }
+    }
+
+    /// Drops the buckets the Envoy has stopped reporting; false if none has (then not looked
+    /// over again for a default interval).
+    fn drop_quiet(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .none_quiet
+            .is_some_and(|at| now.duration_since(at) < DEFAULT_INTERVAL)
+        {
+            return false;
+        }
+        let quiet = |sub: &Subscription| {
+            now.duration_since(sub.reported) > sub.interval * QUIET_AFTER_INTERVALS
+        };
+        let mut gone = Vec::new();
+        self.subscriptions.retain(|_, sub| {
+            let keep = !quiet(sub);
+            if !keep {
+                gone.push(sub.key.clone());
+            }
+            keep
+        });
+        for key in &gone {
+            self.forget(key);
+        }
+        self.none_quiet = gone.is_empty().then_some(now);
+        !gone.is_empty()
     }
 
     /// The stream ended: its buckets' other Envoys share them now.

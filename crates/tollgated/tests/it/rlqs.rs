@@ -400,8 +400,9 @@ async fn the_envoy_drop_in_serves_buckets_from_its_yaml_descriptors() {
 }
 
 /// One stream's buckets are bounded: past 10,000 ids a new one is abandoned (its Envoy applies
-/// its own no-assignment behaviour), and an id of more than 4 KiB is refused, so that a stream
-/// of endless or huge ids holds bounded memory.
+/// its own no-assignment behaviour) until some go quiet (not reported for three of their
+/// intervals), and an id of more than 4 KiB is refused, so that a stream of endless or huge
+/// ids holds bounded memory, and ids it once saw do not keep new ones out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_buckets_are_bounded() {
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -411,9 +412,13 @@ async fn a_streams_buckets_are_bounded() {
     };
 
     let server = Server::start(&config("memory://", "30/1h"));
+    // Reported every 10 ms: an interval of half the default second, quiet after 1.5 s.
     let usage = |tenant: &str| BucketQuotaUsage {
         bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
-        time_elapsed: None,
+        time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 0,
+            nanos: 10_000_000,
+        }),
         num_requests_allowed: 0,
         num_requests_denied: 1,
     };
@@ -448,6 +453,20 @@ async fn a_streams_buckets_are_bounded() {
     tx.send(report(vec![usage("t0")])).await.unwrap();
     let again = responses.message().await.unwrap().unwrap();
     assert!(!abandoned(&&again.bucket_action[0]), "{again:?}");
+    tx.send(report(vec![usage("fresh")])).await.unwrap();
+    let full = responses.message().await.unwrap().unwrap();
+    assert!(abandoned(&&full.bucket_action[0]), "{full:?}");
+    // The others have not been reported for more than three of their intervals: they make
+    // room, t0 (reported since) stays.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    tx.send(report(vec![usage("t0"), usage("fresh")]))
+        .await
+        .unwrap();
+    let room = responses.message().await.unwrap().unwrap();
+    assert!(
+        room.bucket_action.iter().all(|a| !abandoned(&a)),
+        "{room:?}"
+    );
     tx.send(report(vec![usage(&"x".repeat(5000))]))
         .await
         .unwrap();
