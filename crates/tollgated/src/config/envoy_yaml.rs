@@ -142,23 +142,11 @@ struct RawReplaces {
     name: Option<String>,
 }
 
-/// A YAML scalar as text: `value: 8080` and `value: true` are the strings `8080` and `true`,
-/// as the reference service reads them.
+/// A YAML scalar as its text, as written: `value: 8080`, `value: True` and
+/// `value: +15551234567` are the strings `8080`, `True` and `+15551234567`, as the reference
+/// service reads them into a string (a number is not read as a number and written again).
 fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Scalar {
-        Text(String),
-        Int(i64),
-        Float(f64),
-        Bool(bool),
-    }
-    Ok(Option::<Scalar>::deserialize(d)?.map(|s| match s {
-        Scalar::Text(t) => t,
-        Scalar::Int(n) => n.to_string(),
-        Scalar::Float(x) => x.to_string(),
-        Scalar::Bool(b) => b.to_string(),
-    }))
+    Option::<String>::deserialize(d)
 }
 
 impl TryFrom<RawDescriptor> for YamlDescriptor {
@@ -545,6 +533,41 @@ descriptors:
         );
         // A value without a limit is an allow-list entry: it does not fall back to the key.
         assert_eq!(matched(&d, &[("remote_address", "10.0.0.1")]), None);
+    }
+
+    /// A value is its scalar's text as written, as the reference service reads it into a
+    /// string: a phone number keeps its `+`, a hexadecimal or a `True` stays as written.
+    #[test]
+    fn values_are_their_text_as_written() {
+        let d = domains(&["
+domain: d
+descriptors:
+  - key: to
+    value: +15551234567
+    rate_limit: { unit: day, requests_per_unit: 0 }
+  - key: port
+    value: 0x1F
+    rate_limit: { unit: day, requests_per_unit: 0 }
+  - key: flag
+    value: True
+    rate_limit: { unit: day, requests_per_unit: 0 }
+  - key: n
+    value: 8080
+    rate_limit: { unit: day, requests_per_unit: 0 }
+"])
+        .unwrap();
+        for (key, value) in [
+            ("to", "+15551234567"),
+            ("port", "0x1F"),
+            ("flag", "True"),
+            ("n", "8080"),
+        ] {
+            let found = matched(&d, &[(key, value)]);
+            assert!(
+                matches!(found, Some((_, NodeKind::Blocked(_), _))),
+                "{key}={value}: {found:?}"
+            );
+        }
     }
 
     #[test]
