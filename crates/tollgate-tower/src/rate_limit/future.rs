@@ -170,7 +170,7 @@ fn call<S: Service<Request<B>>, B, R>(
     if failed_open {
         request.extensions_mut().insert(FailedOpen);
     }
-    let future = inner.call(request);
+    // The guards first: a service that panics in `call` drops them, and they give back.
     let slot = match (config.concurrent, &identity) {
         (true, Some(identity)) => decision
             .receipt()
@@ -190,6 +190,7 @@ fn call<S: Service<Request<B>>, B, R>(
             })
         });
     let fields = (config.style != HeaderStyle::None).then(|| (decision, config.clone()));
+    let future = inner.call(request);
     State::Calling {
         future,
         fields,

@@ -488,6 +488,36 @@ async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
     }
 }
 
+/// The same when the inner service panics in `call` itself, before it has a future.
+#[tokio::test]
+async fn a_concurrency_slot_comes_back_when_the_service_panics_in_call() {
+    use tower::ServiceExt as _;
+
+    let (gate, _) = gate();
+    let policy = Policy::builder("job")
+        .limiter(Limiter::concurrent(Dimension::Global, 1, Duration::from_secs(300)).unwrap())
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate.clone(), policy.clone());
+    type Answer = std::future::Ready<Result<http::Response<Body>, std::convert::Infallible>>;
+    let panicking = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(|_: http::Request<String>| -> Answer {
+            panic!("the request cannot be parsed")
+        }));
+    let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
+    assert!(panicked.unwrap_err().is_panic());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let who = tollgate::Identity::new();
+    while !gate.peek(&policy, &who, 1).await.unwrap().allowed() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 #[tokio::test]
 async fn the_limiter_message_and_a_custom_response() {
     let (gate, _) = gate();
