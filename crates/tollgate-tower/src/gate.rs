@@ -46,17 +46,19 @@ pub(crate) fn in_background(work: impl Future<Output = ()> + Send + 'static) {
     }
 }
 
-/// What gives back an admission whose request went away before it heard of it.
-pub(crate) type Undo = Box<dyn FnOnce(Decision) -> BoxFuture<'static, ()> + Send>;
+/// What gives back an answer (an admission, a lock) whose request went away before it heard
+/// of it.
+pub(crate) type Undo<T = Decision> = Box<dyn FnOnce(T) -> BoxFuture<'static, ()> + Send>;
 
 /// `check` on a task of its own. A request dropped while its check is at the store (the
 /// client went away) never hears the answer, so an admission would keep what it took (a
-/// concurrency slot until its lease runs out, a charge the request's outcome was to decide):
-/// then `undo` gives it back. Without a runtime, `check` itself.
-pub(crate) fn owned_check(
-    check: impl Future<Output = Result<Decision, CheckError>> + Send + 'static,
-    undo: Undo,
-) -> BoxFuture<'static, Result<Decision, CheckError>> {
+/// concurrency slot until its lease runs out, a charge the request's outcome was to decide, a
+/// duplicate guard's lock until its TTL): then `undo` gives back what the answer took.
+/// Without a runtime, `check` itself.
+pub(crate) fn owned_check<T: Send + 'static>(
+    check: impl Future<Output = Result<T, CheckError>> + Send + 'static,
+    undo: Undo<T>,
+) -> BoxFuture<'static, Result<T, CheckError>> {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return Box::pin(check);
     };
@@ -64,8 +66,8 @@ pub(crate) fn owned_check(
     let (answer, heard) = tokio::sync::oneshot::channel();
     let unheard = undo.clone();
     runtime.spawn(async move {
-        if let Err(Ok(decision)) = answer.send(check.await) {
-            give_back(&unheard, decision).await;
+        if let Err(Ok(answer)) = answer.send(check.await) {
+            give_back(&unheard, answer).await;
         }
     });
     Box::pin(Heard {
@@ -74,24 +76,25 @@ pub(crate) fn owned_check(
     })
 }
 
-type SharedUndo = Arc<std::sync::Mutex<Option<Undo>>>;
+type SharedUndo<T> = Arc<std::sync::Mutex<Option<Undo<T>>>>;
 
-async fn give_back(undo: &SharedUndo, decision: Decision) {
+/// Gives back what an unheard answer took (the undo looks: a denial took nothing).
+async fn give_back<T>(undo: &SharedUndo<T>, answer: T) {
     let undo = undo.lock().ok().and_then(|mut undo| undo.take());
-    if let (Some(undo), true) = (undo, decision.allowed()) {
-        undo(decision).await;
+    if let Some(undo) = undo {
+        undo(answer).await;
     }
 }
 
-/// The answer of an [`owned_check`]; dropped with an answer sent but not read, it gives the
-/// admission back.
-struct Heard {
-    heard: tokio::sync::oneshot::Receiver<Result<Decision, CheckError>>,
-    undo: Option<SharedUndo>,
+/// The answer of an [`owned_check`]; dropped with an answer sent but not read, it gives
+/// what the answer took back.
+struct Heard<T: Send + 'static> {
+    heard: tokio::sync::oneshot::Receiver<Result<T, CheckError>>,
+    undo: Option<SharedUndo<T>>,
 }
 
-impl Future for Heard {
-    type Output = Result<Decision, CheckError>;
+impl<T: Send + 'static> Future for Heard<T> {
+    type Output = Result<T, CheckError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let answer = std::task::ready!(Pin::new(&mut self.heard).poll(cx));
@@ -105,7 +108,7 @@ impl Future for Heard {
     }
 }
 
-impl Drop for Heard {
+impl<T: Send + 'static> Drop for Heard<T> {
     fn drop(&mut self) {
         let Some(undo) = self.undo.take() else {
             return;
@@ -113,8 +116,8 @@ impl Drop for Heard {
         // Closed first: an answer sent after this look would otherwise be dropped with the
         // receiver, unheard and not given back.
         self.heard.close();
-        if let Ok(Ok(decision)) = self.heard.try_recv() {
-            in_background(async move { give_back(&undo, decision).await });
+        if let Ok(Ok(answer)) = self.heard.try_recv() {
+            in_background(async move { give_back(&undo, answer).await });
         }
     }
 }

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     body::{BoxError, GateBody, LayerBody},
-    gate::LeaseGuard,
+    gate::{LeaseGuard, Undo, owned_check},
     headers::HeaderStyle,
     identity::identity_of,
     rejection::{Rejection, grpc_type},
@@ -105,10 +105,22 @@ where
         },
         Mode::Identity => (request.map(GateBody::new), Fingerprint::empty()),
     };
-    let acquired = config
-        .gate
-        .acquire(&config.guard, &identity, &fingerprint)
-        .await;
+    // On a task of its own: a client gone while the lock is taken at the store leaves it
+    // free, not held until its TTL (a minute for a key) against the client's retry.
+    let acquiring = {
+        let (gate, guard) = (config.gate.clone(), config.guard.clone());
+        let (who, fingerprint) = (identity.clone(), fingerprint.clone());
+        async move { gate.acquire(&guard, &who, &fingerprint).await }
+    };
+    let gate = config.gate.clone();
+    let unheard: Undo<Acquire> = Box::new(move |acquired| {
+        Box::pin(async move {
+            if let Acquire::Acquired(lease) = acquired {
+                let _ = gate.release(&lease).await;
+            }
+        })
+    });
+    let acquired = owned_check(acquiring, unheard).await;
     let lease = match acquired {
         Ok(Acquire::Acquired(lease)) => lease,
         Ok(Acquire::Duplicate(duplicate)) => {

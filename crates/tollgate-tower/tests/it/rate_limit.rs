@@ -1263,6 +1263,53 @@ async fn an_identitys_override_counts_and_shows_in_the_fields() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
 
+/// A client gone while its idempotency key's lock is taken at the store leaves the key free:
+/// its retry runs, rather than waiting out the lock's TTL as "in progress".
+#[tokio::test]
+async fn a_key_taken_for_a_client_gone_meanwhile_is_given_back() {
+    use tower::ServiceExt as _;
+
+    let (store, entered, proceed) = HeldRefunds::new(false);
+    store
+        .hold_locks
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let gate = Arc::new(Tollgate::new(store));
+    let layer = tollgate_tower::DuplicateLayer::idempotency_key(gate, "orders");
+    let app = Router::new().route(
+        "/orders",
+        axum::routing::post(|| async { StatusCode::CREATED }).layer(layer),
+    );
+    let request = || {
+        http::Request::post("/orders")
+            .header("idempotency-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    entered.notified().await;
+    // The client goes away while the store takes the lock; then the store answers.
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    proceed.add_permits(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let retry = app.clone().oneshot(request()).await.unwrap();
+        if retry.status() == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(
+            retry.status(),
+            StatusCode::CONFLICT,
+            "in progress, until given back"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the key was never given back"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A memory store whose refunds (or, with `hold_checks`, checks' answers) wait until the test
 /// lets them go: a call on its way to a networked store, in flight when the client goes away.
 struct HeldRefunds {
@@ -1270,6 +1317,8 @@ struct HeldRefunds {
     entered: Arc<tokio::sync::Notify>,
     proceed: Arc<tokio::sync::Semaphore>,
     hold_checks: bool,
+    /// How many lock acquisitions to come are held too (applied at once, answered later).
+    hold_locks: std::sync::atomic::AtomicUsize,
 }
 
 impl HeldRefunds {
@@ -1291,6 +1340,7 @@ impl HeldRefunds {
             entered: entered.clone(),
             proceed: proceed.clone(),
             hold_checks,
+            hold_locks: std::sync::atomic::AtomicUsize::new(0),
         };
         (store, entered, proceed)
     }
@@ -1355,7 +1405,16 @@ impl LockStore for HeldRefunds {
         fingerprint: &str,
         ttl: Duration,
     ) -> Result<tollgate::LockReply, StoreError> {
-        self.inner.lock_acquire(key, token, fingerprint, ttl).await
+        let reply = self.inner.lock_acquire(key, token, fingerprint, ttl).await;
+        let held = self.hold_locks.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| n.checked_sub(1),
+        );
+        if held.is_ok() {
+            self.hold().await;
+        }
+        reply
     }
 
     async fn lock_release(&self, key: &str, token: &str) -> Result<bool, StoreError> {
