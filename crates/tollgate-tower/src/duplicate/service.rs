@@ -109,7 +109,7 @@ where
     // free, not held until its TTL (a minute for a key) against the client's retry.
     let acquiring = {
         let (gate, guard) = (config.gate.clone(), config.guard.clone());
-        let (who, fingerprint) = (identity.clone(), fingerprint.clone());
+        let who = identity.clone();
         async move { gate.acquire(&guard, &who, &fingerprint).await }
     };
     let gate = config.gate.clone();
