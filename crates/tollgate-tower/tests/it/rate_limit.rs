@@ -457,16 +457,34 @@ async fn a_refunded_success_keeps_its_slot_while_the_response_streams() {
     assert_eq!(streaming.text().await.unwrap(), "");
 }
 
-#[tokio::test]
-async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
-    use tower::ServiceExt as _;
-
+/// A global concurrency limit of 1, the layer over it, and a check that waits until its slot
+/// is free again.
+fn one_job() -> (RateLimitLayer, impl AsyncFn() -> ()) {
     let (gate, _) = gate();
     let policy = Policy::builder("job")
         .limiter(Limiter::concurrent(Dimension::Global, 1, Duration::from_secs(300)).unwrap())
         .build()
         .unwrap();
     let layer = RateLimitLayer::new(gate.clone(), policy.clone());
+    let until_free = async move || {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let who = tollgate::Identity::new();
+        while !gate.peek(&policy, &who, 1).await.unwrap().allowed() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the slot never came back"
+            );
+            tokio::task::yield_now().await;
+        }
+    };
+    (layer, until_free)
+}
+
+#[tokio::test]
+async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
+    use tower::ServiceExt as _;
+
+    let (layer, until_free) = one_job();
     let panicking = tower::ServiceBuilder::new()
         .layer(layer)
         .service(tower::service_fn(|_: http::Request<String>| async move {
@@ -477,15 +495,7 @@ async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
         }));
     let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
     assert!(panicked.unwrap_err().is_panic());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let who = tollgate::Identity::new();
-    while !gate.peek(&policy, &who, 1).await.unwrap().allowed() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot never came back"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_free().await;
 }
 
 /// The same when the inner service panics in `call` itself, before it has a future.
@@ -493,12 +503,7 @@ async fn a_concurrency_slot_comes_back_when_the_handler_panics() {
 async fn a_concurrency_slot_comes_back_when_the_service_panics_in_call() {
     use tower::ServiceExt as _;
 
-    let (gate, _) = gate();
-    let policy = Policy::builder("job")
-        .limiter(Limiter::concurrent(Dimension::Global, 1, Duration::from_secs(300)).unwrap())
-        .build()
-        .unwrap();
-    let layer = RateLimitLayer::new(gate.clone(), policy.clone());
+    let (layer, until_free) = one_job();
     type Answer = std::future::Ready<Result<http::Response<Body>, std::convert::Infallible>>;
     let panicking = tower::ServiceBuilder::new()
         .layer(layer)
@@ -507,15 +512,7 @@ async fn a_concurrency_slot_comes_back_when_the_service_panics_in_call() {
         }));
     let panicked = tokio::spawn(panicking.oneshot(http::Request::new(String::new()))).await;
     assert!(panicked.unwrap_err().is_panic());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let who = tollgate::Identity::new();
-    while !gate.peek(&policy, &who, 1).await.unwrap().allowed() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot never came back"
-        );
-        tokio::task::yield_now().await;
-    }
+    until_free().await;
 }
 
 #[tokio::test]
