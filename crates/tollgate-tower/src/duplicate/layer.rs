@@ -102,8 +102,8 @@ impl DuplicateLayer {
     /// `Idempotency-Key` header), `args`, or a dimension (`ip`, `user_id`, `user_name`,
     /// `header:<name>`).
     ///
-    /// Defaults: a lock TTL of 1 s (the seed's), replays kept for 24 h, bodies up to 1 MiB,
-    /// responses stored up to 64 KiB.
+    /// Defaults: a lock TTL of 1 s (the seed's; a minute for `key`, whose lock holds while its
+    /// request runs), replays kept for 24 h, bodies up to 1 MiB, responses stored up to 64 KiB.
     pub fn new<S: FullStore>(
         gate: Arc<Tollgate<S>>,
         scope: &str,

@@ -539,6 +539,7 @@ struct Plan {
 
 /// One distinct counter of a request: the node that limits it, and where its key lies in the
 /// request's key buffer.
+#[derive(Clone)]
 struct Counter {
     key: Range<usize>,
     node: Arc<Node>,
@@ -835,8 +836,8 @@ impl RateLimiter {
             }
         }
         if denied {
-            for (g, receipt) in &recorded {
-                self.give_back(&plan.keys, &plan.groups[*g], receipt).await;
+            for (g, receipt) in recorded {
+                self.give_back(&plan.keys, &plan.groups[g], receipt);
             }
         }
         if plan.blocked {
@@ -1175,28 +1176,36 @@ impl RateLimiter {
         // whose counters are not the store's, nor where the store failed open).
         let answer = match &checked.answer {
             _ if !allowed => Err(()),
+            // With the limits an override set, by which the units were counted.
             Answer::Verdict {
                 verdict,
                 unavailable: false,
-            } => Ok(verdict.receipt.clone()),
+            } => Ok(verdict
+                .receipt
+                .clone()
+                .map(|r| r.with_limits(verdict.limits.iter().copied()))),
             _ => Ok(None),
         };
         (statuses, store_failed, befores, answer)
     }
 
     /// Gives back what the check of `group` recorded (its `receipt`): another group of the
-    /// same request denied. A failure keeps the units counted (the safe side).
-    async fn give_back(&self, keys: &str, group: &Group, receipt: &Receipt) {
-        let limiters: SmallVec<[LimiterRequest<'_>; 4]> = group
-            .counters
-            .iter()
-            .map(|counter| limiter_request(keys, counter, false, false))
-            .collect();
-        let request = CheckRequest::new(group.cost, true, &limiters);
-        let store = self.app.gate.store();
-        if let Err(e) = store.refund(&request, Some(receipt)).await {
-            tracing::debug!(error = %e, "could not give back the units of a denied request's other descriptors");
-        }
+    /// same request denied. On a task of its own: the answer does not wait for it, and an
+    /// Envoy that stops waiting for the answer does not cancel it. A failure keeps the units
+    /// counted (the safe side).
+    fn give_back(&self, keys: &str, group: &Group, receipt: Receipt) {
+        let (app, keys, cost) = (self.app.clone(), keys.to_owned(), group.cost);
+        let counters = group.counters.clone();
+        tokio::spawn(async move {
+            let limiters: SmallVec<[LimiterRequest<'_>; 4]> = counters
+                .iter()
+                .map(|counter| limiter_request(&keys, counter, false, false))
+                .collect();
+            let request = CheckRequest::new(cost, true, &limiters);
+            if let Err(e) = app.gate.store().refund(&request, Some(&receipt)).await {
+                tracing::debug!(error = %e, "could not give back the units of a denied request's other descriptors");
+            }
+        });
     }
 
     /// Puts the request's descriptors that are over their limit in the dashboard's top list:

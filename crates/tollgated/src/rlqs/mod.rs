@@ -155,7 +155,7 @@ impl RateLimitQuotaService for Quotas {
             id: self.shared.next_stream.fetch_add(1, Ordering::Relaxed),
             domain: None,
             subscriptions: BTreeMap::new(),
-            none_quiet: None,
+            swept: None,
         };
         tokio::spawn(async move {
             let mut stream = stream;
@@ -193,9 +193,9 @@ struct Stream_ {
     domain: Option<String>,
     /// Its buckets, by id.
     subscriptions: BTreeMap<BTreeMap<String, String>, Subscription>,
-    /// When its buckets were last looked over for quiet ones and none was: not again for a
-    /// while (each look goes over them all).
-    none_quiet: Option<Instant>,
+    /// When its buckets were last looked over for quiet ones: not again for a default
+    /// interval (each look goes over them all).
+    swept: Option<Instant>,
 }
 
 impl Stream_ {
@@ -334,16 +334,18 @@ impl Stream_ {
         }
     }
 
-    /// Drops the buckets the Envoy has stopped reporting; false if none has (then not looked
-    /// over again for a default interval).
+    /// Drops the buckets the Envoy has stopped reporting; false if none has. Once a default
+    /// interval at most: new ids arriving while old ones go quiet one by one do not each scan
+    /// them all.
     fn drop_quiet(&mut self) -> bool {
         let now = Instant::now();
         if self
-            .none_quiet
+            .swept
             .is_some_and(|at| now.duration_since(at) < DEFAULT_INTERVAL)
         {
             return false;
         }
+        self.swept = Some(now);
         let quiet = |sub: &Subscription| {
             now.duration_since(sub.reported) > sub.interval * QUIET_AFTER_INTERVALS
         };
@@ -358,7 +360,6 @@ impl Stream_ {
         for key in &gone {
             self.forget(key);
         }
-        self.none_quiet = gone.is_empty().then_some(now);
         !gone.is_empty()
     }
 
