@@ -41,7 +41,8 @@ impl Backend {
         };
         let attempt = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX / 8);
         let attempts = u64::from(CLUSTER_RETRIES) + 1;
-        Some((attempts * (attempt + CLUSTER_MAX_RETRY_WAIT_MS)).max(1000))
+        // Within what Redis takes (a day, for a timeout nobody sets).
+        Some((attempts * (attempt + CLUSTER_MAX_RETRY_WAIT_MS)).clamp(1000, 86_400_000))
     }
 
     /// A handle on the connection (cheap: the connection is shared).
