@@ -13,6 +13,11 @@
 //! ([`LayerBody`](crate::LayerBody)): an admitted request's response passes through as it
 //! is, so it fits axum routers, tonic servers and hyper services alike.
 //!
+//! A concurrency limit's slot ([`Limiter::concurrent`](tollgate::Limiter::concurrent)) is held
+//! until the response body ends (or is dropped), at most for the limiter's lease TTL: the
+//! layer does not renew it. Give a limit on long streams a TTL above the longest stream; an
+//! upgraded connection (a WebSocket after its `101`) holds no slot once its empty body ends.
+//!
 //! ```no_run
 //! use std::{net::SocketAddr, sync::Arc};
 //!
