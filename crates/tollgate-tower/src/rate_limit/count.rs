@@ -384,33 +384,53 @@ impl Drop for Held {
 
 /// The concurrency slots an admitted request holds (its policy's concurrency limiters): freed
 /// when dropped, which the layer arranges for when the response body ends or is dropped, or
-/// when the handler panics or its future is dropped. The release runs in the background.
+/// when the handler panics or its future is dropped. Held on a task of its own, which renews
+/// the leases every third of their TTL while the request runs (a long stream keeps its slot)
+/// and releases them once the slot is dropped, after any renewal under way.
 pub(crate) struct Slot {
-    config: Arc<Config>,
-    identity: Identity,
-    receipt: Receipt,
+    /// Tells the task the slot is dropped.
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Slot {
     pub(crate) fn new(config: Arc<Config>, identity: Identity, receipt: Receipt) -> Slot {
-        Slot {
-            config,
-            identity,
-            receipt,
-        }
+        let (ended, dropped) = tokio::sync::oneshot::channel();
+        in_background(hold(config, identity, receipt, dropped));
+        Slot { ended: Some(ended) }
     }
+}
+
+/// Holds the leases of `receipt` until `dropped` says so (or its sender is gone), renewing
+/// them meanwhile, then releases them by the last receipt that names them.
+async fn hold(
+    config: Arc<Config>,
+    identity: Identity,
+    mut receipt: Receipt,
+    mut dropped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let (gate, policy) = (&config.gate, &config.policy);
+    if let Some(ttl) = config.lease_ttl {
+        let every = (ttl / 3).max(std::time::Duration::from_millis(10));
+        // Until dropped (or its sender gone); a renewal each time `every` passes first.
+        while tokio::time::timeout(every, &mut dropped).await.is_err() {
+            match gate.extend_concurrent(policy, &identity, &receipt).await {
+                Ok(Some(renewed)) => receipt = renewed,
+                // Run out (or released): the slot may be someone else's now.
+                Ok(None) => return,
+                // Tried again at the next turn; the lease holds until its TTL meanwhile.
+                Err(_) => {}
+            }
+        }
+    } else {
+        let _ = dropped.await;
+    }
+    let _ = gate.release_concurrent(policy, &identity, &receipt).await;
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let config = self.config.clone();
-        let identity = std::mem::take(&mut self.identity);
-        let receipt = self.receipt.clone();
-        in_background(async move {
-            let _ = config
-                .gate
-                .release_concurrent(&config.policy, &identity, &receipt)
-                .await;
-        });
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.send(());
+        }
     }
 }

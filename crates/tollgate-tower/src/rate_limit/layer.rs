@@ -66,6 +66,8 @@ pub(crate) struct Config {
     /// The policy has concurrency limiters: an admitted request holds its slots until its
     /// response body ends.
     pub(crate) concurrent: bool,
+    /// The shortest lease TTL of its concurrency limiters: a slot held longer is renewed.
+    pub(crate) lease_ttl: Option<std::time::Duration>,
     pub(crate) on_rejection: Option<OnRejection>,
 }
 
@@ -84,6 +86,13 @@ impl RateLimitLayer {
             .limiters()
             .iter()
             .any(tollgate::Limiter::is_concurrent);
+        let lease_ttl = policy
+            .limiters()
+            .iter()
+            .flat_map(|l| l.rules())
+            .filter(|r| r.is_concurrent())
+            .map(tollgate::Rule::window)
+            .min();
         RateLimitLayer {
             config: Arc::new(Config {
                 gate: erase(gate),
@@ -98,6 +107,7 @@ impl RateLimitLayer {
                 settle: None,
                 count: Count::All,
                 concurrent,
+                lease_ttl,
                 on_rejection: None,
             }),
         }

@@ -14,9 +14,10 @@
 //! is, so it fits axum routers, tonic servers and hyper services alike.
 //!
 //! A concurrency limit's slot ([`Limiter::concurrent`](tollgate::Limiter::concurrent)) is held
-//! until the response body ends (or is dropped), at most for the limiter's lease TTL: the
-//! layer does not renew it. Give a limit on long streams a TTL above the longest stream; an
-//! upgraded connection (a WebSocket after its `101`) holds no slot once its empty body ends.
+//! until the response body ends (or is dropped): the layer renews its lease every third of
+//! its TTL meanwhile, so a stream longer than the TTL keeps it, and a crashed instance's slots
+//! come back within a TTL. An upgraded connection (a WebSocket after its `101`) holds no slot
+//! once its empty body ends.
 //!
 //! ```no_run
 //! use std::{net::SocketAddr, sync::Arc};

@@ -411,6 +411,75 @@ async fn a_concurrency_slot_is_held_while_the_response_streams() {
     }
 }
 
+/// A response that streams longer than the lease TTL keeps its slot: the layer renews the
+/// lease every third of its TTL while the body is open, and frees it when the body ends.
+#[tokio::test(start_paused = true)]
+async fn a_stream_longer_than_its_lease_keeps_its_slot() {
+    use axum::extract::ConnectInfo;
+    use tower::ServiceExt as _;
+
+    let (gate, clock) = gate();
+    let policy = Policy::builder("download")
+        .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(3)).unwrap())
+        .build()
+        .unwrap();
+    let (senders, mut handed) = tokio::sync::mpsc::unbounded_channel();
+    let app = Router::new().route(
+        "/download",
+        get(move || {
+            let senders = senders.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
+                senders.send(tx).unwrap();
+                Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            }
+        })
+        .layer(RateLimitLayer::new(gate, policy)),
+    );
+    let peer: std::net::SocketAddr = "192.0.2.8:4000".parse().unwrap();
+    let request = || {
+        let mut request = http::Request::get("/download").body(Body::empty()).unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    };
+    let streaming = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(streaming.status(), 200);
+    let stream = handed.recv().await.unwrap();
+    // Ten seconds of the store's time, its lease's TTL three times over, in steps of less
+    // than a TTL, each after a renewal's turn (a second: a third of it).
+    for step in 0..5 {
+        tokio::time::advance(Duration::from_millis(1010)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        clock.advance(Duration::from_secs(2));
+        let busy = app.clone().oneshot(request()).await.unwrap();
+        assert_eq!(
+            busy.status(),
+            429,
+            "step {step}: the slot is still the stream's"
+        );
+    }
+    // The stream ends: the slot is free.
+    drop(stream);
+    drop(streaming);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let next = app.clone().oneshot(request()).await.unwrap();
+        if next.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::advance(Duration::from_millis(10)).await;
+    }
+}
+
 /// Under `Count::failures()` a success gives its rate units back before the response goes
 /// out, but its concurrency slot stays taken while the body streams.
 #[tokio::test]
