@@ -409,22 +409,44 @@ async fn hold(
     mut dropped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let (gate, policy) = (&config.gate, &config.policy);
-    if let Some(ttl) = config.lease_ttl {
-        let every = (ttl / 3).max(std::time::Duration::from_millis(10));
-        // Until dropped (or its sender gone); a renewal each time `every` passes first.
-        while tokio::time::timeout(every, &mut dropped).await.is_err() {
-            match gate.extend_concurrent(policy, &identity, &receipt).await {
-                Ok(Some(renewed)) => receipt = renewed,
-                // Run out (or released): the slot may be someone else's now.
-                Ok(None) => return,
-                // Tried again at the next turn; the lease holds until its TTL meanwhile.
-                Err(_) => {}
+    let every = config
+        .lease_ttl
+        .map(|ttl| (ttl / 3).max(std::time::Duration::from_millis(10)));
+    // A runtime built without its time driver has no timer to renew by (making one panics):
+    // the slot is then held until dropped, at most its TTL, as it would be without renewal.
+    let timer = every.and_then(|every| std::panic::catch_unwind(|| tokio::time::sleep(every)).ok());
+    if let (Some(every), Some(timer)) = (every, timer) {
+        let mut timer = std::pin::pin!(timer);
+        loop {
+            let ended = std::future::poll_fn(|cx| {
+                if std::pin::Pin::new(&mut dropped).poll(cx).is_ready() {
+                    return std::task::Poll::Ready(true);
+                }
+                timer.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if ended {
+                break;
             }
+            // Boxed: the task stays small while it waits, whatever a store call holds.
+            let renewed = Box::pin(gate.extend_concurrent(policy, &identity, &receipt)).await;
+            let next = match renewed {
+                Ok(Some(renewed)) => {
+                    receipt = renewed;
+                    every
+                }
+                // One of the leases ran out (or was released): the slot may be someone
+                // else's now. The others go back (a release of a lease gone changes nothing).
+                Ok(None) => break,
+                // Tried again soon: the lease holds until its TTL meanwhile.
+                Err(_) => every / 4,
+            };
+            timer.as_mut().reset(tokio::time::Instant::now() + next);
         }
     } else {
         let _ = dropped.await;
     }
-    let _ = gate.release_concurrent(policy, &identity, &receipt).await;
+    let _ = Box::pin(gate.release_concurrent(policy, &identity, &receipt)).await;
 }
 
 impl Drop for Slot {

@@ -15,9 +15,12 @@
 //!
 //! A concurrency limit's slot ([`Limiter::concurrent`](tollgate::Limiter::concurrent)) is held
 //! until the response body ends (or is dropped): the layer renews its lease every third of
-//! its TTL meanwhile, so a stream longer than the TTL keeps it, and a crashed instance's slots
-//! come back within a TTL. An upgraded connection (a WebSocket after its `101`) holds no slot
-//! once its empty body ends.
+//! its (shortest) TTL meanwhile, so a stream longer than the TTL keeps it, and a crashed
+//! instance's slots come back within a TTL. That is one store call per open body and third of
+//! a TTL, and a body nobody ends (a client that stops reading, a stream that never ends) holds
+//! its slot as long; a store out of reach for most of a TTL loses the slot to the next request.
+//! Renewing needs tokio's time driver (without it a slot lasts its body, at most its TTL). An
+//! upgraded connection (a WebSocket after its `101`) holds no slot once its empty body ends.
 //!
 //! ```no_run
 //! use std::{net::SocketAddr, sync::Arc};

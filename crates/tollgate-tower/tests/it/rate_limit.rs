@@ -445,6 +445,8 @@ async fn a_stream_longer_than_its_lease_keeps_its_slot() {
     let streaming = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(streaming.status(), 200);
     let stream = handed.recv().await.unwrap();
+    // The slot's task starts its first wait now.
+    tokio::task::yield_now().await;
     // Ten seconds of the store's time, its lease's TTL three times over, in steps of less
     // than a TTL, each after a renewal's turn (a second: a third of it).
     for step in 0..5 {
@@ -478,6 +480,43 @@ async fn a_stream_longer_than_its_lease_keeps_its_slot() {
         );
         tokio::time::advance(Duration::from_millis(10)).await;
     }
+}
+
+/// On a runtime without its time driver there is nothing to renew by: the slot is still freed
+/// when the body ends.
+#[test]
+fn without_timers_a_slot_is_still_freed() {
+    use axum::extract::ConnectInfo;
+    use tower::ServiceExt as _;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (gate, _) = gate();
+        let policy = Policy::builder("download")
+            .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(3)).unwrap())
+            .build()
+            .unwrap();
+        let app = Router::new().route(
+            "/download",
+            get(|| async { "done" }).layer(RateLimitLayer::new(gate, policy)),
+        );
+        let peer: std::net::SocketAddr = "192.0.2.8:4000".parse().unwrap();
+        let request = || {
+            let mut request = http::Request::get("/download").body(Body::empty()).unwrap();
+            request.extensions_mut().insert(ConnectInfo(peer));
+            request
+        };
+        for round in 0..3 {
+            let response = app.clone().oneshot(request()).await.unwrap();
+            assert_eq!(response.status(), 200, "round {round}");
+            drop(response);
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+    });
 }
 
 /// Under `Count::failures()` a success gives its rate units back before the response goes
