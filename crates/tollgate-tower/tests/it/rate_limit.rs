@@ -354,6 +354,30 @@ async fn count_successes_refunds_failures_errors_and_panics() {
     assert_eq!(status(200).await, 429);
 }
 
+/// A `/download` route behind `layer` whose every response streams what the test sends
+/// through the channel it hands out.
+fn downloads(
+    layer: RateLimitLayer,
+) -> (
+    Router,
+    tokio::sync::mpsc::UnboundedReceiver<tokio::sync::mpsc::Sender<Result<String, std::io::Error>>>,
+) {
+    let (senders, handed) = tokio::sync::mpsc::unbounded_channel();
+    let app = Router::new().route(
+        "/download",
+        get(move || {
+            let senders = senders.clone();
+            async move {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                senders.send(tx).unwrap();
+                Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            }
+        })
+        .layer(layer),
+    );
+    (app, handed)
+}
+
 #[tokio::test]
 async fn a_concurrency_slot_is_held_while_the_response_streams() {
     let (gate, _) = gate();
@@ -361,20 +385,7 @@ async fn a_concurrency_slot_is_held_while_the_response_streams() {
         .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(300)).unwrap())
         .build()
         .unwrap();
-    // Each request streams what the test sends through the channel it hands out.
-    let (senders, mut handed) = tokio::sync::mpsc::unbounded_channel();
-    let app = Router::new().route(
-        "/download",
-        get(move || {
-            let senders = senders.clone();
-            async move {
-                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
-                senders.send(tx).unwrap();
-                axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            }
-        })
-        .layer(RateLimitLayer::new(gate, policy)),
-    );
+    let (app, mut handed) = downloads(RateLimitLayer::new(gate, policy));
     let server = Server::start(app).await;
     let http = client();
 
@@ -423,19 +434,7 @@ async fn a_stream_longer_than_its_lease_keeps_its_slot() {
         .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(3)).unwrap())
         .build()
         .unwrap();
-    let (senders, mut handed) = tokio::sync::mpsc::unbounded_channel();
-    let app = Router::new().route(
-        "/download",
-        get(move || {
-            let senders = senders.clone();
-            async move {
-                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
-                senders.send(tx).unwrap();
-                Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            }
-        })
-        .layer(RateLimitLayer::new(gate, policy)),
-    );
+    let (app, mut handed) = downloads(RateLimitLayer::new(gate, policy));
     let peer: std::net::SocketAddr = "192.0.2.8:4000".parse().unwrap();
     let request = || {
         let mut request = http::Request::get("/download").body(Body::empty()).unwrap();
@@ -529,20 +528,8 @@ async fn a_refunded_success_keeps_its_slot_while_the_response_streams() {
         .limiter(Limiter::new(Dimension::Ip, rules(&["10/1h"])).with_name("hourly"))
         .build()
         .unwrap();
-    let (senders, mut handed) = tokio::sync::mpsc::unbounded_channel();
     let layer = RateLimitLayer::new(gate.clone(), policy.clone()).count(Count::failures());
-    let app = Router::new().route(
-        "/download",
-        get(move || {
-            let senders = senders.clone();
-            async move {
-                let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(1);
-                senders.send(tx).unwrap();
-                axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            }
-        })
-        .layer(layer),
-    );
+    let (app, mut handed) = downloads(layer);
     let server = Server::start(app).await;
     let http = client();
     let streaming = http.get(server.at("/download")).send().await.unwrap();
