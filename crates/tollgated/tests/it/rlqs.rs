@@ -407,7 +407,6 @@ async fn the_envoy_drop_in_serves_buckets_from_its_yaml_descriptors() {
 async fn a_streams_buckets_are_bounded() {
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
         RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
-        rate_limit_quota_service_client::RateLimitQuotaServiceClient,
         rate_limit_quota_usage_reports::BucketQuotaUsage,
     };
 
@@ -426,22 +425,8 @@ async fn a_streams_buckets_are_bounded() {
         domain: "edge".into(),
         bucket_quota_usages: usages,
     };
-    let mut client = RateLimitQuotaServiceClient::connect(server.grpc.clone())
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let outbound =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-    tx.send(report(
-        (0..10_001).map(|i| usage(&format!("t{i}"))).collect(),
-    ))
-    .await
-    .unwrap();
-    let mut responses = client
-        .stream_rate_limit_quotas(outbound)
-        .await
-        .unwrap()
-        .into_inner();
+    let first = report((0..10_001).map(|i| usage(&format!("t{i}"))).collect());
+    let (tx, mut responses) = quota_stream(&server, first).await;
     let first = responses.message().await.unwrap().unwrap();
     let abandoned = |a: &&envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction| {
         matches!(a.bucket_action, Some(BucketAction::AbandonAction(_)))
@@ -518,7 +503,6 @@ async fn a_failed_store_with_a_local_fallback_still_assigns_buckets() {
     use envoy_types::pb::envoy::{
         service::rate_limit_quota::v3::{
             RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
-            rate_limit_quota_service_client::RateLimitQuotaServiceClient,
             rate_limit_quota_usage_reports::BucketQuotaUsage,
         },
         r#type::v3::rate_limit_strategy::Strategy,
@@ -532,12 +516,6 @@ async fn a_failed_store_with_a_local_fallback_still_assigns_buckets() {
     );
     let server = Server::start(&config);
     drop(redis);
-    let mut client = RateLimitQuotaServiceClient::connect(server.grpc.clone())
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let outbound =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let report = |allowed: u64, denied: u64, nanos: i32| RateLimitQuotaUsageReports {
         domain: "edge".into(),
         bucket_quota_usages: vec![BucketQuotaUsage {
@@ -547,12 +525,7 @@ async fn a_failed_store_with_a_local_fallback_still_assigns_buckets() {
             num_requests_denied: denied,
         }],
     };
-    tx.send(report(u64::MAX, 1, 1)).await.unwrap();
-    let mut responses = client
-        .stream_rate_limit_quotas(outbound)
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut responses) = quota_stream(&server, report(u64::MAX, 1, 1)).await;
     for round in 0..3 {
         let response = responses.message().await.unwrap().unwrap();
         let action = &response.bucket_action[0];
@@ -575,4 +548,32 @@ async fn a_failed_store_with_a_local_fallback_still_assigns_buckets() {
         }
         tx.send(report(20, 0, 500_000_000)).await.unwrap();
     }
+}
+
+/// A quota stream to `server` opened with the report `first`: what sends the next reports,
+/// and the answers.
+async fn quota_stream(
+    server: &Server,
+    first: envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
+) -> (
+    tokio::sync::mpsc::Sender<
+        envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
+    >,
+    tonic::Streaming<envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse>,
+) {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+
+    let mut client = RateLimitQuotaServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    tx.send(first).await.unwrap();
+    let responses = client
+        .stream_rate_limit_quotas(outbound)
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, responses)
 }
