@@ -19,15 +19,22 @@ fn check(store: &MemoryStore, key: &str, rules: &[&str], cost: u64) -> Result<Ve
     store.check_now(&CheckRequest::new(cost, true, &limiters))
 }
 
-#[test]
-fn a_full_shard_evicts_the_least_recently_used_key() {
+/// A store of one shard on a manual clock, without a background sweep, with the budgets
+/// `budgets` sets.
+fn one_shard(
+    budgets: impl FnOnce(MemoryStoreBuilder) -> MemoryStoreBuilder,
+) -> (MemoryStore, ManualClock) {
     let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
+    let builder = MemoryStore::builder()
         .clock(clock.clone())
         .shards(1)
-        .max_keys(2)
-        .purge_interval(None)
-        .build();
+        .purge_interval(None);
+    (budgets(builder).build(), clock)
+}
+
+#[test]
+fn a_full_shard_evicts_the_least_recently_used_key() {
+    let (store, clock) = one_shard(|b| b.max_keys(2));
     assert!(check(&store, "a", &["5/1m"], 1).unwrap().allowed);
     clock.advance(Duration::from_millis(1));
     assert!(check(&store, "b", &["5/1m"], 1).unwrap().allowed);
@@ -52,13 +59,7 @@ fn a_full_shard_evicts_the_least_recently_used_key() {
 /// denied until its state would have ended (eviction gives no quota back early).
 #[test]
 fn eviction_spares_keys_at_their_limits_and_never_gives_their_quota_back() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(1)
-        .max_keys(2)
-        .purge_interval(None)
-        .build();
+    let (store, clock) = one_shard(|b| b.max_keys(2));
     assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
     assert!(!check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
     for round in 0..20 {
@@ -104,13 +105,7 @@ fn eviction_spares_keys_at_their_limits_and_never_gives_their_quota_back() {
 /// and hand it a fresh quota.
 #[test]
 fn a_charge_of_an_evicted_key_keeps_it_denied_for_the_debt_too() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(1)
-        .max_keys(1)
-        .purge_interval(None)
-        .build();
+    let (store, clock) = one_shard(|b| b.max_keys(1));
     assert!(check(&store, "hot", &["2/1h"], 2).unwrap().allowed);
     clock.advance(Duration::from_millis(1));
     assert!(check(&store, "other", &["1/1h"], 1).unwrap().allowed);
@@ -138,13 +133,7 @@ fn a_charge_of_an_evicted_key_keeps_it_denied_for_the_debt_too() {
 /// A reset forgives what an evicted key owed: it starts afresh at once.
 #[test]
 fn a_reset_forgives_an_evicted_key() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(1)
-        .max_keys(1)
-        .purge_interval(None)
-        .build();
+    let (store, clock) = one_shard(|b| b.max_keys(1));
     assert!(check(&store, "hot", &["1/1h"], 1).unwrap().allowed);
     clock.advance(Duration::from_millis(1));
     assert!(check(&store, "other", &["1/1h"], 1).unwrap().allowed);
@@ -172,13 +161,7 @@ fn a_reset_forgives_an_evicted_key() {
 /// a new ban out: a full ban budget makes room by forgetting an ended ban.
 #[test]
 fn remembered_strikes_make_room_for_a_new_ban() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(1)
-        .max_bans(2)
-        .purge_interval(None)
-        .build();
+    let (store, clock) = one_shard(|b| b.max_bans(2));
     let day = Duration::from_secs(86_400);
     for user in ["a", "b"] {
         let target = BanTarget::UserId(user.into());
@@ -208,15 +191,7 @@ fn remembered_strikes_make_room_for_a_new_ban() {
 /// force).
 #[test]
 fn a_lock_or_ban_flood_never_reaches_a_check() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(1)
-        .max_keys(4)
-        .max_locks(8)
-        .max_bans(8)
-        .purge_interval(None)
-        .build();
+    let (store, clock) = one_shard(|b| b.max_keys(4).max_locks(8).max_bans(8));
     let decade = Duration::from_secs(3650 * 86_400);
     for i in 0..8 {
         let reply = store
@@ -265,13 +240,7 @@ fn a_lock_or_ban_flood_never_reaches_a_check() {
 /// back when the lock ends.
 #[test]
 fn stored_responses_have_a_byte_budget() {
-    let clock = ManualClock::new(Duration::from_secs(1_000));
-    let store = MemoryStore::builder()
-        .clock(clock.clone())
-        .shards(1)
-        .max_response_bytes(1_000)
-        .purge_interval(None)
-        .build();
+    let (store, clock) = one_shard(|b| b.max_response_bytes(1_000));
     let ttl = Duration::from_secs(60);
     for key in ["a", "b"] {
         store.inner.lock_acquire(key, "t", "f", ttl).unwrap();
