@@ -803,13 +803,15 @@ impl RateLimiter {
         // look), and gives back what the earlier ones recorded.
         let mut denied = false;
         let mut recorded: SmallVec<[(usize, Receipt); 2]> = SmallVec::new();
+        // Receipts are kept only where another group could deny.
+        let keep = !independent && plan.groups.len() > 1;
         for (g, group) in plan.groups.iter().enumerate() {
             let consume = (!plan.blocked || independent) && !denied;
             let (mut outcome, failed, befores, answer) = self
-                .check_group(domain, &plan.keys, group, consume, &bans)
+                .check_group(domain, &plan.keys, group, (consume, keep), &bans)
                 .await;
             store_failed |= failed;
-            if consume && !independent {
+            if consume && keep {
                 match answer {
                     Ok(Some(receipt)) => recorded.push((g, receipt)),
                     Ok(None) => {}
@@ -1127,7 +1129,7 @@ impl RateLimiter {
         domain: &Domain,
         keys: &str,
         group: &Group,
-        consume: bool,
+        (consume, keep): (bool, bool),
         bans: &[BanKey<'_>],
     ) -> (
         Statuses,
@@ -1172,10 +1174,11 @@ impl RateLimiter {
                     .shadow_denied(&domain.scope, &counter.node.path);
             }
         }
-        // Denied, or admitted with what the store recorded (none from the local fallback,
-        // whose counters are not the store's, nor where the store failed open).
+        // Denied, or admitted with what the store recorded if `keep` (none from the local
+        // fallback, whose counters are not the store's, nor where the store failed open).
         let answer = match &checked.answer {
             _ if !allowed => Err(()),
+            _ if !keep => Ok(None),
             // With the limits an override set, by which the units were counted.
             Answer::Verdict {
                 verdict,
