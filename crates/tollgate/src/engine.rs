@@ -533,9 +533,8 @@ impl<S: RefundStore> Tollgate<S> {
         cost: u64,
         receipt: Option<&Receipt>,
     ) -> Result<(), CheckError> {
-        // A refund gives back at most what its check charged.
-        let cost = receipt.map_or(cost, |r| cost.min(r.units()));
-        if cost == 0 {
+        // Nothing to give back: no keys to build.
+        if cost == 0 || receipt.is_some_and(|r| r.units() == 0) {
             return Ok(());
         }
         let mut keys = CheckKeys::new();
@@ -546,10 +545,25 @@ impl<S: RefundStore> Tollgate<S> {
             // Without a lease, a slot is nobody's to free.
             limiters.retain(|l| !l.is_concurrent());
         }
-        self.store
-            .refund(&CheckRequest::new(cost, true, &limiters), receipt)
-            .await?;
+        let request = CheckRequest::new(cost, true, &limiters);
+        self.refund_run(&request, receipt).await?;
         Ok(())
+    }
+
+    /// Gives back `request.cost` units of a check the caller prepared (a front end that builds
+    /// its own requests, as [`run`](Self::run) takes them); by a `receipt`, no more than it
+    /// charged. What [`refund`](Self::refund) does once it has the policy's keys.
+    pub async fn refund_run(
+        &self,
+        request: &CheckRequest<'_>,
+        receipt: Option<&Receipt>,
+    ) -> Result<(), StoreError> {
+        let mut request = *request;
+        request.cost = receipt.map_or(request.cost, |r| request.cost.min(r.units()));
+        if request.cost == 0 {
+            return Ok(());
+        }
+        self.store.refund(&request, receipt).await
     }
 
     /// Settles the check of `receipt` at the cost the work turned out to have, for costs known

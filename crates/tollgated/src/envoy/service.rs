@@ -30,8 +30,8 @@ use envoy_types::pb::envoy::{
 };
 use smallvec::SmallVec;
 use tollgate::{
-    Answered, BanKey, BanTarget, CheckRequest, LimiterRequest, Reason, Receipt, RefundStore as _,
-    Rule, RuleDecision, Store as _, Verdict,
+    Answered, BanKey, BanTarget, CheckRequest, LimiterRequest, Reason, Receipt, Rule, RuleDecision,
+    Store as _, Verdict,
     algorithm::RuleOutcome,
     fields::{self, HeaderStyle},
 };
@@ -1205,7 +1205,7 @@ impl RateLimiter {
                 .map(|counter| limiter_request(&keys, counter, false, false))
                 .collect();
             let request = CheckRequest::new(cost, true, &limiters);
-            if let Err(e) = app.gate.store().refund(&request, Some(&receipt)).await {
+            if let Err(e) = app.gate.refund_run(&request, Some(&receipt)).await {
                 tracing::debug!(error = %e, "could not give back the units of a denied request's other descriptors");
             }
         });
