@@ -10,8 +10,8 @@
 --          nothing)
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
---          limiter's log must hold the check's `cost` members at its instant, still live, and
---          they all move to now; or nothing changes; 2 charge: ARGV[3] is a fresh nonce for
+--          limiter's log must hold the check's `cost` members, still live, wherever an earlier
+--          renewal put them, and they all move to now; or nothing changes; 2 charge: ARGV[3] is a fresh nonce for
 --          the log's members), 5 how long the marker lasts, ms (0: no marker), then per
 --          limiter: rule count, its longest sliding-log window µs (0: none), the instant µs
 --          the check recorded at (-1: none, refund the newest units of the current window;
@@ -83,12 +83,14 @@ return once(tonumber(ARGV[5]), function()
       local log, longest, at = l[1], l[2], l[3]
       -- A log shorter than the units cannot hold them all (and a caller's cost never makes this
       -- loop longer than the log).
-      if at < 0 or at <= now - longest or redis.call('ZCARD', log) < cost then
+      if at < 0 or redis.call('ZCARD', log) < cost then
         return { 0, now }
       end
+      -- The check's members, wherever a renewal moved them (the receipt may be from before
+      -- it: a renewal whose answer was lost is asked again), still counting.
       for u = 1, cost do
         local score = redis.call('ZSCORE', log, id .. int(u))
-        if not score or tonumber(score) ~= at then
+        if not score or tonumber(score) <= now - longest then
           return { 0, now }
         end
       end
@@ -230,14 +232,10 @@ return once(tonumber(ARGV[5]), function()
       local log = KEYS[keyi]
       local removed = 0
       if at >= 0 and id ~= '' then
-        -- The check's own members: id .. unit, scored with its instant; no more of them than
-        -- the log holds, whatever cost the caller names.
+        -- The check's own members: id .. unit, wherever a lease's renewal moved them; no
+        -- more of them than the log holds, whatever cost the caller names.
         for u = 1, math.min(cost, redis.call('ZCARD', log)) do
-          local member = id .. int(u)
-          local score = redis.call('ZSCORE', log, member)
-          if score and tonumber(score) == at then
-            removed = removed + redis.call('ZREM', log, member)
-          end
+          removed = removed + redis.call('ZREM', log, id .. int(u))
         end
       else
         removed = #redis.call('ZPOPMAX', log, int(cost))

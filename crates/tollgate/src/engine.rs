@@ -695,7 +695,9 @@ impl<S: RefundStore> Tollgate<S> {
     /// Renews the leases the check of `receipt` took in `policy`'s concurrency limiters: their
     /// `lease_ttl` counts again from now, for a job that runs longer. Returns the receipt that
     /// names them now (use it for the next renewal and the release), or `None` if a lease had
-    /// already run out or been released: the slot may be someone else's now.
+    /// already run out or been released: the slot may be someone else's now. Any receipt of the
+    /// check names its leases, whichever renewal it came from: a renewal that failed (a timeout
+    /// while the store renewed it, say) can be asked again with the receipt in hand.
     pub async fn extend_concurrent(
         &self,
         policy: &Policy,

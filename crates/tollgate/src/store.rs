@@ -647,7 +647,9 @@ pub trait RefundStore: Store {
     /// limits, see [`Rule::concurrent`](crate::Rule::concurrent)): its `units` sliding-log
     /// entries move to now, so they count for another window. Atomic per limiter; `None` if
     /// one of them holds them no more (the lease ran out, or was released): the caller lost its
-    /// slot. The new receipt names the entries where they are now.
+    /// slot. The new receipt names the entries where they are now; a lease is found by the
+    /// check's id, so an earlier receipt of the same check names it too (a renewal whose answer
+    /// was lost can be asked again).
     fn extend(
         &self,
         request: &CheckRequest<'_>,

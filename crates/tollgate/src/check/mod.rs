@@ -193,6 +193,19 @@ impl<S: Store> Tollgate<S> {
         Ok(out)
     }
 
+    /// [`check_async`](Self::check_async), boxed: out of line, so that the frame of a check
+    /// answered at once does not hold the store's future (kilobytes of keys) on its stack.
+    #[inline(never)]
+    fn boxed_check<'a>(
+        &'a self,
+        policy: &'a Policy,
+        keys: CheckKeys<'a>,
+        cost: u64,
+        how: (bool, u64),
+    ) -> Pin<Box<dyn Future<Output = Result<Decision, CheckError>> + Send + 'a>> {
+        Box::pin(self.check_async(policy, keys, cost, how))
+    }
+
     /// Runs a check the caller prepared through the engine's one way to the store, when the
     /// store answers at once (without a future: the memory store); `None` when it cannot (then
     /// [`run`](Self::run) asks it). A failed store meets `on_error`.
@@ -348,8 +361,8 @@ impl<'a, S: Store> Future for Check<'a, S> {
                     return Poll::Ready(Err(e));
                 }
                 Now::Later(keys) => {
-                    let waiting = gate.check_async(policy, keys, this.cost, this.how);
-                    this.state = CheckState::Waiting(Box::pin(waiting));
+                    this.state =
+                        CheckState::Waiting(gate.boxed_check(policy, keys, this.cost, this.how));
                 }
             }
         }

@@ -159,7 +159,8 @@ fn tat(counters: &[Counter], place: usize, rule: &Rule) -> Option<u64> {
 enum Lease {
     /// The limiter is no concurrency limit: there is no lease to look for.
     NotConcurrent,
-    /// The lease, at this place among the counters.
+    /// The lease, at this place among the counters: their instant is where the lease's log
+    /// entries are now (its start, or its last renewal).
     Held(usize),
     /// Released, run out or never taken.
     Gone,
@@ -493,12 +494,14 @@ impl RuleStates {
     /// recorded at `at` (or its newest), the count of `at`'s window (or the current one), the
     /// GCRA arrival time; never below empty.
     pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64, id: u64) {
-        // A lease is given back once: the log's units at its start are its own only while it
-        // is named here (another check's units may share that instant).
-        if let Some(at) = at {
-            match self.lease(rules, at, id) {
+        // A lease is given back once: the log's units at its instant are its own only while
+        // it is named here (another check's units may share that instant). Its instant is the
+        // lease's own, not the receipt's: a receipt from before a renewal names it too.
+        let mut at = at;
+        if at.is_some() {
+            match self.lease(rules, id) {
                 Lease::Held(i) => {
-                    self.counters.remove(i);
+                    at = Some(self.counters.remove(i).a);
                 }
                 Lease::Gone => return,
                 Lease::NotConcurrent => {}
@@ -564,8 +567,11 @@ impl RuleStates {
         }
     }
 
-    /// The lease check `id` took at `at`, if `rules` are a concurrency limit's.
-    fn lease(&self, rules: &[Rule], at: u64, id: u64) -> Lease {
+    /// The lease check `id` took, if `rules` are a concurrency limit's: found by the check's
+    /// id alone, so that any receipt of the check names it, whichever renewal it came from (a
+    /// renewal whose answer was lost can be asked again, and a release by an older receipt
+    /// still releases).
+    fn lease(&self, rules: &[Rule], id: u64) -> Lease {
         let Some(rule) = rules.iter().find(|r| r.is_concurrent()) else {
             return Lease::NotConcurrent;
         };
@@ -573,22 +579,25 @@ impl RuleStates {
         match self
             .counters
             .iter()
-            .position(|c| c.rule == lease && c.a == at && c.b == id)
+            .position(|c| c.rule == lease && c.b == id)
         {
             Some(i) => Lease::Held(i),
             None => Lease::Gone,
         }
     }
 
-    /// Whether the log holds `units` entries recorded at `at` that still count at `now` (the
-    /// leases of a check: see `RefundStore::extend`).
+    /// Whether the log holds `units` entries of check `id` that still count at `now`: at its
+    /// lease's instant (the leases of a check: see `RefundStore::extend`), or at `at` in a
+    /// limiter that takes no leases.
     pub(super) fn holds(&self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> bool {
         let Some(window) = log_window(rules) else {
             return false;
         };
-        if let Lease::Gone = self.lease(rules, at, id) {
-            return false;
-        }
+        let at = match self.lease(rules, id) {
+            Lease::Held(i) => self.counters[i].a,
+            Lease::Gone => return false,
+            Lease::NotConcurrent => at,
+        };
         let Some(log) = &self.log else { return false };
         let live = now.checked_sub(window).is_none_or(|edge| at > edge);
         let first = log.partition_point(|&t| t < at);
@@ -596,12 +605,13 @@ impl RuleStates {
         live && (last - first) as u64 >= units
     }
 
-    /// Moves `units` log entries recorded at `at` to `now` (a check's leases, renewed: see
+    /// Moves `units` log entries of check `id` to `now` (a check's leases, renewed: see
     /// [`holds`](Self::holds), which must be true); returns until when the log counts.
     pub(super) fn renew(&mut self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> u64 {
         let window = log_window(rules).unwrap_or(0);
-        if let Lease::Held(i) = self.lease(rules, at, id) {
-            self.counters[i].a = now;
+        let mut at = at;
+        if let Lease::Held(i) = self.lease(rules, id) {
+            at = std::mem::replace(&mut self.counters[i].a, now);
         }
         let log = self.log.get_or_insert_default();
         let first = log.partition_point(|&t| t < at);
