@@ -480,6 +480,27 @@ fn not_limited(count: usize) -> RateLimitResponse {
     }
 }
 
+/// A request's decision so far (`None` before its first counting group) with one more group's:
+/// the first denial stands; else the first answer that is not plain `Ok` (a failed store's, say).
+fn request_decision(so_far: Option<(Reason, bool)>, group: (Reason, bool)) -> (Reason, bool) {
+    match so_far {
+        Some(denied @ (_, false)) => denied,
+        Some(odd @ (reason, true)) if reason != Reason::Ok && group.1 => odd,
+        _ => group,
+    }
+}
+
+/// The status of a descriptor whose `cost` units were given back (another group of its request
+/// denied): what it would have left, as a denied request's descriptors report.
+fn given_back(status: &mut DescriptorStatus, cost: u64) {
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or(u32::MAX, |l| l.requests_per_unit);
+    let cost = u32::try_from(cost).unwrap_or(u32::MAX);
+    status.limit_remaining = status.limit_remaining.saturating_add(cost).min(limit);
+}
+
 fn ok_status() -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok as i32,
@@ -803,14 +824,19 @@ impl RateLimiter {
         // look), and gives back what the earlier ones recorded.
         let mut denied = false;
         let mut recorded: SmallVec<[(usize, Receipt); 2]> = SmallVec::new();
+        // The request's one decision, from the groups that counted.
+        let mut decided: Option<(Reason, bool)> = None;
         // Receipts are kept only where another group could deny.
         let keep = !independent && plan.groups.len() > 1;
         for (g, group) in plan.groups.iter().enumerate() {
             let consume = (!plan.blocked || independent) && !denied;
-            let (mut outcome, failed, befores, answer) = self
+            let (mut outcome, failed, befores, answer, decision) = self
                 .check_group(domain, &plan.keys, group, (consume, keep), &bans)
                 .await;
             store_failed |= failed;
+            if consume {
+                decided = Some(request_decision(decided, decision));
+            }
             if consume && keep {
                 match answer {
                     Ok(Some(receipt)) => recorded.push((g, receipt)),
@@ -839,11 +865,18 @@ impl RateLimiter {
         }
         if denied {
             for (g, receipt) in recorded {
-                self.give_back(&plan.keys, &plan.groups[g], receipt);
+                // Its descriptors say what they would have left: nothing stays counted.
+                let group = &plan.groups[g];
+                for &(i, _) in &group.members {
+                    given_back(&mut statuses[i], group.cost);
+                }
+                self.give_back(&plan.keys, group, receipt);
             }
         }
         if plan.blocked {
             self.record_decision(domain, Reason::RateLimited, false);
+        } else if let Some((reason, allowed)) = decided {
+            self.record_decision(domain, reason, allowed);
         }
         if over {
             self.show_limited(domain, request, &matches.matched, &statuses);
@@ -1136,6 +1169,7 @@ impl RateLimiter {
         bool,
         SmallVec<[Option<u64>; 2]>,
         Result<Option<Receipt>, ()>,
+        (Reason, bool),
     ) {
         let (counters, cost) = (&group.counters[..], group.cost);
         let checked = self
@@ -1147,9 +1181,6 @@ impl RateLimiter {
             .map(|(c, counter)| checked.before(c, &counter.node))
             .collect();
         let store_failed = checked.answer.reason() == Reason::StoreUnavailable;
-        if consume {
-            self.record_decision(domain, checked.answer.reason(), checked.answer.allowed());
-        }
         let allowed = checked.answer.allowed();
         // An enforced counter that denied; if none did (a ban, a failed store), every enforced
         // counter is over.
@@ -1189,7 +1220,8 @@ impl RateLimiter {
                 .map(|r| r.with_limits(verdict.limits.iter().copied()))),
             _ => Ok(None),
         };
-        (statuses, store_failed, befores, answer)
+        let decision = (checked.answer.reason(), allowed);
+        (statuses, store_failed, befores, answer, decision)
     }
 
     /// Gives back what the check of `group` recorded (its `receipt`): another group of the

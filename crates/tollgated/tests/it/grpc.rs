@@ -388,15 +388,28 @@ descriptors = [
     let r = should_rate_limit(&mut rls, "edge", vec![upload.clone()], 0).await;
     assert_eq!(overall(&r), Code::Ok);
     // Either order: the denying group checked last gives back, checked first stops the rest.
+    // Either way alice's descriptor says what it would have left (nothing stays counted), and
+    // the request is one denied decision.
+    let untouched = (100, Unit::Minute, 100);
     for _ in 0..3 {
         let both = vec![user.clone(), upload.clone()];
         let r = should_rate_limit(&mut rls, "edge", both, 0).await;
         assert_eq!(overall(&r), Code::OverLimit);
         assert_eq!(code(&r.statuses[1]), Code::OverLimit);
+        assert_eq!(limit(&r.statuses[0]), untouched, "{r:?}");
         let both = vec![upload.clone(), user.clone()];
         let r = should_rate_limit(&mut rls, "edge", both, 0).await;
         assert_eq!(overall(&r), Code::OverLimit);
         assert_eq!(code(&r.statuses[0]), Code::OverLimit);
+        assert_eq!(limit(&r.statuses[1]), untouched, "{r:?}");
+    }
+    let (_, metrics) = server.get_text("/metrics").await;
+    for (labels, n) in [
+        (r#"reason="ok",allowed="true""#, 1),
+        (r#"reason="rate_limited",allowed="false""#, 6),
+    ] {
+        let line = format!("tollgate_decisions_total{{policy=\"envoy:edge\",{labels}}} {n}");
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
     }
     // Nothing stays counted for alice (given back in the background): 100 left, looked at
     // with a cost of 0.
