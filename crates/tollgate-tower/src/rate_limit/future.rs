@@ -92,6 +92,8 @@ pin_project! {
         decision: Option<Decision>,
         identity: Option<Identity>,
         held: Option<Held>,
+        // The concurrency slot, held (its lease renewed) while the request waits.
+        slot: Option<Box<Slot>>,
         config: Arc<Config>,
     }
 }
@@ -130,7 +132,8 @@ impl<S: Service<Request<B>>, B, R: LayerBody> RateLimitFuture<S, B, S::Future, R
         // The decision is moved once, into the state: it is large.
         let state = match decided {
             Ok(decision) if decision.allowed() => {
-                call(decision, inner, request, config, identity, cost)
+                let slot = slot_of(&decision, config, identity.as_ref());
+                call((decision, slot), inner, request, config, identity, cost)
             }
             refused => State::Refused {
                 response: Some(refuse(refused, config, request.headers())),
@@ -158,8 +161,24 @@ fn refuse<R: LayerBody>(
 /// Calls the inner service for an admitted request: what the response then needs (its
 /// headers, the request's refund or concurrency slot).
 #[inline(always)]
+/// The concurrency slot an admitted request holds, if its policy has concurrency limits: from
+/// its admission, so that a request waiting its turn (`max_delay`) renews its lease while it
+/// waits (a wait past two thirds of the lease TTL lost the lease before its first renewal).
+fn slot_of(
+    decision: &Decision,
+    config: &Arc<Config>,
+    identity: Option<&Identity>,
+) -> Option<Box<Slot>> {
+    match (config.concurrent, identity) {
+        (true, Some(identity)) => decision
+            .receipt()
+            .map(|receipt| Box::new(Slot::new(config.clone(), identity.clone(), receipt))),
+        _ => None,
+    }
+}
+
 fn call<S: Service<Request<B>>, B, R>(
-    decision: Decision,
+    (decision, slot): (Decision, Option<Box<Slot>>),
     inner: &mut S,
     mut request: Request<B>,
     config: &Arc<Config>,
@@ -170,13 +189,8 @@ fn call<S: Service<Request<B>>, B, R>(
     if failed_open {
         request.extensions_mut().insert(FailedOpen);
     }
-    // The guards first: a service that panics in `call` drops them, and they give back.
-    let slot = match (config.concurrent, &identity) {
-        (true, Some(identity)) => decision
-            .receipt()
-            .map(|receipt| Box::new(Slot::new(config.clone(), identity.clone(), receipt))),
-        _ => None,
-    };
+    // The guards first (the slot is made before): a service that panics in `call` drops them,
+    // and they give back.
     let charge = identity
         .take()
         .filter(|_| !matches!(config.count, Count::All) || config.settle.is_some())
@@ -228,6 +242,7 @@ where
                         }
                     };
                     let (mut inner, request, mut identity) = *taken;
+                    let slot = slot_of(&decision, config, identity.as_ref());
                     if let Some(due) = decision.due(&config.policy) {
                         let held = identity.as_ref().map(|who| {
                             Held::new(config.clone(), who.clone(), decision.receipt(), *this.cost)
@@ -238,13 +253,14 @@ where
                             decision: Some(decision),
                             identity: identity.take(),
                             held,
+                            slot,
                             config: config.clone(),
                         });
                         this.state.set(State::Delaying { delayed });
                         continue;
                     }
                     let next = self::call(
-                        decision,
+                        (decision, slot),
                         &mut inner,
                         request,
                         config,
@@ -260,6 +276,7 @@ where
                         decision,
                         identity,
                         held,
+                        slot,
                         config,
                     } = delayed.as_mut().project();
                     ready!(sleep.poll(cx));
@@ -272,7 +289,7 @@ where
                         unreachable!("a held request goes on once");
                     };
                     let next = self::call(
-                        decision,
+                        (decision, slot.take()),
                         &mut inner,
                         request,
                         config,

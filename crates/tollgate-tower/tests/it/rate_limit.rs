@@ -481,6 +481,60 @@ async fn a_stream_longer_than_its_lease_keeps_its_slot() {
     }
 }
 
+/// A request waiting its turn (`max_delay`) holds its concurrency slot from its admission, its
+/// lease renewed while it waits: a wait longer than the lease's TTL keeps the slot for the
+/// response.
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_its_turn_keeps_its_slot() {
+    use axum::extract::ConnectInfo;
+    use tower::ServiceExt as _;
+
+    let (gate, clock) = gate();
+    // One in flight per address, leases of 3 s; one request per user every 4 s.
+    let per_user = rules(&["1/4s"])[0].with_algorithm(tollgate::Algorithm::Gcra);
+    let policy = Policy::builder("download")
+        .limiter(Limiter::concurrent(Dimension::Ip, 1, Duration::from_secs(3)).unwrap())
+        .limiter(Limiter::new(Dimension::Header("x-user".into()), [per_user]))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(gate, policy).max_delay(Duration::from_secs(5));
+    let (app, mut handed) = downloads(layer);
+    let request = |peer: &str, user: &str| {
+        let mut request = http::Request::get("/download")
+            .header("x-user", user)
+            .body(Body::empty())
+            .unwrap();
+        let peer: std::net::SocketAddr = peer.parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    };
+    // u1's first request (from another address) streams; its second waits 4 s for its turn.
+    let first = app.clone().oneshot(request("192.0.2.1:4000", "u1")).await;
+    assert_eq!(first.unwrap().status(), 200);
+    let _first_stream = handed.recv().await.unwrap();
+    let waiting = tokio::spawn(app.clone().oneshot(request("192.0.2.8:4000", "u1")));
+    tokio::task::yield_now().await;
+    // Second by second, the store's clock behind tokio's: the wait, its TTL and more.
+    for _ in 0..4 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    let waited = waiting.await.unwrap().unwrap();
+    assert_eq!(waited.status(), 200);
+    let _stream = handed.recv().await.unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(Duration::from_secs(1));
+    // 5 s after its admission, the address's one slot is still the waiting request's.
+    let busy = app.clone().oneshot(request("192.0.2.8:4001", "u2")).await;
+    assert_eq!(busy.unwrap().status(), 429, "the slot is the stream's");
+}
+
 /// On a runtime without its time driver there is nothing to renew by: the slot is still freed
 /// when the body ends.
 #[test]
