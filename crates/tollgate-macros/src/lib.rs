@@ -54,8 +54,8 @@
 //! | `ipv6_prefix` | with `by = "ip"`: count IPv6 clients by this network, e.g. `48` (default 64: one subscriber's /64, so rotating addresses within it buys nothing) |
 //! | `ipv4_prefix` | with `by = "ip"`: count IPv4 clients by this network, e.g. `24` (default 32: each address; a shorter prefix also counts neighbours behind one NAT together) |
 //! | `count` | `"all"` (default), `"failures"` (only calls that return `Err`, or panic, keep their charge: failed logins, wrong codes) or `"successes"` (only `Ok` calls keep it). Every call is charged when it starts, so concurrent calls never exceed the limit; one that does not count is refunded when it returns. One value for all the function's limiters |
-//! | `concurrent` | instead of `rules`: at most this many calls in flight per `by` value (a concurrency limiter). A call holds its slot until it returns (or panics, or its future is dropped); a refusal has reason `concurrency_limited` |
-//! | `lease_ttl` | with `concurrent`: how long a slot is held at most if its call never ends (a crashed process), e.g. `"1m"` (default `"5m"`) |
+//! | `concurrent` | instead of `rules`: at most this many calls in flight per `by` value (a concurrency limiter). A call holds its slot until it returns (or panics, or its future is dropped), its lease renewed every third of `lease_ttl` while it runs; a refusal has reason `concurrency_limited` |
+//! | `lease_ttl` | with `concurrent`: how long a slot is held at most once its process stops renewing it (a crash), e.g. `"1m"` (default `"5m"`) |
 //! | `shadow` | `true`: a dry run. The limiter counts and reports what it would decide but never refuses (a decision's `shadow_denied()`); the others stay enforced |
 //! | `warn_at` | a fraction above 0 and at most 1, e.g. `0.8`: an admission that brings a rule to that fraction of its limit sets the `RateLimit-Warning` field |
 //! | `soft` | `["N/DURATION", ...]`: rules that never refuse and report when they would (a shadow limiter `<name>.soft`) |

@@ -11,7 +11,10 @@ use std::{
 };
 
 use tollgate::FullStore;
-use tollgate::{AnyStore, CheckError, Decision, Lease, StoreError, StoreErrorKind, Tollgate};
+use tollgate::{
+    AnyStore, CheckError, Decision, Identity, Lease, Policy, Receipt, StoreError, StoreErrorKind,
+    Tollgate,
+};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -198,5 +201,126 @@ impl Drop for LeaseGuard {
                 None => drop(gate.release(&lease).await),
             }
         });
+    }
+}
+
+/// Where a held slot's policy lives: a layer's configuration, or a macro's static policy.
+pub(crate) trait PolicyHome: Send + Sync + 'static {
+    fn policy(&self) -> &Policy;
+}
+
+impl PolicyHome for &'static Policy {
+    fn policy(&self) -> &Policy {
+        self
+    }
+}
+
+/// The shortest lease TTL of `policy`'s concurrency limiters: a slot held longer is renewed.
+pub(crate) fn lease_ttl(policy: &Policy) -> Option<Duration> {
+    policy
+        .limiters()
+        .iter()
+        .flat_map(|l| l.rules())
+        .filter(|r| r.is_concurrent())
+        .map(tollgate::Rule::window)
+        .min()
+}
+
+/// The concurrency slots an admitted request or call holds (its policy's concurrency
+/// limiters): freed when dropped, which the layer arranges for when the response body ends or
+/// is dropped, or when the handler panics or its future is dropped, and the macros when the
+/// call returns or is dropped. Held on a task of its own, which renews the leases every third
+/// of their TTL meanwhile (a long stream or job keeps its slot) and releases them once the
+/// slot is dropped, after any renewal under way.
+pub(crate) struct Slot {
+    /// Tells the task the slot is dropped.
+    ended: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Told by the task once the leases are released.
+    released: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Slot {
+    /// Holds the leases of `receipt`, renewed every third of `lease_ttl`.
+    pub(crate) fn new<P: PolicyHome>(
+        (gate, policy): (SharedGate, P),
+        identity: Identity,
+        receipt: Receipt,
+        lease_ttl: Option<Duration>,
+    ) -> Slot {
+        let (ended, dropped) = tokio::sync::oneshot::channel();
+        let (done, released) = tokio::sync::oneshot::channel();
+        in_background(async move {
+            hold((gate, policy), identity, (receipt, lease_ttl), dropped).await;
+            let _ = done.send(());
+        });
+        Slot {
+            ended: Some(ended),
+            released,
+        }
+    }
+
+    /// Frees the slots now, and waits until the store has them back (or the release failed: the
+    /// lease then runs out by itself).
+    pub(crate) async fn release(mut self) {
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.send(());
+        }
+        let _ = (&mut self.released).await;
+    }
+}
+
+/// Holds the leases of `receipt` until `dropped` says so (or its sender is gone), renewing
+/// them meanwhile, then releases them by the last receipt that names them.
+async fn hold<P: PolicyHome>(
+    (gate, home): (SharedGate, P),
+    identity: Identity,
+    (mut receipt, lease_ttl): (Receipt, Option<Duration>),
+    mut dropped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let policy = home.policy();
+    let every = lease_ttl.map(|ttl| (ttl / 3).max(Duration::from_millis(10)));
+    // A runtime built without its time driver has no timer to renew by (making one panics):
+    // the slot is then held until dropped, at most its TTL, as it would be without renewal.
+    let timer = every.and_then(|every| std::panic::catch_unwind(|| tokio::time::sleep(every)).ok());
+    if let (Some(every), Some(timer)) = (every, timer) {
+        let mut timer = std::pin::pin!(timer);
+        loop {
+            let ended = std::future::poll_fn(|cx| {
+                if Pin::new(&mut dropped).poll(cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                timer.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if ended {
+                break;
+            }
+            // Boxed: the task stays small while it waits, whatever a store call holds.
+            let renewed = Box::pin(gate.extend_concurrent(policy, &identity, &receipt)).await;
+            let next = match renewed {
+                Ok(Some(renewed)) => {
+                    receipt = renewed;
+                    every
+                }
+                // One of the leases ran out (or was released): the slot may be someone
+                // else's now. The others go back (a release of a lease gone changes nothing).
+                Ok(None) => break,
+                // Tried again soon (any receipt of the check names its leases): the lease
+                // holds until its TTL meanwhile.
+                Err(_) => every / 4,
+            };
+            timer.as_mut().reset(tokio::time::Instant::now() + next);
+        }
+    } else {
+        let _ = dropped.await;
+    }
+    let _ = Box::pin(gate.release_concurrent(policy, &identity, &receipt)).await;
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(ended) = self.ended.take() {
+            let _ = ended.send(());
+        }
     }
 }

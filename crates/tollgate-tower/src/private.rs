@@ -9,7 +9,7 @@ pub use tollgate::{DuplicateGuard, Limiter, Policy, macro_support::LimiterSpec};
 
 use crate::{
     context::Context,
-    gate::{LeaseGuard, SharedGate, Undo, in_background, owned_check},
+    gate::{LeaseGuard, SharedGate, Slot, Undo, in_background, lease_ttl, owned_check},
     rejection::Rejection,
 };
 
@@ -126,6 +126,12 @@ pub async fn check_charged(
     (cost, max_delay): (u64, Option<Duration>),
 ) -> Result<Charged, Rejection> {
     let (context, identity, decision) = admit(policy, args, (cost, max_delay), true).await?;
+    // The call's concurrency slots, held (their leases renewed) until it returns or is dropped.
+    let concurrent = policy.limiters().iter().any(Limiter::is_concurrent);
+    let slot = decision.receipt().filter(|_| concurrent).map(|receipt| {
+        let home = (context.gate.clone(), policy);
+        Slot::new(home, identity.clone(), receipt, lease_ttl(policy))
+    });
     Ok(Charged {
         gate: context.gate.clone(),
         policy,
@@ -133,7 +139,7 @@ pub async fn check_charged(
         receipt: crate::rate_limit::receipt_of(&decision, cost),
         cost,
         mode,
-        concurrent: policy.limiters().iter().any(Limiter::is_concurrent),
+        slot,
         armed: true,
     })
 }
@@ -175,7 +181,7 @@ impl Drop for Waiting {
 /// An admitted call's charge and slots, until its outcome is known. Dropped armed (the
 /// function panicked or its future was dropped), it is a failure: the charge is kept when only
 /// failures count, refunded in the background when only successes do; the concurrency slots
-/// are released either way.
+/// are released either way (by the slot, when it is dropped).
 pub struct Charged {
     gate: SharedGate,
     policy: &'static Policy,
@@ -184,17 +190,17 @@ pub struct Charged {
     /// The units the check charged.
     cost: u64,
     mode: u8,
-    concurrent: bool,
+    /// The concurrency slots, released when dropped.
+    slot: Option<Slot>,
     armed: bool,
 }
 
-/// What ends a call: give back its charge (which frees its slots too), settle it at the cost
-/// the result says (then free its slots, if any), free its slots, or nothing.
+/// What ends a call besides freeing its slots: give back its charge, settle it at the cost the
+/// result says, or nothing.
 #[derive(Clone, Copy)]
 enum End {
     Refund,
     Settle(u64),
-    Release,
     Keep,
 }
 
@@ -203,7 +209,6 @@ impl Charged {
         match (self.mode, succeeded, cost) {
             (1, true, _) | (2, false, _) => End::Refund,
             (_, _, Some(cost)) if cost != self.cost => End::Settle(cost),
-            _ if self.concurrent => End::Release,
             _ => End::Keep,
         }
     }
@@ -213,28 +218,37 @@ impl Charged {
     /// call's concurrency slots.
     pub async fn finish(mut self, succeeded: bool, cost: Option<u64>) {
         let end = self.end(succeeded, cost);
+        let slot = self.slot.take();
         // On a task of its own: a caller that stops awaiting does not cancel it.
         if let Some(work) = self.settle(end) {
             crate::gate::detached(work).await;
+        }
+        // The slots are free once the call has returned.
+        if let Some(slot) = slot {
+            slot.release().await;
         }
     }
 
     /// Gives the charge back (and frees the call's slots): the call never ran (its duplicate
     /// guard refused it), so it is neither a success nor a failure.
     pub async fn refused(mut self) {
+        let slot = self.slot.take();
         if let Some(work) = self.settle(End::Refund) {
             crate::gate::detached(work).await;
+        }
+        if let Some(slot) = slot {
+            slot.release().await;
         }
     }
 
     /// What the outcome owes the store, disarmed (so that dropping it owes nothing more); `None`
-    /// if nothing. A failed refund or release keeps the charge, or the slot until its lease runs
-    /// out: the safe side; a failed settlement keeps what the check charged.
+    /// if nothing. The slots are freed apart, by their slot, once the work is done (the charge
+    /// dropped). A failed refund keeps the charge: the safe side; a failed settlement keeps what
+    /// the check charged.
     fn settle(&mut self, end: End) -> Option<impl Future<Output = ()> + Send + 'static> {
         self.armed = false;
         let receipt = self.receipt.take().filter(|_| !matches!(end, End::Keep))?;
         let (gate, policy, charged) = (self.gate.clone(), self.policy, self.cost);
-        let concurrent = self.concurrent;
         let identity = std::mem::take(&mut self.identity);
         Some(async move {
             match end {
@@ -245,13 +259,8 @@ impl Charged {
                 }
                 End::Settle(cost) => {
                     let _ = gate.settle(policy, &identity, &receipt, cost).await;
-                    if concurrent {
-                        let _ = gate.release_concurrent(policy, &identity, &receipt).await;
-                    }
                 }
-                End::Release | End::Keep => {
-                    let _ = gate.release_concurrent(policy, &identity, &receipt).await;
-                }
+                End::Keep => {}
             }
         })
     }

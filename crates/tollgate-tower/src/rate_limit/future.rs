@@ -12,12 +12,12 @@ use tower_service::Service;
 
 use super::{
     Count, FailedOpen,
-    count::{Charge, Held, Slot, counted_status, receipt_of},
+    count::{Charge, Held, counted_status, receipt_of},
     layer::Config,
 };
 use crate::{
     body::LayerBody,
-    gate::{BoxFuture, detached},
+    gate::{BoxFuture, Slot, detached},
     headers::HeaderStyle,
     rejection::{Rejection, grpc_type},
 };
@@ -170,9 +170,10 @@ fn slot_of(
     identity: Option<&Identity>,
 ) -> Option<Box<Slot>> {
     match (config.concurrent, identity) {
-        (true, Some(identity)) => decision
-            .receipt()
-            .map(|receipt| Box::new(Slot::new(config.clone(), identity.clone(), receipt))),
+        (true, Some(identity)) => decision.receipt().map(|receipt| {
+            let home = (config.gate.clone(), config.clone());
+            Box::new(Slot::new(home, identity.clone(), receipt, config.lease_ttl))
+        }),
         _ => None,
     }
 }

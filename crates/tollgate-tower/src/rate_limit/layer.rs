@@ -71,6 +71,12 @@ pub(crate) struct Config {
     pub(crate) on_rejection: Option<OnRejection>,
 }
 
+impl crate::gate::PolicyHome for Arc<Config> {
+    fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
 impl RateLimitLayer {
     /// Checks `policy` on `gate` for every request, at a cost of one unit.
     pub fn new<S: FullStore>(gate: Arc<Tollgate<S>>, policy: Policy) -> RateLimitLayer {
@@ -86,13 +92,7 @@ impl RateLimitLayer {
             .limiters()
             .iter()
             .any(tollgate::Limiter::is_concurrent);
-        let lease_ttl = policy
-            .limiters()
-            .iter()
-            .flat_map(|l| l.rules())
-            .filter(|r| r.is_concurrent())
-            .map(tollgate::Rule::window)
-            .min();
+        let lease_ttl = crate::gate::lease_ttl(&policy);
         RateLimitLayer {
             config: Arc::new(Config {
                 gate: erase(gate),

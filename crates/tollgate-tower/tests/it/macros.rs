@@ -789,6 +789,59 @@ async fn a_concurrency_limit_through_the_macro() {
         .await;
 }
 
+#[rate_limit(by = "user_id", concurrent = 1, lease_ttl = "3s")]
+async fn long_export(entered: Arc<Notify>, done: Arc<Notify>) -> Result<(), Rejection> {
+    entered.notify_one();
+    done.notified().await;
+    Ok(())
+}
+
+/// A call longer than its lease's TTL keeps its slot: the lease is renewed every third of the
+/// TTL while the call runs, and freed when it returns.
+#[tokio::test(start_paused = true)]
+async fn a_call_longer_than_its_lease_keeps_its_slot() {
+    let (gate, clock) = gate();
+    let context = Context::new(gate, Identity::new().with_user_id("u1"));
+    let (entered, done) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let running = tokio::spawn(
+        context
+            .clone()
+            .scope(long_export(entered.clone(), done.clone())),
+    );
+    entered.notified().await;
+    let at_once = || {
+        let done = Arc::new(Notify::new());
+        done.notify_one();
+        long_export(Arc::new(Notify::new()), done)
+    };
+    // Five seconds of the store's time, second by second, each after a renewal's turn.
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    context
+        .clone()
+        .scope(async {
+            let Err(Rejection::RateLimited(refusal)) = at_once().await else {
+                panic!("the slot is still the running call's");
+            };
+            assert_eq!(refusal.reason(), Reason::ConcurrencyLimited);
+        })
+        .await;
+    done.notify_one();
+    running.await.unwrap().unwrap();
+    context
+        .scope(async {
+            at_once()
+                .await
+                .expect("the slot is free once the call returned");
+        })
+        .await;
+}
+
 #[tokio::test]
 async fn warn_at_on_a_handler_says_ratelimit_warning() {
     let (gate, _) = gate();
