@@ -237,6 +237,9 @@ pub(crate) struct Slot {
     ended: Option<tokio::sync::oneshot::Sender<()>>,
     /// Told by the task once the leases are released.
     released: tokio::sync::oneshot::Receiver<()>,
+    /// Without a runtime to hold the slot on (a macro's call on another executor): the release,
+    /// run by [`release`](Self::release).
+    inline: Option<BoxFuture<'static, ()>>,
 }
 
 impl Slot {
@@ -249,19 +252,32 @@ impl Slot {
     ) -> Slot {
         let (ended, dropped) = tokio::sync::oneshot::channel();
         let (done, released) = tokio::sync::oneshot::channel();
-        in_background(async move {
-            hold((gate, policy), identity, (receipt, lease_ttl), dropped).await;
-            let _ = done.send(());
-        });
+        let inline: Option<BoxFuture<'static, ()>> = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    hold((gate, policy), identity, (receipt, lease_ttl), dropped).await;
+                    let _ = done.send(());
+                });
+                None
+            }
+            Err(_) => Some(Box::pin(async move {
+                let release = gate.release_concurrent(policy.policy(), &identity, &receipt);
+                let _ = release.await;
+            })),
+        };
         Slot {
             ended: Some(ended),
             released,
+            inline,
         }
     }
 
     /// Frees the slots now, and waits until the store has them back (or the release failed: the
     /// lease then runs out by itself).
     pub(crate) async fn release(mut self) {
+        if let Some(release) = self.inline.take() {
+            return release.await;
+        }
         if let Some(ended) = self.ended.take() {
             let _ = ended.send(());
         }

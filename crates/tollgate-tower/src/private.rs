@@ -51,14 +51,24 @@ pub async fn check(
     admit(policy, args, how, false).await.map(drop)
 }
 
-/// The admission of `policy` for the current context's identity and `args`: the context, the
-/// identity checked and the decision, recorded for the response's fields; or the refusal.
+/// What an admission hands on: the context, the identity checked, the decision and, for a
+/// charged call of a policy with concurrency limits, its slot.
+type Admitted = (
+    Context,
+    tollgate::Identity,
+    tollgate::Decision,
+    Option<Slot>,
+);
+
+/// The admission of `policy` for the current context's identity and `args`, recorded for the
+/// response's fields; or the refusal. An `owned` (charged) admission holds its concurrency
+/// slots from here, their leases renewed while the call waits its turn and runs.
 async fn admit(
     policy: &'static Policy,
     args: Vec<(&'static str, String)>,
     (cost, max_delay): (u64, Option<Duration>),
     owned: bool,
-) -> Result<(Context, tollgate::Identity, tollgate::Decision), Rejection> {
+) -> Result<Admitted, Rejection> {
     let context = Context::current().ok_or(Rejection::NoContext)?;
     let mut identity = context.identity.clone();
     for (name, value) in args {
@@ -99,6 +109,11 @@ async fn admit(
     if !decision.allowed() {
         return Err(Rejection::denied(decision, policy));
     }
+    let concurrent = owned && policy.limiters().iter().any(Limiter::is_concurrent);
+    let slot = decision.receipt().filter(|_| concurrent).map(|receipt| {
+        let home = (context.gate.clone(), policy);
+        Slot::new(home, identity.clone(), receipt, lease_ttl(policy))
+    });
     if let Some(due) = decision.due(policy) {
         // Its units are reserved for later: it waits, and gives them back if dropped first.
         let waiting = Waiting {
@@ -112,7 +127,7 @@ async fn admit(
         waiting.due();
     }
     context.record(&decision, policy);
-    Ok((context, identity, decision))
+    Ok((context, identity, decision, slot))
 }
 
 /// Checks `policy` as [`check`] does, keeping what the call's end needs: a refund for a
@@ -125,13 +140,8 @@ pub async fn check_charged(
     mode: u8,
     (cost, max_delay): (u64, Option<Duration>),
 ) -> Result<Charged, Rejection> {
-    let (context, identity, decision) = admit(policy, args, (cost, max_delay), true).await?;
     // The call's concurrency slots, held (their leases renewed) until it returns or is dropped.
-    let concurrent = policy.limiters().iter().any(Limiter::is_concurrent);
-    let slot = decision.receipt().filter(|_| concurrent).map(|receipt| {
-        let home = (context.gate.clone(), policy);
-        Slot::new(home, identity.clone(), receipt, lease_ttl(policy))
-    });
+    let (context, identity, decision, slot) = admit(policy, args, (cost, max_delay), true).await?;
     Ok(Charged {
         gate: context.gate.clone(),
         policy,

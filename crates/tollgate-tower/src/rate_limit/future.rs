@@ -158,9 +158,6 @@ fn refuse<R: LayerBody>(
     reject(config, rejection, grpc_type(headers))
 }
 
-/// Calls the inner service for an admitted request: what the response then needs (its
-/// headers, the request's refund or concurrency slot).
-#[inline(always)]
 /// The concurrency slot an admitted request holds, if its policy has concurrency limits: from
 /// its admission, so that a request waiting its turn (`max_delay`) renews its lease while it
 /// waits (a wait past two thirds of the lease TTL lost the lease before its first renewal).
@@ -178,6 +175,9 @@ fn slot_of(
     }
 }
 
+/// Calls the inner service for an admitted request: what the response then needs (its
+/// headers, the request's refund; its concurrency slot, made at its admission).
+#[inline(always)]
 fn call<S: Service<Request<B>>, B, R>(
     (decision, slot): (Decision, Option<Box<Slot>>),
     inner: &mut S,

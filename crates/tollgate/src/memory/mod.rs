@@ -308,7 +308,11 @@ impl MemoryStoreBuilder {
                 response_bytes: self.max_response_bytes / self.shards,
             },
             ban_horizon: AtomicU64::new(0),
-            next_id: AtomicU64::new(1),
+            // Random, not 1: a lease is found by its check's id alone, so a receipt kept from
+            // before a restart must not name a lease of this run.
+            next_id: AtomicU64::new(
+                std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), 0u8) | 1,
+            ),
             evictions: AtomicU64::new(0),
             dropped_bans: AtomicU64::new(0),
             overrides: Overrides::new(self.max_keys),

@@ -491,14 +491,28 @@ fn request_decision(so_far: Option<(Reason, bool)>, group: (Reason, bool)) -> (R
 }
 
 /// The status of a descriptor whose `cost` units were given back (another group of its request
-/// denied): what it would have left, as a denied request's descriptors report.
+/// denied): what it would have left, as a denied request's descriptors report. Within its
+/// limit: the units were counted on it.
 fn given_back(status: &mut DescriptorStatus, cost: u64) {
-    let limit = status
-        .current_limit
-        .as_ref()
-        .map_or(u32::MAX, |l| l.requests_per_unit);
     let cost = u32::try_from(cost).unwrap_or(u32::MAX);
-    status.limit_remaining = status.limit_remaining.saturating_add(cost).min(limit);
+    status.limit_remaining = status.limit_remaining.saturating_add(cost);
+}
+
+/// Which counters of a group its check counted on.
+type Counted = SmallVec<[bool; 2]>;
+
+/// What the check of a group of counters came to.
+struct Grouped {
+    /// Each counter's status.
+    statuses: Statuses,
+    store_failed: bool,
+    /// Each counter's count before the check, where the store said.
+    befores: SmallVec<[Option<u64>; 2]>,
+    /// Denied, or admitted with what the store recorded (when asked to keep it).
+    answer: Result<Option<Receipt>, ()>,
+    /// The group's decision: its reason, and whether it admitted.
+    decision: (Reason, bool),
+    counted: Counted,
 }
 
 fn ok_status() -> DescriptorStatus {
@@ -812,9 +826,11 @@ impl RateLimiter {
         let (independent, counting) = domain.semantics.counting();
         let mut over = plan.blocked;
         let mut store_failed = false;
+        // The request's one decision, from the groups that counted.
+        let mut decided: Option<(Reason, bool)> = None;
         if counting {
             let stop = (!independent, plan.blocked);
-            store_failed = self
+            (store_failed, decided) = self
                 .count_as_reference(domain, &matches, &plan, stop, &mut statuses)
                 .await;
             plan.groups.clear();
@@ -823,14 +839,19 @@ impl RateLimiter {
         // the groups too: a group that denies stops the later ones from counting (they only
         // look), and gives back what the earlier ones recorded.
         let mut denied = false;
-        let mut recorded: SmallVec<[(usize, Receipt); 2]> = SmallVec::new();
-        // The request's one decision, from the groups that counted.
-        let mut decided: Option<(Reason, bool)> = None;
+        let mut recorded: SmallVec<[(usize, Receipt, Counted); 2]> = SmallVec::new();
         // Receipts are kept only where another group could deny.
         let keep = !independent && plan.groups.len() > 1;
         for (g, group) in plan.groups.iter().enumerate() {
             let consume = (!plan.blocked || independent) && !denied;
-            let (mut outcome, failed, befores, answer, decision) = self
+            let Grouped {
+                statuses: mut outcome,
+                store_failed: failed,
+                befores,
+                answer,
+                decision,
+                counted,
+            } = self
                 .check_group(domain, &plan.keys, group, (consume, keep), &bans)
                 .await;
             store_failed |= failed;
@@ -839,7 +860,7 @@ impl RateLimiter {
             }
             if consume && keep {
                 match answer {
-                    Ok(Some(receipt)) => recorded.push((g, receipt)),
+                    Ok(Some(receipt)) => recorded.push((g, receipt, counted)),
                     Ok(None) => {}
                     Err(()) => denied = true,
                 }
@@ -864,11 +885,14 @@ impl RateLimiter {
             }
         }
         if denied {
-            for (g, receipt) in recorded {
-                // Its descriptors say what they would have left: nothing stays counted.
+            for (g, receipt, counted) in recorded {
+                // Its descriptors say what they would have left: nothing stays counted (a
+                // shadow counter that would have denied counted nothing to give back).
                 let group = &plan.groups[g];
-                for &(i, _) in &group.members {
-                    given_back(&mut statuses[i], group.cost);
+                for &(i, c) in &group.members {
+                    if counted[c] {
+                        given_back(&mut statuses[i], group.cost);
+                    }
                 }
                 self.give_back(&plan.keys, group, receipt);
             }
@@ -1164,13 +1188,7 @@ impl RateLimiter {
         group: &Group,
         (consume, keep): (bool, bool),
         bans: &[BanKey<'_>],
-    ) -> (
-        Statuses,
-        bool,
-        SmallVec<[Option<u64>; 2]>,
-        Result<Option<Receipt>, ()>,
-        (Reason, bool),
-    ) {
+    ) -> Grouped {
         let (counters, cost) = (&group.counters[..], group.cost);
         let checked = self
             .check(domain, keys, counters, (cost, consume, false), bans)
@@ -1220,8 +1238,21 @@ impl RateLimiter {
                 .map(|r| r.with_limits(verdict.limits.iter().copied()))),
             _ => Ok(None),
         };
-        let decision = (checked.answer.reason(), allowed);
-        (statuses, store_failed, befores, answer, decision)
+        // What the check counted on: every counter when it admitted, but a shadow one that
+        // would have denied.
+        let counted = counters
+            .iter()
+            .enumerate()
+            .map(|(c, counter)| !(counter.node.shadow && checked.denied_by(c, &counter.node)))
+            .collect();
+        Grouped {
+            statuses,
+            store_failed,
+            befores,
+            answer,
+            decision: (checked.answer.reason(), allowed),
+            counted,
+        }
     }
 
     /// Gives back what the check of `group` recorded (its `receipt`): another group of the
@@ -1283,7 +1314,8 @@ impl RateLimiter {
     }
 
     /// Counts the counters (a group each) as the reference does, and writes their statuses;
-    /// returns whether the store failed. Each counter's hits are added and its count read
+    /// returns whether the store failed, and the request's decision. Each counter's hits are
+    /// added and its count read
     /// back; it is over when that count is over its limit. With `all_or_nothing` (the
     /// reference's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`), the counts are read first: if
     /// some counter would go over, only those that would are counted (none, when a descriptor
@@ -1295,9 +1327,10 @@ impl RateLimiter {
         plan: &Plan,
         (all_or_nothing, blocked): (bool, bool),
         statuses: &mut [DescriptorStatus],
-    ) -> bool {
+    ) -> (bool, Option<(Reason, bool)>) {
         let (keys, groups) = (plan.keys.as_str(), &plan.groups[..]);
         let mut failed = false;
+        let mut decided = None;
         let mut counted: SmallVec<[bool; 4]> =
             SmallVec::from_elem(!(all_or_nothing && blocked), groups.len());
         if all_or_nothing && !blocked {
@@ -1345,7 +1378,7 @@ impl RateLimiter {
                 Some(over) => !over || node.shadow,
                 None => checked.answer.allowed(),
             };
-            self.record_decision(domain, reason, allowed);
+            decided = Some(request_decision(decided, (reason, allowed)));
             for &(i, _) in &group.members {
                 let before = after.map(|a| a.saturating_sub(group.cost));
                 self.count_stats(domain, matches, i, node, group.cost, before);
@@ -1374,7 +1407,7 @@ impl RateLimiter {
                 };
             }
         }
-        failed
+        (failed, decided)
     }
 
     /// One atomic check of the counters (its store call timed in the metrics); `counting`:

@@ -536,6 +536,19 @@ async fn every_descriptor_counts_on_its_own_unless_told_otherwise() {
                 "{stop:?} {other:?}: {r:?}"
             );
         }
+        // Each request is one decision, however many descriptors it counted.
+        let (_, metrics) = server.get_text("/metrics").await;
+        for (labels, n) in [
+            (r#"reason="ok",allowed="true""#, 2),
+            (r#"reason="rate_limited",allowed="false""#, 2),
+        ] {
+            let line =
+                format!("tollgate_decisions_total{{policy=\"envoy:reference\",{labels}}} {n}");
+            assert!(
+                metrics.lines().any(|l| l == line),
+                "{stop:?}: {line} in {metrics}"
+            );
+        }
     }
 }
 
