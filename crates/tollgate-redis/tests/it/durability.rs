@@ -95,11 +95,12 @@ async fn a_stalled_replica_makes_a_replicated_check_a_store_failure_that_on_erro
     let primary = RedisServer::start();
     let mut replica = RedisServer::replica_of(&primary);
     let gate = gate(&primary, Duration::from_secs(5)).await;
-    // Long enough for a replica on a loaded machine; each refused check waits for it.
+    // Long enough for a replica on a loaded machine (a second was not, once); each refused
+    // check waits for it.
     let quota = policy(
         "stalled",
         100,
-        Durability::replicated(1, Duration::from_secs(1)),
+        Durability::replicated(1, Duration::from_secs(3)),
     );
     assert!(gate.check(&quota, &who(), 1).await.unwrap().allowed());
 
@@ -112,7 +113,7 @@ async fn a_stalled_replica_makes_a_replicated_check_a_store_failure_that_on_erro
     assert_eq!(d.reason(), Reason::StoreUnavailable);
     let allow = Policy::builder("stalled")
         .limiter(quota.limiters()[0].clone())
-        .durability(Durability::replicated(1, Duration::from_secs(1)))
+        .durability(Durability::replicated(1, Duration::from_secs(3)))
         .on_error(OnError::Allow)
         .build()
         .unwrap();
@@ -212,7 +213,9 @@ async fn a_replicated_check_across_cluster_slots_waits_for_each_slots_replicas()
     let quota = Policy::builder("across")
         .limiter(Limiter::new(Dimension::Ip, rule()))
         .limiter(Limiter::new(Dimension::UserId, rule()))
-        .durability(Durability::replicated(1, Duration::from_secs(1)))
+        // Long enough for a replica on a loaded machine: every check but the stalled one is
+        // final.
+        .durability(Durability::replicated(1, Duration::from_secs(3)))
         .on_error(OnError::Deny)
         .build()
         .unwrap();

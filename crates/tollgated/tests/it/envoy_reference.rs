@@ -272,11 +272,13 @@ async fn global_shadow_mode_and_response_headers() {
 #[tokio::test]
 async fn a_failing_redis_fails_the_call_unless_on_error_is_set() {
     let mut redis = RedisServer::start();
-    let server = start(&redis, &[("TOLLGATE_STORE_TIMEOUT", "200ms")]);
+    // Long enough for a loaded machine: the first call must be answered (a dead server
+    // refuses at once).
+    let server = start(&redis, &[("TOLLGATE_STORE_TIMEOUT", "2s")]);
     let decided = start(
         &redis,
         &[
-            ("TOLLGATE_STORE_TIMEOUT", "200ms"),
+            ("TOLLGATE_STORE_TIMEOUT", "2s"),
             ("TOLLGATE_STORE_ON_ERROR", "deny"),
         ],
     );

@@ -80,7 +80,7 @@ async fn two_envoys_share_a_bucket_and_never_go_over_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quiet_envoys_share_moves_within_two_reports() {
+async fn a_quiet_envoys_share_moves_within_a_few_reports() {
     let server = Server::start(&config("memory://", &steady_rule().await));
     let id = || bucket_id(&[("route", "checkout"), ("tenant", "t5")]);
     let window = Duration::from_secs(60);
@@ -95,17 +95,23 @@ async fn a_quiet_envoys_share_moves_within_two_reports() {
     let (a, _b) = (a.stop(), b.stop());
 
     // Both asking: about half the bucket's rate each (the median of A's last 0.8 s with
-    // B). B's reports quiet: A's next assignment has it all, within two report intervals
-    // of B's quiet report (three of the moment B went quiet, and some slack).
+    // B). B's reports quiet: A's next assignment has it all, two report intervals after B's
+    // quiet report (three of the moment B went quiet); the window allows a loaded machine
+    // twice that.
     let mut shared: Vec<f64> = a
         .rates
         .iter()
         .filter(|(at, _)| *at < quiet && quiet.duration_since(*at) < Duration::from_millis(800))
         .map(|&(_, r)| r)
         .collect();
+    assert!(
+        !shared.is_empty(),
+        "no assignment for A with B: {:?}",
+        a.rates
+    );
     shared.sort_by(f64::total_cmp);
     let shared = shared[shared.len() / 2];
-    let soon = quiet + REPORT_EVERY * 3 + REPORT_EVERY / 2;
+    let soon = quiet + REPORT_EVERY * 6;
     let alone = a
         .rates
         .iter()
@@ -234,7 +240,7 @@ async fn envoys_on_two_instances_share_a_bucket_on_a_cluster() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn when_an_envoys_stream_ends_the_other_has_the_bucket_at_its_next_report() {
+async fn when_an_envoys_stream_ends_the_other_has_the_bucket_within_a_few_reports() {
     // A's rate is ~250/s with B and ~500/s alone (see `steady_rule`).
     let window = Duration::from_secs(60);
     let server = Server::start(&config("memory://", &steady_rule().await));
@@ -252,12 +258,18 @@ async fn when_an_envoys_stream_ends_the_other_has_the_bucket_at_its_next_report(
         .filter(|(at, _)| *at < ended && ended.duration_since(*at) < Duration::from_millis(800))
         .map(|&(_, r)| r)
         .collect();
+    assert!(
+        !shared.is_empty(),
+        "no assignment for A with B: {:?}",
+        a.rates
+    );
     shared.sort_by(f64::total_cmp);
     let shared = shared[shared.len() / 2];
+    // At A's next report; the window allows a loaded machine a few more.
     let alone = a
         .rates
         .iter()
-        .filter(|(at, _)| *at > ended && *at <= ended + REPORT_EVERY * 2)
+        .filter(|(at, _)| *at > ended && *at <= ended + REPORT_EVERY * 5)
         .map(|&(_, r)| r)
         .fold(0.0, f64::max);
     // A kept bucket may run a little above its share (it is replaced when its rate is off by
