@@ -237,6 +237,15 @@ return once(tonumber(ARGV[5]), function()
         for u = 1, math.min(cost, redis.call('ZCARD', log)) do
           removed = removed + redis.call('ZREM', log, id .. int(u))
         end
+        -- A check a Cluster client sent again (its reply lost) and Redis ran twice recorded
+        -- its units again under the same nonce, as id .. 'r' .. k (see check.lua): they are
+        -- this check's too, never an admission, and go with it (a lease's would otherwise
+        -- hold a second slot until its TTL).
+        local k = 1
+        while k <= 1000 and redis.call('ZREM', log, id .. 'r' .. int(k)) == 1 do
+          removed = removed + 1
+          k = k + 1
+        end
       else
         removed = #redis.call('ZPOPMAX', log, int(cost))
       end

@@ -203,3 +203,40 @@ async fn a_huge_cost_named_by_a_caller_costs_redis_no_scan() {
         .await
         .expect("answered, not timed out");
 }
+
+/// A check that a Cluster client sent twice (its reply lost) and Redis ran twice recorded its
+/// units twice, the second time under the same nonce as `<nonce>r1`: its release frees both
+/// (one check held two slots until the lease's TTL).
+#[tokio::test]
+async fn a_release_frees_what_a_resent_check_recorded_twice() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .local_cache(false)
+        .build()
+        .await
+        .unwrap();
+    let gate = Tollgate::new(store);
+    let p = Policy::builder("resent")
+        .limiter(Limiter::concurrent(Dimension::UserId, 2, Duration::from_secs(60)).unwrap())
+        .build()
+        .unwrap();
+    let who = Identity::new().with_user_id("u");
+    let d = gate.check(&p, &who, 1).await.unwrap();
+    assert!(d.allowed());
+    let receipt = d.receipt().unwrap();
+    let base = tollgate::key::limiter_key(gate.prefix(), "resent", "user_id", "u");
+    let log = tollgate::key::rule_key(&base, &p.limiters()[0].rules()[0]);
+    let member = |tail: &[u8]| [&receipt.id().to_be_bytes()[..], tail].concat();
+    let mut conn = raw(&server).await;
+    // The second run of the same call: the same units, under `r1`.
+    let score: Option<f64> = conn.zscore(&log, member(b"1")).await.unwrap();
+    let score = score.expect("the check's member, named by its nonce");
+    let _: i64 = conn.zadd(&log, member(b"r1"), score).await.unwrap();
+    let busy = gate.check(&p, &who, 1).await.unwrap();
+    assert!(!busy.allowed(), "one check holds both slots");
+
+    gate.release_concurrent(&p, &who, &receipt).await.unwrap();
+    let left: u64 = conn.zcard(&log).await.unwrap();
+    assert_eq!(left, 0, "the release frees what both runs recorded");
+    assert!(gate.check(&p, &who, 1).await.unwrap().allowed());
+}

@@ -19,9 +19,10 @@ const ALGORITHMS: [Algorithm; 4] = [
 ];
 
 async fn gate(url: &str, repair: bool) -> Tollgate<RedisStore> {
-    // A short timeout: a repaired key settles for it plus half a second.
+    // A repaired key settles for the timeout plus half a second: short, but long enough for a
+    // loaded machine (a check that timed out would make another repair due).
     let mut builder = RedisStore::builder(url)
-        .timeout(Duration::from_millis(300))
+        .timeout(Duration::from_secs(1))
         .local_cache(false);
     if repair {
         builder = builder.repair(Duration::from_secs(30));

@@ -150,7 +150,9 @@ limiters = [{{ by = "ip", rules = ["1/1h"] }}]
         metrics.contains("tollgate_blocklist_entries 100000"),
         "{metrics}"
     );
-    let (calls, usec) = command_stats(&redis, "evalsha");
+    // One script call and one ZCOUNT, no ban read one by one: the scrape's cost does not grow
+    // with the bans (its time is the benchmarks' business, not a test's).
+    let (calls, _) = command_stats(&redis, "evalsha");
     assert_eq!(calls, 1, "one script call per scrape");
     assert_eq!(command_stats(&redis, "zcount").0, 1);
     assert_eq!(
@@ -158,7 +160,6 @@ limiters = [{{ by = "ip", rules = ["1/1h"] }}]
         0,
         "no ban read one by one"
     );
-    assert!(usec < 1000, "the scrape took {usec} µs of Redis time");
 
     // The admin listing reads one page: from the start, then from its cursor.
     let (status, first) = server.get_admin("/v1/blocklist?limit=50").await;

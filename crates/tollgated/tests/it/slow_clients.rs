@@ -196,8 +196,9 @@ async fn slowloris_connections_are_closed_and_checks_still_answer() {
 #[tokio::test]
 async fn silent_connections_are_closed() {
     let server = Server::start(&config("header_read_timeout = \"300ms\""));
-    let mut stream = TcpStream::connect(addr(&server.http)).await.unwrap();
+    // Timed from before the connection: the server's timer starts after it accepts.
     let opened = Instant::now();
+    let mut stream = TcpStream::connect(addr(&server.http)).await.unwrap();
     read_to_close(&mut stream).await;
     assert!(
         opened.elapsed() >= Duration::from_millis(280),
@@ -436,11 +437,12 @@ async fn one_address_holds_its_share_of_connections() {
 #[tokio::test]
 async fn idle_grpc_connections_are_closed() {
     let server = Server::start(&config("idle_timeout = \"500ms\""));
+    // Timed from before the connection's opening: the server's idle timer starts after it.
+    let opened = Instant::now();
     let mut stream = TcpStream::connect(addr(&server.grpc)).await.unwrap();
     let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
     stream.write_all(&bytes).await.unwrap();
-    let opened = Instant::now();
     read_to_close(&mut stream).await;
     assert!(
         opened.elapsed() >= Duration::from_millis(450),
