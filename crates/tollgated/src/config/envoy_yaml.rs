@@ -294,12 +294,63 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<YamlRoot, ConfigError> {
     if root.domain.is_empty() {
         return Err(ConfigError::new(
             name,
-            None,
+            line_of(text, "domain"),
             "domain",
             "config file cannot have empty domain",
         ));
     }
+    let mut seen = std::collections::HashMap::new();
+    if let Err((message, key, nth)) = duplicates(&root.descriptors.0, &root.domain, &mut seen) {
+        let line = nth_key_line(text, &key, nth);
+        return Err(ConfigError::new(name, line, "descriptors", message));
+    }
     Ok(root)
+}
+
+/// The reference's check that no two descriptors of one level have the same key and value, in
+/// the order of the file. On a duplicate: the message, its key, and how many descriptors of
+/// that key came before it in the file (to find its line by). `seen` counts them by key.
+fn duplicates(
+    level: &[YamlDescriptor],
+    composite: &str,
+    seen: &mut std::collections::HashMap<String, usize>,
+) -> Result<(), (String, String, usize)> {
+    let mut here = std::collections::HashSet::new();
+    for d in level {
+        let nth = seen.entry(d.key.clone()).or_insert(0);
+        let before = *nth;
+        *nth += 1;
+        let part = match &d.value {
+            Some(v) => format!("{}_{v}", d.key),
+            None => d.key.clone(),
+        };
+        let composite = format!("{composite}.{part}");
+        if !here.insert((d.key.as_str(), d.value.as_deref())) {
+            let message = format!("duplicate descriptor composite key '{composite}'");
+            return Err((message, d.key.clone(), before));
+        }
+        duplicates(&d.descriptors.0, &composite, seen)?;
+    }
+    Ok(())
+}
+
+/// The line (from 1) of the `nth` (from 0) `key: <key>` in the file, as written plainly (a
+/// quoted key is not found: no line, the file still named).
+fn nth_key_line(text: &str, key: &str, nth: usize) -> Option<usize> {
+    let written = format!("key: {key}");
+    let at = |line: &str| {
+        line.match_indices(&written).any(|(i, _)| {
+            let before = line[..i].chars().next_back();
+            let after = line[i + written.len()..].chars().next();
+            matches!(before, None | Some(' ' | '-' | '{' | ',' | '\t'))
+                && matches!(after, None | Some(' ' | ',' | '}' | '#' | '\t' | '\r'))
+        })
+    };
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| at(l))
+        .nth(nth)
+        .map(|(i, _)| i + 1)
 }
 
 /// A scalar as Go's `%v` writes it, for errors.
@@ -730,12 +781,20 @@ descriptors:
         assert!(e.starts_with("f0.yaml:4: "), "{e}");
         assert!(e.contains("config error, unknown key 'ratelimit'"), "{e}");
         let e = error("domain: d\ndescriptors:\n  - key: a\n  - key: a\n");
-        assert!(
-            e.contains("duplicate descriptor composite key 'd.a'"),
-            "{e}"
+        assert_eq!(
+            e,
+            "f0.yaml:4: descriptors: duplicate descriptor composite key 'd.a'"
+        );
+        // Deeper, among keys of the same name elsewhere: the duplicate's own line.
+        let e = error(
+            "domain: d\ndescriptors:\n  - key: b\n  - key: a\n    descriptors:\n      - key: b\n        value: c\n      - { key: b, value: c }\n",
+        );
+        assert_eq!(
+            e,
+            "f0.yaml:8: descriptors: duplicate descriptor composite key 'd.a.b_c'"
         );
         let e = error("descriptors: []\ndomain: \"\"\n");
-        assert_eq!(e, "f0.yaml: domain: config file cannot have empty domain");
+        assert_eq!(e, "f0.yaml:2: domain: config file cannot have empty domain");
         let e = error(
             "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { name: x, unit: second, requests_per_unit: 1, replaces: [{ name: x }] }\n",
         );
