@@ -108,22 +108,32 @@ async fn answered_by_redis_again(gate: &Tollgate<RedisStore>) {
 /// [`FAILOVER`], for `judge` to report), and returns everything seen.
 async fn settle(running: &AtomicBool, load: tokio::task::JoinHandle<()>, log: &Log) -> Vec<Seen> {
     let deadline = Instant::now() + FAILOVER;
+    // How much of the log the steady run ends: checks still in flight when the load stops are
+    // not judged (on a loaded machine one may time out after the store came back).
+    let mut steady_at = None;
     loop {
-        let steady = {
+        {
             let seen = log.lock().unwrap();
-            seen.len() >= STEADY
+            if seen.len() >= STEADY
                 && seen[seen.len() - STEADY..]
                     .iter()
                     .all(|s| s.reason == Reason::Ok)
-        };
-        if steady || Instant::now() > deadline {
+            {
+                steady_at = Some(seen.len());
+            }
+        }
+        if steady_at.is_some() || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     running.store(false, Ordering::Relaxed);
     load.await.expect("the load task panicked");
-    std::mem::take(&mut *log.lock().unwrap())
+    let mut seen = std::mem::take(&mut *log.lock().unwrap());
+    if let Some(n) = steady_at {
+        seen.truncate(n);
+    }
+    seen
 }
 
 /// Asserts the story of one failover and prints its gap: `killed` is when the primary died.
