@@ -294,14 +294,16 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<YamlRoot, ConfigError> {
     if root.domain.is_empty() {
         return Err(ConfigError::new(
             name,
-            line_of(text, "domain"),
+            text.lines()
+                .position(|l| l.starts_with("domain:"))
+                .map(|i| i + 1),
             "domain",
             "config file cannot have empty domain",
         ));
     }
     let mut seen = std::collections::HashMap::new();
     if let Err((message, key, nth)) = duplicates(&root.descriptors.0, &root.domain, &mut seen) {
-        let line = nth_key_line(text, &key, nth);
+        let line = nth_key_line(text, &key, (nth, count_key(&root.descriptors.0, &key)));
         return Err(ConfigError::new(name, line, "descriptors", message));
     }
     Ok(root)
@@ -334,23 +336,39 @@ fn duplicates(
     Ok(())
 }
 
-/// The line (from 1) of the `nth` (from 0) `key: <key>` in the file, as written plainly (a
-/// quoted key is not found: no line, the file still named).
-fn nth_key_line(text: &str, key: &str, nth: usize) -> Option<usize> {
+/// How many descriptors of the tree have `key`.
+fn count_key(level: &[YamlDescriptor], key: &str) -> usize {
+    level
+        .iter()
+        .map(|d| usize::from(d.key == key) + count_key(&d.descriptors.0, key))
+        .sum()
+}
+
+/// The line (from 1) of the `nth` (from 0) of `of` descriptors with `key`, found as lines
+/// that say `key: <key>` plainly, outside comments; `None` unless there is exactly one such
+/// line per descriptor (a quoted key, two on a line or the text in a metadata map would make
+/// the count a guess: the file is still named).
+fn nth_key_line(text: &str, key: &str, (nth, of): (usize, usize)) -> Option<usize> {
     let written = format!("key: {key}");
     let at = |line: &str| {
-        line.match_indices(&written).any(|(i, _)| {
+        let line = line.split('#').next().unwrap_or("");
+        let found = line.match_indices(&written).filter(|&(i, _)| {
             let before = line[..i].chars().next_back();
             let after = line[i + written.len()..].chars().next();
             matches!(before, None | Some(' ' | '-' | '{' | ',' | '\t'))
-                && matches!(after, None | Some(' ' | ',' | '}' | '#' | '\t' | '\r'))
-        })
+                && matches!(after, None | Some(' ' | ',' | '}' | '\t' | '\r'))
+        });
+        found.count() == 1
     };
-    text.lines()
+    let lines: Vec<usize> = text
+        .lines()
         .enumerate()
         .filter(|(_, l)| at(l))
-        .nth(nth)
         .map(|(i, _)| i + 1)
+        .collect();
+    (lines.len() == of)
+        .then(|| lines.get(nth).copied())
+        .flatten()
 }
 
 /// A scalar as Go's `%v` writes it, for errors.
@@ -793,6 +811,12 @@ descriptors:
             e,
             "f0.yaml:8: descriptors: duplicate descriptor composite key 'd.a.b_c'"
         );
+        // A commented-out descriptor is no descriptor; text that makes the count a guess
+        // gives no line.
+        let e = error("domain: d\n# - key: a\ndescriptors:\n  - key: a\n  - key: a\n");
+        assert!(e.starts_with("f0.yaml:5: "), "{e}");
+        let e = error("domain: d\ndescriptors:\n  - key: a\n  - key: \"a\"\n");
+        assert!(e.starts_with("f0.yaml: descriptors: duplicate"), "{e}");
         let e = error("descriptors: []\ndomain: \"\"\n");
         assert_eq!(e, "f0.yaml:2: domain: config file cannot have empty domain");
         let e = error(
