@@ -16,13 +16,14 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) enum Buffered<B> {
     /// The whole body, within the cap.
     Whole(Bytes),
-    /// The cap was reached: what was read, and the rest, still to be streamed.
-    TooLarge(Prefixed<B>),
+    /// Not to be stored: the cap was reached, or the body has trailers (a gRPC status, which a
+    /// stored response would not keep): what was read, and the rest, still to be streamed.
+    Unstored(Prefixed<B>),
     /// The body failed.
     Failed(BoxError),
 }
 
-/// Reads `body` whole if it fits in `cap` bytes. Trailers are dropped.
+/// Reads `body` whole if it fits in `cap` bytes and has no trailers.
 pub(crate) async fn buffer<B>(body: B, cap: usize) -> Buffered<B>
 where
     B: HttpBody<Data = Bytes> + Unpin,
@@ -35,13 +36,23 @@ where
             Ok(frame) => frame,
             Err(e) => return Buffered::Failed(e.into()),
         };
-        let Ok(data) = frame.into_data() else {
-            continue;
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                // Trailers end the body: they go on to the client, and the response is not
+                // stored.
+                return Buffered::Unstored(Prefixed {
+                    prefix: Some(read.freeze()),
+                    trailers: frame.into_trailers().ok(),
+                    rest: body,
+                });
+            }
         };
         read.extend_from_slice(&data);
         if read.len() > cap {
-            return Buffered::TooLarge(Prefixed {
+            return Buffered::Unstored(Prefixed {
                 prefix: Some(read.freeze()),
+                trailers: None,
                 rest: body,
             });
         }
@@ -50,9 +61,10 @@ where
 }
 
 pin_project! {
-    /// Bytes already read, then the rest of the body.
+    /// Bytes already read (and the trailers, if they were read), then the rest of the body.
     pub(crate) struct Prefixed<B> {
         prefix: Option<Bytes>,
+        trailers: Option<http::HeaderMap>,
         #[pin]
         rest: B,
     }
@@ -67,14 +79,17 @@ impl<B: HttpBody<Data = Bytes>> HttpBody for Prefixed<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        if let Some(prefix) = this.prefix.take() {
+        if let Some(prefix) = this.prefix.take().filter(|p| !p.is_empty()) {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        if let Some(trailers) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
         this.rest.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.is_none() && self.rest.is_end_stream()
+        self.prefix.is_none() && self.trailers.is_none() && self.rest.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -166,7 +166,7 @@ where
             lease.complete(record, config.replay_for).await;
             Ok(Response::from_parts(parts, ResBody::full(bytes)))
         }
-        Buffered::TooLarge(rest) => {
+        Buffered::Unstored(rest) => {
             lease.complete(Vec::new(), config.replay_for).await;
             let rest = rest.map_err(Into::into).boxed_unsync();
             Ok(Response::from_parts(parts, ResBody::boxed(rest)))

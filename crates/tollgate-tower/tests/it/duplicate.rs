@@ -557,3 +557,49 @@ async fn a_grpc_web_repeat_is_refused_in_grpc_web_terms() {
     }
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
 }
+
+/// A response with trailers (a gRPC status) reaches the client with them in key mode, and is
+/// not stored (a stored response keeps no trailers): a repeat is refused, not replayed
+/// without its status.
+#[tokio::test]
+async fn a_response_with_trailers_keeps_them_and_is_not_stored() {
+    use http_body_util::{BodyExt, StreamBody};
+
+    let (gate, _) = gate();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let service = DuplicateLayer::idempotency_key(gate, "calls").layer(tower::service_fn(
+        move |_: Request<tollgate_tower::GateBody<Body>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", "0".parse().unwrap());
+                let frames = futures_util::stream::iter([
+                    Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from("reply"))),
+                    Ok(http_body::Frame::trailers(trailers)),
+                ]);
+                Ok::<_, std::convert::Infallible>(Response::new(Body::new(StreamBody::new(frames))))
+            }
+        },
+    ));
+    let request = || {
+        Request::post("/call")
+            .header("idempotency-key", "t1")
+            .extension(tollgate::Identity::new().with_user_id("u"))
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    let response = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("the trailers came through");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(collected.to_bytes(), "reply");
+
+    let repeat = service.oneshot(request()).await.unwrap();
+    assert_eq!(repeat.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "not run again");
+}
