@@ -816,11 +816,7 @@ async fn a_call_longer_than_its_lease_keeps_its_slot() {
     };
     // Five seconds of the store's time, second by second, each after a renewal's turn.
     for _ in 0..5 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        clock.advance(Duration::from_secs(1));
+        crate::support::step(&clock, Duration::from_secs(1), Duration::from_secs(1)).await;
     }
     context
         .clone()

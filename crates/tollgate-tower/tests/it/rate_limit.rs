@@ -16,7 +16,7 @@ use tollgate_tower::{
     Cost, Count, FailedOpen, FailureWhen, HeaderStyle, IdentityResolver, RateLimitLayer, Settle,
 };
 
-use crate::support::{Server, client, gate, header, problem};
+use crate::support::{Server, client, gate, header, problem, step};
 
 fn rules(texts: &[&str]) -> Vec<tollgate::Rule> {
     texts.iter().map(|t| t.parse().unwrap()).collect()
@@ -448,17 +448,13 @@ async fn a_stream_longer_than_its_lease_keeps_its_slot() {
     tokio::task::yield_now().await;
     // Ten seconds of the store's time, its lease's TTL three times over, in steps of less
     // than a TTL, each after a renewal's turn (a second: a third of it).
-    for step in 0..5 {
-        tokio::time::advance(Duration::from_millis(1010)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        clock.advance(Duration::from_secs(2));
+    for n in 0..5 {
+        step(&clock, Duration::from_millis(1010), Duration::from_secs(2)).await;
         let busy = app.clone().oneshot(request()).await.unwrap();
         assert_eq!(
             busy.status(),
             429,
-            "step {step}: the slot is still the stream's"
+            "step {n}: the slot is still the stream's"
         );
     }
     // The stream ends: the slot is free.
@@ -515,21 +511,14 @@ async fn a_request_waiting_its_turn_keeps_its_slot() {
     let waiting = tokio::spawn(app.clone().oneshot(request("192.0.2.8:4000", "u1")));
     tokio::task::yield_now().await;
     // Second by second, the store's clock behind tokio's: the wait, its TTL and more.
+    let second = Duration::from_secs(1);
     for _ in 0..4 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        clock.advance(Duration::from_secs(1));
+        step(&clock, second, second).await;
     }
     let waited = waiting.await.unwrap().unwrap();
     assert_eq!(waited.status(), 200);
     let _stream = handed.recv().await.unwrap();
-    tokio::time::advance(Duration::from_secs(1)).await;
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    clock.advance(Duration::from_secs(1));
+    step(&clock, second, second).await;
     // 5 s after its admission, the address's one slot is still the waiting request's.
     let busy = app.clone().oneshot(request("192.0.2.8:4001", "u2")).await;
     assert_eq!(busy.unwrap().status(), 429, "the slot is the stream's");

@@ -39,6 +39,16 @@ impl Drop for Server {
     }
 }
 
+/// Moves tokio's paused time by `timers` and lets the tasks it wakes run (a lease renewal,
+/// say), then the store's clock by `store`.
+pub(crate) async fn step(clock: &ManualClock, timers: Duration, store: Duration) {
+    tokio::time::advance(timers).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(store);
+}
+
 /// An engine on a memory store whose clock only moves when told.
 pub(crate) fn gate() -> (Arc<Tollgate<MemoryStore>>, ManualClock) {
     let clock = ManualClock::new(Duration::from_secs(1_700_000_000));
