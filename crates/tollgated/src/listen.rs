@@ -254,10 +254,10 @@ async fn accept_failed(e: &io::Error) {
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
-/// A request body that must arrive before a deadline.
-struct TimedBody<B> {
+/// A request body that must arrive before a deadline (none: a stream's, which lasts).
+pub(crate) struct TimedBody<B> {
     inner: B,
-    deadline: Instant,
+    deadline: Option<Instant>,
     timeout: Duration,
     /// Made on the first wait only: a body that is already there costs no timer.
     sleep: Option<Pin<Box<Sleep>>>,
@@ -267,8 +267,18 @@ impl<B> TimedBody<B> {
     fn new(inner: B, timeout: Duration) -> TimedBody<B> {
         TimedBody {
             inner,
-            deadline: Instant::now() + timeout,
+            deadline: Some(Instant::now() + timeout),
             timeout,
+            sleep: None,
+        }
+    }
+
+    /// A body without a deadline.
+    fn lasting(inner: B) -> TimedBody<B> {
+        TimedBody {
+            inner,
+            deadline: None,
+            timeout: Duration::ZERO,
             sleep: None,
         }
     }
@@ -313,7 +323,9 @@ where
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
             Poll::Pending => {
-                let deadline = this.deadline;
+                let Some(deadline) = this.deadline else {
+                    return Poll::Pending;
+                };
                 let sleep = this
                     .sleep
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
@@ -338,17 +350,23 @@ where
 /// hyper's HTTP/2 server with its defaults (tonic's transport server uses the same) and at most
 /// `max_concurrent_streams` calls in flight per connection; the service is the generated gRPC
 /// service itself, without a router in front (it answers UNIMPLEMENTED to any other method).
-/// With `peers`, each request carries its connection's peer (for authentication).
+/// With `peers`, each request carries its connection's peer (for authentication). The message
+/// of a call that is not a stream must arrive within `body_read_timeout`, as an HTTP request's
+/// body: a call whose message never ends would hold what it declared until its connection
+/// closes (and pings keep a connection open).
 pub(crate) async fn serve_grpc<I, T, S, B>(
     incoming: I,
     service: S,
-    (max_concurrent_streams, peers): (u32, bool),
+    (max_concurrent_streams, peers, body_read_timeout): (u32, bool, Duration),
     tls: Option<(tokio_rustls::TlsAcceptor, Duration)>,
     stop: impl Future<Output = ()>,
 ) where
     I: Stream<Item = io::Result<T>>,
     T: AsyncRead + AsyncWrite + Send + Unpin + tonic::transport::server::Connected + 'static,
-    S: tower::Service<Request<Incoming>, Response = hyper::Response<B>> + Clone + Send + 'static,
+    S: tower::Service<Request<TimedBody<Incoming>>, Response = hyper::Response<B>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: http_body::Body + Send + 'static,
@@ -381,11 +399,17 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
         let connected = peers.then(|| io.connect_info());
         let service = service
             .clone()
-            .map_request(move |mut request: Request<Incoming>| {
+            .map_request(move |request: Request<Incoming>| {
+                let (mut parts, body) = request.into_parts();
                 if let Some(connected) = &connected {
-                    request.extensions_mut().insert(connected.clone());
+                    parts.extensions.insert(connected.clone());
                 }
-                request
+                let body = if is_stream(parts.uri.path()) {
+                    TimedBody::lasting(body)
+                } else {
+                    TimedBody::new(body, body_read_timeout)
+                };
+                Request::from_parts(parts, body)
             });
         let (builder, tls) = (builder.clone(), tls.clone());
         tokio::spawn(async move {
@@ -409,6 +433,16 @@ pub(crate) async fn serve_grpc<I, T, S, B>(
         });
     }
     graceful.shutdown().await;
+}
+
+/// Whether a gRPC method's request is a stream (RLQS reports, health watches), which lasts as
+/// long as its call: every other call's one message has a deadline.
+fn is_stream(path: &str) -> bool {
+    matches!(
+        path,
+        "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+            | "/grpc.health.v1.Health/Watch"
+    )
 }
 
 /// Serves one HTTP/2 connection on `io` until it ends (or shutdown, through `watcher`).

@@ -248,6 +248,7 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         (
             limits.grpc_max_concurrent_streams,
             app.auth.guarded(crate::auth::Scope::Check),
+            limits.body_read_timeout,
         ),
         grpc_tls.map(|acceptor| (acceptor, limits.header_read_timeout)),
         stopped(stop_rx.clone()),

@@ -525,3 +525,50 @@ async fn health_watch_streams_are_bounded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A gRPC call whose message never ends is answered within `body_read_timeout`, as an HTTP
+/// request's body: one that declared a large message and sent a part of it held what it
+/// declared until its connection closed (and pings keep a connection open).
+#[tokio::test]
+async fn a_grpc_message_that_never_ends_is_answered_within_the_body_timeout() {
+    use bytes::Bytes;
+    use http_body::Frame;
+
+    let server = Server::start(&config(
+        "body_read_timeout = \"300ms\"\nidle_timeout = \"60s\"",
+    ));
+    let tcp = TcpStream::connect(addr(&server.grpc)).await.unwrap();
+    let (mut send, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let (frames, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+    let body = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|frame| (frame, rx))
+    }));
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let request = http::Request::post(format!("{}{path}", server.grpc))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::StreamBody::new(body))
+        .unwrap();
+    // A message of 100 bytes, declared; 10 of them sent, then nothing more.
+    let mut partial = vec![0u8, 0, 0, 0, 100];
+    partial.extend_from_slice(&[0; 10]);
+    frames
+        .send(Ok(Frame::data(Bytes::from(partial))))
+        .await
+        .unwrap();
+    let answered = tokio::time::timeout(HANG, send.send_request(request))
+        .await
+        .expect("the call was held past the body timeout");
+    // Answered with a gRPC error, or its stream reset: either way, let go.
+    if let Ok(response) = answered {
+        let status = response.headers().get("grpc-status");
+        assert!(status.is_some_and(|s| s != "0"), "{response:?}");
+    }
+    drop(frames);
+}
