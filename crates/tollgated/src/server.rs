@@ -227,7 +227,10 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
         limits.idle_timeout,
         |tcp: &tokio::net::TcpStream| tcp.peer_addr().ok().map(|a| a.ip()),
     );
-    let health = health::service(app.clone(), stop_rx.clone()).await;
+    // A health request names one service: 4 KiB holds any name (tonic's default is 4 MiB).
+    let health = health::service(app.clone(), stop_rx.clone())
+        .await
+        .max_decoding_message_size(4096);
     // The Envoy service and the health service, picked by path, with request spans when asked
     // for; served on hyper's HTTP/2 server directly.
     let services = grpc::GrpcServices::new(

@@ -133,3 +133,20 @@ async fn an_unknown_service_is_unimplemented() {
     let mut health = HealthClient::new(channel);
     assert_eq!(status(&mut health, "").await, Ok(ServingStatus::Serving));
 }
+
+/// A health request names one service: one of more than 4 KiB is refused undecoded.
+#[tokio::test]
+async fn an_oversized_health_request_is_refused() {
+    let server = Server::start("");
+    let mut health = client(&server).await;
+    let huge = "x".repeat(8192);
+    let refused = status(&mut health, &huge).await;
+    assert!(
+        matches!(
+            refused,
+            Err(tonic::Code::OutOfRange | tonic::Code::ResourceExhausted)
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(status(&mut health, "").await, Ok(ServingStatus::Serving));
+}
