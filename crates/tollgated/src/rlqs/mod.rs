@@ -213,8 +213,11 @@ impl Stream_ {
             self.domain = Some(report.domain);
         }
         let mut actions = Vec::with_capacity(report.bucket_quota_usages.len());
-        for usage in report.bucket_quota_usages {
-            let Some(id) = usage.bucket_id.clone() else {
+        // A bucket named again in one report is answered once: a report repeating one id
+        // would otherwise cost the store a look per repeat.
+        let mut named = std::collections::HashSet::new();
+        for usage in &report.bucket_quota_usages {
+            let Some(id) = usage.bucket_id.as_ref() else {
                 return Err(tonic::Status::invalid_argument(
                     "a bucket usage report names its bucket_id",
                 ));
@@ -225,10 +228,14 @@ impl Stream_ {
                     "a bucket_id holds at most {MAX_BUCKET_ID_BYTES} bytes of keys and values; this one {bytes}"
                 )));
             }
-            let action = self.assign(&usage).await;
+            let sorted: BTreeMap<&String, &String> = id.bucket.iter().collect();
+            if !named.insert(sorted) {
+                continue;
+            }
+            let action = self.assign(usage).await;
             self.app.metrics.rlqs_action(action_name(&action));
             actions.push(BucketAction {
-                bucket_id: Some(id),
+                bucket_id: Some(id.clone()),
                 bucket_action: Some(action),
             });
         }

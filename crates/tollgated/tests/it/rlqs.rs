@@ -564,6 +564,36 @@ async fn a_failed_store_with_a_local_fallback_still_assigns_buckets() {
 
 /// A quota stream to `server` opened with the report `first`: what sends the next reports,
 /// and the answers.
+/// A bucket a report names more than once is answered once (each answer costs the store a
+/// look: a report repeating one id would multiply them).
+#[tokio::test]
+async fn a_bucket_named_twice_in_a_report_is_answered_once() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaUsageReports, rate_limit_quota_usage_reports::BucketQuotaUsage,
+    };
+
+    let server = Server::start(&config("memory://", "30/1h"));
+    let usage = |tenant: &str| BucketQuotaUsage {
+        bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
+        time_elapsed: None,
+        num_requests_allowed: 1,
+        num_requests_denied: 0,
+    };
+    let usages = ["t1", "t2", "t1", "t1"].map(usage).to_vec();
+    let report = RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: usages,
+    };
+    let (_tx, mut responses) = quota_stream(&server, report).await;
+    let answer = responses.message().await.unwrap().unwrap();
+    let tenants: Vec<&str> = answer
+        .bucket_action
+        .iter()
+        .map(|a| a.bucket_id.as_ref().unwrap().bucket["tenant"].as_str())
+        .collect();
+    assert_eq!(tenants, ["t1", "t2"], "{answer:?}");
+}
+
 async fn quota_stream(
     server: &Server,
     first: envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports,
