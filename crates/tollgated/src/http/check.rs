@@ -271,7 +271,8 @@ fn warned(
                 "policy": name,
                 "limiter": &*rule.limiter,
                 "by": limiter.dimension().to_string(),
-                "value": limiter.dimension().value(identity),
+                // Cut as the dashboard's top list cuts it: a value may be megabytes.
+                "value": limiter.dimension().value(identity).map(|v| crate::observed::shown(&v)),
                 "rule": text,
                 "limit": rule.rule.limit(),
                 "remaining": rule.remaining,

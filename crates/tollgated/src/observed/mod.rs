@@ -34,7 +34,7 @@ pub(crate) const TOP_GENERATION: Duration = Duration::from_secs(300);
 const MAX_VALUE_CHARS: usize = 200;
 
 /// `value` as the top list keeps it: cut at [`MAX_VALUE_CHARS`], with `…` if it was longer.
-fn shown(value: &str) -> String {
+pub(crate) fn shown(value: &str) -> String {
     if value.chars().count() <= MAX_VALUE_CHARS {
         return value.to_owned();
     }

@@ -83,9 +83,19 @@ async fn warnings_are_posted_once_per_key(server: &Server, received: &Received) 
     for _ in 0..3 {
         server.check("export", json!({ "user_id": "u2" })).await;
     }
+    // A value longer than 200 characters is cut (a delivery is not the place for megabytes).
+    let long = "l".repeat(300);
+    for _ in 0..3 {
+        server.check("export", json!({ "user_id": long })).await;
+    }
     // Deliveries go in order: had u1's come twice, it would be before u2's.
-    let bodies = received.wait_for(2).await;
-    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    let bodies = received.wait_for(3).await;
+    assert_eq!(bodies.len(), 3, "{bodies:?}");
+    assert_eq!(
+        bodies[2]["value"],
+        format!("{}…", &long[..200]),
+        "{bodies:?}"
+    );
     let first = &bodies[0];
     assert_eq!(
         (
@@ -125,7 +135,7 @@ async fn warnings_reach_an_http_webhook_once_per_key_and_window() {
     let config = format!("[webhook]\nurl = \"http://127.0.0.1:{port}/hooks\"\n{POLICIES}");
     let server = Server::start(&config);
     warnings_are_posted_once_per_key(&server, &received).await;
-    let delivered = "tollgate_webhook_deliveries_total{result=\"delivered\"} 2";
+    let delivered = "tollgate_webhook_deliveries_total{result=\"delivered\"} 3";
     let metrics = metrics_holding(&server, delivered).await;
     assert!(metrics.contains(delivered), "{metrics}");
 }
@@ -186,7 +196,7 @@ async fn warnings_reach_an_https_webhook_verified_by_the_configured_ca() {
     );
     assert_eq!(
         received.bodies.lock().unwrap().len(),
-        2,
+        3,
         "nothing reached the receiver"
     );
 }
