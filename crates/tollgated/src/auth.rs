@@ -74,6 +74,10 @@ pub(crate) struct Auth {
     /// more are not guessed anyway).
     scoped: Policy,
     limit: Rule,
+    /// The failure lines of the check and refund scopes, and of admin requests refused by the
+    /// budget of all addresses together: once a second at most (an attacker rotating
+    /// addresses, or knocking on once the global budget is spent, would write one a request).
+    failure_log: crate::metrics::OncePerSecond,
 }
 
 /// The global failure budget is this many addresses' worth.
@@ -128,6 +132,7 @@ impl Auth {
             address,
             scoped,
             limit: failure_limit,
+            failure_log: crate::metrics::OncePerSecond::default(),
         }
     }
 
@@ -215,14 +220,18 @@ impl Auth {
         };
         match self.charge(policy, &identity).await {
             Charged::Refused(retry_after) => {
-                // Lost a race with concurrent failures: this one is over the limit.
-                tracing::warn!(
-                    client_ip = %ip,
-                    path = %path,
-                    reason,
-                    "admin authentication failed; this address is refused for {}",
-                    whole_seconds(retry_after)
-                );
+                // Lost a race with concurrent failures, or the budget of all addresses is
+                // spent: this one is over the limit.
+                if let Some(skipped) = self.failure_log.due() {
+                    tracing::warn!(
+                        client_ip = %ip,
+                        path = %path,
+                        reason,
+                        skipped,
+                        "admin authentication failed; this address is refused for {}",
+                        whole_seconds(retry_after)
+                    );
+                }
                 Err(Refusal::TooManyFailures(retry_after))
             }
             Charged::Last(refused_for) => {
@@ -236,7 +245,16 @@ impl Auth {
                 Err(refusal)
             }
             Charged::Counted => {
-                tracing::warn!(client_ip = %ip, path = %path, reason, "admin authentication failed");
+                // Admin failures are bounded by the budget of all addresses; the other scopes'
+                // only per address, so that rotating addresses would write a line each.
+                let skipped = if scope == Scope::Admin {
+                    Some(0)
+                } else {
+                    self.failure_log.due()
+                };
+                if let Some(skipped) = skipped {
+                    tracing::warn!(client_ip = %ip, path = %path, reason, skipped, "admin authentication failed");
+                }
                 Err(refusal)
             }
         }

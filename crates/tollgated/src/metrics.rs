@@ -77,7 +77,7 @@ pub(crate) struct Metrics(Arc<Inner>);
 
 /// A log line that is written once a second at most.
 #[derive(Default)]
-struct OncePerSecond {
+pub(crate) struct OncePerSecond {
     /// The second of the last line written.
     logged: AtomicU64,
     /// Lines not written since.
@@ -86,7 +86,7 @@ struct OncePerSecond {
 
 impl OncePerSecond {
     /// `Some(lines skipped since the last)` when a line is due now; else counts one skipped.
-    fn due(&self) -> Option<u64> {
+    pub(crate) fn due(&self) -> Option<u64> {
         let second = epoch().as_secs();
         let last = self.logged.load(Ordering::Relaxed);
         if last < second

@@ -160,4 +160,22 @@ async fn many_addresses_failing_cannot_lock_the_token_out() {
     let guesser = client_from([127, 0, 1, 1]);
     let (status, _, body) = get(&guesser, &server, "/v1/blocklist", Some(ADMIN_TOKEN)).await;
     error_message(status, &body, 429);
+
+    // Guesses from ever new addresses, the budget of all of them spent: refused, and logged
+    // once a second at most, not once each.
+    for i in 1..=30 {
+        let guesser = client_from([127, 0, 3, i]);
+        let (status, _, body) = get(&guesser, &server, "/v1/blocklist", Some(GUESS)).await;
+        error_message(status, &body, 429);
+    }
+    let mut server = server;
+    server.signal("TERM");
+    // Every line before it was written before it.
+    server.wait_for_line("stopped", 1);
+    let refused = server.count_lines("failed; this address is refused for");
+    assert!(
+        (1..10).contains(&refused),
+        "{refused} lines:\n{}",
+        server.logs()
+    );
 }
