@@ -112,6 +112,9 @@ async fn run(source: Source, args: ServeArgs) -> Result<(), String> {
     if tokens.admin.is_none() {
         tracing::info!("no admin token (server.admin_token_env): admin endpoints answer 401");
     }
+    // Each listener holds up to max_connections.
+    let listeners = u64::try_from(config.server.max_connections).unwrap_or(u64::MAX);
+    open_files(listeners.saturating_mul(2).saturating_add(OTHER_FILES));
     let grpc_verified = config
         .server
         .grpc_tls
@@ -466,5 +469,39 @@ async fn reload_loop(
                 }
             }
         }
+    }
+}
+
+/// Open files besides the listeners' connections: Redis connections, the configuration, logs.
+const OTHER_FILES: u64 = 256;
+
+/// Raises the soft limit on open files to the hard one, as Go's runtime does for its servers:
+/// the two listeners' `max_connections` (10,000 each by default) are far past the common soft
+/// limit of 1,024, and a process out of descriptors pauses accepting on both ports and cannot
+/// reach Redis. Warns when even that is below what the listeners may hold (`wanted`).
+fn open_files(wanted: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // No hard limit: as many as the listeners want (the kernel's own cap still applies).
+    let target = limit.maximum.unwrap_or(wanted);
+    let mut soft = limit.current.unwrap_or(u64::MAX);
+    if soft < target {
+        let raised = Rlimit {
+            current: Some(target),
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => {
+                tracing::debug!(from = soft, to = target, "open-file limit raised");
+                soft = target;
+            }
+            Err(e) => tracing::debug!(error = %e, "the open-file limit could not be raised"),
+        }
+    }
+    if soft < wanted {
+        tracing::warn!(
+            "the open-file limit is {soft}, below the {wanted} the listeners' max_connections \
+             and the store may hold: raise it (ulimit -n, LimitNOFILE=) or lower max_connections"
+        );
     }
 }

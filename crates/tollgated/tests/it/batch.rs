@@ -13,6 +13,7 @@ max_batch = 8
 
 [store]
 url = "{store}"
+timeout = "5s"
 
 [policies.login]
 limiters = [{{ by = "ip", rules = ["3/1h"] }}]

@@ -413,6 +413,7 @@ async fn the_dashboard_works_in_a_real_browser() {
         r#"
 [store]
 url = "{}"
+timeout = "5s"
 
 [policies.monthly]
 limiters = [{{ by = "user_id", rules = ["1000/1mo@UTC"] }}]

@@ -317,7 +317,10 @@ async fn overrides_on_the_memory_store() {
 #[tokio::test]
 async fn overrides_on_redis() {
     let redis = RedisServer::start();
-    let config = format!("[store]\nurl = \"{}\"\n{POLICIES}", redis.url());
+    let config = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"5s\"\n{POLICIES}",
+        redis.url()
+    );
     let server = Server::start(&config);
     overrides_over_the_api(&server).await;
     bad_overrides_say_what_is_wrong(&server).await;

@@ -215,6 +215,7 @@ fn long_and_short(url: &str) -> String {
         r#"
 [store]
 url = "{url}"
+timeout = "5s"
 
 [policies.short]
 limiters = [{{ by = "ip", rules = ["10/1m"] }}]
@@ -295,8 +296,8 @@ async fn a_redis_reached_after_start_is_read_once_it_answers() {
     let mut redis = RedisServer::start();
     redis.kill();
     let config = long_and_short(&redis.url()).replace(
-        "[store]\n",
-        "[store]\non_error = \"allow\"\ntimeout = \"200ms\"\n",
+        "timeout = \"5s\"\n",
+        "on_error = \"allow\"\ntimeout = \"200ms\"\n",
     );
     let mut server = Server::start(&config);
     server.wait_for_line("starting degraded", 1);
@@ -512,7 +513,7 @@ lease = {{ ttl = "10s", share = 0.25 }}
 async fn a_lease_naming_another_key_holds_nothing() {
     let redis = RedisServer::start();
     let config = format!(
-        "[store]\nurl = \"{}\"\n\n[policies.a]\nlimiters = [{{ by = \"ip\", rules = [\"2/1h\"] }}]\n",
+        "[store]\nurl = \"{}\"\ntimeout = \"5s\"\n\n[policies.a]\nlimiters = [{{ by = \"ip\", rules = [\"2/1h\"] }}]\n",
         redis.url()
     );
     let server = Server::start(&config);

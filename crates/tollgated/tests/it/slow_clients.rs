@@ -572,3 +572,34 @@ async fn a_grpc_message_that_never_ends_is_answered_within_the_body_timeout() {
     }
     drop(frames);
 }
+
+/// `Max open files` of a process: (soft, hard), `None` for unlimited.
+fn open_files(pid: &str) -> (Option<u64>, Option<u64>) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_owned();
+    let mut values = line["Max open files".len()..]
+        .split_whitespace()
+        .map(|v| v.parse().ok());
+    (values.next().flatten(), values.next().flatten())
+}
+
+/// The server raises its open-file soft limit to the hard one at start: its two listeners'
+/// connections (10,000 each by default) are far past a common soft limit of 1,024, and a
+/// process out of descriptors stops accepting on both ports.
+#[tokio::test]
+async fn the_open_file_limit_is_raised_to_the_hard_one() {
+    let (_, hard) = open_files("self");
+    assert!(
+        hard.is_none_or(|h| h > 256),
+        "this machine's hard limit leaves nothing to raise: {hard:?}"
+    );
+    let server = Server::start_with_open_files(&config(""), 256);
+    let (soft, raised_hard) = open_files(&server.pid().to_string());
+    assert_eq!(raised_hard, hard, "the hard limit stays");
+    assert!(soft.is_none_or(|s| s > 256), "{soft:?}");
+    assert_eq!(soft, hard.or(soft), "raised to the hard limit");
+}

@@ -145,6 +145,30 @@ impl Server {
         Server::spawn(command, dir)
     }
 
+    /// Starts the server on `config` with its open-file soft limit lowered to `files` first
+    /// (by the shell's `ulimit`, which then runs the server in its place).
+    pub(crate) fn start_with_open_files(config: &str, files: u64) -> Server {
+        let dir = TempDir::new();
+        let path = dir.write("tollgate.toml", config);
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -Sn {files} && exec \"$0\" \"$@\""))
+            .arg(binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
+            .env("TG_TEST_ADMIN", ADMIN_TOKEN)
+            .env("RUST_LOG", "info");
+        Server::spawn(command, dir)
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts `tollgate envoy-ratelimit` (the drop-in for Envoy's reference service) with the
     /// service's variables `env`, its YAML files in `dir`, listening on free loopback ports.
     pub(crate) fn start_envoy(dir: TempDir, env: &[(&str, &str)]) -> Server {
@@ -157,6 +181,9 @@ impl Server {
             .env("GRPC_PORT", "0")
             .env("LOG_LEVEL", "info")
             .env_remove("RUST_LOG")
+            // Not the 50 ms default: a loaded machine's Redis takes longer now and then, and
+            // these tests are not about timeouts (one that is sets its own).
+            .env("TOLLGATE_STORE_TIMEOUT", "5s")
             .envs(env.iter().copied());
         Server::spawn(command, dir)
     }
