@@ -11,8 +11,8 @@
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
 --          limiter's log must hold the check's `cost` members, still live, wherever an earlier
---          renewal put them, and they all move to now; or nothing changes; 2 charge: ARGV[3] is a fresh nonce for
---          the log's members), 5 how long the marker lasts, ms (0: no marker), then per
+--          renewal put them, and they all move to now; or nothing changes; 2 charge: ARGV[3]
+--          is a fresh nonce for the log's members), 5 how long the marker lasts, ms (0: no marker), then per
 --          limiter: rule count, its longest sliding-log window µs (0: none), the instant µs
 --          the check recorded at (-1: none, refund the newest units of the current window;
 --          charge: the most entries its log may hold, twice its largest sliding-log limit),

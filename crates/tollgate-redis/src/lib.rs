@@ -125,8 +125,8 @@
 //! A Cluster client re-sends a call whose reply it lost (a dropped connection, a response
 //! timeout), and Redis may run both copies. A check run twice counts twice (never one more
 //! admission), its second units under the same nonce, which a refund or release by its
-//! receipt gives back with the first; a refund, a charge, a lease renewal or an undo, which would give back or charge
-//! twice, names each call by a fresh id in a marker key beside the limiter's state
+//! receipt gives back with the first; a refund, a charge, a lease renewal or an undo, which
+//! would give back or charge twice, names each call by a fresh id in a marker key beside the limiter's state
 //! ([`tollgate::key::applied_key`]), which keeps the first run's reply while the client may
 //! still send the call again: a second run changes nothing and answers the same. A lock
 //! acquisition run twice is its caller's, a completion run twice stands; a ban written after a
