@@ -309,8 +309,8 @@ pub(crate) fn parse(file: &Path, text: &str) -> Result<YamlRoot, ConfigError> {
     Ok(root)
 }
 
-/// The reference's check that no two descriptors of one level have the same key and value, in
-/// the order of the file. On a duplicate: the message, its key, and how many descriptors of
+/// The reference's check that no two descriptors of one level have the same key and value (the
+/// only one: the descriptor tree is built from files that passed it), in the order of the file. On a duplicate: the message, its key, and how many descriptors of
 /// that key came before it in the file (to find its line by). `seen` counts them by key.
 fn duplicates(
     level: &[YamlDescriptor],

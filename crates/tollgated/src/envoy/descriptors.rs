@@ -691,7 +691,7 @@ impl DomainsBuilder {
             "envoy domain {name} (from {})",
             file.path.display()
         );
-        let level = self.yaml_level(&file.root.descriptors.0, "", name, 1, algorithm)?;
+        let level = self.yaml_level(&file.root.descriptors.0, "", 1, algorithm)?;
         let mut semantics = self.reference;
         if let Semantics::Reference { counting, .. } = &mut semantics {
             *counting &= algorithm == Algorithm::FixedWindow;
@@ -710,13 +710,12 @@ impl DomainsBuilder {
         Ok(())
     }
 
-    /// One level of a YAML tree; `parent` is its path for names, `composite` for errors (the
-    /// reference's `domain.key_value...`).
+    /// One level of a YAML tree; `parent` is its path for names. A file's duplicate descriptors
+    /// were refused, with their line, when it was read (`envoy_yaml::parse`).
     fn yaml_level(
         &mut self,
         descriptors: &[YamlDescriptor],
         parent: &str,
-        composite: &str,
         depth: usize,
         algorithm: Algorithm,
     ) -> Result<Level, String> {
@@ -726,14 +725,13 @@ impl DomainsBuilder {
                 Some(v) => format!("{}_{v}", d.key),
                 None => d.key.clone(),
             };
-            let composite = format!("{composite}.{stat_part}");
-            if level
-                .by_key
-                .get(&d.key)
-                .is_some_and(|k| k.taken(d.value.as_deref()))
-            {
-                return Err(format!("duplicate descriptor composite key '{composite}'"));
-            }
+            debug_assert!(
+                !level
+                    .by_key
+                    .get(&d.key)
+                    .is_some_and(|k| k.taken(d.value.as_deref())),
+                "a duplicate descriptor past envoy_yaml::parse"
+            );
             let segment = match &d.value {
                 Some(v) => format!("{}={v}", d.key),
                 None => d.key.clone(),
@@ -770,8 +768,7 @@ impl DomainsBuilder {
                 self.summary.push_str(" (shadow)");
             }
             self.summary.push('\n');
-            let children =
-                self.yaml_level(&d.descriptors.0, &path, &composite, depth + 1, algorithm)?;
+            let children = self.yaml_level(&d.descriptors.0, &path, depth + 1, algorithm)?;
             let mut node = Node::new(path.into(), rules.into(), shadow, children);
             node.kind = kind;
             node.name = d.name.as_deref().map(Into::into);
