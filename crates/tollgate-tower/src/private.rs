@@ -226,24 +226,22 @@ impl Charged {
     /// Records the call's outcome: refunds the charge if the outcome does not count, settles it
     /// at `cost` (what the result says the call cost; `None`: what was charged), and frees the
     /// call's concurrency slots.
-    pub async fn finish(mut self, succeeded: bool, cost: Option<u64>) {
+    pub async fn finish(self, succeeded: bool, cost: Option<u64>) {
         let end = self.end(succeeded, cost);
-        let slot = self.slot.take();
-        // On a task of its own: a caller that stops awaiting does not cancel it.
-        if let Some(work) = self.settle(end) {
-            crate::gate::detached(work).await;
-        }
-        // The slots are free once the call has returned.
-        if let Some(slot) = slot {
-            slot.release().await;
-        }
+        self.close(end).await;
     }
 
     /// Gives the charge back (and frees the call's slots): the call never ran (its duplicate
     /// guard refused it), so it is neither a success nor a failure.
-    pub async fn refused(mut self) {
+    pub async fn refused(self) {
+        self.close(End::Refund).await;
+    }
+
+    /// Does what `end` owes the store, then frees the slots: both done when it returns.
+    async fn close(mut self, end: End) {
         let slot = self.slot.take();
-        if let Some(work) = self.settle(End::Refund) {
+        // On a task of its own: a caller that stops awaiting does not cancel it.
+        if let Some(work) = self.settle(end) {
             crate::gate::detached(work).await;
         }
         if let Some(slot) = slot {
