@@ -21,8 +21,10 @@ from pathlib import Path
 TIME_PAIRS = [
     ("gcra_1rule/admit", "tollgate", "governor", 1.5),
     ("gcra_1rule/admit", "tollgate_no_blocklist", "governor", None),
+    ("gcra_1rule/admit", "tollgate_identity_per_check", "governor", None),
     ("gcra_1rule/deny", "tollgate", "governor", 1.5),
     ("gcra_1rule/deny", "tollgate_no_blocklist", "governor", None),
+    ("gcra_1rule/deny", "tollgate_identity_per_check", "governor", None),
     ("sliding_log_3rules/admit", "tollgate", "governor_1quota", 3.0),
     ("sliding_log_3rules/admit", "tollgate_short_log", "governor_1quota", None),
     ("sliding_log_3rules/deny", "tollgate", "governor_1quota", 3.0),

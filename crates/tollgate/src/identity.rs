@@ -23,13 +23,34 @@ use crate::{bypass::IpNet, key};
 /// assert_eq!(who.header("x-api-key"), Some("k1"));
 /// # Ok::<(), std::net::AddrParseError>(())
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Identity {
     ip: Option<IpAddr>,
+    /// Every other fact, boxed: an identity of a client IP alone is 32 bytes to build, move
+    /// and read, and allocates nothing. `None` while it has none (never an empty box, so that
+    /// equal identities compare and hash equal).
+    facts: Option<Box<Facts>>,
+}
+
+/// The facts of an identity beside its IP.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+struct Facts {
     user_id: Option<String>,
     user_name: Option<String>,
     headers: Vec<(String, String)>,
     args: Vec<(String, String)>,
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("ip", &self.ip)
+            .field("user_id", &self.user_id())
+            .field("user_name", &self.user_name())
+            .field("headers", &self.headers().collect::<Vec<_>>())
+            .field("args", &self.args().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl Identity {
@@ -48,21 +69,22 @@ impl Identity {
     /// Sets the authenticated user's id.
     #[must_use]
     pub fn with_user_id(mut self, id: impl Into<String>) -> Identity {
-        self.user_id = Some(id.into());
+        self.facts_mut().user_id = Some(id.into());
         self
     }
 
     /// Sets the authenticated user's name.
     #[must_use]
     pub fn with_user_name(mut self, name: impl Into<String>) -> Identity {
-        self.user_name = Some(name.into());
+        self.facts_mut().user_name = Some(name.into());
         self
     }
 
     /// Adds a header; names are case-insensitive.
     #[must_use]
     pub fn with_header(mut self, name: impl AsRef<str>, value: impl Into<String>) -> Identity {
-        self.headers
+        self.facts_mut()
+            .headers
             .push((name.as_ref().to_ascii_lowercase(), value.into()));
         self
     }
@@ -70,7 +92,7 @@ impl Identity {
     /// Adds a named argument (a function argument, a form field).
     #[must_use]
     pub fn with_arg(mut self, name: impl Into<String>, value: impl Into<String>) -> Identity {
-        self.args.push((name.into(), value.into()));
+        self.facts_mut().args.push((name.into(), value.into()));
         self
     }
 
@@ -81,17 +103,19 @@ impl Identity {
 
     /// The user id.
     pub fn user_id(&self) -> Option<&str> {
-        self.user_id.as_deref()
+        self.facts.as_ref()?.user_id.as_deref()
     }
 
     /// The user name.
     pub fn user_name(&self) -> Option<&str> {
-        self.user_name.as_deref()
+        self.facts.as_ref()?.user_name.as_deref()
     }
 
     /// The first header of that name (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
+        self.facts
+            .as_ref()?
+            .headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
@@ -99,7 +123,9 @@ impl Identity {
 
     /// The named argument.
     pub fn arg(&self, name: &str) -> Option<&str> {
-        self.args
+        self.facts
+            .as_ref()?
+            .args
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
@@ -107,12 +133,24 @@ impl Identity {
 
     /// Every header, as given (names in lower case).
     pub fn headers(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+        self.facts
+            .as_ref()
+            .map_or(&[][..], |f| &f.headers)
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
     }
 
     /// Every named argument, as given.
     pub fn args(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
-        self.args.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+        self.facts
+            .as_ref()
+            .map_or(&[][..], |f| &f.args)
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    fn facts_mut(&mut self) -> &mut Facts {
+        self.facts.get_or_insert_with(Box::default)
     }
 }
 
@@ -644,5 +682,49 @@ mod tests {
                 assert_eq!(prefix.network_text(ip), expected, "{ip} /{v4} /{v6}");
             }
         }
+    }
+
+    /// An identity of a client IP alone is small (it is built per request and read per
+    /// check); the other facts read back as given, and identities compare, hash and print by
+    /// their facts whatever order they were set in.
+    #[test]
+    fn an_identity_keeps_its_facts_beside_a_small_ip() {
+        use std::hash::BuildHasher;
+
+        assert!(std::mem::size_of::<Identity>() <= 32);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let bare = Identity::new().with_ip(ip);
+        assert_eq!(
+            (bare.ip(), bare.user_id(), bare.header("x")),
+            (Some(ip), None, None)
+        );
+        assert_eq!((bare.headers().len(), bare.args().len()), (0, 0));
+
+        let a = Identity::new()
+            .with_user_id("42")
+            .with_ip(ip)
+            .with_user_name("ann")
+            .with_header("X-Key", "k")
+            .with_arg("form", "f");
+        let b = Identity::new()
+            .with_arg("form", "f")
+            .with_header("x-key", "k")
+            .with_user_name("ann")
+            .with_ip(ip)
+            .with_user_id("42");
+        assert_eq!((a.user_id(), a.user_name()), (Some("42"), Some("ann")));
+        assert_eq!((a.header("X-KEY"), a.arg("form")), (Some("k"), Some("f")));
+        assert_eq!(a.headers().collect::<Vec<_>>(), [("x-key", "k")]);
+        assert_eq!(a.args().collect::<Vec<_>>(), [("form", "f")]);
+        assert_eq!(a, b);
+        let hasher = std::hash::RandomState::new();
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
+        assert_ne!(a, bare);
+        assert_ne!(bare, Identity::new().with_ip(ip).with_user_id(""));
+        assert_eq!(
+            format!("{a:?}"),
+            "Identity { ip: Some(10.0.0.1), user_id: Some(\"42\"), user_name: Some(\"ann\"), \
+             headers: [(\"x-key\", \"k\")], args: [(\"form\", \"f\")] }"
+        );
     }
 }

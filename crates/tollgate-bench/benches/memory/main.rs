@@ -13,7 +13,9 @@
 //! - `support`: the keys (1000 client IPs taken in turn), policies, and the single-threaded
 //!   timing of governor's and tollgate's checks.
 //! - `vs_governor`: governor's keyed limiter, one quota, against 1-rule GCRA (`gcra_1rule/*`),
-//!   3 sliding-log rules (`sliding_log_3rules/*`) and 2 limiters x 3 rules (`limiters_2x3/*`).
+//!   3 sliding-log rules (`sliding_log_3rules/*`) and 2 limiters x 3 rules (`limiters_2x3/*`);
+//!   GCRA also with each identity built for its check from governor's IPs
+//!   (`tollgate_identity_per_check`: what a caller holding a client IP pays).
 //! - `vs_limitador`: limitador's in-memory fixed windows, 1 and 3 limits, against as many
 //!   fixed-window rules (`fixed_window_1rule/admit`, `fixed_window_3rules/admit`).
 //! - `threads`: governor and 1-rule GCRA on 1 and 2 threads, distinct keys and one hot key, as

@@ -181,3 +181,34 @@ pub(crate) fn fill<'a>(
         }
     }
 }
+
+/// tollgate's check over the 1000 IPs governor is given, each identity built for its check
+/// (what a user holding a client IP writes); `admit` says which answer every check must give.
+pub(crate) fn bench_tollgate_by_ip(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    gate: &Tollgate<MemoryStore>,
+    policy: &Policy,
+    admit: bool,
+) {
+    let ips = ips();
+    let (mut i, mut wrong, mut filled) = (0, 0u64, admit);
+    g.bench_function(name, |b| {
+        if !filled {
+            filled = true;
+            for ip in &ips {
+                let who = Identity::new().with_ip(*ip);
+                let d = ready(gate.check(policy, &who, 1)).expect("the identity has an IP");
+                assert!(d.allowed(), "filling admits");
+            }
+        }
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            let who = Identity::new().with_ip(*black_box(&ips[i]));
+            let d = ready(gate.check(black_box(policy), &who, 1));
+            let ok = d.expect("the identity has an IP").allowed();
+            wrong += u64::from(ok != admit);
+        })
+    });
+    assert_eq!(wrong, 0, "{name}: {wrong} checks took the other path");
+}

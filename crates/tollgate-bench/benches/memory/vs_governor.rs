@@ -8,8 +8,8 @@ use tollgate::{Algorithm, Dimension, Identity, ManualClock, MemoryStore, Rule, T
 use tollgate_bench::client_ip;
 
 use crate::support::{
-    Checks, KEYS, bench_governor, bench_tollgate, fill, gcra, group, identities, per_hour,
-    per_second, policy, policy_by, sliding_log_rules,
+    Checks, KEYS, bench_governor, bench_tollgate, bench_tollgate_by_ip, fill, gcra, group,
+    identities, per_hour, per_second, policy, policy_by, sliding_log_rules,
 };
 
 /// One GCRA rule. Admit: 1000000/1s, far above the rate any key sees. Deny: 1/1h, each key
@@ -36,6 +36,8 @@ pub(crate) fn gcra_one_rule(c: &mut Criterion) {
             };
             bench_tollgate(&mut g, name, checks, admit, prepare, || {});
         }
+        let gate = Tollgate::new(MemoryStore::new());
+        bench_tollgate_by_ip(&mut g, "tollgate_identity_per_check", &gate, &p, admit);
         g.finish();
     }
 }
