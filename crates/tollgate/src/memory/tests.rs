@@ -410,13 +410,30 @@ fn background_sweeper_runs_and_stops_with_the_store() {
 #[test]
 fn keys_spread_over_shards() {
     let store = MemoryStore::builder().purge_interval(None).build();
-    let shards: std::collections::HashSet<_> = (0..200)
+    let shards: std::collections::HashSet<_> = (0..2000)
         .map(|i| {
             let key = key::limiter_key("tg", "s", "ip", &i.to_string());
             store.inner.shards.shard_of(store.inner.shards.hash(&key))
         })
         .collect();
-    assert!(shards.len() > 32, "{}", shards.len());
+    assert_eq!(shards.len(), store.inner.shards.count());
+}
+
+/// A default store has eight shards a core (threads seldom meet in one), at least 16 and at
+/// most 64 (each shard more is cache lines more for a check over many keys).
+#[test]
+fn default_shards_follow_the_cores() {
+    let cores = thread::available_parallelism().map_or(8, usize::from);
+    let count = MemoryStore::new().inner.shards.count();
+    assert!((16..=64).contains(&count), "{count}");
+    assert!(
+        count >= (8 * cores).min(64),
+        "{count} shards for {cores} cores"
+    );
+    assert!(
+        count < 16 * cores || count == 16,
+        "{count} shards for {cores} cores"
+    );
 }
 
 /// A store holds up to millions of entries: a one-rule key's entry stays within 72 bytes
