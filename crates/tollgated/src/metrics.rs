@@ -66,6 +66,29 @@ struct BuildLabels {
 /// anyone, and a count may have to walk an in-process store: at most one per second does.
 const BAN_COUNT_FRESH: Duration = Duration::from_secs(1);
 
+/// A scrape costs time in proportion to the series (10,000 Envoy descriptor keys make
+/// megabytes of text), and anyone who reaches the port may scrape. An exposition that took at
+/// least this long is served again to scrapes until `RENDERS_AT_MOST` of the time since it
+/// began went to rendering; a cheaper one is rendered per scrape (always current).
+const CACHED_FROM: Duration = Duration::from_millis(1);
+/// The share of one core renders of the exposition may take, at most, under any scrape rate.
+const RENDERS_AT_MOST: u32 = 10; // one tenth
+
+/// The last exposition served, and what it took to render.
+struct Exposition {
+    done: Instant,
+    took: Duration,
+    text: axum::body::Bytes,
+}
+
+impl Exposition {
+    /// Whether a scrape at `now` gets this exposition again instead of a new one.
+    fn serves(&self, now: Instant) -> bool {
+        self.took >= CACHED_FROM
+            && now.saturating_duration_since(self.done) < self.took * (RENDERS_AT_MOST - 1)
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 25µs .. ~1.6s: a memory store answers in microseconds, a remote Redis in milliseconds.
     Histogram::new(exponential_buckets(0.000_025, 2.0, 17))
@@ -138,6 +161,9 @@ struct Inner {
     /// When the blocklist gauge was last counted; held while counting, so that concurrent
     /// scrapes wait for one count instead of each making their own.
     blocklist_counted: tokio::sync::Mutex<Option<Instant>>,
+    /// The last exposition; held while rendering, so that concurrent scrapes wait for one
+    /// render instead of each making their own.
+    exposition: tokio::sync::Mutex<Option<Exposition>>,
     reloads: Family<ResultLabels, Counter>,
     webhook: Family<ResultLabels, Counter>,
     /// Keys the memory store evicted, brought up to date at every scrape.
@@ -323,6 +349,7 @@ impl Metrics {
             store_errors,
             blocklist_size,
             blocklist_counted: tokio::sync::Mutex::new(None),
+            exposition: tokio::sync::Mutex::new(None),
             reloads,
             webhook,
             evictions,
@@ -582,6 +609,25 @@ impl Metrics {
         let _ = self.0.redis.set(store);
     }
 
+    /// The exposition a scrape is answered with: rendered now, or, when rendering is costly,
+    /// the last one while renders would otherwise take more than a tenth of a core (see
+    /// [`CACHED_FROM`]). One render at a time: scrapes that arrive during one wait for it.
+    pub(crate) async fn exposition(&self) -> axum::body::Bytes {
+        let mut last = self.0.exposition.lock().await;
+        if let Some(last) = last.as_ref().filter(|e| e.serves(Instant::now())) {
+            return last.text.clone();
+        }
+        let started = Instant::now();
+        let text = axum::body::Bytes::from(self.render());
+        let done = Instant::now();
+        *last = Some(Exposition {
+            done,
+            took: done - started,
+            text: text.clone(),
+        });
+        text
+    }
+
     pub(crate) fn render(&self) -> String {
         if let Some(memory) = self.0.memory.get() {
             let (now, seen) = (memory.evictions(), self.0.evictions.get());
@@ -775,5 +821,58 @@ mod tests {
         fresh.refresh_blocklist_size(count).await;
         assert_eq!(counts.load(Ordering::SeqCst), 2);
         assert!(fresh.render().contains("tollgate_blocklist_entries 8"));
+    }
+
+    /// An exposition that was cheap to render is never served again; a costly one is, until
+    /// renders would have taken a tenth of the time since it began.
+    #[test]
+    fn only_a_costly_exposition_serves_again_and_only_for_nine_times_its_cost() {
+        let done = Instant::now();
+        let after = |ms| done + Duration::from_millis(ms);
+        let exposition = |took_us| Exposition {
+            done,
+            took: Duration::from_micros(took_us),
+            text: axum::body::Bytes::new(),
+        };
+        let cheap = exposition(999);
+        assert!(!cheap.serves(done));
+        let costly = exposition(5_000);
+        assert!(costly.serves(done));
+        assert!(costly.serves(after(44)));
+        assert!(!costly.serves(after(45)));
+        assert!(!costly.serves(after(1_000)));
+    }
+
+    #[tokio::test]
+    async fn a_scrape_renders_unless_the_last_exposition_serves() {
+        let metrics = Metrics::new();
+        metrics.reload(true);
+        let text = metrics.exposition().await;
+        let line = "tollgate_config_reloads_total{result=\"ok\"}";
+        assert!(
+            std::str::from_utf8(&text)
+                .unwrap()
+                .contains(&format!("{line} 1"))
+        );
+
+        // What the last render took decides (set here: timing a real one would be a guess).
+        let metrics = &metrics;
+        let set_took = |took| async move {
+            let mut last = metrics.0.exposition.lock().await;
+            let last = last.as_mut().expect("an exposition was rendered");
+            (last.took, last.done) = (took, Instant::now());
+        };
+        metrics.reload(true);
+        set_took(Duration::from_secs(3_600)).await;
+        let again = metrics.exposition().await;
+        assert_eq!(again, text, "a costly exposition serves the next scrape");
+
+        set_took(Duration::ZERO).await;
+        let now = metrics.exposition().await;
+        assert!(
+            std::str::from_utf8(&now)
+                .unwrap()
+                .contains(&format!("{line} 2"))
+        );
     }
 }

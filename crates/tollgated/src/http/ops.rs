@@ -29,7 +29,7 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        app.metrics.render(),
+        app.metrics.exposition().await,
     )
         .into_response()
 }
