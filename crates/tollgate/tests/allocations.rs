@@ -216,3 +216,18 @@ fn a_thread_reuses_its_decisions_storage() {
     assert!(first > 0, "the first decision allocated nothing");
     assert_eq!(second, 0);
 }
+
+/// What most limiters count by, a client IP and a user id, costs an identity no allocation
+/// beyond the user id's text; the other facts share one box.
+#[test]
+fn an_identity_allocates_its_texts_and_one_box_for_the_rarer_facts() {
+    let ip = "192.0.2.7".parse().unwrap();
+    let id = String::from("42");
+    let (n, bare) = allocations(|| Identity::new().with_ip(ip).with_user_id(id));
+    assert_eq!((n, bare.user_id()), (0, Some("42")));
+    let (name, arg, value) = (String::from("ann"), String::from("form"), String::from("f"));
+    let (n, who) = allocations(|| bare.with_user_name(name).with_arg(arg, value));
+    // The box, its argument vector, and nothing else: the texts came in made.
+    assert_eq!(n, 2);
+    assert_eq!((who.user_name(), who.arg("form")), (Some("ann"), Some("f")));
+}
