@@ -67,12 +67,14 @@ struct BuildLabels {
 const BAN_COUNT_FRESH: Duration = Duration::from_secs(1);
 
 /// A scrape costs time in proportion to the series (10,000 Envoy descriptor keys make
-/// megabytes of text), and anyone who reaches the port may scrape. An exposition that took at
-/// least this long is served again to scrapes until `RENDERS_AT_MOST` of the time since it
-/// began went to rendering; a cheaper one is rendered per scrape (always current).
-const CACHED_FROM: Duration = Duration::from_millis(1);
-/// The share of one core renders of the exposition may take, at most, under any scrape rate.
-const RENDERS_AT_MOST: u32 = 10; // one tenth
+/// megabytes of text), and anyone who reaches the port may scrape. An exposition of at least
+/// this many bytes is served again to scrapes until renders would have taken a tenth of the
+/// time since the last began (see `RENDER_SHARE`); a smaller one, rendered in well under a
+/// millisecond, is rendered per scrape (always current). A size, not a time: whether a scrape
+/// sees the latest counts must not depend on how busy the machine was during the last one.
+const CACHED_FROM_BYTES: usize = 64 << 10;
+/// Renders of a large exposition take at most one part in this of a core, at any scrape rate.
+const RENDER_SHARE: u32 = 10;
 
 /// The last exposition served, and what it took to render.
 struct Exposition {
@@ -84,8 +86,8 @@ struct Exposition {
 impl Exposition {
     /// Whether a scrape at `now` gets this exposition again instead of a new one.
     fn serves(&self, now: Instant) -> bool {
-        self.took >= CACHED_FROM
-            && now.saturating_duration_since(self.done) < self.took * (RENDERS_AT_MOST - 1)
+        self.text.len() >= CACHED_FROM_BYTES
+            && now.saturating_duration_since(self.done) < self.took * (RENDER_SHARE - 1)
     }
 }
 
@@ -161,18 +163,21 @@ struct Inner {
     /// When the blocklist gauge was last counted; held while counting, so that concurrent
     /// scrapes wait for one count instead of each making their own.
     blocklist_counted: tokio::sync::Mutex<Option<Instant>>,
-    /// The last exposition; held while rendering, so that concurrent scrapes wait for one
-    /// render instead of each making their own.
+    /// The last exposition, while it is large enough to serve again; held while rendering,
+    /// so that concurrent scrapes wait for one render instead of each making their own.
     exposition: tokio::sync::Mutex<Option<Exposition>>,
+    /// Held while `render` brings the store's counts up to date, so that two renders at once
+    /// (a scrape and the dashboard's sampler) add what changed once.
+    catching_up: Mutex<()>,
     reloads: Family<ResultLabels, Counter>,
     webhook: Family<ResultLabels, Counter>,
-    /// Keys the memory store evicted, brought up to date at every scrape.
+    /// Keys the memory store evicted, brought up to date at every render.
     evictions: Counter,
     memory: OnceLock<MemoryStore>,
-    /// The Redis store's repairs after a failover, brought up to date at every scrape.
+    /// The Redis store's repairs after a failover, brought up to date at every render.
     repairs: Counter,
     repaired_keys: Counter,
-    /// The Redis store's quota leases, brought up to date at every scrape.
+    /// The Redis store's quota leases, brought up to date at every render.
     leases: LeaseMetrics,
     /// RLQS streams open now.
     rlqs_streams: Gauge,
@@ -350,6 +355,7 @@ impl Metrics {
             blocklist_size,
             blocklist_counted: tokio::sync::Mutex::new(None),
             exposition: tokio::sync::Mutex::new(None),
+            catching_up: Mutex::new(()),
             reloads,
             webhook,
             evictions,
@@ -609,9 +615,10 @@ impl Metrics {
         let _ = self.0.redis.set(store);
     }
 
-    /// The exposition a scrape is answered with: rendered now, or, when rendering is costly,
-    /// the last one while renders would otherwise take more than a tenth of a core (see
-    /// [`CACHED_FROM`]). One render at a time: scrapes that arrive during one wait for it.
+    /// The exposition a scrape is answered with: rendered now, or, when it is large, the last
+    /// one while renders would otherwise take more than a tenth of a core (see
+    /// [`CACHED_FROM_BYTES`]). One render at a time: scrapes that arrive during one wait for
+    /// it.
     pub(crate) async fn exposition(&self) -> axum::body::Bytes {
         let mut last = self.0.exposition.lock().await;
         if let Some(last) = last.as_ref().filter(|e| e.serves(Instant::now())) {
@@ -620,15 +627,21 @@ impl Metrics {
         let started = Instant::now();
         let text = axum::body::Bytes::from(self.render());
         let done = Instant::now();
-        *last = Some(Exposition {
+        let rendered = Exposition {
             done,
             took: done - started,
             text: text.clone(),
-        });
+        };
+        *last = (text.len() >= CACHED_FROM_BYTES).then_some(rendered);
         text
     }
 
     pub(crate) fn render(&self) -> String {
+        let catching_up = self
+            .0
+            .catching_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(memory) = self.0.memory.get() {
             let (now, seen) = (memory.evictions(), self.0.evictions.get());
             self.0.evictions.inc_by(now.saturating_sub(seen));
@@ -640,6 +653,7 @@ impl Metrics {
             keys.inc_by(now.keys_rewritten.saturating_sub(keys.get()));
             self.0.leases.update(redis.leases());
         }
+        drop(catching_up);
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.0.registry);
@@ -823,24 +837,24 @@ mod tests {
         assert!(fresh.render().contains("tollgate_blocklist_entries 8"));
     }
 
-    /// An exposition that was cheap to render is never served again; a costly one is, until
-    /// renders would have taken a tenth of the time since it began.
+    /// A small exposition is never served again; a large one is, until renders would have
+    /// taken a tenth of the time since it began.
     #[test]
-    fn only_a_costly_exposition_serves_again_and_only_for_nine_times_its_cost() {
+    fn only_a_large_exposition_serves_again_and_only_for_nine_times_its_cost() {
         let done = Instant::now();
         let after = |ms| done + Duration::from_millis(ms);
-        let exposition = |took_us| Exposition {
+        let exposition = |bytes| Exposition {
             done,
-            took: Duration::from_micros(took_us),
-            text: axum::body::Bytes::new(),
+            took: Duration::from_millis(5),
+            text: axum::body::Bytes::from(vec![b'#'; bytes]),
         };
-        let cheap = exposition(999);
-        assert!(!cheap.serves(done));
-        let costly = exposition(5_000);
-        assert!(costly.serves(done));
-        assert!(costly.serves(after(44)));
-        assert!(!costly.serves(after(45)));
-        assert!(!costly.serves(after(1_000)));
+        let small = exposition(CACHED_FROM_BYTES - 1);
+        assert!(!small.serves(done));
+        let large = exposition(CACHED_FROM_BYTES);
+        assert!(large.serves(done));
+        assert!(large.serves(after(44)));
+        assert!(!large.serves(after(45)));
+        assert!(!large.serves(after(1_000)));
     }
 
     #[tokio::test]
@@ -854,20 +868,31 @@ mod tests {
                 .unwrap()
                 .contains(&format!("{line} 1"))
         );
+        assert!(
+            metrics.0.exposition.lock().await.is_none(),
+            "a small exposition is not kept"
+        );
 
-        // What the last render took decides (set here: timing a real one would be a guess).
+        // The last exposition as a large one would be (its size and cost set here).
         let metrics = &metrics;
-        let set_took = |took| async move {
-            let mut last = metrics.0.exposition.lock().await;
-            let last = last.as_mut().expect("an exposition was rendered");
-            (last.took, last.done) = (took, Instant::now());
+        let keep = |took| async move {
+            let large = axum::body::Bytes::from(vec![b'#'; CACHED_FROM_BYTES]);
+            *metrics.0.exposition.lock().await = Some(Exposition {
+                done: Instant::now(),
+                took,
+                text: large.clone(),
+            });
+            large
         };
         metrics.reload(true);
-        set_took(Duration::from_secs(3_600)).await;
-        let again = metrics.exposition().await;
-        assert_eq!(again, text, "a costly exposition serves the next scrape");
+        let large = keep(Duration::from_secs(3_600)).await;
+        assert_eq!(
+            metrics.exposition().await,
+            large,
+            "it serves the next scrape"
+        );
 
-        set_took(Duration::ZERO).await;
+        keep(Duration::ZERO).await;
         let now = metrics.exposition().await;
         assert!(
             std::str::from_utf8(&now)

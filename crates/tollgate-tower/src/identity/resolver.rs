@@ -163,7 +163,7 @@ impl IdentityResolver {
             nets: &self.trusted,
             hops: self.trusted_hops,
         };
-        // Built whole where it stays: a 120-byte identity moved through `with_ip` is copied.
+        // Built whole where it stays: an identity moved through `with_ip` is copied.
         let mut identity = match peer_ip(extensions) {
             Some(peer) => Identity::new().with_ip(client_ip(peer, headers, trust, self.forwarded)),
             None => Identity::new(),

@@ -128,8 +128,8 @@ impl Budget {
 
 /// Shards enough that threads seldom meet in one (eight per core), and no more: every check
 /// touches its shard's lock, counters and table, so each shard more is cache lines more that a
-/// check over many keys misses (64 shards on a 2-core machine missed the first-level cache 1.2
-/// times more a check than 16). Between 16 and 64.
+/// check over many keys misses (on a 2-core machine, a check over 1,000 keys missed the
+/// first-level cache 3.6 times with 64 shards, 2.4 times with 16). Between 16 and 64.
 fn default_shards() -> usize {
     let cores = std::thread::available_parallelism().map_or(8, usize::from);
     (8 * cores).next_power_of_two().clamp(16, 64)
