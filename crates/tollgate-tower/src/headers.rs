@@ -110,7 +110,8 @@ impl PolicyFields {
         }
     }
 
-    /// Inserts the fields of `style` for `decision`.
+    /// Inserts the fields of `style` for `decision`; beside those a layer below wrote, if any
+    /// (see [`merge`](Self::merge)).
     pub(crate) fn insert(
         &self,
         style: HeaderStyle,
@@ -118,6 +119,9 @@ impl PolicyFields {
         policy: &Policy,
         headers: &mut HeaderMap,
     ) {
+        if has_fields(style, headers) {
+            return self.merge(style, decision, policy, headers);
+        }
         self.fields.write(style, decision, policy, |name, value| {
             if name == fields::RATELIMIT_POLICY {
                 if let Some(policy) = self
@@ -136,6 +140,56 @@ impl PolicyFields {
         if style != HeaderStyle::None {
             self.fields
                 .write_warnings(decision, policy, insert(headers));
+        }
+    }
+}
+
+impl PolicyFields {
+    /// The fields of `decision` on a response that a rate-limit layer below (nested layers:
+    /// one for the whole API, one for a route) already gave its own: no policy's fields hide
+    /// another's. The draft's lists (`RateLimit-Policy`, `RateLimit`, `RateLimit-Warning`)
+    /// take this policy's items after those below; the one-rule styles keep the rule closer to
+    /// denying, the one with fewer units remaining (below's on a tie).
+    #[cold]
+    #[inline(never)]
+    fn merge(
+        &self,
+        style: HeaderStyle,
+        decision: &Decision,
+        policy: &Policy,
+        headers: &mut HeaderMap,
+    ) {
+        let mut ours: Vec<(&'static str, String)> = Vec::new();
+        let mut add = |name, value: &str| ours.push((name, value.to_owned()));
+        self.fields.write(style, decision, policy, &mut add);
+        if style != HeaderStyle::None {
+            self.fields.write_warnings(decision, policy, &mut add);
+        }
+        let remaining = match style {
+            HeaderStyle::Legacy => Some("x-ratelimit-remaining"),
+            HeaderStyle::Draft6 => Some("ratelimit-remaining"),
+            _ => None,
+        };
+        let number = |value: Option<&str>| value.and_then(|v| v.trim().parse::<u64>().ok());
+        let closer = remaining.is_some_and(|name| {
+            let mine = number(
+                ours.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.as_str()),
+            );
+            let theirs = number(headers.get(name).and_then(|v| v.to_str().ok()));
+            matches!((mine, theirs), (Some(mine), Some(theirs)) if mine < theirs)
+        });
+        for (name, value) in ours {
+            let listed = remaining.is_none() || name == fields::RATELIMIT_WARNING;
+            let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
+                Some(below) if listed => format!("{below}, {value}"),
+                Some(_) if !closer => continue,
+                _ => value,
+            };
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(header_name(name), value);
+            }
         }
     }
 }

@@ -162,6 +162,10 @@ impl RateLimitLayer {
     /// `X-RateLimit-*`, the sixth draft's `RateLimit-Limit/Remaining/Reset`, or none on
     /// allowed responses.
     ///
+    /// Layers nest (one over the whole API, one over a route): an outer layer adds its
+    /// fields to those of a layer below, the draft's lists one policy after the other, the
+    /// one-rule styles the rule closer to denying.
+    ///
     /// ```
     /// # use std::sync::Arc;
     /// # use tollgate::{Dimension, Limiter, MemoryStore, Policy, Tollgate};

@@ -1142,6 +1142,70 @@ async fn legacy_and_draft6_header_styles() {
     }
 }
 
+/// Nested layers (one for the whole API outside, one for a route inside): the response
+/// carries both policies' fields, not only the outer one's. The draft's lists name the route's
+/// rules then the API's; the one-rule styles give the rule closer to denying, whichever layer
+/// it is in.
+#[tokio::test]
+async fn nested_layers_answer_with_both_policies_fields() {
+    for (outer_rule, closer) in [("100/1m", "route"), ("1/1m", "api")] {
+        for style in [HeaderStyle::Draft, HeaderStyle::Legacy, HeaderStyle::Draft6] {
+            let (gate, _) = gate();
+            let policy = |name, rule| {
+                Policy::builder(name)
+                    .limiter(Limiter::new(Dimension::Ip, rules(&[rule])))
+                    .build()
+                    .unwrap()
+            };
+            let route = RateLimitLayer::new(gate.clone(), policy("sms", "2/1h"));
+            let api = RateLimitLayer::new(gate, policy("api", outer_rule));
+            let (app, _) = counted(route.header_style(style));
+            let server = Server::start(app.layer(api.header_style(style))).await;
+            let first = client().get(server.at("/")).send().await.unwrap();
+            assert_eq!(first.status(), 200);
+            let case = format!("{style:?}, api {outer_rule}");
+            let (limit, left, window) = if outer_rule == "100/1m" {
+                ("100", "99", "60")
+            } else {
+                ("1", "0", "60")
+            };
+            match style {
+                HeaderStyle::Draft => {
+                    assert_eq!(
+                        header(&first, "ratelimit-policy").unwrap(),
+                        format!(r#""ip-1h";q=2;w=3600, "ip-1m";q={limit};w={window}"#),
+                        "{case}"
+                    );
+                    assert_eq!(
+                        header(&first, "ratelimit").unwrap(),
+                        format!(r#""ip-1h";r=1;t=3600, "ip-1m";r={left};t={window}"#),
+                        "{case}"
+                    );
+                }
+                _ => {
+                    let prefix = if style == HeaderStyle::Legacy {
+                        "x-ratelimit-"
+                    } else {
+                        "ratelimit-"
+                    };
+                    let field = |name: &str| header(&first, &format!("{prefix}{name}")).unwrap();
+                    let expected = if closer == "route" {
+                        ("2", "1", "3600")
+                    } else {
+                        (limit, left, window)
+                    };
+                    let got = (field("limit"), field("remaining"), field("reset"));
+                    assert_eq!(
+                        (got.0.as_str(), got.1.as_str(), got.2.as_str()),
+                        expected,
+                        "{case}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// An inner service that counts its clones.
 #[derive(Clone)]
 struct CountsClones(Arc<AtomicUsize>);
