@@ -1,7 +1,7 @@
 //! `RateLimit-Policy`, `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11), the one-rule forms
 //! and `Retry-After` in a `HeaderMap`; the text comes from [`tollgate::fields`].
 
-use std::time::Duration;
+use std::{cmp::Reverse, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 pub use tollgate::fields::HeaderStyle;
@@ -145,11 +145,13 @@ impl PolicyFields {
 }
 
 impl PolicyFields {
-    /// The fields of `decision` on a response that a rate-limit layer below (nested layers:
-    /// one for the whole API, one for a route) already gave its own: no policy's fields hide
-    /// another's. The draft's lists (`RateLimit-Policy`, `RateLimit`, `RateLimit-Warning`)
-    /// take this policy's items after those below; the one-rule styles keep the rule closer to
-    /// denying, the one with fewer units remaining (below's on a tie).
+    /// The fields of `decision` on a response that already carries rate-limit fields: a
+    /// rate-limit layer below wrote them (nested layers: one over the whole API, one over a
+    /// route), or the service did. No policy's fields hide another's. The draft's lists
+    /// (`RateLimit-Policy`, `RateLimit`, `RateLimit-Warning`) take this policy's items after
+    /// those there; the one-rule styles keep, of the two, the rule the style itself picks among
+    /// a policy's rules: fewer units left, then the longer to reset (those there on a tie, or
+    /// this policy's when those there name no count).
     #[cold]
     #[inline(never)]
     fn merge(
@@ -165,26 +167,29 @@ impl PolicyFields {
         if style != HeaderStyle::None {
             self.fields.write_warnings(decision, policy, &mut add);
         }
-        let remaining = match style {
-            HeaderStyle::Legacy => Some("x-ratelimit-remaining"),
-            HeaderStyle::Draft6 => Some("ratelimit-remaining"),
+        let one_rule = match style {
+            HeaderStyle::Legacy => Some(("x-ratelimit-remaining", "x-ratelimit-reset")),
+            HeaderStyle::Draft6 => Some(("ratelimit-remaining", "ratelimit-reset")),
             _ => None,
         };
-        let number = |value: Option<&str>| value.and_then(|v| v.trim().parse::<u64>().ok());
-        let closer = remaining.is_some_and(|name| {
-            let mine = number(
-                ours.iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| v.as_str()),
-            );
-            let theirs = number(headers.get(name).and_then(|v| v.to_str().ok()));
-            matches!((mine, theirs), (Some(mine), Some(theirs)) if mine < theirs)
+        let closer = one_rule.is_some_and(|(remaining, reset)| {
+            let number = |text: Option<&str>| text.and_then(|t| t.trim().parse::<u64>().ok());
+            let mine = |name| number(ours.iter().find(|(n, _)| *n == name).map(|(_, v)| &**v));
+            let theirs = |name| number(field_lines(headers, name).as_deref());
+            match (mine(remaining), theirs(remaining)) {
+                (Some(mine_left), Some(their_left)) => {
+                    let (mine_reset, their_reset) = (mine(reset), theirs(reset));
+                    (mine_left, Reverse(mine_reset)) < (their_left, Reverse(their_reset))
+                }
+                (_, None) => true,
+                (None, Some(_)) => false,
+            }
         });
         for (name, value) in ours {
-            let listed = remaining.is_none() || name == fields::RATELIMIT_WARNING;
-            let value = match headers.get(name).and_then(|v| v.to_str().ok()) {
-                Some(below) if listed => format!("{below}, {value}"),
-                Some(_) if !closer => continue,
+            let listed = one_rule.is_none() || name == fields::RATELIMIT_WARNING;
+            let value = match field_lines(headers, name) {
+                Some(there) if listed => format!("{there}, {value}"),
+                _ if !listed && !closer => continue,
                 _ => value,
             };
             if let Ok(value) = HeaderValue::from_str(&value) {
@@ -192,6 +197,14 @@ impl PolicyFields {
             }
         }
     }
+}
+
+/// Every line of the field `name`, as one list; `None` if it is absent or not text.
+fn field_lines(headers: &HeaderMap, name: &str) -> Option<String> {
+    let mut lines = headers.get_all(name).iter().peekable();
+    lines.peek()?;
+    let texts: Option<Vec<&str>> = lines.map(|line| line.to_str().ok()).collect();
+    Some(texts?.join(", "))
 }
 
 pub(crate) fn insert_retry_after(retry_after: Duration, headers: &mut HeaderMap) {

@@ -163,8 +163,11 @@ impl RateLimitLayer {
     /// allowed responses.
     ///
     /// Layers nest (one over the whole API, one over a route): an outer layer adds its
-    /// fields to those of a layer below, the draft's lists one policy after the other, the
-    /// one-rule styles the rule closer to denying.
+    /// fields to those already on the response (a layer's below, or the service's own), the
+    /// draft's lists one policy after the other, the one-rule styles the rule closer to
+    /// denying (fewer units left, then the longer to reset). Items are named by limiter and
+    /// window (`ip-1m`): name the limiters ([`Limiter::with_name`](tollgate::Limiter::with_name))
+    /// where two nested policies have a rule of the same dimension and window.
     ///
     /// ```
     /// # use std::sync::Arc;

@@ -1145,10 +1145,23 @@ async fn legacy_and_draft6_header_styles() {
 /// Nested layers (one for the whole API outside, one for a route inside): the response
 /// carries both policies' fields, not only the outer one's. The draft's lists name the route's
 /// rules then the API's; the one-rule styles give the rule closer to denying, whichever layer
-/// it is in.
+/// it is in: fewer units left, then the longer to reset.
 #[tokio::test]
 async fn nested_layers_answer_with_both_policies_fields() {
-    for (outer_rule, closer) in [("100/1m", "route"), ("1/1m", "api")] {
+    // The API's rule, its units spent before on a route only it limits, its item's name,
+    // window and units left after the request, and the one-rule fields expected (limit,
+    // remaining, reset). The route's rule, 2/1h, has 1 left.
+    let cases = [
+        // The route's 1 left of 2 is closer than the API's 99 of 100.
+        ("100/1m", 0, "ip-1m", 60, 99, ["2", "1", "3600"]),
+        // The API's none left is closer.
+        ("1/1m", 0, "ip-1m", 60, 0, ["1", "0", "60"]),
+        // 1 left each: the API's resets later.
+        ("2/1d", 0, "ip-1d", 86_400, 1, ["2", "1", "86400"]),
+        // The larger limit with fewer left.
+        ("100/1m", 99, "ip-1m", 60, 0, ["100", "0", "60"]),
+    ];
+    for (api_rule, spent, item, window, api_left, expected) in cases {
         for style in [HeaderStyle::Draft, HeaderStyle::Legacy, HeaderStyle::Draft6] {
             let (gate, _) = gate();
             let policy = |name, rule| {
@@ -1158,27 +1171,31 @@ async fn nested_layers_answer_with_both_policies_fields() {
                     .unwrap()
             };
             let route = RateLimitLayer::new(gate.clone(), policy("sms", "2/1h"));
-            let api = RateLimitLayer::new(gate, policy("api", outer_rule));
-            let (app, _) = counted(route.header_style(style));
-            let server = Server::start(app.layer(api.header_style(style))).await;
-            let first = client().get(server.at("/")).send().await.unwrap();
+            let api = RateLimitLayer::new(gate, policy("api", api_rule));
+            let app = Router::new()
+                .route("/", get(|| async { "ok" }).layer(route.header_style(style)))
+                .route("/other", get(|| async { "ok" }))
+                .layer(api.header_style(style));
+            let server = Server::start(app).await;
+            let http = client();
+            for _ in 0..spent {
+                let other = http.get(server.at("/other")).send().await.unwrap();
+                assert_eq!(other.status(), 200);
+            }
+            let first = http.get(server.at("/")).send().await.unwrap();
             assert_eq!(first.status(), 200);
-            let case = format!("{style:?}, api {outer_rule}");
-            let (limit, left, window) = if outer_rule == "100/1m" {
-                ("100", "99", "60")
-            } else {
-                ("1", "0", "60")
-            };
+            let case = format!("{style:?}, api {api_rule} with {spent} spent");
+            let limit = api_rule.split('/').next().unwrap();
             match style {
                 HeaderStyle::Draft => {
                     assert_eq!(
                         header(&first, "ratelimit-policy").unwrap(),
-                        format!(r#""ip-1h";q=2;w=3600, "ip-1m";q={limit};w={window}"#),
+                        format!(r#""ip-1h";q=2;w=3600, "{item}";q={limit};w={window}"#),
                         "{case}"
                     );
                     assert_eq!(
                         header(&first, "ratelimit").unwrap(),
-                        format!(r#""ip-1h";r=1;t=3600, "ip-1m";r={left};t={window}"#),
+                        format!(r#""ip-1h";r=1;t=3600, "{item}";r={api_left};t={window}"#),
                         "{case}"
                     );
                 }
@@ -1189,17 +1206,8 @@ async fn nested_layers_answer_with_both_policies_fields() {
                         "ratelimit-"
                     };
                     let field = |name: &str| header(&first, &format!("{prefix}{name}")).unwrap();
-                    let expected = if closer == "route" {
-                        ("2", "1", "3600")
-                    } else {
-                        (limit, left, window)
-                    };
-                    let got = (field("limit"), field("remaining"), field("reset"));
-                    assert_eq!(
-                        (got.0.as_str(), got.1.as_str(), got.2.as_str()),
-                        expected,
-                        "{case}"
-                    );
+                    let got = [field("limit"), field("remaining"), field("reset")];
+                    assert_eq!(got, expected, "{case}");
                 }
             }
         }
