@@ -73,7 +73,8 @@ const BAN_COUNT_FRESH: Duration = Duration::from_secs(1);
 /// millisecond, is rendered per scrape (always current). A size, not a time: whether a scrape
 /// sees the latest counts must not depend on how busy the machine was during the last one.
 const CACHED_FROM_BYTES: usize = 64 << 10;
-/// Renders of a large exposition take at most one part in this of a core, at any scrape rate.
+/// Scrapes' renders of a large exposition take at most one part in this of a core, at any
+/// scrape rate (the dashboard's sampler renders its own, once a second).
 const RENDER_SHARE: u32 = 10;
 
 /// The last exposition served, and what it took to render.
