@@ -110,8 +110,8 @@ impl PolicyFields {
         }
     }
 
-    /// Inserts the fields of `style` for `decision`; beside those a layer below wrote, if any
-    /// (see [`merge`](Self::merge)).
+    /// Inserts the fields of `style` for `decision`, beside any already there (see
+    /// [`merge`](Self::merge)).
     pub(crate) fn insert(
         &self,
         style: HeaderStyle,
@@ -142,9 +142,7 @@ impl PolicyFields {
                 .write_warnings(decision, policy, insert(headers));
         }
     }
-}
 
-impl PolicyFields {
     /// The fields of `decision` on a response that already carries rate-limit fields: a
     /// rate-limit layer below wrote them (nested layers: one over the whole API, one over a
     /// route), or the service did. No policy's fields hide another's. The draft's lists
