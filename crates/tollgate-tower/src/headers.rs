@@ -21,6 +21,20 @@ fn insert(headers: &mut HeaderMap) -> impl FnMut(&'static str, &str) + '_ {
     }
 }
 
+/// Adds `(name, value)` pairs of list fields (`RateLimit-Warning`) after any items already
+/// there: a layer below (of another header style) or the service may have warned too.
+fn append(headers: &mut HeaderMap) -> impl FnMut(&'static str, &str) + '_ {
+    |name, value| {
+        let value = match field_lines(headers, name) {
+            Some(there) => HeaderValue::from_str(&format!("{there}, {value}")),
+            None => HeaderValue::from_str(value),
+        };
+        if let Ok(value) = value {
+            headers.insert(header_name(name), value);
+        }
+    }
+}
+
 /// The header of a field [`tollgate::fields`] writes: made at compile time for the fields every
 /// answer carries (`HeaderName::from_static` looks a name up among the standard ones first).
 fn header_name(name: &'static str) -> HeaderName {
@@ -50,7 +64,7 @@ pub(crate) fn insert_warnings(
     warnings: &[RuleDecision],
     headers: &mut HeaderMap,
 ) {
-    fields::write_warnings(rules, warnings, insert(headers));
+    fields::write_warnings(rules, warnings, append(headers));
 }
 
 /// Whether `headers` already carry the fields of `style` (written by a layer below).
@@ -139,7 +153,7 @@ impl PolicyFields {
         });
         if style != HeaderStyle::None {
             self.fields
-                .write_warnings(decision, policy, insert(headers));
+                .write_warnings(decision, policy, append(headers));
         }
     }
 

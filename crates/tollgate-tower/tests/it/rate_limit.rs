@@ -1214,6 +1214,39 @@ async fn nested_layers_answer_with_both_policies_fields() {
     }
 }
 
+/// Nested layers of different header styles both warn: `RateLimit-Warning` lists the inner
+/// policy's warning then the outer one's, though their other fields differ in kind.
+#[tokio::test]
+async fn nested_layers_of_different_styles_both_warn() {
+    let (gate, _) = gate();
+    let policy = |name, rule, warning| {
+        Policy::builder(name)
+            .limiter(Limiter::new(Dimension::Ip, rules(&[rule])).with_warning(warning))
+            .build()
+            .unwrap()
+    };
+    let route = RateLimitLayer::new(gate.clone(), policy("sms", "2/1h", 0.5));
+    let api = RateLimitLayer::new(gate, policy("api", "4/1m", 0.25));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }).layer(route))
+        .layer(api.header_style(HeaderStyle::Legacy));
+    let server = Server::start(app).await;
+    let first = client().get(server.at("/")).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        header(&first, "ratelimit-warning").as_deref(),
+        Some(r#""ip-1h";r=1;t=3600, "ip-1m";r=3;t=60"#)
+    );
+    assert_eq!(
+        header(&first, "ratelimit").as_deref(),
+        Some(r#""ip-1h";r=1;t=3600"#)
+    );
+    assert_eq!(
+        header(&first, "x-ratelimit-remaining").as_deref(),
+        Some("3")
+    );
+}
+
 /// An inner service that counts its clones.
 #[derive(Clone)]
 struct CountsClones(Arc<AtomicUsize>);
