@@ -157,13 +157,7 @@ impl PolicyFields {
         }
     }
 
-    /// The fields of `decision` on a response that already carries rate-limit fields: a
-    /// rate-limit layer below wrote them (nested layers: one over the whole API, one over a
-    /// route), or the service did. No policy's fields hide another's. The draft's lists
-    /// (`RateLimit-Policy`, `RateLimit`, `RateLimit-Warning`) take this policy's items after
-    /// those there; the one-rule styles keep, of the two, the rule the style itself picks among
-    /// a policy's rules: fewer units left, then the longer to reset (those there on a tie, or
-    /// this policy's when those there name no count).
+    /// [`merge_fields`] of this policy's fields for `decision`.
     #[cold]
     #[inline(never)]
     fn merge(
@@ -173,40 +167,75 @@ impl PolicyFields {
         policy: &Policy,
         headers: &mut HeaderMap,
     ) {
-        let mut ours: Vec<(&'static str, String)> = Vec::new();
+        let mut ours = Vec::new();
         let mut add = |name, value: &str| ours.push((name, value.to_owned()));
         self.fields.write(style, decision, policy, &mut add);
         if style != HeaderStyle::None {
             self.fields.write_warnings(decision, policy, &mut add);
         }
-        let one_rule = match style {
-            HeaderStyle::Legacy => Some(("x-ratelimit-remaining", "x-ratelimit-reset")),
-            HeaderStyle::Draft6 => Some(("ratelimit-remaining", "ratelimit-reset")),
-            _ => None,
+        merge_fields(style, ours, headers);
+    }
+}
+
+/// Writes the fields of `style` for `rules` and their `warnings` (the checks of one request
+/// under a [`Context`](crate::Context)), beside any already there (see [`merge_fields`]).
+pub(crate) fn add_fields(
+    style: HeaderStyle,
+    rules: &[RuleDecision],
+    warnings: &[RuleDecision],
+    headers: &mut HeaderMap,
+) {
+    if has_fields(style, headers) {
+        let mut ours = Vec::new();
+        let mut add = |name, value: &str| ours.push((name, value.to_owned()));
+        fields::write_fields(style, rules, None, &mut add);
+        if style != HeaderStyle::None {
+            fields::write_warnings(rules, warnings, &mut add);
+        }
+        return merge_fields(style, ours, headers);
+    }
+    insert_fields(style, rules, None, headers);
+    if style != HeaderStyle::None {
+        insert_warnings(rules, warnings, headers);
+    }
+}
+
+/// Adds `ours`, rate-limit fields of `style`, to a response that already carries such fields:
+/// a layer below wrote them (nested layers: one over the whole API, one over a route), or the
+/// service did. No policy's fields hide another's. The draft's lists (`RateLimit-Policy`,
+/// `RateLimit`, `RateLimit-Warning`) take our items after those there; the one-rule styles
+/// keep, of the two, the rule the style itself picks among a policy's rules: fewer units left,
+/// then the longer to reset (those there on a tie, ours when those there name no count).
+#[cold]
+#[inline(never)]
+fn merge_fields(style: HeaderStyle, ours: Vec<(&'static str, String)>, headers: &mut HeaderMap) {
+    let one_rule = match style {
+        HeaderStyle::Legacy => Some(("x-ratelimit-remaining", "x-ratelimit-reset")),
+        HeaderStyle::Draft6 => Some(("ratelimit-remaining", "ratelimit-reset")),
+        _ => None,
+    };
+    let closer = one_rule.is_some_and(|(remaining, reset)| {
+        let number = |text: Option<&str>| text.and_then(|t| t.trim().parse::<u64>().ok());
+        let mine = |name| number(ours.iter().find(|(n, _)| *n == name).map(|(_, v)| &**v));
+        let theirs = |name| number(field_lines(headers, name).as_deref());
+        match (mine(remaining), theirs(remaining)) {
+            (Some(mine_left), Some(their_left)) => {
+                let (mine_reset, their_reset) = (mine(reset), theirs(reset));
+                (mine_left, Reverse(mine_reset)) < (their_left, Reverse(their_reset))
+            }
+            (_, None) => true,
+            (None, Some(_)) => false,
+        }
+    });
+    for (name, value) in ours {
+        let listed = one_rule.is_none() || name == fields::RATELIMIT_WARNING;
+        let value = match field_lines(headers, name) {
+            Some(there) if listed => format!("{there}, {value}"),
+            _ if !listed && !closer => continue,
+            _ => value,
         };
-        let closer = one_rule.is_some_and(|(remaining, reset)| {
-            let number = |text: Option<&str>| text.and_then(|t| t.trim().parse::<u64>().ok());
-            let mine = |name| number(ours.iter().find(|(n, _)| *n == name).map(|(_, v)| &**v));
-            let theirs = |name| number(field_lines(headers, name).as_deref());
-            match (mine(remaining), theirs(remaining)) {
-                (Some(mine_left), Some(their_left)) => {
-                    let (mine_reset, their_reset) = (mine(reset), theirs(reset));
-                    (mine_left, Reverse(mine_reset)) < (their_left, Reverse(their_reset))
-                }
-                (_, None) => true,
-                (None, Some(_)) => false,
-            }
-        });
-        for (name, value) in ours {
-            let listed = one_rule.is_none() || name == fields::RATELIMIT_WARNING;
-            let value = match field_lines(headers, name) {
-                Some(there) if listed => format!("{there}, {value}"),
-                _ if !listed && !closer => continue,
-                _ => value,
-            };
-            if let Ok(value) = HeaderValue::from_str(&value) {
-                headers.insert(header_name(name), value);
-            }
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(header_name(name), value);
         }
     }
 }

@@ -6,7 +6,7 @@ use std::{
 };
 
 use super::{Context, task::Admitted};
-use crate::headers::{HeaderStyle, has_fields, insert_fields, insert_warnings};
+use crate::headers::{HeaderStyle, add_fields};
 use http::Response;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
@@ -49,12 +49,8 @@ where
         if let Some(admitted) = this.admitted.take() {
             let admitted =
                 std::mem::take(&mut *admitted.lock().unwrap_or_else(PoisonError::into_inner));
-            if !has_fields(*this.style, response.headers()) {
-                insert_fields(*this.style, &admitted.rules, None, response.headers_mut());
-                if *this.style != HeaderStyle::None {
-                    insert_warnings(&admitted.rules, &admitted.warnings, response.headers_mut());
-                }
-            }
+            let headers = response.headers_mut();
+            add_fields(*this.style, &admitted.rules, &admitted.warnings, headers);
         }
         Poll::Ready(Ok(response))
     }

@@ -17,8 +17,9 @@ use crate::{
 ///
 /// Responses of requests that macro-guarded code admitted get the `RateLimit-Policy` and
 /// `RateLimit` fields of those checks (or the [style](Self::header_style) chosen; unless
-/// turned off, or already set by a layer below), and the rejections of guarded code answer in
-/// the same style.
+/// turned off), beside those a rate-limit layer below wrote (as nested
+/// [`RateLimitLayer`](crate::RateLimitLayer)s add theirs), and the rejections of guarded code
+/// answer in the same style.
 ///
 /// Put it outside every route (`Router::layer`), inside the application's auth layer so that
 /// the user is known:

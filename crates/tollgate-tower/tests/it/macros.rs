@@ -9,9 +9,10 @@ use std::{
 use axum::{Json, Router, extract::State, routing::post};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tollgate::{Clock as _, Identity, Reason};
+use tollgate::{Clock as _, Dimension, Identity, Limiter, Policy, Reason};
 use tollgate_tower::{
-    Context, ContextLayer, HeaderStyle, IdentityResolver, Rejection, prevent_duplicate, rate_limit,
+    Context, ContextLayer, HeaderStyle, IdentityResolver, RateLimitLayer, Rejection,
+    prevent_duplicate, rate_limit,
 };
 
 use crate::support::{Server, client, gate, header, problem};
@@ -175,6 +176,40 @@ async fn the_context_layers_header_style_applies_to_admissions_and_refusals() {
         Some("0")
     );
     assert_eq!(header(&refused, "retry-after").as_deref(), Some("60"));
+}
+
+/// A rate-limit layer on the route below the context layer: the response carries the layer's
+/// fields and the handler's macro checks', the layer's first (it wrote them first).
+#[tokio::test]
+async fn the_context_layer_adds_its_fields_beside_a_rate_limit_layers() {
+    let (gate, _) = gate();
+    let api = Policy::builder("api")
+        .limiter(Limiter::new(Dimension::Ip, ["100/1h".parse().unwrap()]))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/sms/code",
+            post(send_code).layer(RateLimitLayer::new(gate.clone(), api)),
+        )
+        .layer(ContextLayer::new(gate, proxied_users()));
+    let server = Server::start(app).await;
+    let first = client()
+        .post(server.at("/sms/code"))
+        .header("x-user-id", "bob")
+        .json(&json!({ "phone": "+15550100" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        header(&first, "ratelimit").as_deref(),
+        Some(r#""ip-1h";r=99;t=3600, "ip-1m";r=1;t=60, "user_id-1d";r=2;t=86400"#)
+    );
+    assert_eq!(
+        header(&first, "ratelimit-policy").as_deref(),
+        Some(r#""ip-1h";q=100;w=3600, "ip-1m";q=2;w=60, "user_id-1d";q=3;w=86400"#)
+    );
 }
 
 #[rate_limit(by = "ip", rules = ["2/1m"], ipv6_prefix = 48, ipv4_prefix = 24)]
