@@ -1,7 +1,7 @@
 //! `RateLimit-Policy`, `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11), the one-rule forms
 //! and `Retry-After` in a `HeaderMap`; the text comes from [`tollgate::fields`].
 
-use std::{cmp::Reverse, time::Duration};
+use std::{borrow::Cow, cmp::Reverse, time::Duration};
 
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 pub use tollgate::fields::HeaderStyle;
@@ -58,7 +58,8 @@ pub(crate) fn insert_fields(
     fields::write_fields(style, rules, wait, insert(headers));
 }
 
-/// Writes `RateLimit-Warning` for `warnings` among `rules` (see [`fields::write_warnings`]).
+/// Adds `RateLimit-Warning` items for `warnings` among `rules` after any already there (see
+/// [`fields::write_warnings`]).
 pub(crate) fn insert_warnings(
     rules: &[RuleDecision],
     warnings: &[RuleDecision],
@@ -67,7 +68,8 @@ pub(crate) fn insert_warnings(
     fields::write_warnings(rules, warnings, append(headers));
 }
 
-/// Whether `headers` already carry the fields of `style` (written by a layer below).
+/// Whether `headers` already carry the fields of `style` (a layer below, a refusal or the
+/// service wrote them).
 pub(crate) fn has_fields(style: HeaderStyle, headers: &HeaderMap) -> bool {
     let name = match style {
         HeaderStyle::Legacy => "x-ratelimit-limit",
@@ -177,15 +179,30 @@ impl PolicyFields {
     }
 }
 
+/// Marks the answer of a [`Rejection`](crate::Rejection) of a rate limit: its fields are the
+/// refusing decision's own, which the [`Context`](crate::Context)'s admissions must not join.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RateLimitRefusal;
+
 /// Writes the fields of `style` for `rules` and their `warnings` (the checks of one request
-/// under a [`Context`](crate::Context)), beside any already there (see [`merge_fields`]).
+/// under a [`Context`](crate::Context)), beside any already there (see [`merge_fields`]),
+/// except on a refusal's own (see [`RateLimitRefusal`]).
 pub(crate) fn add_fields(
     style: HeaderStyle,
     rules: &[RuleDecision],
     warnings: &[RuleDecision],
-    headers: &mut HeaderMap,
+    response: &mut http::response::Parts,
 ) {
+    if rules.is_empty() {
+        return;
+    }
+    let headers = &mut response.headers;
     if has_fields(style, headers) {
+        // A refusal by guarded code says what refused it: the admissions before it in the
+        // same request would name the same rules again, with counts from before.
+        if response.extensions.get::<RateLimitRefusal>().is_some() {
+            return;
+        }
         let mut ours = Vec::new();
         let mut add = |name, value: &str| ours.push((name, value.to_owned()));
         fields::write_fields(style, rules, None, &mut add);
@@ -241,11 +258,16 @@ fn merge_fields(style: HeaderStyle, ours: Vec<(&'static str, String)>, headers: 
 }
 
 /// Every line of the field `name`, as one list; `None` if it is absent or not text.
-fn field_lines(headers: &HeaderMap, name: &str) -> Option<String> {
-    let mut lines = headers.get_all(name).iter().peekable();
-    lines.peek()?;
-    let texts: Option<Vec<&str>> = lines.map(|line| line.to_str().ok()).collect();
-    Some(texts?.join(", "))
+fn field_lines<'h>(headers: &'h HeaderMap, name: &str) -> Option<Cow<'h, str>> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next()?.to_str().ok()?;
+    let mut joined = Cow::Borrowed(first);
+    for line in lines {
+        let text = joined.to_mut();
+        text.push_str(", ");
+        text.push_str(line.to_str().ok()?);
+    }
+    Some(joined)
 }
 
 pub(crate) fn insert_retry_after(retry_after: Duration, headers: &mut HeaderMap) {

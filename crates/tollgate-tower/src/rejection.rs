@@ -10,7 +10,9 @@ use tollgate::{CheckError, Decision, NamedDecision, Policy, Reason, RuleDecision
 
 use crate::{
     body::{BoxError, LayerBody},
-    headers::{HeaderStyle, ceil_secs, insert_fields, insert_retry_after, policy_names},
+    headers::{
+        HeaderStyle, RateLimitRefusal, ceil_secs, insert_fields, insert_retry_after, policy_names,
+    },
 };
 
 /// Builds the response for a rejection, in place of the default (`on_rejection` of the
@@ -381,6 +383,9 @@ impl Rejection {
     /// own: `application/grpc`, or gRPC-Web's, whose clients refuse an answer of another type).
     pub(crate) fn respond(self, style: HeaderStyle, grpc: Option<&HeaderValue>) -> Response<Bytes> {
         let mut response = Response::new(Bytes::new());
+        if matches!(self, Rejection::RateLimited(_)) {
+            response.extensions_mut().insert(RateLimitRefusal);
+        }
         let headers = response.headers_mut();
         if let Some(retry_after) = self.retry_after() {
             insert_retry_after(retry_after, headers);

@@ -49,8 +49,9 @@ where
         if let Some(admitted) = this.admitted.take() {
             let admitted =
                 std::mem::take(&mut *admitted.lock().unwrap_or_else(PoisonError::into_inner));
-            let headers = response.headers_mut();
-            add_fields(*this.style, &admitted.rules, &admitted.warnings, headers);
+            let (mut parts, body) = response.into_parts();
+            add_fields(*this.style, &admitted.rules, &admitted.warnings, &mut parts);
+            response = Response::from_parts(parts, body);
         }
         Poll::Ready(Ok(response))
     }

@@ -17,9 +17,11 @@ use crate::{
 ///
 /// Responses of requests that macro-guarded code admitted get the `RateLimit-Policy` and
 /// `RateLimit` fields of those checks (or the [style](Self::header_style) chosen; unless
-/// turned off), beside those a rate-limit layer below wrote (as nested
-/// [`RateLimitLayer`](crate::RateLimitLayer)s add theirs), and the rejections of guarded code
-/// answer in the same style.
+/// turned off), beside those a rate-limit layer below or the handler wrote (as nested
+/// [`RateLimitLayer`](crate::RateLimitLayer)s add theirs; items are named by limiter and
+/// window, so give a macro's limiter a `name = "..."` where a layer's rule has the same
+/// dimension and window). The rejections of guarded code answer in the same style, with the
+/// refusing check's fields alone.
 ///
 /// Put it outside every route (`Router::layer`), inside the application's auth layer so that
 /// the user is known:

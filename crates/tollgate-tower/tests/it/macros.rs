@@ -212,6 +212,37 @@ async fn the_context_layer_adds_its_fields_beside_a_rate_limit_layers() {
     );
 }
 
+#[rate_limit(by = "ip", rules = ["1/1m"])]
+async fn once_a_minute() -> Result<&'static str, Rejection> {
+    Ok("ok")
+}
+
+async fn twice() -> Result<&'static str, Rejection> {
+    once_a_minute().await?;
+    once_a_minute().await
+}
+
+/// A handler whose second guarded call is refused answers with the refusal's fields alone: the
+/// admission before it, of the same rule, is not listed beside them.
+#[tokio::test]
+async fn a_guarded_refusal_answers_with_its_own_fields_only() {
+    let (gate, _) = gate();
+    let app = Router::new()
+        .route("/twice", post(twice))
+        .layer(ContextLayer::new(gate, proxied_users()));
+    let server = Server::start(app).await;
+    let refused = client().post(server.at("/twice")).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(
+        header(&refused, "ratelimit").as_deref(),
+        Some(r#""ip-1m";r=0;t=60"#)
+    );
+    assert_eq!(
+        header(&refused, "ratelimit-policy").as_deref(),
+        Some(r#""ip-1m";q=1;w=60"#)
+    );
+}
+
 #[rate_limit(by = "ip", rules = ["2/1m"], ipv6_prefix = 48, ipv4_prefix = 24)]
 async fn sign_up() -> Result<&'static str, Rejection> {
     Ok("welcome")
