@@ -245,14 +245,10 @@ fn merge_fields(style: HeaderStyle, ours: Vec<(&'static str, String)>, headers: 
         }
     });
     for (name, value) in ours {
-        let listed = one_rule.is_none() || name == fields::RATELIMIT_WARNING;
-        let value = match field_lines(headers, name) {
-            Some(there) if listed => format!("{there}, {value}"),
-            _ if !listed && !closer => continue,
-            _ => value,
-        };
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            headers.insert(header_name(name), value);
+        if one_rule.is_none() || name == fields::RATELIMIT_WARNING {
+            append(headers)(name, &value);
+        } else if closer || field_lines(headers, name).is_none() {
+            insert(headers)(name, &value);
         }
     }
 }
