@@ -8,7 +8,8 @@
 //!
 //! Only the measured loop (`checks`, after a round that creates every key) is counted: the
 //! total divided by the number of checks is the cost of one. Cases: `gcra_admit`, `gcra_deny`, `log_admit`,
-//! `log_deny`, `two_by_three_admit`, `governor_admit`, `governor_deny`; and, for what overrides
+//! `log_deny`, `log_steady` (the memory bench's steady sliding log: a full day in every
+//! client's log), `two_by_three_admit`, `governor_admit`, `governor_deny`; and, for what overrides
 //! cost their users, `gcra_overridable_admit` (the limiter takes overrides, one is set for
 //! another identity) and `gcra_overridden_admit` (every identity has one); for what a
 //! blocklist costs, `log_ban_admit` (`log_admit`'s limiter writes bans, as the seed's does).
@@ -43,8 +44,8 @@ use std::{
 use governor::{Quota, RateLimiter};
 use tollgate::{
     Algorithm, BanRule, CheckRequest, Decision, Dimension, Identity, Limiter, LimiterAnswer,
-    LimiterCheck, MemoryStore, Policy, Rule, Store, StoreError, StoreErrorKind, Tollgate, Verdict,
-    algorithm::RuleOutcome,
+    LimiterCheck, ManualClock, MemoryStore, Policy, Rule, Store, StoreError, StoreErrorKind,
+    Tollgate, Verdict, algorithm::RuleOutcome,
 };
 use tollgate_bench::client_ip;
 
@@ -121,6 +122,9 @@ fn main() {
         };
         assert_eq!(wrong, 0, "checks went the wrong way");
         return;
+    }
+    if case == "log_steady" {
+        return log_steady(&who, n);
     }
     // 0: no overrides; 1: the limiter takes them, one set elsewhere; 2: every identity has one.
     let overrides = match case.as_str() {
@@ -217,6 +221,57 @@ fn main() {
         })
     };
     assert_eq!(wrong, 0, "checks went the wrong way");
+}
+
+/// The memory bench's steady sliding log: 10/1m, 20/1h and 60/1d by IP, the clock 25 minutes
+/// on each time the clients start over, so every check is admitted and each client's log holds
+/// a full day of entries (57 or 58), the oldest leaving as the newest comes.
+fn log_steady(who: &[Identity], n: u32) {
+    let rules: Vec<Rule> = ["10/1m", "20/1h", "60/1d"]
+        .iter()
+        .map(|t| rule(t, Algorithm::SlidingLog))
+        .collect();
+    let policy = Policy::builder("probe")
+        .limiter(Limiter::new(Dimension::Ip, rules))
+        .build()
+        .expect("a valid policy");
+    let step = std::time::Duration::from_secs(25 * 60);
+    let clock = ManualClock::new(std::time::Duration::from_secs(1_700_000_000));
+    let gate = Tollgate::new(MemoryStore::builder().clock(clock.clone()).build());
+    // Two days of rounds first: the logs are full.
+    for _ in 0..(2 * 86_400 / step.as_secs() + 1) {
+        clock.advance(step);
+        for who in who {
+            assert!(
+                ready(gate.check(&policy, who, 1))
+                    .expect("a check")
+                    .allowed()
+            );
+        }
+    }
+    let wrong = checks_steady(who, n, &|| clock.advance(step), &|who| {
+        ready(gate.check(&policy, who, 1)).expect("a check")
+    });
+    assert_eq!(wrong, 0, "checks went the wrong way");
+}
+
+/// [`checks`] of admissions, calling `each_round` whenever the identities start over.
+#[inline(never)]
+fn checks_steady(
+    who: &[Identity],
+    n: u32,
+    each_round: &dyn Fn(),
+    check: &dyn Fn(&Identity) -> Decision,
+) -> u32 {
+    let mut wrong = 0;
+    for i in 0..n {
+        if i % KEYS == 0 {
+            each_round();
+        }
+        let decision = check(black_box(&who[(i % KEYS) as usize]));
+        wrong += u32::from(!black_box(decision).allowed());
+    }
+    wrong
 }
 
 /// The measured loop: `n` checks over the identities in turn, each by `check`; how many went

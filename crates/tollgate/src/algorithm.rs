@@ -63,23 +63,35 @@ pub fn sliding_log(log: &[u64], now: u64, rule: &Rule, cost: u64) -> RuleOutcome
 ///
 /// The same as `partition_point(|&t| t <= edge)`, but it reads only the ends of a long log in
 /// the common cases: a short window starts near its newest entries, and the longest window
-/// (the one the log is trimmed to) at its oldest.
+/// (the one the log is trimmed to) near its oldest. It gallops from both ends at once, so it
+/// reads a few entries whichever end the edge is near.
 fn first_after(log: &[u64], edge: u64) -> usize {
-    if log.first().is_none_or(|&t| t > edge) {
+    let (Some(&oldest), Some(&newest)) = (log.first(), log.last()) else {
+        return 0;
+    };
+    if oldest > edge {
         return 0;
     }
-    // Gallop back from the newest entry, then search the last step.
+    if newest <= edge {
+        return log.len();
+    }
+    // `log[old] <= edge < log[new]`: the first later entry is in `old + 1..=new`.
+    let (mut old, mut new) = (0, log.len() - 1);
     let mut step = 1;
-    let mut hi = log.len();
-    while hi > 0 && log[hi - 1] > edge {
-        let lo = hi.saturating_sub(step);
-        if log[lo] <= edge {
-            return lo + 1 + log[lo + 1..hi].partition_point(|&t| t <= edge);
+    while new - old > 2 * step {
+        if log[old + step] > edge {
+            new = old + step;
+            break;
         }
-        hi = lo;
+        old += step;
+        if log[new - step] <= edge {
+            old = new - step;
+            break;
+        }
+        new -= step;
         step *= 2;
     }
-    hi
+    old + 1 + log[old + 1..new].partition_point(|&t| t <= edge)
 }
 
 /// State of a fixed-window rule: the window's start and the units counted in it.
