@@ -116,6 +116,8 @@ pub(crate) struct ServerSettings {
     pub(crate) write_timeout: Duration,
     /// The most `grpc.health.v1` Watch streams open at once.
     pub(crate) max_health_watches: usize,
+    /// The most memory the RLQS streams' buckets take together, in bytes (see `crate::rlqs`).
+    pub(crate) max_rlqs_bucket_bytes: usize,
     /// `server.allowed_hosts` as written: `None` when unset (see [`Self::allowed_hosts`]).
     allowed_hosts: Option<Vec<String>>,
     /// `server.grpc_tls`: the gRPC port serves TLS with these files.
@@ -214,6 +216,8 @@ const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `server.max_health_watches`.
 const DEFAULT_MAX_HEALTH_WATCHES: usize = 1_000;
+/// Default `server.max_rlqs_bucket_bytes`: 64 MiB, some 100,000 buckets of short ids.
+const DEFAULT_MAX_RLQS_BUCKET_BYTES: usize = 64 << 20;
 /// Default `server.grpc_max_message_bytes`: 1 MiB, far above any real rate-limit request.
 const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Default `server.grpc_max_concurrent_streams`.
@@ -728,6 +732,7 @@ pub(super) struct RawServer {
     idle_timeout: Option<Spanned<DurationText>>,
     write_timeout: Option<Spanned<DurationText>>,
     max_health_watches: Option<Spanned<u32>>,
+    max_rlqs_bucket_bytes: Option<Spanned<u32>>,
     allowed_hosts: Option<Spanned<Vec<String>>>,
     pub(super) grpc_tls: Option<Spanned<RawTls>>,
     grpc_max_message_bytes: Option<Spanned<u32>>,
@@ -1526,6 +1531,12 @@ impl RawServer {
             "the health Watch limit",
             DEFAULT_MAX_HEALTH_WATCHES,
         )?;
+        let max_rlqs_bucket_bytes = count(
+            self.max_rlqs_bucket_bytes,
+            "max_rlqs_bucket_bytes",
+            "the RLQS bucket memory limit",
+            DEFAULT_MAX_RLQS_BUCKET_BYTES,
+        )?;
         let grpc_max_message_bytes = count(
             self.grpc_max_message_bytes,
             "grpc_max_message_bytes",
@@ -1591,6 +1602,7 @@ impl RawServer {
             idle_timeout,
             write_timeout,
             max_health_watches,
+            max_rlqs_bucket_bytes,
             allowed_hosts,
             grpc_max_message_bytes,
             grpc_max_concurrent_streams,

@@ -120,6 +120,7 @@ pub(super) fn apply(
             &mut s.max_connections_per_ip,
         ),
         ("server.max_health_watches", &mut s.max_health_watches),
+        ("server.max_rlqs_bucket_bytes", &mut s.max_rlqs_bucket_bytes),
         (
             "server.grpc_max_message_bytes",
             &mut s.grpc_max_message_bytes,

@@ -15,6 +15,11 @@
 //! window ends. A failing store is met by `on_error` (`ALLOW_ALL` or `DENY_ALL` for one report
 //! interval). A bucket id no bucket serves (never, or no longer after a reload) is abandoned.
 //!
+//! Memory: a stream keeps at most [`MAX_SUBSCRIPTIONS`] buckets, and all streams together at
+//! most `server.max_rlqs_bucket_bytes` of them (each bucket charged [`Subscription::bytes`]):
+//! past either, a new bucket id is abandoned until buckets go quiet or streams end, so that
+//! clients opening many streams of many ids cannot make the server run out of memory.
+//!
 //! Under-admission: what an Envoy was charged and did not use is not given back (its reports
 //! say what it used, but a data plane's reports are not the store's count); it is at most the
 //! first tokens of each new bucket plus what an Envoy that went quiet still had assigned.
@@ -29,7 +34,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -89,11 +94,14 @@ pub(crate) struct Quotas {
     shared: Arc<Shared>,
 }
 
-/// What the streams share: each bucket's Envoys and their demand.
+/// What the streams share: each bucket's Envoys and their demand, and the memory their
+/// buckets take.
 #[derive(Default)]
 struct Shared {
     next_stream: AtomicU64,
     demands: Mutex<HashMap<BucketKey, HashMap<u64, Demand>>>,
+    /// The bytes all streams' buckets are charged (see [`Subscription::bytes`]).
+    held: AtomicUsize,
 }
 
 /// A served bucket: its configured name and the values of its `*` entries.
@@ -113,6 +121,8 @@ struct Demand {
 /// One bucket of one stream.
 struct Subscription {
     key: BucketKey,
+    /// What it is charged against `server.max_rlqs_bucket_bytes` ([`Subscription::bytes`]).
+    bytes: usize,
     /// When the Envoy last reported it.
     reported: Instant,
     /// What it was last assigned, until when.
@@ -256,26 +266,31 @@ impl Stream_ {
         let domain = self.domain.as_deref().unwrap_or_default();
         let Some((bucket, who)) = config.rlqs.find(&config.envoy, domain, &id) else {
             if let Some(gone) = self.subscriptions.remove(&id) {
-                self.forget(&gone.key);
+                self.forget(&gone);
             }
             return Action::AbandonAction(AbandonAction {});
         };
         let key = (bucket.name.clone(), who);
-        if self.subscriptions.len() >= MAX_SUBSCRIPTIONS
-            && !self.subscriptions.contains_key(&id)
-            && !self.drop_quiet()
-        {
-            return Action::AbandonAction(AbandonAction {});
+        if !self.subscriptions.contains_key(&id) {
+            let bytes = Subscription::bytes(&id);
+            if !self.make_room(bytes, config.server.max_rlqs_bucket_bytes) {
+                return Action::AbandonAction(AbandonAction {});
+            }
+            self.subscriptions.insert(
+                id.clone(),
+                Subscription {
+                    key: key.clone(),
+                    bytes,
+                    reported: Instant::now(),
+                    assigned: None,
+                    interval: DEFAULT_INTERVAL,
+                },
+            );
         }
         let sub = self
             .subscriptions
-            .entry(id)
-            .or_insert_with(|| Subscription {
-                key: key.clone(),
-                reported: Instant::now(),
-                assigned: None,
-                interval: DEFAULT_INTERVAL,
-            });
+            .get_mut(&id)
+            .expect("the bucket was subscribed above");
         sub.reported = Instant::now();
         if sub.key != key {
             // A reload gave the id to another bucket: it starts over there.
@@ -330,13 +345,24 @@ impl Stream_ {
         action
     }
 
-    /// Forgets this stream's demand for a bucket.
-    fn forget(&self, key: &BucketKey) {
+    /// Whether a new bucket charged `bytes` may be held: within the stream's count and, with
+    /// the other streams' buckets, within `max_bytes`; its quiet buckets make room first when
+    /// either is reached. The bytes are charged when it may.
+    fn make_room(&mut self, bytes: usize, max_bytes: usize) -> bool {
+        let fits = |stream: &Stream_| {
+            stream.subscriptions.len() < MAX_SUBSCRIPTIONS && stream.shared.charge(bytes, max_bytes)
+        };
+        fits(self) || (self.drop_quiet() && fits(self))
+    }
+
+    /// Forgets a bucket of this stream: its demand, and its charge.
+    fn forget(&self, sub: &Subscription) {
+        self.shared.held.fetch_sub(sub.bytes, Ordering::Relaxed);
         let mut demands = self.shared.lock();
-        if let Some(envoys) = demands.get_mut(key) {
+        if let Some(envoys) = demands.get_mut(&sub.key) {
             envoys.remove(&self.id);
             if envoys.is_empty() {
-                demands.remove(key);
+                demands.remove(&sub.key);
             }
         }
     }
@@ -356,29 +382,45 @@ impl Stream_ {
         let quiet = |sub: &Subscription| {
             now.duration_since(sub.reported) > sub.interval * QUIET_AFTER_INTERVALS
         };
-        let mut gone = Vec::new();
-        self.subscriptions.retain(|_, sub| {
-            let keep = !quiet(sub);
-            if !keep {
-                gone.push(sub.key.clone());
+        let quiet_ids: Vec<_> = (self.subscriptions.iter())
+            .filter(|(_, sub)| quiet(sub))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &quiet_ids {
+            if let Some(gone) = self.subscriptions.remove(id) {
+                self.forget(&gone);
             }
-            keep
-        });
-        for key in &gone {
-            self.forget(key);
         }
-        !gone.is_empty()
+        !quiet_ids.is_empty()
     }
 
     /// The stream ended: its buckets' other Envoys share them now.
     fn end(&self) {
         for sub in self.subscriptions.values() {
-            self.forget(&sub.key);
+            self.forget(sub);
         }
     }
 }
 
+impl Subscription {
+    /// What a bucket of bucket id `id` is charged: its keys' and values' bytes twice (the id,
+    /// and the identity its checks count by) and what its records take besides.
+    fn bytes(id: &BTreeMap<String, String>) -> usize {
+        let text: usize = id.iter().map(|(k, v)| k.len() + v.len()).sum();
+        2 * text + 512
+    }
+}
+
 impl Shared {
+    /// Charges `bytes` to the streams' buckets if they stay within `max`.
+    fn charge(&self, bytes: usize, max: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                held.checked_add(bytes).filter(|&total| total <= max)
+            })
+            .is_ok()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<BucketKey, HashMap<u64, Demand>>> {
         self.demands.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -412,9 +412,8 @@ async fn the_envoy_drop_in_serves_buckets_from_its_yaml_descriptors() {
 }
 
 /// One stream's buckets are bounded: past 10,000 ids a new one is abandoned (its Envoy applies
-/// its own no-assignment behaviour) until some go quiet (not reported for three of their
-/// intervals), and an id of more than 4 KiB is refused, so that a stream of endless or huge
-/// ids holds bounded memory, and ids it once saw do not keep new ones out.
+/// its own no-assignment behaviour), and an id of more than 4 KiB is refused, so that a stream
+/// of endless or huge ids holds bounded memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_buckets_are_bounded() {
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -423,12 +422,14 @@ async fn a_streams_buckets_are_bounded() {
     };
 
     let server = Server::start(&config("memory://", "30/1h"));
-    // Reported every 10 ms: an interval of half the default second, quiet after 1.5 s.
+    // Reported every 20 s: no bucket goes quiet while the test runs, however long the server
+    // takes over the first report's 10,001 ids (quiet ones making room is tested with fewer,
+    // in `all_streams_buckets_are_bounded_together`).
     let usage = |tenant: &str| BucketQuotaUsage {
         bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
         time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-            seconds: 0,
-            nanos: 10_000_000,
+            seconds: 20,
+            nanos: 0,
         }),
         num_requests_allowed: 0,
         num_requests_denied: 1,
@@ -453,22 +454,81 @@ async fn a_streams_buckets_are_bounded() {
     tx.send(report(vec![usage("fresh")])).await.unwrap();
     let full = responses.message().await.unwrap().unwrap();
     assert!(abandoned(&&full.bucket_action[0]), "{full:?}");
-    // The others have not been reported for more than three of their intervals: they make
-    // room, t0 (reported since) stays.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    tx.send(report(vec![usage("t0"), usage("fresh")]))
-        .await
-        .unwrap();
-    let room = responses.message().await.unwrap().unwrap();
-    assert!(
-        room.bucket_action.iter().all(|a| !abandoned(&a)),
-        "{room:?}"
-    );
     tx.send(report(vec![usage(&"x".repeat(5000))]))
         .await
         .unwrap();
     let refused = responses.message().await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
+
+/// All streams' buckets are bounded together (`server.max_rlqs_bucket_bytes`), so that clients
+/// opening many streams of many ids cannot run the server out of memory: past the bound a new
+/// id is abandoned on any stream, one a stream holds is still served, buckets a stream has
+/// stopped reporting make room for its new ones, and a stream that ends gives its share back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_streams_buckets_are_bounded_together() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+        rate_limit_quota_response::bucket_action::BucketAction,
+        rate_limit_quota_usage_reports::BucketQuotaUsage,
+    };
+
+    // An id of `route = checkout, tenant = tN` is charged twice its 21 bytes and 512: three
+    // fit, a fourth does not.
+    let config = format!(
+        "[server]\nmax_rlqs_bucket_bytes = {}\n{}",
+        3 * (2 * 21 + 512) + 100,
+        config("memory://", "30/1h")
+    );
+    let server = Server::start(&config);
+    // Reported every 10 ms: an interval of half the default second, quiet after 1.5 s.
+    let report = |tenants: &[&str]| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: tenants
+            .iter()
+            .map(|tenant| BucketQuotaUsage {
+                bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
+                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+                    seconds: 0,
+                    nanos: 10_000_000,
+                }),
+                num_requests_allowed: 0,
+                num_requests_denied: 1,
+            })
+            .collect(),
+    };
+    let abandoned = |answer: &RateLimitQuotaResponse| -> Vec<bool> {
+        (answer.bucket_action.iter())
+            .map(|a| matches!(a.bucket_action, Some(BucketAction::AbandonAction(_))))
+            .collect()
+    };
+    let (first_tx, mut first) = quota_stream(&server, report(&["t1", "t2", "t3"])).await;
+    let answer = first.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [false, false, false], "{answer:?}");
+    // The bound is the server's: another stream's first id is past it.
+    let (second_tx, mut second) = quota_stream(&server, report(&["t4"])).await;
+    let answer = second.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [true], "{answer:?}");
+    // What a stream holds is still served, a new id on it is not.
+    first_tx.send(report(&["t1", "t5"])).await.unwrap();
+    let answer = first.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [false, true], "{answer:?}");
+    // Buckets the stream has stopped reporting (for three of their intervals) make room for
+    // its new ones; t1, reported since, stays.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    first_tx.send(report(&["t1", "t5"])).await.unwrap();
+    let answer = first.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [false, false], "{answer:?}");
+    // The first stream ends: its buckets' bytes are the second's to take.
+    drop((first_tx, first));
+    let metrics = server.metrics_holding("tollgate_rlqs_streams 1\n").await;
+    assert!(metrics.contains("tollgate_rlqs_streams 1\n"), "{metrics}");
+    second_tx.send(report(&["t4", "t5", "t6"])).await.unwrap();
+    let answer = second.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [false, false, false], "{answer:?}");
+    second_tx.send(report(&["t7"])).await.unwrap();
+    let answer = second.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [true], "{answer:?}");
 }
 
 /// With the check scope's token set, a quota stream takes it too (the metadata

@@ -345,6 +345,19 @@ impl Server {
         (status, response.text().await.unwrap())
     }
 
+    /// The server's metrics once they hold `line`, or after [`HANG`] (a hang detector, not a
+    /// timing assertion: the caller asserts on what it gets).
+    pub(crate) async fn metrics_holding(&self, line: &str) -> String {
+        let deadline = tokio::time::Instant::now() + HANG;
+        loop {
+            let (_, metrics) = self.get_text("/metrics").await;
+            if metrics.contains(line) || tokio::time::Instant::now() >= deadline {
+                return metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.client.request(method, format!("{}{path}", self.http))
     }

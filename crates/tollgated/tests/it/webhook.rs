@@ -40,20 +40,6 @@ impl Received {
     }
 }
 
-/// The server's metrics once they hold `line`, or after 20 s (a hang detector, not a timing
-/// assertion): a delivery is counted when the receiver's answer is back at the server, which is
-/// after the receiver has the body.
-async fn metrics_holding(server: &Server, line: &str) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, metrics) = server.get_text("/metrics").await;
-        if metrics.contains(line) || tokio::time::Instant::now() >= deadline {
-            return metrics;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn receiver(received: Received, status: StatusCode) -> Router {
     Router::new()
         .route(
@@ -136,7 +122,7 @@ async fn warnings_reach_an_http_webhook_once_per_key_and_window() {
     let server = Server::start(&config);
     warnings_are_posted_once_per_key(&server, &received).await;
     let delivered = "tollgate_webhook_deliveries_total{result=\"delivered\"} 3";
-    let metrics = metrics_holding(&server, delivered).await;
+    let metrics = server.metrics_holding(delivered).await;
     assert!(metrics.contains(delivered), "{metrics}");
 }
 
