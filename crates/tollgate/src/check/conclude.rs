@@ -96,13 +96,15 @@ pub(crate) fn decide(limiters: &[Limiter], told: Told<'_>, cost: u64, out: &mut 
                     concurrency &= rule.is_concurrent();
                 }
             }
-            out.push_said(Said::new(
-                outcome.allowed,
-                outcome.remaining,
-                outcome.reset_after_us,
-            ));
         }
     }
+    // What every rule said, at once: the rules' outcomes, in policy order.
+    let said = told.rules.len() - outcomes.len();
+    out.say_all(
+        told.rules[..said]
+            .iter()
+            .map(|o| Said::new(o.allowed, o.remaining, o.reset_after_us)),
+    );
     out.push_limits(told.limits);
     out.set_remaining(remaining);
     if !told.allowed {
