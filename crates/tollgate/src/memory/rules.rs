@@ -298,9 +298,13 @@ impl RuleStates {
             return;
         }
         let (log, counters) = self.view();
-        for (o, rule) in out.iter_mut().zip(rules.iter().enumerate()) {
+        for (o, (place, rule)) in out.iter_mut().zip(rules.iter().enumerate()) {
             if o.allowed {
-                *o = outcome(log, counters, rule, now, 0, 0);
+                *o = match rule.algorithm() {
+                    // The seed's rules: read in place, as `evaluate_all` reads them.
+                    Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, 0),
+                    _ => outcome(log, counters, (place, rule), now, 0, 0),
+                };
             }
         }
     }
