@@ -249,9 +249,12 @@ fn log_steady(who: &[Identity], n: u32) {
             );
         }
     }
-    let wrong = checks_steady(who, n, &|| clock.advance(step), &|who| {
-        ready(gate.check(&policy, who, 1)).expect("a check")
-    });
+    let wrong = checks_steady(
+        who,
+        n,
+        || clock.advance(step),
+        |who| ready(gate.check(&policy, who, 1)).expect("a check"),
+    );
     assert_eq!(wrong, 0, "checks went the wrong way");
 }
 
@@ -260,8 +263,8 @@ fn log_steady(who: &[Identity], n: u32) {
 fn checks_steady(
     who: &[Identity],
     n: u32,
-    each_round: &dyn Fn(),
-    check: &dyn Fn(&Identity) -> Decision,
+    each_round: impl Fn(),
+    check: impl Fn(&Identity) -> Decision,
 ) -> u32 {
     let mut wrong = 0;
     for i in 0..n {

@@ -383,7 +383,12 @@ mod tests {
         ];
         let mut long: Vec<u64> = (0..100).map(|i| i / 3).collect();
         long.push(200);
-        for log in logs.into_iter().chain([&long[..]]) {
+        // Every length to 64, distinct entries: each step of both gallops ends somewhere.
+        let distinct: Vec<Vec<u64>> = (0..=64)
+            .map(|n| (0..n).map(|i| 2 * i + 1).collect())
+            .collect();
+        let lengths = distinct.iter().map(Vec::as_slice);
+        for log in logs.into_iter().chain([&long[..]]).chain(lengths) {
             for edge in 0..=210 {
                 assert_eq!(
                     first_after(log, edge),

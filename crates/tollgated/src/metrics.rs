@@ -182,6 +182,7 @@ struct Inner {
     leases: LeaseMetrics,
     /// RLQS streams open now.
     rlqs_streams: Gauge,
+    rlqs_bucket_bytes: Gauge,
     /// RLQS bucket actions sent, by kind.
     rlqs_actions: Family<ActionLabels, Counter>,
     redis: OnceLock<tollgate_redis::RedisStore>,
@@ -292,10 +293,16 @@ impl Metrics {
             "Envoy rate-limit quota service (RLQS) streams open now",
             rlqs_streams.clone(),
         );
+        let rlqs_bucket_bytes = Gauge::default();
+        registry.register(
+            "rlqs_bucket_bytes",
+            "Bytes the RLQS streams' buckets are charged together, against server.max_rlqs_bucket_bytes",
+            rlqs_bucket_bytes.clone(),
+        );
         let rlqs_actions = Family::<ActionLabels, Counter>::default();
         registry.register(
             "rlqs_actions",
-            "RLQS bucket actions sent, by action: token_bucket (an assignment charged to the store), deny_all (nothing left, or the store failing with on_error deny), allow_all (the store failing with on_error allow), abandon (a bucket no [[rlqs.buckets]] entry serves)",
+            "RLQS bucket actions sent, by action: token_bucket (an assignment charged to the store), deny_all (nothing left, or the store failing with on_error deny), allow_all (the store failing with on_error allow), abandon (a bucket nothing serves, or a new one past the stream's 10,000 or server.max_rlqs_bucket_bytes)",
             rlqs_actions.clone(),
         );
         let descriptors = crate::envoy::stats::DescriptorStats::default();
@@ -365,6 +372,7 @@ impl Metrics {
             repaired_keys,
             leases,
             rlqs_streams,
+            rlqs_bucket_bytes,
             rlqs_actions,
             redis: OnceLock::new(),
             descriptors,
@@ -590,6 +598,11 @@ impl Metrics {
     /// An RLQS stream opened (`1`) or ended (`-1`).
     pub(crate) fn rlqs_stream(&self, change: i64) {
         self.0.rlqs_streams.inc_by(change);
+    }
+
+    /// Bytes charged to (or, negative, given back by) the RLQS streams' buckets.
+    pub(crate) fn rlqs_bucket_bytes(&self, change: i64) {
+        self.0.rlqs_bucket_bytes.inc_by(change);
     }
 
     /// An RLQS bucket action sent.

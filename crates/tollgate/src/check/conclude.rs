@@ -98,7 +98,8 @@ pub(crate) fn decide(limiters: &[Limiter], told: Told<'_>, cost: u64, out: &mut 
             }
         }
     }
-    // What every rule said, at once: the rules' outcomes, in policy order.
+    // What every rule said, at once: the outcomes the walk paired with rules, in policy order
+    // (`zip` takes a rule before its outcome, so a limiter's last rule consumed no extra one).
     let said = told.rules.len() - outcomes.len();
     out.say_all(
         told.rules[..said]

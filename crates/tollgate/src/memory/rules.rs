@@ -301,7 +301,8 @@ impl RuleStates {
         for (o, (place, rule)) in out.iter_mut().zip(rules.iter().enumerate()) {
             if o.allowed {
                 *o = match rule.algorithm() {
-                    // The seed's rules: read in place, as `evaluate_all` reads them.
+                    // The seed's rules: their algorithm called directly, as `evaluate_all`
+                    // calls it, without the dispatch over the others.
                     Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, 0),
                     _ => outcome(log, counters, (place, rule), now, 0, 0),
                 };

@@ -17,8 +17,11 @@
 //!
 //! Memory: a stream keeps at most [`MAX_SUBSCRIPTIONS`] buckets, and all streams together at
 //! most `server.max_rlqs_bucket_bytes` of them (each bucket charged [`Subscription::bytes`]):
-//! past either, a new bucket id is abandoned until buckets go quiet or streams end, so that
-//! clients opening many streams of many ids cannot make the server run out of memory.
+//! past either, a new bucket id is abandoned, so that clients opening many streams of many ids
+//! cannot make the server run out of memory. Each stream drops the buckets its Envoy stopped
+//! reporting (quiet for [`QUIET_AFTER_INTERVALS`] of their intervals) as it reports, at most
+//! once a second, and at once when it needs room; a stream that ends (or fails) gives its
+//! buckets back.
 //!
 //! Under-admission: what an Envoy was charged and did not use is not given back (its reports
 //! say what it used, but a data plane's reports are not the store's count); it is at most the
@@ -184,8 +187,10 @@ impl RateLimitQuotaService for Quotas {
                     break;
                 }
             }
-            stream.end();
-            stream.app.metrics.rlqs_stream(-1);
+            // Its buckets given back first (see `Drop`), then counted out.
+            let app = stream.app.clone();
+            drop(stream);
+            app.metrics.rlqs_stream(-1);
         });
         let responses = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv().await.map(|item| (item, rx))
@@ -249,6 +254,9 @@ impl Stream_ {
                 bucket_action: Some(action),
             });
         }
+        // Quiet buckets go as the stream reports, not only when it needs room: otherwise an
+        // Envoy that once reported many ids would keep them charged against every stream's.
+        self.drop_quiet();
         Ok(RateLimitQuotaResponse {
             bucket_action: actions,
         })
@@ -266,7 +274,7 @@ impl Stream_ {
         let domain = self.domain.as_deref().unwrap_or_default();
         let Some((bucket, who)) = config.rlqs.find(&config.envoy, domain, &id) else {
             if let Some(gone) = self.subscriptions.remove(&id) {
-                self.forget(&gone);
+                self.shared.forget(&self.app, self.id, &gone);
             }
             return Action::AbandonAction(AbandonAction {});
         };
@@ -352,19 +360,11 @@ impl Stream_ {
         let fits = |stream: &Stream_| {
             stream.subscriptions.len() < MAX_SUBSCRIPTIONS && stream.shared.charge(bytes, max_bytes)
         };
-        fits(self) || (self.drop_quiet() && fits(self))
-    }
-
-    /// Forgets a bucket of this stream: its demand, and its charge.
-    fn forget(&self, sub: &Subscription) {
-        self.shared.held.fetch_sub(sub.bytes, Ordering::Relaxed);
-        let mut demands = self.shared.lock();
-        if let Some(envoys) = demands.get_mut(&sub.key) {
-            envoys.remove(&self.id);
-            if envoys.is_empty() {
-                demands.remove(&sub.key);
-            }
+        let made = fits(self) || (self.drop_quiet() && fits(self));
+        if made {
+            self.app.metrics.rlqs_bucket_bytes(bytes as i64);
         }
+        made
     }
 
     /// Drops the buckets the Envoy has stopped reporting; false if none has. Once a default
@@ -382,22 +382,25 @@ impl Stream_ {
         let quiet = |sub: &Subscription| {
             now.duration_since(sub.reported) > sub.interval * QUIET_AFTER_INTERVALS
         };
-        let quiet_ids: Vec<_> = (self.subscriptions.iter())
-            .filter(|(_, sub)| quiet(sub))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &quiet_ids {
-            if let Some(gone) = self.subscriptions.remove(id) {
-                self.forget(&gone);
+        let (shared, app, stream) = (&self.shared, &self.app, self.id);
+        let before = self.subscriptions.len();
+        self.subscriptions.retain(|_, sub| {
+            let keep = !quiet(sub);
+            if !keep {
+                shared.forget(app, stream, sub);
             }
-        }
-        !quiet_ids.is_empty()
+            keep
+        });
+        self.subscriptions.len() < before
     }
+}
 
-    /// The stream ended: its buckets' other Envoys share them now.
-    fn end(&self) {
+/// The stream ended, or its task failed: its buckets' other Envoys share them now, and their
+/// bytes are the other streams' to take.
+impl Drop for Stream_ {
+    fn drop(&mut self) {
         for sub in self.subscriptions.values() {
-            self.forget(sub);
+            self.shared.forget(&self.app, self.id, sub);
         }
     }
 }
@@ -419,6 +422,19 @@ impl Shared {
                 held.checked_add(bytes).filter(|&total| total <= max)
             })
             .is_ok()
+    }
+
+    /// Forgets stream `stream`'s bucket `sub`: its demand, and its charge.
+    fn forget(&self, app: &App, stream: u64, sub: &Subscription) {
+        self.held.fetch_sub(sub.bytes, Ordering::Relaxed);
+        app.metrics.rlqs_bucket_bytes(-(sub.bytes as i64));
+        let mut demands = self.lock();
+        if let Some(envoys) = demands.get_mut(&sub.key) {
+            envoys.remove(&stream);
+            if envoys.is_empty() {
+                demands.remove(&sub.key);
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<BucketKey, HashMap<u64, Demand>>> {

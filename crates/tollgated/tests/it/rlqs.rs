@@ -463,8 +463,9 @@ async fn a_streams_buckets_are_bounded() {
 
 /// All streams' buckets are bounded together (`server.max_rlqs_bucket_bytes`), so that clients
 /// opening many streams of many ids cannot run the server out of memory: past the bound a new
-/// id is abandoned on any stream, one a stream holds is still served, buckets a stream has
-/// stopped reporting make room for its new ones, and a stream that ends gives its share back.
+/// id is abandoned on any stream, one a stream holds is still served, the buckets a stream has
+/// stopped reporting are given back as it reports (so they keep no other stream's ids out),
+/// and a stream that ends gives its buckets back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_streams_buckets_are_bounded_together() {
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -475,13 +476,14 @@ async fn all_streams_buckets_are_bounded_together() {
 
     // An id of `route = checkout, tenant = tN` is charged twice its 21 bytes and 512: three
     // fit, a fourth does not.
+    let charge = 2 * 21 + 512;
     let config = format!(
         "[server]\nmax_rlqs_bucket_bytes = {}\n{}",
-        3 * (2 * 21 + 512) + 100,
+        3 * charge + 100,
         config("memory://", "30/1h")
     );
     let server = Server::start(&config);
-    // Reported every 10 ms: an interval of half the default second, quiet after 1.5 s.
+    // Reported every second: quiet after three.
     let report = |tenants: &[&str]| RateLimitQuotaUsageReports {
         domain: "edge".into(),
         bucket_quota_usages: tenants
@@ -489,8 +491,8 @@ async fn all_streams_buckets_are_bounded_together() {
             .map(|tenant| BucketQuotaUsage {
                 bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
                 time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-                    seconds: 0,
-                    nanos: 10_000_000,
+                    seconds: 1,
+                    nanos: 0,
                 }),
                 num_requests_allowed: 0,
                 num_requests_denied: 1,
@@ -505,6 +507,9 @@ async fn all_streams_buckets_are_bounded_together() {
     let (first_tx, mut first) = quota_stream(&server, report(&["t1", "t2", "t3"])).await;
     let answer = first.message().await.unwrap().unwrap();
     assert_eq!(abandoned(&answer), [false, false, false], "{answer:?}");
+    let (_, metrics) = server.get_text("/metrics").await;
+    let held = format!("tollgate_rlqs_bucket_bytes {}\n", 3 * charge);
+    assert!(metrics.contains(&held), "{metrics}");
     // The bound is the server's: another stream's first id is past it.
     let (second_tx, mut second) = quota_stream(&server, report(&["t4"])).await;
     let answer = second.message().await.unwrap().unwrap();
@@ -513,20 +518,31 @@ async fn all_streams_buckets_are_bounded_together() {
     first_tx.send(report(&["t1", "t5"])).await.unwrap();
     let answer = first.message().await.unwrap().unwrap();
     assert_eq!(abandoned(&answer), [false, true], "{answer:?}");
-    // Buckets the stream has stopped reporting (for three of their intervals) make room for
-    // its new ones; t1, reported since, stays.
-    tokio::time::sleep(Duration::from_millis(1600)).await;
-    first_tx.send(report(&["t1", "t5"])).await.unwrap();
+    // The first stream goes on reporting t1 alone: t2 and t3, quiet, are given back as it
+    // reports, and the second stream's new id has their room.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    first_tx.send(report(&["t1"])).await.unwrap();
     let answer = first.message().await.unwrap().unwrap();
-    assert_eq!(abandoned(&answer), [false, false], "{answer:?}");
-    // The first stream ends: its buckets' bytes are the second's to take.
+    assert_eq!(abandoned(&answer), [false], "{answer:?}");
+    second_tx.send(report(&["t4"])).await.unwrap();
+    let answer = second.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [false], "{answer:?}");
+    first_tx.send(report(&["t5"])).await.unwrap();
+    let answer = first.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [false], "{answer:?}");
+    second_tx.send(report(&["t6"])).await.unwrap();
+    let answer = second.message().await.unwrap().unwrap();
+    assert_eq!(abandoned(&answer), [true], "{answer:?}");
+    // The first stream ends: its buckets are given back.
     drop((first_tx, first));
     let metrics = server.metrics_holding("tollgate_rlqs_streams 1\n").await;
     assert!(metrics.contains("tollgate_rlqs_streams 1\n"), "{metrics}");
-    second_tx.send(report(&["t4", "t5", "t6"])).await.unwrap();
+    let held = format!("tollgate_rlqs_bucket_bytes {charge}\n");
+    assert!(metrics.contains(&held), "{metrics}");
+    second_tx.send(report(&["t4", "t6", "t7"])).await.unwrap();
     let answer = second.message().await.unwrap().unwrap();
     assert_eq!(abandoned(&answer), [false, false, false], "{answer:?}");
-    second_tx.send(report(&["t7"])).await.unwrap();
+    second_tx.send(report(&["t8"])).await.unwrap();
     let answer = second.message().await.unwrap().unwrap();
     assert_eq!(abandoned(&answer), [true], "{answer:?}");
 }
