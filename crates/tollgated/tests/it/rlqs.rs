@@ -547,6 +547,58 @@ async fn all_streams_buckets_are_bounded_together() {
     assert_eq!(abandoned(&answer), [true], "{answer:?}");
 }
 
+/// A bucket a reload no longer serves is abandoned when next reported, and gives its bytes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_a_reload_drops_gives_its_bytes_back() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
+        rate_limit_quota_usage_reports::BucketQuotaUsage,
+    };
+
+    let charge = 2 * 21 + 512;
+    let mut server = Server::start(&config("memory://", "30/1h"));
+    let report = |route: &str| RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(bucket_id(&[("route", route), ("tenant", "t1")])),
+            time_elapsed: None,
+            num_requests_allowed: 0,
+            num_requests_denied: 1,
+        }],
+    };
+    let (tx, mut responses) = quota_stream(&server, report("checkout")).await;
+    let served = responses.message().await.unwrap().unwrap();
+    assert!(
+        !matches!(
+            served.bucket_action[0].bucket_action,
+            Some(BucketAction::AbandonAction(_))
+        ),
+        "{served:?}"
+    );
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains(&format!("tollgate_rlqs_bucket_bytes {charge}\n")),
+        "{metrics}"
+    );
+    // The bucket now serves route "basket" only.
+    server.write_config(&config("memory://", "30/1h").replace("\"checkout\"", "\"basket\""));
+    server.wait_for_line("configuration reloaded", 1);
+    tx.send(report("checkout")).await.unwrap();
+    let dropped = responses.message().await.unwrap().unwrap();
+    assert!(
+        matches!(
+            dropped.bucket_action[0].bucket_action,
+            Some(BucketAction::AbandonAction(_))
+        ),
+        "{dropped:?}"
+    );
+    let (_, metrics) = server.get_text("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_rlqs_bucket_bytes 0\n"),
+        "{metrics}"
+    );
+}
+
 /// With the check scope's token set, a quota stream takes it too (the metadata
 /// `authorization: Bearer <token>`): without it the stream is refused before any report.
 #[tokio::test]
