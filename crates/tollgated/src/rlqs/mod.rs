@@ -358,13 +358,10 @@ impl Stream_ {
     /// either is reached. The bytes are charged when it may.
     fn make_room(&mut self, bytes: usize, max_bytes: usize) -> bool {
         let fits = |stream: &Stream_| {
-            stream.subscriptions.len() < MAX_SUBSCRIPTIONS && stream.shared.charge(bytes, max_bytes)
+            stream.subscriptions.len() < MAX_SUBSCRIPTIONS
+                && stream.shared.charge(&stream.app, bytes, max_bytes)
         };
-        let made = fits(self) || (self.drop_quiet() && fits(self));
-        if made {
-            self.app.metrics.rlqs_bucket_bytes(bytes as i64);
-        }
-        made
+        fits(self) || (self.drop_quiet() && fits(self))
     }
 
     /// Drops the buckets the Envoy has stopped reporting; false if none has. Once a default
@@ -415,13 +412,19 @@ impl Subscription {
 }
 
 impl Shared {
-    /// Charges `bytes` to the streams' buckets if they stay within `max`.
-    fn charge(&self, bytes: usize, max: usize) -> bool {
-        self.held
+    /// Charges `bytes` to the streams' buckets if they stay within `max` (undone by
+    /// [`forget`](Self::forget)).
+    fn charge(&self, app: &App, bytes: usize, max: usize) -> bool {
+        let charged = self
+            .held
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
                 held.checked_add(bytes).filter(|&total| total <= max)
             })
-            .is_ok()
+            .is_ok();
+        if charged {
+            app.metrics.rlqs_bucket_bytes(bytes as i64);
+        }
+        charged
     }
 
     /// Forgets stream `stream`'s bucket `sub`: its demand, and its charge.

@@ -416,47 +416,26 @@ async fn the_envoy_drop_in_serves_buckets_from_its_yaml_descriptors() {
 /// of endless or huge ids holds bounded memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_buckets_are_bounded() {
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-        RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
-        rate_limit_quota_usage_reports::BucketQuotaUsage,
-    };
-
     let server = Server::start(&config("memory://", "30/1h"));
     // Reported every 20 s: no bucket goes quiet while the test runs, however long the server
     // takes over the first report's 10,001 ids (quiet ones making room is tested with fewer,
     // in `all_streams_buckets_are_bounded_together`).
-    let usage = |tenant: &str| BucketQuotaUsage {
-        bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
-        time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-            seconds: 20,
-            nanos: 0,
-        }),
-        num_requests_allowed: 0,
-        num_requests_denied: 1,
-    };
-    let report = |usages: Vec<BucketQuotaUsage>| RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: usages,
-    };
-    let first = report((0..10_001).map(|i| usage(&format!("t{i}"))).collect());
-    let (tx, mut responses) = quota_stream(&server, first).await;
-    let first = responses.message().await.unwrap().unwrap();
-    let abandoned = |a: &&envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction| {
-        matches!(a.bucket_action, Some(BucketAction::AbandonAction(_)))
-    };
-    assert_eq!(first.bucket_action.len(), 10_001);
-    assert_eq!(first.bucket_action.iter().filter(abandoned).count(), 1);
-    assert!(abandoned(&first.bucket_action.last().unwrap()));
+    let report = |tenants: &[&str]| denied_once("checkout", tenants, Some(20));
+    let tenants: Vec<String> = (0..10_001).map(|i| format!("t{i}")).collect();
+    let tenants: Vec<&str> = tenants.iter().map(String::as_str).collect();
+    let (tx, mut responses) = quota_stream(&server, report(&tenants)).await;
+    let first = abandoned(&responses.message().await.unwrap().unwrap());
+    assert_eq!(first.len(), 10_001);
+    assert_eq!(first.iter().filter(|&&a| a).count(), 1);
+    assert!(first.last().unwrap());
     // An id the stream holds is still served; a huge one ends the stream, refused.
-    tx.send(report(vec![usage("t0")])).await.unwrap();
+    tx.send(report(&["t0"])).await.unwrap();
     let again = responses.message().await.unwrap().unwrap();
-    assert!(!abandoned(&&again.bucket_action[0]), "{again:?}");
-    tx.send(report(vec![usage("fresh")])).await.unwrap();
+    assert_eq!(abandoned(&again), [false], "{again:?}");
+    tx.send(report(&["fresh"])).await.unwrap();
     let full = responses.message().await.unwrap().unwrap();
-    assert!(abandoned(&&full.bucket_action[0]), "{full:?}");
-    tx.send(report(vec![usage(&"x".repeat(5000))]))
-        .await
-        .unwrap();
+    assert_eq!(abandoned(&full), [true], "{full:?}");
+    tx.send(report(&[&"x".repeat(5000)])).await.unwrap();
     let refused = responses.message().await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 }
@@ -468,12 +447,6 @@ async fn a_streams_buckets_are_bounded() {
 /// and a stream that ends gives its buckets back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_streams_buckets_are_bounded_together() {
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-        RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-        rate_limit_quota_response::bucket_action::BucketAction,
-        rate_limit_quota_usage_reports::BucketQuotaUsage,
-    };
-
     // An id of `route = checkout, tenant = tN` is charged twice its 21 bytes and 512: three
     // fit, a fourth does not.
     let charge = 2 * 21 + 512;
@@ -484,26 +457,7 @@ async fn all_streams_buckets_are_bounded_together() {
     );
     let server = Server::start(&config);
     // Reported every second: quiet after three.
-    let report = |tenants: &[&str]| RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: tenants
-            .iter()
-            .map(|tenant| BucketQuotaUsage {
-                bucket_id: Some(bucket_id(&[("route", "checkout"), ("tenant", tenant)])),
-                time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
-                    seconds: 1,
-                    nanos: 0,
-                }),
-                num_requests_allowed: 0,
-                num_requests_denied: 1,
-            })
-            .collect(),
-    };
-    let abandoned = |answer: &RateLimitQuotaResponse| -> Vec<bool> {
-        (answer.bucket_action.iter())
-            .map(|a| matches!(a.bucket_action, Some(BucketAction::AbandonAction(_))))
-            .collect()
-    };
+    let report = |tenants: &[&str]| denied_once("checkout", tenants, Some(1));
     let (first_tx, mut first) = quota_stream(&server, report(&["t1", "t2", "t3"])).await;
     let answer = first.message().await.unwrap().unwrap();
     assert_eq!(abandoned(&answer), [false, false, false], "{answer:?}");
@@ -550,31 +504,12 @@ async fn all_streams_buckets_are_bounded_together() {
 /// A bucket a reload no longer serves is abandoned when next reported, and gives its bytes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_a_reload_drops_gives_its_bytes_back() {
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-        RateLimitQuotaUsageReports, rate_limit_quota_response::bucket_action::BucketAction,
-        rate_limit_quota_usage_reports::BucketQuotaUsage,
-    };
-
     let charge = 2 * 21 + 512;
     let mut server = Server::start(&config("memory://", "30/1h"));
-    let report = |route: &str| RateLimitQuotaUsageReports {
-        domain: "edge".into(),
-        bucket_quota_usages: vec![BucketQuotaUsage {
-            bucket_id: Some(bucket_id(&[("route", route), ("tenant", "t1")])),
-            time_elapsed: None,
-            num_requests_allowed: 0,
-            num_requests_denied: 1,
-        }],
-    };
+    let report = |route: &str| denied_once(route, &["t1"], None);
     let (tx, mut responses) = quota_stream(&server, report("checkout")).await;
     let served = responses.message().await.unwrap().unwrap();
-    assert!(
-        !matches!(
-            served.bucket_action[0].bucket_action,
-            Some(BucketAction::AbandonAction(_))
-        ),
-        "{served:?}"
-    );
+    assert_eq!(abandoned(&served), [false], "{served:?}");
     let (_, metrics) = server.get_text("/metrics").await;
     assert!(
         metrics.contains(&format!("tollgate_rlqs_bucket_bytes {charge}\n")),
@@ -585,13 +520,7 @@ async fn a_bucket_a_reload_drops_gives_its_bytes_back() {
     server.wait_for_line("configuration reloaded", 1);
     tx.send(report("checkout")).await.unwrap();
     let dropped = responses.message().await.unwrap().unwrap();
-    assert!(
-        matches!(
-            dropped.bucket_action[0].bucket_action,
-            Some(BucketAction::AbandonAction(_))
-        ),
-        "{dropped:?}"
-    );
+    assert_eq!(abandoned(&dropped), [true], "{dropped:?}");
     let (_, metrics) = server.get_text("/metrics").await;
     assert!(
         metrics.contains("tollgate_rlqs_bucket_bytes 0\n"),
@@ -720,6 +649,41 @@ async fn a_bucket_named_twice_in_a_report_is_answered_once() {
         .map(|a| a.bucket_id.as_ref().unwrap().bucket["tenant"].as_str())
         .collect();
     assert_eq!(tenants, ["t1", "t2"], "{answer:?}");
+}
+
+/// A report of one denied request for each of `tenants` on `route` (domain `edge`), reported
+/// every `every` seconds (`None`: no interval said).
+fn denied_once(
+    route: &str,
+    tenants: &[&str],
+    every: Option<i64>,
+) -> envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaUsageReports, rate_limit_quota_usage_reports::BucketQuotaUsage,
+    };
+
+    let usage = |tenant: &&str| BucketQuotaUsage {
+        bucket_id: Some(bucket_id(&[("route", route), ("tenant", tenant)])),
+        time_elapsed: every
+            .map(|seconds| envoy_types::pb::google::protobuf::Duration { seconds, nanos: 0 }),
+        num_requests_allowed: 0,
+        num_requests_denied: 1,
+    };
+    RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        bucket_quota_usages: tenants.iter().map(usage).collect(),
+    }
+}
+
+/// Whether each bucket of `answer` was abandoned, in order.
+fn abandoned(
+    answer: &envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse,
+) -> Vec<bool> {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction;
+
+    (answer.bucket_action.iter())
+        .map(|a| matches!(a.bucket_action, Some(BucketAction::AbandonAction(_))))
+        .collect()
 }
 
 async fn quota_stream(
