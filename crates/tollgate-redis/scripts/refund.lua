@@ -10,8 +10,9 @@
 --          nothing)
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
---          limiter's log must hold the check's `cost` members, still live, wherever an earlier
---          renewal put them, and they all move to now; or nothing changes; 2 charge: ARGV[3]
+--          limiter's log must hold the check's members (those of its `cost` a partial refund
+--          left, at least one), still live, wherever an earlier renewal put them, and they all
+--          move to now; or nothing changes; 2 charge: ARGV[3]
 --          is a fresh nonce for the log's members), 5 how long the marker lasts, ms (0: no marker), then per
 --          limiter: rule count, its longest sliding-log window µs (0: none), the instant µs
 --          the check recorded at (-1: none, refund the newest units of the current window;
@@ -43,6 +44,22 @@ return once(tonumber(ARGV[5]), function()
   local function arg()
     argi = argi + 1
     return tonumber(ARGV[argi])
+  end
+
+  -- How many of the check's members `log` holds, at most `most`. They are id .. 1 up to
+  -- id .. m without a gap (a check writes them so, and a refund takes the highest first), so
+  -- halving finds m in a few look-ups.
+  local function members(log, most)
+    local lo, hi = 0, most
+    while lo < hi do
+      local mid = math.floor((lo + hi + 1) / 2)
+      if redis.call('ZSCORE', log, id .. int(mid)) then
+        lo = mid
+      else
+        hi = mid - 1
+      end
+    end
+    return lo
   end
 
   -- The limits of a limiter's override (rule index -> limit; none where the configured limit
@@ -81,23 +98,22 @@ return once(tonumber(ARGV[5]), function()
     end
     for _, l in ipairs(logs) do
       local log, longest, at = l[1], l[2], l[3]
-      -- A log shorter than the units cannot hold them all (and a caller's cost never makes this
-      -- loop longer than the log).
-      if at < 0 or redis.call('ZCARD', log) < cost then
+      if at < 0 then
         return { 0, now }
       end
       -- The check's members, wherever a renewal moved them (the receipt may be from before
-      -- it: a renewal whose answer was lost is asked again), still counting.
-      for u = 1, cost do
-        local score = redis.call('ZSCORE', log, id .. int(u))
-        if not score or tonumber(score) <= now - longest then
-          return { 0, now }
-        end
+      -- it: a renewal whose answer was lost is asked again), as many as a partial refund left
+      -- (at least one), still counting: they share one score.
+      local held = members(log, cost)
+      local score = held > 0 and redis.call('ZSCORE', log, id .. '1')
+      if not score or tonumber(score) <= now - longest then
+        return { 0, now }
       end
+      l[4] = held
     end
     local score = int(now)
     for _, l in ipairs(logs) do
-      for u = 1, cost do
+      for u = 1, l[4] do
         redis.call('ZADD', l[1], 'XX', score, id .. int(u))
       end
       redis.call('PEXPIRE', l[1], int(ttl_ms(l[2])))
@@ -232,9 +248,11 @@ return once(tonumber(ARGV[5]), function()
       local log = KEYS[keyi]
       local removed = 0
       if at >= 0 and id ~= '' then
-        -- The check's own members: id .. unit, wherever a lease's renewal moved them; no
-        -- more of them than the log holds, whatever cost the caller names.
-        for u = 1, math.min(cost, redis.call('ZCARD', log)) do
+        -- The check's own members, wherever a lease's renewal moved them: the highest
+        -- first, so that what a partial refund leaves is id .. 1 on (see members()). A check
+        -- writes at most tollgate::MAX_LOG_COST (1,000) units.
+        local held = members(log, 1000)
+        for u = held, held - math.min(cost, held) + 1, -1 do
           removed = removed + redis.call('ZREM', log, id .. int(u))
         end
         -- A check a Cluster client sent again (its reply lost) and Redis ran twice recorded

@@ -147,6 +147,7 @@ macro_rules! conformance_suite {
             refunds_give_back_what_a_check_charged,
             calendar_windows_follow_the_zones_days,
             concurrency_leases_bound_what_is_in_flight,
+            a_partial_refund_keeps_the_rest_of_a_lease,
             warnings_name_the_rules_past_their_fraction,
             settlements_charge_debts_and_give_back,
             waiters_are_admitted_in_order_never_over_the_limit,
@@ -1293,6 +1294,60 @@ pub async fn concurrency_leases_bound_what_is_in_flight<S: FullStore>(s: Subject
     let refused = s.check(&q, &who, 1).await;
     expect_remaining(&refused, false, &[2, 0]);
     assert_eq!(refused.reason(), Reason::RateLimited);
+}
+
+/// Scenario: a refund of part of a lease's units frees those slots and leaves the lease with
+/// the rest: it is still renewed and released by the check's receipt, and neither moves nor
+/// frees another check's units recorded at the same instant.
+pub async fn a_partial_refund_keeps_the_rest_of_a_lease<S: FullStore>(s: Subject<S>) {
+    let gate = &s.gate;
+    let p = policy(
+        "partial_leases",
+        [Limiter::concurrent(Dimension::UserId, 3, ms(60_000)).expect("a valid limit")],
+    );
+    let who = user("u1");
+    s.at(ms(0));
+    let a = s.check(&p, &who, 2).await;
+    expect_remaining(&a, true, &[1]);
+    let a_receipt = a.receipt().expect("a lease");
+    // b's unit is recorded at a's instant.
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0]);
+    gate.refund(&p, &who, 1, Some(&a_receipt))
+        .await
+        .expect("refund");
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0]);
+    expect_remaining(&s.check(&p, &who, 1).await, false, &[0]);
+
+    // a's one unit left is renewed from 10 s; b's and c's, from 0 s, end at 60 s.
+    s.at(ms(10_000));
+    let renewed = gate
+        .extend_concurrent(&p, &who, &a_receipt)
+        .await
+        .expect("extend")
+        .expect("a's lease keeps its other unit");
+    s.at(ms(61_000));
+    let d = s.check(&p, &who, 2).await;
+    expect_remaining(&d, true, &[0]);
+    let busy = s.check(&p, &who, 1).await;
+    expect_remaining(&busy, false, &[0]);
+    assert_eq!(
+        busy.retry_after(),
+        Some(ms(9_000)),
+        "a's unit, renewed at 10 s, ends first"
+    );
+
+    // The release frees a's last unit, once; a refund by the same receipt frees no more.
+    gate.release_concurrent(&p, &who, &renewed)
+        .await
+        .expect("release");
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0]);
+    gate.release_concurrent(&p, &who, &a_receipt)
+        .await
+        .expect("release");
+    gate.refund(&p, &who, 2, Some(&a_receipt))
+        .await
+        .expect("refund");
+    expect_remaining(&s.check(&p, &who, 1).await, false, &[0]);
 }
 
 #[track_caller]

@@ -92,6 +92,7 @@ mod conformance {
         refunds_give_back_what_a_check_charged,
         calendar_windows_follow_the_zones_days,
         concurrency_leases_bound_what_is_in_flight,
+        a_partial_refund_keeps_the_rest_of_a_lease,
         warnings_name_the_rules_past_their_fraction,
         settlements_charge_debts_and_give_back,
         waiters_are_admitted_in_order_never_over_the_limit,

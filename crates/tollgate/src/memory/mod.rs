@@ -8,6 +8,7 @@
 
 mod bans;
 mod locks;
+mod log;
 mod map;
 mod overrides;
 mod rules;

@@ -1,10 +1,9 @@
 //! The rule states under one limiter key: a shared sliding log and one counter per
 //! fixed-window or GCRA rule, evaluated and recorded by the pure functions of `algorithm`.
 
-use std::collections::VecDeque;
-
 use smallvec::SmallVec;
 
+use super::log::Log;
 use crate::{
     CalendarUnit,
     algorithm::{self, FixedWindowState, RuleOutcome, SlidingWindowState},
@@ -18,9 +17,8 @@ use crate::{
 #[derive(Default)]
 pub(super) struct RuleStates {
     /// The instants of admitted units, oldest first, shared by the sliding-log rules. Boxed:
-    /// one pointer in the entries of limiters without a sliding log, not a deque's four words.
-    #[allow(clippy::box_collection)]
-    log: Option<Box<VecDeque<u64>>>,
+    /// one pointer in the entries of limiters without a sliding log, not the log's four words.
+    log: Option<Box<Log>>,
     /// One per fixed-window or GCRA rule; inline for a limiter with one such rule.
     counters: SmallVec<[Counter; 1]>,
 }
@@ -77,11 +75,13 @@ impl RuleId {
         }
     }
 
-    /// A lease of a concurrency limit (`a` its start, `b` the check's id): the log holds its
-    /// units, this names whose they are, so that a release or a renewal finds its own.
-    fn lease_of(rule: &Rule) -> RuleId {
+    /// A lease of `units` of a concurrency limit (`a` its start, `b` the check's id): the log
+    /// holds its units, this names whose they are and how many are left, so that a refund, a
+    /// release or a renewal finds its own and no more (another check's units may share the
+    /// lease's instant). It keeps the count where other counters keep their place.
+    fn lease_of(rule: &Rule, units: u64) -> RuleId {
         RuleId {
-            place: 0,
+            place: units,
             window_and_algorithm: rule.window_ms() | 8 << 56,
         }
     }
@@ -236,10 +236,10 @@ impl RuleStates {
     }
 
     /// The log as one slice (sorted, oldest first), and the counters.
-    fn view(&mut self) -> (&[u64], &[Counter]) {
-        let log = match &mut self.log {
-            Some(log) if !log.is_empty() => &*log.make_contiguous(),
-            _ => &[],
+    fn view(&self) -> (&[u64], &[Counter]) {
+        let log = match &self.log {
+            Some(log) => &***log,
+            None => &[],
         };
         (log, &self.counters)
     }
@@ -346,20 +346,14 @@ impl RuleStates {
         if let Some(window) = log_window(rules) {
             let log = self.log.get_or_insert_default();
             if let Some(edge) = now.checked_sub(window) {
-                while log.front().is_some_and(|&t| t <= edge) {
-                    log.pop_front();
-                }
+                log.leave_until(edge);
             }
-            if log.back().is_none_or(|&t| t <= now) {
-                for _ in 0..cost {
-                    log.push_back(now);
-                }
+            let units = usize::try_from(cost).unwrap_or(usize::MAX);
+            if log.last().is_none_or(|&t| t <= now) {
+                log.push_n(now, units);
             } else {
                 // Keep the log sorted even if the clock stepped back.
-                let at = log.partition_point(|&t| t <= now);
-                for _ in 0..cost {
-                    log.insert(at, now);
-                }
+                log.insert_n(now, units);
             }
             expires_at = now + window;
             // Plain sliding logs only: the log is all they count in.
@@ -375,7 +369,7 @@ impl RuleStates {
             let (a, b) = match rule.algorithm() {
                 Algorithm::SlidingLog if rule.is_concurrent() => {
                     self.counters.push(Counter {
-                        rule: RuleId::lease_of(rule),
+                        rule: RuleId::lease_of(rule, cost),
                         a: now,
                         b: id,
                     });
@@ -436,16 +430,11 @@ impl RuleStates {
                 .unwrap_or(0);
             let log = self.log.get_or_insert_default();
             if let Some(edge) = now.checked_sub(window) {
-                while log.front().is_some_and(|&t| t <= edge) {
-                    log.pop_front();
-                }
+                log.leave_until(edge);
             }
             let units = cost.min(cap.saturating_sub(log.len() as u64));
             // Kept sorted even if the clock stepped back.
-            let at = log.partition_point(|&t| t <= now);
-            for _ in 0..units {
-                log.insert(at, now);
-            }
+            log.insert_n(now, usize::try_from(units).unwrap_or(usize::MAX));
             expires_at = now + window;
         }
         for (place, rule) in rules.iter().enumerate() {
@@ -499,14 +488,21 @@ impl RuleStates {
     /// recorded at `at` (or its newest), the count of `at`'s window (or the current one), the
     /// GCRA arrival time; never below empty.
     pub(super) fn refund(&mut self, rules: &[Rule], now: u64, at: Option<u64>, cost: u64, id: u64) {
-        // A lease is given back once: the log's units at its instant are its own only while
-        // it is named here (another check's units may share that instant). Its instant is the
-        // lease's own, not the receipt's: a receipt from before a renewal names it too.
-        let mut at = at;
+        // A lease's units are given back once: the log's units at its instant are its own only
+        // as many as it still names (another check's units may share that instant). Its instant
+        // is the lease's own, not the receipt's: a receipt from before a renewal names it too.
+        // Part of a lease given back leaves the lease with the rest.
+        let (mut at, mut log_cost) = (at, cost);
         if at.is_some() {
             match self.lease(rules, id) {
                 Lease::Held(i) => {
-                    at = Some(self.counters.remove(i).a);
+                    let lease = &mut self.counters[i];
+                    at = Some(lease.a);
+                    log_cost = cost.min(lease.rule.place);
+                    lease.rule.place -= log_cost;
+                    if lease.rule.place == 0 {
+                        self.counters.remove(i);
+                    }
                 }
                 Lease::Gone => return,
                 Lease::NotConcurrent => {}
@@ -518,13 +514,10 @@ impl RuleStates {
                     Some(at) => {
                         let first = log.partition_point(|&t| t < at);
                         let last = log.partition_point(|&t| t <= at);
-                        let n = (last - first).min(usize::try_from(cost).unwrap_or(usize::MAX));
-                        log.drain(first..first + n);
+                        let n = (last - first).min(usize::try_from(log_cost).unwrap_or(usize::MAX));
+                        log.remove(first..first + n);
                     }
-                    None => {
-                        let n = log.len().min(usize::try_from(cost).unwrap_or(usize::MAX));
-                        log.truncate(log.len() - n);
-                    }
+                    None => log.remove_newest(usize::try_from(log_cost).unwrap_or(usize::MAX)),
                 }
             }
         }
@@ -580,11 +573,11 @@ impl RuleStates {
         let Some(rule) = rules.iter().find(|r| r.is_concurrent()) else {
             return Lease::NotConcurrent;
         };
-        let lease = RuleId::lease_of(rule);
+        let lease = RuleId::lease_of(rule, 0).window_and_algorithm;
         match self
             .counters
             .iter()
-            .position(|c| c.rule == lease && c.b == id)
+            .position(|c| c.rule.window_and_algorithm == lease && c.b == id)
         {
             Some(i) => Lease::Held(i),
             None => Lease::Gone,
@@ -592,16 +585,16 @@ impl RuleStates {
     }
 
     /// Whether the log holds `units` entries of check `id` that still count at `now`: at its
-    /// lease's instant (the leases of a check: see `RefundStore::extend`), or at `at` in a
-    /// limiter that takes no leases.
+    /// lease's instant, as many as the lease has left (the leases of a check: see
+    /// `RefundStore::extend`), or at `at` in a limiter that takes no leases.
     pub(super) fn holds(&self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> bool {
         let Some(window) = log_window(rules) else {
             return false;
         };
-        let at = match self.lease(rules, id) {
-            Lease::Held(i) => self.counters[i].a,
+        let (at, units) = match self.lease(rules, id) {
+            Lease::Held(i) => (self.counters[i].a, units.min(self.counters[i].rule.place)),
             Lease::Gone => return false,
-            Lease::NotConcurrent => at,
+            Lease::NotConcurrent => (at, units),
         };
         let Some(log) = &self.log else { return false };
         let live = now.checked_sub(window).is_none_or(|edge| at > edge);
@@ -614,18 +607,17 @@ impl RuleStates {
     /// [`holds`](Self::holds), which must be true); returns until when the log counts.
     pub(super) fn renew(&mut self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> u64 {
         let window = log_window(rules).unwrap_or(0);
-        let mut at = at;
+        let (mut at, mut units) = (at, units);
         if let Lease::Held(i) = self.lease(rules, id) {
             at = std::mem::replace(&mut self.counters[i].a, now);
+            // What a partial refund left of the lease (see `refund`).
+            units = units.min(self.counters[i].rule.place);
         }
         let log = self.log.get_or_insert_default();
         let first = log.partition_point(|&t| t < at);
         let n = usize::try_from(units).unwrap_or(usize::MAX);
-        log.drain(first..first + n);
-        let at = log.partition_point(|&t| t <= now);
-        for _ in 0..n {
-            log.insert(at, now);
-        }
+        log.remove(first..first + n);
+        log.insert_n(now, n);
         now.saturating_add(window)
     }
 
