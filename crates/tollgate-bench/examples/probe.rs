@@ -9,7 +9,7 @@
 //! Only the measured loop (`checks`, after a round that creates every key) is counted: the
 //! total divided by the number of checks is the cost of one. Cases: `gcra_admit`, `gcra_deny`, `log_admit`,
 //! `log_deny`, `log_steady` (the memory bench's steady sliding log: a full day in every
-//! client's log), `two_by_three_admit`, `governor_admit`, `governor_deny`; and, for what overrides
+//! client's log), `window_steady` (the same rules as sliding windows), `two_by_three_admit`, `governor_admit`, `governor_deny`; and, for what overrides
 //! cost their users, `gcra_overridable_admit` (the limiter takes overrides, one is set for
 //! another identity) and `gcra_overridden_admit` (every identity has one); for what a
 //! blocklist costs, `log_ban_admit` (`log_admit`'s limiter writes bans, as the seed's does).
@@ -124,7 +124,10 @@ fn main() {
         return;
     }
     if case == "log_steady" {
-        return log_steady(&who, n);
+        return log_steady(&who, n, Algorithm::SlidingLog);
+    }
+    if case == "window_steady" {
+        return log_steady(&who, n, Algorithm::SlidingWindow);
     }
     // 0: no overrides; 1: the limiter takes them, one set elsewhere; 2: every identity has one.
     let overrides = match case.as_str() {
@@ -225,11 +228,12 @@ fn main() {
 
 /// The memory bench's steady sliding log: 10/1m, 20/1h and 60/1d by IP, the clock 25 minutes
 /// on each time the clients start over, so every check is admitted and each client's log holds
-/// a full day of entries (57 or 58), the oldest leaving as the newest comes.
-fn log_steady(who: &[Identity], n: u32) {
+/// a full day of entries (57 or 58), the oldest leaving as the newest comes; or the same rules
+/// counted by `algorithm`.
+fn log_steady(who: &[Identity], n: u32, algorithm: Algorithm) {
     let rules: Vec<Rule> = ["10/1m", "20/1h", "60/1d"]
         .iter()
-        .map(|t| rule(t, Algorithm::SlidingLog))
+        .map(|t| rule(t, algorithm))
         .collect();
     let policy = Policy::builder("probe")
         .limiter(Limiter::new(Dimension::Ip, rules))

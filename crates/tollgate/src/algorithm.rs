@@ -192,11 +192,7 @@ pub fn sliding_window(
     let w_ms = u128::from(rule.window_ms());
     let limit = rule.limit();
     let start = now - now % w;
-    let (previous, count) = match state {
-        Some(s) if s.start == start => (s.previous, s.count),
-        Some(s) if s.start.checked_add(w) == Some(start) => (s.count, 0),
-        _ => (0, 0),
-    };
+    let (previous, count) = rolled(state, start, w);
     let into_ms = u128::from((now - start) / 1000);
     let capacity = u128::from(limit) * w_ms;
     // The estimate scaled by W: previous * (W - e) + count * W.
@@ -257,6 +253,42 @@ pub fn sliding_window(
         retry_after_us,
     };
     (outcome, None)
+}
+
+/// The counts (previous, current) of `state` seen from the window that starts at `start`.
+#[inline(always)]
+fn rolled(state: Option<SlidingWindowState>, start: u64, w: u64) -> (u64, u64) {
+    match state {
+        Some(s) if s.start == start => (s.previous, s.count),
+        Some(s) if s.start.checked_add(w) == Some(start) => (s.count, 0),
+        _ => (0, 0),
+    }
+}
+
+/// The state [`sliding_window`] returns beside its admitting `outcome` of `cost` units at
+/// `now`, from that outcome rather than a second evaluation: an admission of units resets at
+/// the end of the window after theirs, so the outcome names their window's start.
+#[inline]
+pub fn sliding_window_recorded(
+    state: Option<SlidingWindowState>,
+    now: u64,
+    rule: &Rule,
+    cost: u64,
+    outcome: &RuleOutcome,
+) -> SlidingWindowState {
+    debug_assert!(outcome.allowed);
+    let w = rule.window_us();
+    let start = if cost > 0 {
+        now + outcome.reset_after_us - 2 * w
+    } else {
+        now - now % w
+    };
+    let (previous, count) = rolled(state, start, w);
+    SlidingWindowState {
+        start,
+        previous,
+        count: count + cost,
+    }
 }
 
 /// `n / d`, in u64 when both fit (the common case: a u128 division costs several times more).
@@ -397,6 +429,52 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The state recorded from an admitting outcome is the one the evaluation returned, for
+    /// every window a state may be seen from (its own, the next, later) and every cost.
+    #[test]
+    fn a_sliding_window_records_the_state_its_admission_returned() {
+        let r = rule("10/10s");
+        let mut admissions = 0;
+        for start in [0, 10 * S, 20 * S] {
+            for (previous, count) in [(0, 0), (0, 3), (6, 0), (4, 2), (10, 0)] {
+                let state = SlidingWindowState {
+                    start,
+                    previous,
+                    count,
+                };
+                for now in [
+                    10 * S,
+                    10 * S + 1,
+                    15 * S,
+                    20 * S - 1,
+                    20 * S,
+                    27 * S + 500,
+                    45 * S,
+                ] {
+                    for cost in 0..=4 {
+                        let Some(state) = Some(state).filter(|s| s.start <= now) else {
+                            continue;
+                        };
+                        let (outcome, next) = sliding_window(Some(state), now, &r, cost);
+                        let Some(next) = next else { continue };
+                        admissions += 1;
+                        assert_eq!(
+                            sliding_window_recorded(Some(state), now, &r, cost, &outcome),
+                            next,
+                            "{state:?} at {now} for {cost}"
+                        );
+                    }
+                }
+            }
+        }
+        let (outcome, next) = sliding_window(None, 3 * S, &r, 2);
+        assert_eq!(
+            sliding_window_recorded(None, 3 * S, &r, 2, &outcome),
+            next.unwrap()
+        );
+        assert!(admissions > 100, "{admissions} admissions");
     }
 
     #[test]

@@ -137,11 +137,41 @@ fn window(counters: &[Counter], place: usize, rule: &Rule) -> Option<FixedWindow
 
 /// The sliding window of `rule` among a limiter's counters.
 fn sliding(counters: &[Counter], place: usize, rule: &Rule) -> Option<SlidingWindowState> {
-    let current = counter(counters, place, rule)?;
-    let id = RuleId::previous_of(place, rule);
-    let previous = counters
-        .iter()
-        .find(|c| c.rule == id && c.a.checked_add(rule.window_us()) == Some(current.a))
+    sliding_at(counters, sliding_places(counters, place, rule), rule)
+}
+
+/// Where the counters of sliding-window `rule` are among a limiter's, in one pass: its current
+/// window's and its previous window's (whatever that one's start).
+#[inline(always)]
+fn sliding_places(
+    counters: &[Counter],
+    place: usize,
+    rule: &Rule,
+) -> (Option<usize>, Option<usize>) {
+    let (current, previous) = (RuleId::of(place, rule), RuleId::previous_of(place, rule));
+    let (mut at, mut before) = (None, None);
+    for (i, c) in counters.iter().enumerate() {
+        if c.rule == current {
+            at = Some(i);
+        } else if c.rule == previous {
+            before = Some(i);
+        }
+    }
+    (at, before)
+}
+
+/// The sliding window whose counters are at `places` ([`sliding_places`]): the previous
+/// window's count only if it is the window right before the current one.
+#[inline(always)]
+fn sliding_at(
+    counters: &[Counter],
+    (at, before): (Option<usize>, Option<usize>),
+    rule: &Rule,
+) -> Option<SlidingWindowState> {
+    let current = &counters[at?];
+    let previous = before
+        .map(|i| &counters[i])
+        .filter(|c| c.a.checked_add(rule.window_us()) == Some(current.a))
         .map_or(0, |c| c.b);
     Some(SlidingWindowState {
         start: current.a,
@@ -384,19 +414,38 @@ impl RuleStates {
                     (next.start, next.count)
                 }
                 Algorithm::SlidingWindow => {
-                    let state = sliding(&self.counters, place, rule);
-                    let (_, next) = algorithm::sliding_window(state, now, rule, cost);
-                    let Some(next) = next else { continue };
-                    // The previous window's counter, kept only while it counts.
-                    let id = RuleId::previous_of(place, rule);
-                    if next.previous > 0 {
-                        let start = next.start - rule.window_us();
-                        self.put(id, start, next.previous);
-                        written += 1;
-                    } else {
-                        self.counters.retain(|c| c.rule != id);
+                    // Both counters found once, and written where they are.
+                    let places = sliding_places(&self.counters, place, rule);
+                    let state = sliding_at(&self.counters, places, rule);
+                    // The admitting outcome names the window: no second evaluation.
+                    let next = algorithm::sliding_window_recorded(state, now, rule, cost, outcome);
+                    let current = Counter {
+                        rule: RuleId::of(place, rule),
+                        a: next.start,
+                        b: next.count,
+                    };
+                    expires_at = expires_at.max(current.expires_at());
+                    written += 1;
+                    match places.0 {
+                        Some(i) => self.counters[i] = current,
+                        None => self.counters.push(current),
                     }
-                    (next.start, next.count)
+                    // The previous window's counter, kept only while it counts.
+                    let previous = Counter {
+                        rule: RuleId::previous_of(place, rule),
+                        a: next.start - rule.window_us(),
+                        b: next.previous,
+                    };
+                    match (places.1, next.previous > 0) {
+                        (Some(i), true) => self.counters[i] = previous,
+                        (None, true) => self.counters.push(previous),
+                        (Some(i), false) => {
+                            self.counters.remove(i);
+                        }
+                        (None, false) => {}
+                    }
+                    written += usize::from(next.previous > 0);
+                    continue;
                 }
                 // An admitting GCRA outcome waits until the new arrival time: no second
                 // evaluation.
