@@ -106,7 +106,7 @@ return once(tonumber(ARGV[5]), function()
       -- (at least one), still counting: they share one score.
       local held = members(log, cost)
       local score = held > 0 and redis.call('ZSCORE', log, id .. '1')
-      if not score or tonumber(score) <= now - longest then
+      if cost > 0 and (not score or tonumber(score) <= now - longest) then
         return { 0, now }
       end
       l[4] = held

@@ -1348,6 +1348,11 @@ pub async fn a_partial_refund_keeps_the_rest_of_a_lease<S: FullStore>(s: Subject
         .await
         .expect("refund");
     expect_remaining(&s.check(&p, &who, 1).await, false, &[0]);
+
+    // A check of no units is admitted when every slot is taken, and holds no lease.
+    let none = s.check(&p, &who, 0).await;
+    expect_remaining(&none, true, &[0]);
+    assert_eq!(none.receipt(), None, "no units, no lease");
 }
 
 #[track_caller]
