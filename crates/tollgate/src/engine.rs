@@ -157,6 +157,12 @@ impl<S: Store> Tollgate<S> {
         self
     }
 
+    /// The longest [`complete`](Self::complete) keeps a response for (see
+    /// [`with_max_keep_for`](Self::with_max_keep_for)).
+    pub fn max_keep_for(&self) -> Duration {
+        self.max_keep_for
+    }
+
     /// The prefix of every key (default `tg`); lets several applications share one Redis.
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl AsRef<str>) -> Tollgate<S> {

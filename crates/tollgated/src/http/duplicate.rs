@@ -101,7 +101,9 @@ pub(crate) async fn complete(
         ApiError::new(StatusCode::BAD_REQUEST, format!("malformed lease: {e}"))
             .with_code("malformed_lease")
     })?;
-    let max = app.config().server.max_keep_for;
+    // The engine's bound, set at start (the setting applies after a restart): what a reload
+    // wrote is not in force, and a `keep_for` past the bound in force would be cut silently.
+    let max = app.gate.max_keep_for();
     let keep_for = match &req.keep_for {
         Some(text) => bounded_duration(text)
             .ok()

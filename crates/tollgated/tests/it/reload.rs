@@ -103,6 +103,36 @@ async fn settings_read_at_start_are_kept_and_the_change_is_logged() {
     assert_eq!(server.check("b", ip("192.0.2.1")).await["allowed"], true);
 }
 
+/// `server.max_keep_for` applies after a restart: a reload that raises it neither lets a
+/// longer `keep_for` through nor cuts an accepted one short.
+#[tokio::test]
+async fn a_raised_max_keep_for_applies_after_a_restart() {
+    const GUARDED: &str = r#"
+[policies.submit]
+limiters = [{ by = "ip", rules = ["1000/1m"] }]
+duplicate = { by = "args", ttl = "1h" }
+"#;
+    let mut server = Server::start(GUARDED);
+    server.write_config(&format!("[server]\nmax_keep_for = \"2h\"\n{GUARDED}"));
+    server.wait_for_line("configuration reloaded", 1);
+    server.wait_for_line("[server] changed", 1);
+    let (status, acquired) = server
+        .post(
+            "/v1/duplicate/acquire",
+            json!({ "policy": "submit", "identity": ip("192.0.2.1"), "args": { "n": 1 } }),
+        )
+        .await;
+    assert_eq!(status, 200, "{acquired}");
+    let lease = acquired["lease"].as_str().expect("a lease");
+    let complete =
+        |keep_for: &str| json!({ "lease": lease, "response": "ok", "keep_for": keep_for });
+    let (status, body) = server.post("/v1/duplicate/complete", complete("90m")).await;
+    let detail = error_message(status, &body, 400);
+    assert!(detail.contains("at most 1h"), "{detail}");
+    let (status, body) = server.post("/v1/duplicate/complete", complete("1h")).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 #[tokio::test]
 async fn sigterm_drains_and_exits_cleanly() {
     let mut server = Server::start(BEFORE);
