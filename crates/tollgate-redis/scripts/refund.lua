@@ -10,9 +10,9 @@
 --          nothing)
 -- ARGV     1 now (see prelude.lua), 2 cost, 3 the check's id (its 8-byte nonce, the prefix
 --          of its sliding-log members) or "" for none, 4 mode (0 refund, 1 extend: every
---          limiter's log must hold the check's members (those of its `cost` a partial refund
---          left, at least one), still live, wherever an earlier renewal put them, and they all
---          move to now; or nothing changes; 2 charge: ARGV[3]
+--          limiter's log must hold the check's members (all a partial refund left, at least
+--          one, whatever `cost` says), still live, wherever an earlier renewal put them, and
+--          they all move to now; or nothing changes; 2 charge: ARGV[3]
 --          is a fresh nonce for the log's members), 5 how long the marker lasts, ms (0: no marker), then per
 --          limiter: rule count, its longest sliding-log window µs (0: none), the instant µs
 --          the check recorded at (-1: none, refund the newest units of the current window;
@@ -102,11 +102,12 @@ return once(tonumber(ARGV[5]), function()
         return { 0, now }
       end
       -- The check's members, wherever a renewal moved them (the receipt may be from before
-      -- it: a renewal whose answer was lost is asked again), as many as a partial refund left
-      -- (at least one), still counting: they share one score.
-      local held = members(log, cost)
+      -- it: a renewal whose answer was lost is asked again): all a partial refund left,
+      -- whatever units the receipt names (a check writes at most tollgate::MAX_LOG_COST,
+      -- 1,000), at least one, still counting. They share one score.
+      local held = members(log, 1000)
       local score = held > 0 and redis.call('ZSCORE', log, id .. '1')
-      if cost > 0 and (not score or tonumber(score) <= now - longest) then
+      if not score or tonumber(score) <= now - longest then
         return { 0, now }
       end
       l[4] = held

@@ -1353,6 +1353,37 @@ pub async fn a_partial_refund_keeps_the_rest_of_a_lease<S: FullStore>(s: Subject
     let none = s.check(&p, &who, 0).await;
     expect_remaining(&none, true, &[0]);
     assert_eq!(none.receipt(), None, "no units, no lease");
+
+    // A renewal moves all a lease has left, whatever units its receipt names: a receipt of
+    // the same check naming fewer (or none) renews the lease whole, and its release frees it
+    // whole, not another check's unit.
+    let who = user("u2");
+    s.at(ms(100_000));
+    let e = s.check(&p, &who, 2).await;
+    let e_receipt = e.receipt().expect("a lease");
+    s.at(ms(101_000));
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0]);
+    s.at(ms(102_000));
+    for units in [1, 0] {
+        let named = receipt_naming(&e_receipt, units);
+        gate.extend_concurrent(&p, &who, &named)
+            .await
+            .expect("extend")
+            .expect("e's lease is live");
+    }
+    gate.release_concurrent(&p, &who, &e_receipt)
+        .await
+        .expect("release");
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[1]);
+    expect_remaining(&s.check(&p, &who, 1).await, true, &[0]);
+}
+
+/// `receipt`, naming `units` units instead of its own (as a caller may write one by hand).
+fn receipt_naming(receipt: &tollgate::Receipt, units: u64) -> tollgate::Receipt {
+    let text = receipt.to_string();
+    let (id, rest) = text.split_once('.').expect("id.units.at");
+    let (_, at) = rest.split_once('.').expect("id.units.at");
+    format!("{id}.{units}.{at}").parse().expect("a receipt")
 }
 
 #[track_caller]

@@ -269,7 +269,7 @@ fn rolled(state: Option<SlidingWindowState>, start: u64, w: u64) -> (u64, u64) {
 /// `now`, from that outcome rather than a second evaluation: an admission of units resets at
 /// the end of the window after theirs, so the outcome names their window's start.
 #[inline]
-pub fn sliding_window_recorded(
+pub(crate) fn sliding_window_recorded(
     state: Option<SlidingWindowState>,
     now: u64,
     rule: &Rule,

@@ -644,10 +644,11 @@ pub trait Store: Send + Sync + 'static {
 /// Refunds and concurrency leases: a store that can give units back and renew a lease.
 pub trait RefundStore: Store {
     /// Renews the leases the check of `receipt` took in the request's limiters (concurrency
-    /// limits, see [`Rule::concurrent`](crate::Rule::concurrent)): its `units` sliding-log
-    /// entries move to now, so they count for another window. Atomic per limiter; `None` if
-    /// one of them holds them no more (the lease ran out, or was released): the caller lost its
-    /// slot. The new receipt names the entries where they are now; a lease is found by the
+    /// limits, see [`Rule::concurrent`](crate::Rule::concurrent)): its sliding-log entries
+    /// move to now, so they count for another window; all that are left of them (a refund of
+    /// part of a lease's units leaves it the rest), whatever `units` the receipt names.
+    /// Atomic per limiter; `None` if one of them holds none of them any more (the lease ran
+    /// out, or was released): the caller lost its slot. The new receipt names the entries where they are now; a lease is found by the
     /// check's id, so an earlier receipt of the same check names it too (a renewal whose answer
     /// was lost can be asked again).
     fn extend(

@@ -7,7 +7,8 @@ use std::ops::{Deref, Range};
 /// contiguous first, moving its entries whenever it wraps). The entries that left are dropped
 /// when a push finds the vector full and at least half of it gone, moving the live ones once;
 /// otherwise the vector grows. Each entry is moved at most once per entry that left before it,
-/// and the vector holds at most about twice the live entries.
+/// and while entries keep coming the vector holds at most about twice the live ones (like a
+/// ring's, its capacity does not shrink when they stop).
 #[derive(Debug, Default)]
 pub(super) struct Log {
     entries: Vec<u64>,

@@ -430,19 +430,20 @@ impl RuleStates {
                         Some(i) => self.counters[i] = current,
                         None => self.counters.push(current),
                     }
-                    // The previous window's counter, kept only while it counts.
-                    let previous = Counter {
+                    // The previous window's counter, kept only while it counts (a window with a
+                    // count before it starts a window after the epoch's first).
+                    let previous = (next.previous > 0).then(|| Counter {
                         rule: RuleId::previous_of(place, rule),
                         a: next.start - rule.window_us(),
                         b: next.previous,
-                    };
-                    match (places.1, next.previous > 0) {
-                        (Some(i), true) => self.counters[i] = previous,
-                        (None, true) => self.counters.push(previous),
-                        (Some(i), false) => {
+                    });
+                    match (places.1, previous) {
+                        (Some(i), Some(previous)) => self.counters[i] = previous,
+                        (None, Some(previous)) => self.counters.push(previous),
+                        (Some(i), None) => {
                             self.counters.remove(i);
                         }
-                        (None, false) => {}
+                        (None, None) => {}
                     }
                     written += usize::from(next.previous > 0);
                     continue;
@@ -633,15 +634,16 @@ impl RuleStates {
         }
     }
 
-    /// Whether the log holds `units` entries of check `id` that still count at `now`: at its
-    /// lease's instant, as many as the lease has left (the leases of a check: see
-    /// `RefundStore::extend`), or at `at` in a limiter that takes no leases.
+    /// Whether the log holds entries of check `id` that still count at `now`: at its lease's
+    /// instant, the units the lease has left, whatever `units` the receipt names (the leases
+    /// of a check: see `RefundStore::extend`); or `units` at `at` in a limiter that takes no
+    /// leases. At least one.
     pub(super) fn holds(&self, rules: &[Rule], now: u64, at: u64, units: u64, id: u64) -> bool {
         let Some(window) = log_window(rules) else {
             return false;
         };
         let (at, units) = match self.lease(rules, id) {
-            Lease::Held(i) => (self.counters[i].a, units.min(self.counters[i].rule.place)),
+            Lease::Held(i) => (self.counters[i].a, self.counters[i].rule.place),
             Lease::Gone => return false,
             Lease::NotConcurrent => (at, units),
         };
@@ -649,7 +651,7 @@ impl RuleStates {
         let live = now.checked_sub(window).is_none_or(|edge| at > edge);
         let first = log.partition_point(|&t| t < at);
         let last = log.partition_point(|&t| t <= at);
-        live && (last - first) as u64 >= units
+        live && units > 0 && (last - first) as u64 >= units
     }
 
     /// Moves `units` log entries of check `id` to `now` (a check's leases, renewed: see
@@ -659,8 +661,9 @@ impl RuleStates {
         let (mut at, mut units) = (at, units);
         if let Lease::Held(i) = self.lease(rules, id) {
             at = std::mem::replace(&mut self.counters[i].a, now);
-            // What a partial refund left of the lease (see `refund`).
-            units = units.min(self.counters[i].rule.place);
+            // All the lease has left (a partial refund may have taken some: see `refund`),
+            // whatever the receipt names.
+            units = self.counters[i].rule.place;
         }
         let log = self.log.get_or_insert_default();
         let first = log.partition_point(|&t| t < at);
@@ -728,6 +731,17 @@ mod tests {
             states.record(rules, &out, now, 1, 0);
         }
         admits
+    }
+
+    /// Sliding windows count from the epoch's first window on (a manual clock may start
+    /// there): no previous window to write.
+    #[test]
+    fn sliding_windows_count_in_the_epochs_first_window() {
+        let rules = [rule("2/1h", Algorithm::SlidingWindow)];
+        let mut states = RuleStates::default();
+        assert!(take(&mut states, &rules, 1_000 * S));
+        assert!(take(&mut states, &rules, 1_001 * S));
+        assert!(!take(&mut states, &rules, 1_002 * S));
     }
 
     /// A limiter of one GCRA rule counts in its one counter, written in place, as the general
