@@ -462,13 +462,14 @@ fn gcra_in_place(
 }
 
 /// After a limiter of `rules` was not recorded: its admitting rules report the state as it
-/// stays, and its entry is marked limited if a rule denied.
+/// stays (`out` holds what they said for the check's `cost` at `now`), and its entry is marked
+/// limited if a rule denied.
 #[inline]
 fn settle(
     shard: &mut Shard,
     id: Option<SlotId>,
     rules: &[Rule],
-    now: u64,
+    (now, cost): (u64, u64),
     out: &mut [RuleOutcome],
 ) {
     let denied = out.iter().any(|o| !o.allowed);
@@ -476,10 +477,10 @@ fn settle(
         Some(entry) => {
             entry.limited |= denied;
             if let State::Rules(states) = &mut entry.state {
-                states.settle(rules, now, out);
+                states.settle(rules, now, cost, out);
             }
         }
-        None => RuleStates::default().settle(rules, now, out),
+        None => RuleStates::default().settle(rules, now, cost, out),
     }
 }
 
@@ -558,7 +559,7 @@ impl Inner {
         }
         let admits = evaluate_at(&mut shard, id, c.rules, now, (c.cost, c.delay_us), out)?;
         if !admits {
-            settle(&mut shard, Some(id), c.rules, now, out);
+            settle(&mut shard, Some(id), c.rules, (now, c.cost), out);
             return Some(LimiterAnswer {
                 allowed: false,
                 recorded_at: None,
@@ -628,7 +629,7 @@ impl Inner {
         let (id, admits) = evaluate(&mut shard, at, l.rules, now, (cost, request.delay_us), out);
         verdict.allowed = admits;
         if !admits {
-            settle(&mut shard, id, l.rules, now, out);
+            settle(&mut shard, id, l.rules, (now, cost), out);
             return;
         }
         if request.consume && cost > 0 {
@@ -699,7 +700,7 @@ impl Inner {
                 if allowed && admits {
                     continue;
                 }
-                settle(locked.shard(hash), id, l.rules, now, out);
+                settle(locked.shard(hash), id, l.rules, (now, request.cost), out);
             }
         }
         if !allowed {

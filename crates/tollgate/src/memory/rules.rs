@@ -319,8 +319,8 @@ impl RuleStates {
     }
 
     /// After a denial: the rules that would have admitted report the state as it stays, which
-    /// is what they say for a cost of zero.
-    pub(super) fn settle(&mut self, rules: &[Rule], now: u64, out: &mut [RuleOutcome]) {
+    /// is what they say for a cost of zero (`out` holds what they said for `cost`).
+    pub(super) fn settle(&mut self, rules: &[Rule], now: u64, cost: u64, out: &mut [RuleOutcome]) {
         // A lone rule denied: nothing to say again.
         if let [only] = &*out
             && !only.allowed
@@ -331,9 +331,11 @@ impl RuleStates {
         for (o, (place, rule)) in out.iter_mut().zip(rules.iter().enumerate()) {
             if o.allowed {
                 *o = match rule.algorithm() {
-                    // The seed's rules: their algorithm called directly, as `evaluate_all`
-                    // calls it, without the dispatch over the others.
-                    Algorithm::SlidingLog => algorithm::sliding_log(log, now, rule, 0),
+                    // The seed's rules: from what they said for `cost`, without searching the
+                    // log again.
+                    Algorithm::SlidingLog => {
+                        algorithm::sliding_log_settled(o, log, now, rule, cost)
+                    }
                     _ => outcome(log, counters, (place, rule), now, 0, 0),
                 };
             }
