@@ -86,6 +86,16 @@ impl RuleId {
         }
     }
 
+    /// The counter of a sliding-window rule's current window: `of(place, rule)`.
+    #[inline(always)]
+    fn sliding(place: usize, rule: &Rule) -> RuleId {
+        debug_assert!(rule.algorithm() == Algorithm::SlidingWindow);
+        RuleId {
+            place: place as u64,
+            window_and_algorithm: rule.window_ms() | 3 << 56,
+        }
+    }
+
     /// The counter of a sliding-window rule's previous window.
     fn previous_of(place: usize, rule: &Rule) -> RuleId {
         RuleId {
@@ -136,6 +146,7 @@ fn window(counters: &[Counter], place: usize, rule: &Rule) -> Option<FixedWindow
 }
 
 /// The sliding window of `rule` among a limiter's counters.
+#[inline]
 fn sliding(counters: &[Counter], place: usize, rule: &Rule) -> Option<SlidingWindowState> {
     sliding_at(counters, sliding_places(counters, place, rule), rule)
 }
@@ -148,7 +159,10 @@ fn sliding_places(
     place: usize,
     rule: &Rule,
 ) -> (Option<usize>, Option<usize>) {
-    let (current, previous) = (RuleId::of(place, rule), RuleId::previous_of(place, rule));
+    let (current, previous) = (
+        RuleId::sliding(place, rule),
+        RuleId::previous_of(place, rule),
+    );
     let (mut at, mut before) = (None, None);
     for (i, c) in counters.iter().enumerate() {
         if c.rule == current {
@@ -422,7 +436,7 @@ impl RuleStates {
                     // The admitting outcome names the window: no second evaluation.
                     let next = algorithm::sliding_window_recorded(state, now, rule, cost, outcome);
                     let current = Counter {
-                        rule: RuleId::of(place, rule),
+                        rule: RuleId::sliding(place, rule),
                         a: next.start,
                         b: next.count,
                     };
@@ -733,6 +747,20 @@ mod tests {
             states.record(rules, &out, now, 1, 0);
         }
         admits
+    }
+
+    /// A sliding-window rule's counter is named as every rule's is.
+    #[test]
+    fn a_sliding_windows_counter_is_named_as_every_rules() {
+        for text in ["10/1s", "3/1h", "60/1d"] {
+            let r = rule(text, Algorithm::SlidingWindow);
+            for place in [0, 1, 5] {
+                assert!(
+                    RuleId::sliding(place, &r) == RuleId::of(place, &r),
+                    "{text} at {place}"
+                );
+            }
+        }
     }
 
     /// Sliding windows count from the epoch's first window on (a manual clock may start
