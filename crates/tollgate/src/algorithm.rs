@@ -379,7 +379,12 @@ pub fn gcra_within(
         None => {
             let outcome = RuleOutcome {
                 allowed: false,
-                remaining: capacity.saturating_sub(tat - now) / interval,
+                // Less than a unit's interval left (every refusal of one unit): none, without
+                // a division.
+                remaining: match capacity.saturating_sub(tat - now) {
+                    left if left < interval => 0,
+                    left => left / interval,
+                },
                 reset_after_us: tat - now,
                 // A cost within the limit is refused only past the tolerance.
                 retry_after_us: (cost <= rule.limit())
