@@ -197,7 +197,7 @@ impl App {
                 let old = self.config.load();
                 if new.server != old.server {
                     tracing::warn!(
-                        "[server] changed; listen addresses, admin_token_env and the connection limits apply after a restart"
+                        "[server] changed; its per-request bounds and headers apply now, the rest (listen addresses, tokens, timeouts, connection limits, max_keep_for, max_stored_response) after a restart"
                     );
                 }
                 if new.store.url != old.store.url

@@ -335,6 +335,10 @@ impl RuleStates {
     /// After a denial: the rules that would have admitted report the state as it stays, which
     /// is what they say for a cost of zero (`out` holds what they said for `cost`).
     pub(super) fn settle(&mut self, rules: &[Rule], now: u64, cost: u64, out: &mut [RuleOutcome]) {
+        // Outcomes for no units say it already (an evicted key's debt among them: see `owed`).
+        if cost == 0 {
+            return;
+        }
         // A lone rule denied: nothing to say again.
         if let [only] = &*out
             && !only.allowed
@@ -747,6 +751,22 @@ mod tests {
             states.record(rules, &out, now, 1, 0);
         }
         admits
+    }
+
+    /// Outcomes asked for no units are what the rules say for none: settling leaves them,
+    /// whatever the states hold (an evicted key that still owes time has none).
+    #[test]
+    fn outcomes_for_no_units_are_settled_already() {
+        let rules = [rule("10/1m", Algorithm::SlidingLog)];
+        let owed = RuleOutcome {
+            allowed: true,
+            remaining: 0,
+            reset_after_us: 5 * S,
+            retry_after_us: None,
+        };
+        let mut out = [owed];
+        RuleStates::default().settle(&rules, 100 * S, 0, &mut out);
+        assert_eq!(out, [owed]);
     }
 
     /// A sliding-window rule's counter is named as every rule's is.

@@ -103,8 +103,8 @@ async fn settings_read_at_start_are_kept_and_the_change_is_logged() {
     assert_eq!(server.check("b", ip("192.0.2.1")).await["allowed"], true);
 }
 
-/// `server.max_keep_for` applies after a restart: a reload that raises it neither lets a
-/// longer `keep_for` through nor cuts an accepted one short.
+/// `server.max_keep_for` applies after a restart: a reload that raises it does not let a
+/// longer `keep_for` through (the engine would cut it to the bound in force).
 #[tokio::test]
 async fn a_raised_max_keep_for_applies_after_a_restart() {
     const GUARDED: &str = r#"
