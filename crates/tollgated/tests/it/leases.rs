@@ -91,3 +91,47 @@ async fn a_lease_is_acquired_released_and_extended() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["code"], "invalid_request", "{body}");
 }
+
+/// A refund of part of a lease's units frees those slots; the lease keeps the rest, which
+/// `/v1/extend` renews and `/v1/release` frees.
+#[tokio::test]
+async fn a_partial_refund_leaves_the_lease_the_rest() {
+    let server = Server::start(
+        r#"
+[policies.jobs]
+limiters = [{ by = "user_id", concurrent = 2, lease_ttl = "5m" }]
+"#,
+    );
+    let who = json!({ "user_id": "u1" });
+    let acquire = |cost: u64| {
+        server.post(
+            "/v1/acquire",
+            json!({ "policy": "jobs", "identity": who, "cost": cost }),
+        )
+    };
+    let allowed = |body: &serde_json::Value| body["allowed"].as_bool().expect("allowed");
+    let (status, two) = acquire(2).await;
+    assert_eq!((status, allowed(&two)), (200, true), "{two}");
+    let lease = two["lease"].as_str().expect("a lease").to_owned();
+    let (status, refunded) = server
+        .post(
+            "/v1/refund",
+            json!({ "policy": "jobs", "identity": who, "cost": 1, "receipt": lease }),
+        )
+        .await;
+    assert_eq!(status, 200, "{refunded}");
+    let (_, one) = acquire(1).await;
+    assert!(allowed(&one), "the refunded slot is free: {one}");
+    let (_, busy) = acquire(1).await;
+    assert!(!allowed(&busy), "the lease holds its other slot: {busy}");
+
+    let body = json!({ "policy": "jobs", "identity": who, "lease": lease });
+    let (status, renewed) = server.post("/v1/extend", body.clone()).await;
+    assert_eq!(status, 200, "{renewed}");
+    let (status, released) = server.post("/v1/release", body).await;
+    assert_eq!((status, released), (200, json!({ "released": true })));
+    let (_, freed) = acquire(1).await;
+    assert!(allowed(&freed), "the lease's last slot is free: {freed}");
+    let (_, busy) = acquire(1).await;
+    assert!(!allowed(&busy), "{busy}");
+}
