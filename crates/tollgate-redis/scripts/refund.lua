@@ -46,11 +46,11 @@ return once(tonumber(ARGV[5]), function()
     return tonumber(ARGV[argi])
   end
 
-  -- How many of the check's members `log` holds, at most `most`. They are id .. 1 up to
-  -- id .. m without a gap (a check writes them so, and a refund takes the highest first), so
-  -- halving finds m in a few look-ups.
-  local function members(log, most)
-    local lo, hi = 0, most
+  -- How many of the check's members `log` holds. They are id .. 1 up to id .. m without a gap
+  -- (a check writes them so, and a refund takes the highest first), and a check writes at most
+  -- tollgate::MAX_LOG_COST of them, so halving finds m in a few look-ups.
+  local function members(log)
+    local lo, hi = 0, 1000
     while lo < hi do
       local mid = math.floor((lo + hi + 1) / 2)
       if redis.call('ZSCORE', log, id .. int(mid)) then
@@ -103,9 +103,8 @@ return once(tonumber(ARGV[5]), function()
       end
       -- The check's members, wherever a renewal moved them (the receipt may be from before
       -- it: a renewal whose answer was lost is asked again): all a partial refund left,
-      -- whatever units the receipt names (a check writes at most tollgate::MAX_LOG_COST,
-      -- 1,000), at least one, still counting. They share one score.
-      local held = members(log, 1000)
+      -- whatever units the receipt names, at least one, still counting. They share one score.
+      local held = members(log)
       local score = held > 0 and redis.call('ZSCORE', log, id .. '1')
       if not score or tonumber(score) <= now - longest then
         return { 0, now }
@@ -250,9 +249,8 @@ return once(tonumber(ARGV[5]), function()
       local removed = 0
       if at >= 0 and id ~= '' then
         -- The check's own members, wherever a lease's renewal moved them: the highest
-        -- first, so that what a partial refund leaves is id .. 1 on (see members()). A check
-        -- writes at most tollgate::MAX_LOG_COST (1,000) units.
-        local held = members(log, 1000)
+        -- first, so that what a partial refund leaves is id .. 1 on (see members()).
+        local held = members(log)
         for u = held, held - math.min(cost, held) + 1, -1 do
           removed = removed + redis.call('ZREM', log, id .. int(u))
         end
